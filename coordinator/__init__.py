@@ -1,0 +1,1 @@
+"""The coordinator: FastAPI app, SQL ledger, background loops. Never imports torch."""

@@ -1,0 +1,74 @@
+"""The coordinator's FastAPI app factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+
+from fastapi import FastAPI
+
+from coordinator.body_limit import BodyLimitMiddleware
+from coordinator.db import make_engine, make_sessionmaker, read_audience, require_migrated
+from coordinator.errors import install_error_handlers
+from coordinator.loops import Loop
+from coordinator.metrics import Metrics, MetricsMiddleware
+from coordinator.routers import admin, health, nodes, public
+from coordinator.services import nodes as node_service
+from coordinator.services.nonces import prune_nonces
+from coordinator.services.rate_limit import RateLimiter
+from coordinator.settings import CoordinatorSettings
+from shared.version import __version__
+
+
+def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
+    """Build the app; raises ``NotMigratedError`` on a database that is not at the head revision."""
+    settings = settings or CoordinatorSettings()
+    engine = make_engine(settings.database_url)
+    require_migrated(engine, settings.database_url)
+    sessions = make_sessionmaker(engine)
+    with sessions() as session:
+        audience = settings.audience or read_audience(session)
+    metrics = Metrics()
+
+    def status_tick() -> None:
+        now = datetime.now(UTC)
+        with sessions.begin() as session:
+            changed = node_service.evaluate_statuses(session, settings, now)
+            prune_nonces(session, now, settings.nonce_keep_s)
+        metrics.status_transitions.inc(changed)
+        with sessions() as session:
+            for status, count in node_service.status_counts(session).items():
+                metrics.nodes.labels(status).set(count)
+
+    loops = [Loop("node-status", settings.status_loop_interval_s, status_tick)]
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        for loop in loops:
+            loop.start()
+        yield
+        for loop in loops:
+            loop.stop()
+        engine.dispose()
+
+    app = FastAPI(
+        title="Intellect Protocol coordinator",
+        version=__version__,
+        lifespan=lifespan,
+        description="Assigns work to nodes, verifies their signed requests, and keeps the ledger.",
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = sessions
+    app.state.audience = audience
+    app.state.metrics = metrics
+    app.state.loops = loops
+    app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    for router in (nodes.router, admin.router, public.router, health.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,108 @@
+"""``intellect-coordinator``: migrate the ledger, serve the API, manage admin tokens."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from alembic import command
+from rich.console import Console
+from rich.table import Table
+
+from coordinator.db import NotMigratedError, alembic_config, make_engine, make_sessionmaker
+from coordinator.services import admin_tokens
+from coordinator.settings import CoordinatorSettings
+
+app = typer.Typer(help="Run and operate an Intellect Protocol coordinator.", no_args_is_help=True)
+tokens = typer.Typer(help="Create, list and revoke admin bearer tokens.", no_args_is_help=True)
+app.add_typer(tokens, name="admin-token")
+console = Console()
+err = Console(stderr=True)
+
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option("--database-url", help="SQLAlchemy URL of the ledger; default: INTELLECT_DATABASE_URL or sqlite:///intellect.db."),
+]
+
+
+def _settings(database_url: str | None, **overrides: object) -> CoordinatorSettings:
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if database_url is not None:
+        values["database_url"] = database_url
+    return CoordinatorSettings(**values)
+
+
+@app.command()
+def migrate(
+    database_url: DatabaseUrl = None,
+    revision: Annotated[str, typer.Option(help="Target revision; 'head' for the newest.")] = "head",
+) -> None:
+    """Bring the ledger's schema to the given revision (creates a SQLite file if needed)."""
+    settings = _settings(database_url)
+    command.upgrade(alembic_config(settings.database_url), revision)
+    console.print(f"Ledger at {settings.database_url} migrated to {revision}.")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
+    database_url: DatabaseUrl = None,
+    heartbeat_interval: Annotated[float | None, typer.Option("--heartbeat-interval", help="Seconds between node heartbeats.")] = None,
+    log_level: Annotated[str, typer.Option(help="Log level: debug, info, warning, error.")] = "info",
+) -> None:
+    """Serve the coordinator's HTTP API."""
+    import uvicorn
+
+    from coordinator.app import create_app
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = _settings(database_url, heartbeat_interval_s=heartbeat_interval)
+    try:
+        api = create_app(settings)
+    except NotMigratedError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    uvicorn.run(api, host=host, port=port, log_level=log_level, access_log=False)
+
+
+@tokens.command("create")
+def token_create(
+    name: Annotated[str, typer.Option(help="Who or what the token is for.")],
+    scope: Annotated[str, typer.Option(help="read, operate or admin (each includes the previous).")] = "admin",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Create a token and print it once; only its hash is stored."""
+    if scope not in admin_tokens.SCOPES:
+        err.print(f"[red]--scope must be one of {', '.join(admin_tokens.SCOPES)}.[/red]")
+        raise typer.Exit(2)
+    sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
+    with sessions.begin() as session:
+        row, token = admin_tokens.create_token(session, name, scope, datetime.now(UTC))
+    err.print(f"Token {row.id} '{name}' ({scope}). Store it now: it cannot be shown again.")
+    print(token)
+
+
+@tokens.command("list")
+def token_list(database_url: DatabaseUrl = None) -> None:
+    """List tokens (never their secrets)."""
+    sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
+    table = Table("id", "name", "scope", "created", "revoked")
+    with sessions() as session:
+        for row in admin_tokens.list_tokens(session):
+            table.add_row(str(row.id), row.name, row.scopes, f"{row.created_at:%Y-%m-%d %H:%M}", f"{row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "")
+    console.print(table)
+
+
+@tokens.command("revoke")
+def token_revoke(token_id: Annotated[int, typer.Argument(help="The token's id, from `admin-token list`.")], database_url: DatabaseUrl = None) -> None:
+    """Revoke a token at once."""
+    sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
+    with sessions.begin() as session:
+        row = admin_tokens.revoke_token(session, token_id, datetime.now(UTC))
+    if row is None:
+        err.print(f"[red]No token with id {token_id}.[/red]")
+        raise typer.Exit(1)
+    console.print(f"Token {token_id} revoked.")

@@ -1,0 +1,147 @@
+"""FastAPI dependencies, one per concern: settings, db session, signed request, signer, admin."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from coordinator.errors import ApiError
+from coordinator.models import AdminToken
+from coordinator.services import admin_tokens
+from coordinator.services.nonces import record_nonce
+from coordinator.settings import CoordinatorSettings
+from shared import signing
+from shared.schemas import ErrorCode
+
+
+def get_settings(request: Request) -> CoordinatorSettings:
+    return request.app.state.settings
+
+
+Settings = Annotated[CoordinatorSettings, Depends(get_settings)]
+
+
+def db_session(request: Request) -> Iterator[Session]:
+    """A session whose transaction commits when the endpoint returns, before the response goes out."""
+    with request.app.state.sessionmaker() as session:
+        yield session
+        session.commit()
+
+
+DbSession = Annotated[Session, Depends(db_session, scope="function")]
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    address: str
+    nonce: str
+    timestamp: int
+
+
+def _rate_limit(request: Request, key: str) -> None:
+    wait = request.app.state.rate_limiter.acquire(key)
+    if wait > 0:
+        raise ApiError(
+            429,
+            ErrorCode.rate_limited,
+            f"Too many requests; retry in {wait:.1f} s.",
+            {"retry_after_s": round(wait, 3)},
+            headers={"Retry-After": str(max(1, round(wait)))},
+        )
+
+
+def client_rate_limit(request: Request) -> None:
+    """Rate limit for unsigned endpoints, keyed by the client's IP."""
+    _rate_limit(request, f"ip:{request.client.host if request.client else 'unknown'}")
+
+
+async def signed_request(request: Request, settings: Settings) -> SignedRequest:
+    """Verify the request's signature headers; 401 with a code for every way they can be wrong.
+
+    The nonce is not recorded here but by :func:`signer`, inside the endpoint's transaction.
+    """
+    headers = request.headers
+    address = headers.get(signing.HEADER_ADDRESS)
+    timestamp_raw = headers.get(signing.HEADER_TIMESTAMP)
+    nonce = headers.get(signing.HEADER_NONCE)
+    signature = headers.get(signing.HEADER_SIGNATURE)
+    if not (address and timestamp_raw and nonce and signature):
+        raise ApiError(401, ErrorCode.signature_missing, "This endpoint needs a signed request (x-intellect-* headers).")
+    if not (timestamp_raw.isdigit() and len(timestamp_raw) <= 12 and signing.NONCE_PATTERN.fullmatch(nonce)):
+        raise ApiError(401, ErrorCode.signature_malformed, "The timestamp must be unix seconds and the nonce 16-64 hex characters.")
+
+    timestamp = int(timestamp_raw)
+    now = time.time()
+    if abs(now - timestamp) > settings.signature_window_s:
+        raise ApiError(
+            401,
+            ErrorCode.timestamp_out_of_window,
+            f"The request's timestamp is {now - timestamp:+.0f} s from the coordinator's clock "
+            f"(allowed: ±{settings.signature_window_s} s).",
+            {"server_time": now, "window_s": settings.signature_window_s},
+        )
+
+    body = await request.body()
+    try:
+        signer_address = signing.recover_signer(
+            request.method, request.url.path, request.url.query, body, timestamp, nonce, request.app.state.audience, signature
+        )
+    except ValueError:
+        raise ApiError(401, ErrorCode.signature_malformed, "The signature cannot be decoded.") from None
+    if signer_address.lower() != address.lower():
+        raise ApiError(
+            401,
+            ErrorCode.signature_invalid,
+            "The signature does not match this request, this deployment's audience, or the claimed address.",
+        )
+
+    _rate_limit(request, signer_address)
+
+    if body and headers.get("content-type", "").startswith("application/json"):
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None  # left for schema validation to reject with 422
+        if isinstance(payload, dict) and "address" in payload:
+            named = payload["address"]
+            if not isinstance(named, str) or named.lower() != signer_address.lower():
+                raise ApiError(401, ErrorCode.address_mismatch, "The body names an address other than the signer.")
+
+    return SignedRequest(address=signer_address, nonce=nonce, timestamp=timestamp)
+
+
+def signer(signed: Annotated[SignedRequest, Depends(signed_request)], session: DbSession) -> str:
+    """The verified signer's address, with the nonce recorded in this request's transaction."""
+    record_nonce(session, signed.address, signed.nonce, datetime.now(UTC))
+    return signed.address
+
+
+Signer = Annotated[str, Depends(signer, scope="function")]
+
+
+def require_admin(scope: str):  # type: ignore[no-untyped-def]
+    """A dependency admitting bearer tokens that hold ``scope`` (or a wider one)."""
+
+    def admin(request: Request, session: DbSession) -> AdminToken:
+        header = request.headers.get("authorization", "")
+        kind, _, token = header.partition(" ")
+        row = admin_tokens.verify_token(session, token.strip()) if kind.lower() == "bearer" else None
+        if row is None:
+            raise ApiError(
+                401,
+                ErrorCode.admin_unauthorized,
+                "An admin bearer token is needed (create one with: intellect-coordinator admin-token create).",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not admin_tokens.has_scope(row, scope):
+            raise ApiError(403, ErrorCode.admin_forbidden, f"This token's scope is {row.scopes}; this needs {scope}.")
+        return row
+
+    return admin

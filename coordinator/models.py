@@ -1,0 +1,99 @@
+"""The ledger's tables, as SQLAlchemy 2 typed ORM models.
+
+Schema changes go through Alembic (``migrations/``), never ``create_all``. History is
+append-only: a node's status lives on its row for fast reads, and every change of it is
+also a new :class:`NodeStatusEvent` row.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on every backend (SQLite keeps no zone, so store naive UTC)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the ledger; use datetime.now(UTC)")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSON}
+
+
+class Deployment(Base):
+    """Key/value facts about this deployment, such as the audience id signatures are bound to."""
+
+    __tablename__ = "deployment"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    address: Mapped[str] = mapped_column(String(42), primary_key=True)
+    operator_address: Mapped[str | None] = mapped_column(String(42))
+    specs: Mapped[dict[str, Any]]
+    client_version: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    ban_reason: Mapped[str | None] = mapped_column(Text)
+    first_seen: Mapped[datetime]
+    last_seen: Mapped[datetime]
+    last_heartbeat_at: Mapped[datetime | None]
+    last_heartbeat: Mapped[dict[str, Any] | None]
+    status_changed_at: Mapped[datetime]
+
+
+class NodeStatusEvent(Base):
+    """One status transition of one node; rows are only ever added."""
+
+    __tablename__ = "node_status_events"
+    __table_args__ = (Index("ix_node_status_events_address_id", "address", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(42), ForeignKey("nodes.address"))
+    from_status: Mapped[str | None] = mapped_column(String(16))
+    to_status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime]
+
+
+class Nonce(Base):
+    """A request nonce already used by an address; the unique key is the replay guard."""
+
+    __tablename__ = "nonces"
+    __table_args__ = (UniqueConstraint("address", "nonce", name="uq_nonces_address_nonce"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(42))
+    nonce: Mapped[str] = mapped_column(String(64))
+    seen_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class AdminToken(Base):
+    """An operator's bearer token; only the sha256 of its secret part is stored."""
+
+    __tablename__ = "admin_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128))
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]

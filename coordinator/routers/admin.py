@@ -1,0 +1,92 @@
+"""Operator endpoints under /v1/admin, behind bearer tokens with scopes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from coordinator.deps import DbSession, require_admin
+from coordinator.models import Node, NodeStatusEvent
+from coordinator.services import nodes
+from shared.schemas import Address, ErrorBody, NodeStatus
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
+Reader = Depends(require_admin("read"), scope="function")
+Operator = Depends(require_admin("operate"), scope="function")
+
+
+class NodeOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    address: str
+    operator_address: str | None
+    status: NodeStatus
+    ban_reason: str | None
+    client_version: str
+    specs: dict[str, Any]
+    first_seen: datetime
+    last_seen: datetime
+    last_heartbeat_at: datetime | None
+    last_heartbeat: dict[str, Any] | None
+
+
+class StatusEventOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    from_status: NodeStatus | None
+    to_status: NodeStatus
+    reason: str
+    at: datetime
+
+
+class NodeList(BaseModel):
+    counts: dict[NodeStatus, int]
+    nodes: list[NodeOut]
+
+
+class NodeDetail(NodeOut):
+    events: list[StatusEventOut]
+
+
+class Reason(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+def _detail(session: DbSession, node: Node) -> NodeDetail:
+    events: list[NodeStatusEvent] = nodes.recent_events(session, node.address, limit=50)
+    return NodeDetail(
+        **NodeOut.model_validate(node).model_dump(), events=[StatusEventOut.model_validate(e) for e in events]
+    )
+
+
+@router.get("/nodes", response_model=NodeList, dependencies=[Reader])
+def list_nodes(
+    session: DbSession,
+    status: NodeStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> NodeList:
+    return NodeList(
+        counts=nodes.status_counts(session),
+        nodes=[NodeOut.model_validate(n) for n in nodes.list_nodes(session, status, limit, offset)],
+    )
+
+
+@router.get("/nodes/{address}", response_model=NodeDetail, dependencies=[Reader], responses={404: {"model": ErrorBody}})
+def get_node(address: Address, session: DbSession) -> NodeDetail:
+    return _detail(session, nodes.get_node(session, address))
+
+
+@router.post("/nodes/{address}/ban", response_model=NodeDetail, dependencies=[Operator], responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def ban_node(address: Address, body: Reason, session: DbSession) -> NodeDetail:
+    return _detail(session, nodes.ban(session, address, body.reason, datetime.now(UTC)))
+
+
+@router.post("/nodes/{address}/unban", response_model=NodeDetail, dependencies=[Operator], responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def unban_node(address: Address, body: Reason, session: DbSession) -> NodeDetail:
+    return _detail(session, nodes.unban(session, address, body.reason, datetime.now(UTC)))

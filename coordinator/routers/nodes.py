@@ -1,0 +1,38 @@
+"""Node endpoints: every request is signed by the node's own wallet."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from fastapi import APIRouter
+
+from coordinator.deps import DbSession, Settings, Signer
+from coordinator.services import nodes
+from shared.schemas import ErrorBody, HeartbeatRequest, HeartbeatResponse, NodeStatus, RegisterRequest, RegisterResponse
+
+router = APIRouter(prefix="/v1/nodes", tags=["nodes"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
+
+
+@router.post("/register", response_model=RegisterResponse, responses={403: {"model": ErrorBody}, 426: {"model": ErrorBody}})
+def register(body: RegisterRequest, signer: Signer, session: DbSession, settings: Settings) -> RegisterResponse:
+    node = nodes.register(session, signer, body, settings, datetime.now(UTC))
+    return RegisterResponse(
+        address=node.address,
+        status=NodeStatus(node.status),
+        first_seen=node.first_seen,
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+    )
+
+
+@router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {"model": ErrorBody}, 426: {"model": ErrorBody}})
+def heartbeat(body: HeartbeatRequest, signer: Signer, session: DbSession, settings: Settings) -> HeartbeatResponse:
+    node = nodes.heartbeat(session, signer, body, settings, datetime.now(UTC))
+    banned = node.status == NodeStatus.banned
+    return HeartbeatResponse(
+        action="stop" if banned else "continue",
+        status=NodeStatus(node.status),
+        reason=node.ban_reason if banned else None,
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+        server_time=time.time(),
+    )

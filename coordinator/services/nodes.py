@@ -1,0 +1,158 @@
+"""Nodes: registration, heartbeats, bans, and the status state machine.
+
+::
+
+    registered ──heartbeat──► healthy ◄──heartbeat── unhealthy ──silence──► dead
+         │                      │  ▲                     ▲                  │
+         └─────silence──────────┴──┼─────silence─────────┘                  │
+                                   └────────────────heartbeat───────────────┘
+    any status but banned ──ban──► banned ──unban──► unhealthy
+
+Every transition writes a :class:`NodeStatusEvent` row in the same transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from packaging.version import Version
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from coordinator.errors import ApiError
+from coordinator.models import Node, NodeStatusEvent
+from coordinator.settings import CoordinatorSettings
+from shared.schemas import ErrorCode, HeartbeatRequest, NodeStatus, RegisterRequest
+
+S = NodeStatus
+TRANSITIONS: dict[NodeStatus | None, set[NodeStatus]] = {
+    None: {S.registered},
+    S.registered: {S.healthy, S.unhealthy, S.dead, S.banned},
+    S.healthy: {S.unhealthy, S.dead, S.banned},
+    S.unhealthy: {S.healthy, S.dead, S.banned},
+    S.dead: {S.healthy, S.banned},
+    S.banned: {S.unhealthy},
+}
+SILENCE_WATCHED = (S.registered, S.healthy, S.unhealthy)
+
+
+def transition(session: Session, node: Node, to: NodeStatus, reason: str, now: datetime) -> None:
+    current = NodeStatus(node.status) if node.status else None
+    if to not in TRANSITIONS[current]:
+        raise ValueError(f"illegal node status transition {current} -> {to}")
+    session.add(NodeStatusEvent(address=node.address, from_status=current, to_status=to, reason=reason, at=now))
+    node.status = to
+    node.status_changed_at = now
+
+
+def check_version(client_version: str, settings: CoordinatorSettings) -> None:
+    if Version(client_version) < Version(settings.min_node_version):
+        raise ApiError(
+            426,
+            ErrorCode.version_unsupported,
+            f"Node client {client_version} is older than the oldest this coordinator accepts ({settings.min_node_version}).",
+            {"min_node_version": settings.min_node_version},
+        )
+
+
+def register(session: Session, signer: str, body: RegisterRequest, settings: CoordinatorSettings, now: datetime) -> Node:
+    """Create the node, or refresh its specs when it registers again (idempotent per address)."""
+    check_version(body.client_version, settings)
+    node = session.get(Node, signer)
+    if node is not None and node.status == S.banned:
+        raise ApiError(403, ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
+    if node is None:
+        node = Node(address=signer, first_seen=now, status=None)
+        session.add(node)
+        transition(session, node, S.registered, "registered", now)
+    node.operator_address = body.operator_address
+    node.specs = body.specs.model_dump()
+    node.client_version = body.client_version
+    node.last_seen = now
+    return node
+
+
+def heartbeat(session: Session, signer: str, body: HeartbeatRequest, settings: CoordinatorSettings, now: datetime) -> Node:
+    """Record a heartbeat; a silent node that speaks again becomes healthy at once."""
+    check_version(body.client_version, settings)
+    node = session.get(Node, signer)
+    if node is None:
+        raise ApiError(404, ErrorCode.node_not_registered, "This address has not registered; call /v1/nodes/register first.")
+    node.last_seen = now
+    node.last_heartbeat_at = now
+    node.last_heartbeat = {"activity": body.activity, "metrics": body.metrics}
+    node.client_version = body.client_version
+    if node.status in (S.registered, S.unhealthy, S.dead):
+        transition(session, node, S.healthy, "heartbeat", now)
+    return node
+
+
+def ban(session: Session, address: str, reason: str, now: datetime) -> Node:
+    node = get_node(session, address)
+    if node.status == S.banned:
+        raise ApiError(409, ErrorCode.conflict, "This node is already banned.")
+    transition(session, node, S.banned, f"banned: {reason}", now)
+    node.ban_reason = reason
+    return node
+
+
+def unban(session: Session, address: str, reason: str, now: datetime) -> Node:
+    node = get_node(session, address)
+    if node.status != S.banned:
+        raise ApiError(409, ErrorCode.conflict, "This node is not banned.")
+    # Unhealthy, not healthy: it has to heartbeat to prove it is alive.
+    transition(session, node, S.unhealthy, f"unbanned: {reason}", now)
+    node.ban_reason = None
+    return node
+
+
+def get_node(session: Session, address: str) -> Node:
+    node = session.get(Node, address)
+    if node is None:
+        raise ApiError(404, ErrorCode.not_found, f"No node with address {address}.")
+    return node
+
+
+def recent_events(session: Session, address: str, limit: int) -> list[NodeStatusEvent]:
+    query = select(NodeStatusEvent).where(NodeStatusEvent.address == address).order_by(NodeStatusEvent.id.desc())
+    return list(session.scalars(query.limit(limit)))
+
+
+def list_nodes(session: Session, status: NodeStatus | None, limit: int, offset: int) -> list[Node]:
+    query = select(Node).order_by(Node.first_seen, Node.address)
+    if status is not None:
+        query = query.where(Node.status == status)
+    return list(session.scalars(query.limit(limit).offset(offset)))
+
+
+def status_counts(session: Session) -> dict[NodeStatus, int]:
+    counts = {status: 0 for status in NodeStatus}
+    for status, count in session.execute(select(Node.status, func.count()).group_by(Node.status)):
+        counts[NodeStatus(status)] = count
+    return counts
+
+
+def evaluate_statuses(session: Session, settings: CoordinatorSettings, now: datetime) -> int:
+    """Move silent nodes to unhealthy or dead; returns how many changed.
+
+    Rows are locked with ``SKIP LOCKED`` so coordinator replicas sharing a PostgreSQL
+    database never evaluate the same node twice (SQLite serialises writers anyway).
+    """
+    interval = timedelta(seconds=settings.heartbeat_interval_s)
+    unhealthy_before = now - interval * (1 + settings.unhealthy_after_missed)
+    dead_before = now - interval * (1 + settings.dead_after_missed)
+    query = (
+        select(Node)
+        .where(Node.status.in_(SILENCE_WATCHED), Node.last_seen < unhealthy_before)
+        .with_for_update(skip_locked=True)
+    )
+    changed = 0
+    for node in session.scalars(query):
+        silent_s = (now - node.last_seen).total_seconds()
+        if node.last_seen < dead_before:
+            transition(session, node, S.dead, f"no heartbeat for {silent_s:.0f} s", now)
+            changed += 1
+        elif node.status != S.unhealthy:
+            transition(session, node, S.unhealthy, f"no heartbeat for {silent_s:.0f} s", now)
+            changed += 1
+    return changed

@@ -1,0 +1,33 @@
+"""The replay guard: each (address, nonce) may be used once while its signature could be valid."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from coordinator.errors import ApiError
+from coordinator.models import Nonce
+from shared.schemas import ErrorCode
+
+
+def record_nonce(session: Session, address: str, nonce: str, now: datetime) -> None:
+    """Add the nonce to the caller's transaction; a reuse raises 401 ``nonce_reused``.
+
+    The row commits together with whatever the request changes, so a rejected request
+    records nothing, not even its nonce.
+    """
+    session.add(Nonce(address=address, nonce=nonce, seen_at=now))
+    try:
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        raise ApiError(401, ErrorCode.nonce_reused, "This request's nonce was already used; sign a fresh request.") from None
+
+
+def prune_nonces(session: Session, now: datetime, keep_s: int) -> int:
+    """Forget nonces older than ``keep_s``: their signatures' timestamps are out of the window."""
+    result = session.execute(delete(Nonce).where(Nonce.seen_at < now - timedelta(seconds=keep_s)))
+    return result.rowcount or 0

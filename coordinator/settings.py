@@ -1,0 +1,65 @@
+"""Every coordinator setting in one place, read from ``INTELLECT_*`` env vars or a TOML file."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+
+class CoordinatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="INTELLECT_", toml_file="intellect-coordinator.toml", extra="ignore"
+    )
+
+    database_url: str = "sqlite:///intellect.db"
+    """SQLAlchemy URL of the ledger: ``sqlite:///PATH`` (WAL) or ``postgresql+psycopg://...``."""
+
+    audience: str | None = None
+    """Deployment id that signatures are bound to; by default the random one stored at migration."""
+
+    signature_window_s: int = Field(300, ge=5)
+    """How far a request's timestamp may be from the coordinator's clock, either way."""
+
+    nonce_retention_s: int = Field(900, ge=10)
+    """How long used nonces are kept; raised to at least twice the signature window."""
+
+    heartbeat_interval_s: float = Field(10.0, gt=0)
+    """How often nodes are told to heartbeat."""
+
+    unhealthy_after_missed: int = Field(1, ge=1)
+    """Heartbeat intervals a healthy node may miss entirely before it counts as unhealthy."""
+
+    dead_after_missed: int = Field(3, ge=1)
+    """Heartbeat intervals a node may miss entirely before it counts as dead."""
+
+    status_loop_interval_s: float = Field(1.0, gt=0)
+    """How often the background loop re-evaluates node statuses and prunes nonces."""
+
+    rate_limit_per_s: float = Field(20.0, gt=0)
+    """Sustained requests per second allowed to one address (or one client IP when unsigned)."""
+
+    rate_limit_burst: int = Field(60, ge=1)
+    """Requests one address may send at once before the sustained rate applies."""
+
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    """Largest request body accepted; larger ones get 413 before they are read."""
+
+    min_node_version: str = "0.1.0"
+    """Oldest node client version allowed to register and heartbeat."""
+
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # CLI flags (init) beat env vars, which beat the TOML file.
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+
+    @property
+    def nonce_keep_s(self) -> int:
+        return max(self.nonce_retention_s, 2 * self.signature_window_s)

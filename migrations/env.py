@@ -1,0 +1,42 @@
+"""Alembic environment: the URL comes from the caller (``intellect-coordinator migrate``) or env."""
+
+import os
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from coordinator.models import Base
+
+config = context.config
+url = config.attributes.get("database_url") or os.environ.get("INTELLECT_DATABASE_URL", "sqlite:///intellect.db")
+target_metadata = Base.metadata
+
+
+def run_offline() -> None:
+    context.configure(url=url, target_metadata=target_metadata, literal_binds=True, render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    connectable = config.attributes.get("connection")
+    if connectable is None:
+        engine = create_engine(url, poolclass=pool.NullPool)
+        with engine.connect() as connection:
+            _run(connection)
+        engine.dispose()
+    else:
+        _run(connectable)
+
+
+def _run(connection) -> None:  # type: ignore[no-untyped-def]
+    # Batch mode lets ALTERs work on SQLite, which rebuilds tables for them.
+    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

@@ -1,0 +1,1 @@
+"""The node client: ``intellect-node``. Joins a coordinator and does the work it assigns."""

@@ -1,0 +1,137 @@
+"""``intellect-node``: wallets, a machine check, and joining a coordinator.
+
+Exit codes of ``join``: 0 stopped by Ctrl-C or SIGTERM, 1 wallet problem, 2 clock skew,
+3 banned, 4 client too old, 5 request refused.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from node.client import NodeError
+from node.hardware import problems, probe
+from node.settings import NodeSettings
+from shared.schemas import PublicStatus, checksum_address
+from shared.wallet import WalletError, create_wallet, load_wallet, read_password, wallet_address
+
+app = typer.Typer(help="Run an Intellect Protocol node: lend this machine to decentralized RL training.", no_args_is_help=True)
+wallet = typer.Typer(help="Create and inspect wallets (encrypted v3 keystores).", no_args_is_help=True)
+app.add_typer(wallet, name="wallet")
+console = Console()
+err = Console(stderr=True)
+
+StateDir = Annotated[Path | None, typer.Option("--state-dir", help="Where the node keeps its session; default ~/.intellect/node.")]
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    err.print(f"[red]{message}[/red]")
+    return typer.Exit(code)
+
+
+@wallet.command("new")
+def wallet_new(out: Annotated[Path, typer.Option("--out", help="Keystore file to create; never overwritten.")]) -> None:
+    """Create a wallet; the password comes from INTELLECT_WALLET_PASSWORD or a prompt."""
+    try:
+        address = create_wallet(out, read_password(confirm=True))
+    except WalletError as e:
+        raise _fail(str(e), 1) from None
+    console.print(f"Created wallet {address} in {out}. Back it up: losing it loses this identity and its rewards.")
+
+
+@wallet.command("show")
+def wallet_show(path: Annotated[Path, typer.Argument(help="Keystore file.")]) -> None:
+    """Print the wallet's address."""
+    try:
+        print(wallet_address(path))
+    except WalletError as e:
+        raise _fail(str(e), 1) from None
+
+
+@app.command()
+def join(
+    wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore file; its password from INTELLECT_WALLET_PASSWORD or a prompt.")],
+    coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
+    operator: Annotated[str | None, typer.Option(help="Address of the operator or pool that runs this node, if not the node itself.")] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Register this machine with a coordinator and keep it working until Ctrl-C."""
+    from node.worker import join as run_join
+
+    try:
+        operator_address = checksum_address(operator) if operator else None
+    except ValueError as e:
+        raise _fail(f"--operator: {e}.", 2) from None
+    try:
+        account = load_wallet(wallet_file, read_password())
+    except WalletError as e:
+        raise _fail(str(e), 1) from None
+    settings = NodeSettings(**({"state_dir": state_dir} if state_dir else {}))
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        run_join(account, coordinator, settings, console, operator_address=operator_address, stop=threading.Event())
+    except KeyboardInterrupt:
+        console.print("Stopped.")
+    except NodeError as e:
+        raise _fail(str(e), e.exit_code) from None
+
+
+@app.command()
+def check(
+    coordinator: Annotated[str | None, typer.Option(help="Also check that this coordinator is reachable and compatible.")] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Print what this machine offers and whether it can join; exits 1 when something critical is missing."""
+    settings = NodeSettings(**({"state_dir": state_dir} if state_dir else {}))
+    specs = probe(settings.state_dir)
+    table = Table("item", "found", title="This machine")
+    table.add_row("CPU cores", str(specs.cpu_cores))
+    table.add_row("RAM", f"{specs.ram_bytes / 2**30:.1f} GiB")
+    table.add_row(f"disk free ({settings.state_dir})", f"{specs.disk_free_bytes / 2**30:.1f} GiB")
+    table.add_row("GPUs", "\n".join(f"{g.name} ({g.memory_bytes / 2**30:.0f} GiB)" for g in specs.gpus) or "none (CPU inference)")
+    table.add_row("torch", specs.torch or "missing")
+    table.add_row("platform", f"{specs.platform}, Python {specs.python}")
+    console.print(table)
+
+    found = problems(specs)
+    if coordinator:
+        found += _check_coordinator(coordinator.rstrip("/"), settings)
+    for problem in found:
+        err.print(f"[red]✗ {problem}[/red]")
+    if found:
+        raise typer.Exit(1)
+    console.print("[green]✓ Ready to join.[/green]")
+
+
+def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:
+    from packaging.version import Version
+
+    from shared.version import __version__
+
+    try:
+        response = httpx.get(f"{url}/v1/public/status", timeout=settings.request_timeout_s)
+        response.raise_for_status()
+        status = PublicStatus.model_validate(response.json())
+    except (httpx.HTTPError, ValueError) as e:
+        return [f"coordinator {url} is not reachable or not a coordinator ({type(e).__name__}: {e})"]
+    found = []
+    if Version(__version__) < Version(status.min_node_version):
+        found.append(f"this client ({__version__}) is older than the coordinator accepts ({status.min_node_version})")
+    skew = time.time() - status.server_time
+    if abs(skew) > status.signature_window_s:
+        found.append(f"this clock is {skew:+.0f} s off the coordinator's (at most ±{status.signature_window_s} s)")
+    if not found:
+        console.print(f"Coordinator {url}: version {status.coordinator_version}, {sum(status.nodes.values())} nodes known.")
+    return found

@@ -1,0 +1,144 @@
+"""The node's HTTP client for the coordinator: signed requests, retries with backoff, and
+errors turned into sentences an operator can act on."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from eth_account.signers.local import LocalAccount
+from pydantic import BaseModel
+
+from node.settings import NodeSettings
+from shared.schemas import ErrorCode, HeartbeatResponse, NodeSpecs, PublicStatus, RegisterResponse
+from shared.signing import SignedAuth
+from shared.version import __version__
+
+EXIT_CLOCK, EXIT_BANNED, EXIT_VERSION, EXIT_REJECTED, EXIT_STOPPED = 2, 3, 4, 5, 6
+
+
+class NodeError(Exception):
+    """A problem the node cannot retry its way out of; the message says what to do."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class NotRegistered(Exception):
+    """The coordinator does not know this address (its ledger was reset, for instance)."""
+
+
+class Stopped(Exception):
+    """The caller asked the client to stop while it was waiting to retry."""
+
+
+def clock_skew_error(skew_s: float, window_s: float) -> NodeError:
+    return NodeError(
+        f"This machine's clock is {skew_s:+.0f} s off the coordinator's (at most ±{window_s:.0f} s is accepted), "
+        "so every signed request would be refused. Sync the clock (enable NTP, e.g. `timedatectl set-ntp true`) and start again.",
+        EXIT_CLOCK,
+    )
+
+
+def version_error(min_node_version: object) -> NodeError:
+    return NodeError(
+        f"This node client ({__version__}) is older than the coordinator accepts ({min_node_version}). "
+        "Upgrade with: pip install -U intellect-protocol",
+        EXIT_VERSION,
+    )
+
+
+class CoordinatorClient:
+    def __init__(
+        self,
+        base_url: str,
+        account: LocalAccount,
+        settings: NodeSettings,
+        *,
+        on_retry: Callable[[str], None] = lambda _: None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.account = account
+        self.settings = settings
+        self.on_retry = on_retry
+        self.stop = stop or threading.Event()
+        self.auth: SignedAuth | None = None
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            timeout=settings.request_timeout_s,
+            headers={"user-agent": f"intellect-node/{__version__}"},
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def public_status(self) -> PublicStatus:
+        """The coordinator's public status; also fixes the audience this client signs for."""
+        status = PublicStatus.model_validate(self._request("GET", "/v1/public/status", signed=False))
+        self.auth = SignedAuth(self.account, status.audience)
+        return status
+
+    def register(self, specs: NodeSpecs, operator_address: str | None) -> RegisterResponse:
+        body = {
+            "address": self.account.address,
+            "operator_address": operator_address,
+            "specs": specs.model_dump(),
+            "client_version": __version__,
+        }
+        return RegisterResponse.model_validate(self._request("POST", "/v1/nodes/register", body))
+
+    def heartbeat(self, activity: str, metrics: dict[str, float]) -> HeartbeatResponse:
+        body = {"address": self.account.address, "client_version": __version__, "activity": activity, "metrics": metrics}
+        return HeartbeatResponse.model_validate(self._request("POST", "/v1/nodes/heartbeat", body))
+
+    def _request(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None, *, signed: bool = True) -> Any:
+        delay = self.settings.backoff_initial_s
+        while True:
+            if self.stop.is_set():
+                raise Stopped
+            try:
+                response = self.http.request(method, path, json=body, auth=self.auth if signed else None)
+            except httpx.TransportError as e:
+                problem = f"Cannot reach the coordinator at {self.base_url} ({type(e).__name__}: {e or 'no detail'})"
+            else:
+                if response.status_code < 400:
+                    return response.json()
+                if response.status_code != 429 and response.status_code < 500:
+                    raise self._error(response)
+                problem = (
+                    "The coordinator asks this node to slow down (429)"
+                    if response.status_code == 429
+                    else f"The coordinator failed with HTTP {response.status_code}"
+                )
+            self.on_retry(f"{problem}; retrying in {delay:.0f} s.")
+            if self.stop.wait(delay * random.uniform(0.8, 1.2)):
+                raise Stopped
+            delay = min(delay * 2, self.settings.backoff_max_s)
+
+    def _error(self, response: httpx.Response) -> Exception:
+        try:
+            payload = response.json()
+            code, message, details = payload.get("code"), payload.get("message", ""), payload.get("details") or {}
+        except (ValueError, AttributeError):
+            code, message, details = None, response.text[:200], {}
+        if code == ErrorCode.node_not_registered:
+            return NotRegistered()
+        if code == ErrorCode.timestamp_out_of_window:
+            return clock_skew_error(time.time() - float(details.get("server_time", time.time())), float(details.get("window_s", 0)))
+        if code == ErrorCode.node_banned:
+            return NodeError(f"The coordinator's operator banned this node ({details.get('reason') or message}). Contact them to appeal.", EXIT_BANNED)
+        if code == ErrorCode.version_unsupported:
+            return version_error(details.get("min_node_version"))
+        if code == ErrorCode.signature_invalid:
+            return NodeError(
+                "The coordinator refused this node's signature. It may have been reset as a new deployment; "
+                "start the node again to pick up its new identity.",
+                EXIT_REJECTED,
+            )
+        return NodeError(f"The coordinator refused the request (HTTP {response.status_code}, {code}): {message}", EXIT_REJECTED)

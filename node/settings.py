@@ -1,0 +1,35 @@
+"""Node client settings: ``INTELLECT_NODE_*`` env vars or ``intellect-node.toml``, below CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+
+class NodeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="INTELLECT_NODE_", toml_file="intellect-node.toml", extra="ignore")
+
+    state_dir: Path = Path.home() / ".intellect" / "node"
+    """Where the node keeps its session, so a restart resumes instead of starting over."""
+
+    request_timeout_s: float = Field(10.0, gt=0)
+    """How long one HTTP request to the coordinator may take."""
+
+    backoff_initial_s: float = Field(1.0, gt=0)
+    """First wait after a failed request; doubles on each further failure."""
+
+    backoff_max_s: float = Field(30.0, gt=0)
+    """Longest wait between retries."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)

@@ -1,0 +1,1 @@
+"""Code that two or more roles need: wire schemas, identity, request signing."""

@@ -1,0 +1,132 @@
+"""Wire schemas shared by the coordinator and its clients: the contract at the process boundary.
+
+Every request model forbids unknown fields and bounds every string, list and map, because
+whatever a node sends is untrusted.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from eth_utils import is_address, to_checksum_address
+
+VERSION_PATTERN = r"^\d+\.\d+\.\d+([.+-][0-9A-Za-z.+-]{1,32})?$"
+
+
+def checksum_address(value: str) -> str:
+    """``value`` in checksummed form; ValueError when it is not an address."""
+    if not re.fullmatch(r"0x[0-9a-fA-F]{40}", value) or not is_address(value):
+        raise ValueError("not an Ethereum address (0x followed by 40 hex characters)")
+    return to_checksum_address(value)
+
+
+Address = Annotated[str, AfterValidator(checksum_address)]
+"""An Ethereum address, normalised to its checksummed form."""
+
+ShortText = Annotated[str, Field(max_length=256)]
+
+
+class ErrorCode(enum.StrEnum):
+    """Machine-readable error codes; clients branch on these, never on messages."""
+
+    signature_missing = "signature_missing"
+    signature_malformed = "signature_malformed"
+    signature_invalid = "signature_invalid"
+    timestamp_out_of_window = "timestamp_out_of_window"
+    nonce_reused = "nonce_reused"
+    address_mismatch = "address_mismatch"
+    rate_limited = "rate_limited"
+    body_too_large = "body_too_large"
+    validation_error = "validation_error"
+    admin_unauthorized = "admin_unauthorized"
+    admin_forbidden = "admin_forbidden"
+    node_not_registered = "node_not_registered"
+    node_banned = "node_banned"
+    version_unsupported = "version_unsupported"
+    not_found = "not_found"
+    conflict = "conflict"
+    http_error = "http_error"
+
+
+class ErrorBody(BaseModel):
+    code: ErrorCode
+    message: str
+    details: dict[str, object] | None = None
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuSpec(Request):
+    name: ShortText
+    memory_bytes: int = Field(ge=0)
+
+
+class NodeSpecs(Request):
+    """What a node's hardware probe found."""
+
+    cpu_cores: int = Field(ge=0, le=65536)
+    ram_bytes: int = Field(ge=0)
+    disk_free_bytes: int = Field(ge=0)
+    gpus: list[GpuSpec] = Field(default_factory=list, max_length=64)
+    platform: ShortText = ""
+    python: ShortText = ""
+    torch: ShortText | None = None
+
+
+class RegisterRequest(Request):
+    address: Address
+    """The signer's own address; a body naming anyone else is refused."""
+    operator_address: Address | None = None
+    """The wallet of the person or pool running this node, when it differs from the node's."""
+    specs: NodeSpecs
+    client_version: str = Field(pattern=VERSION_PATTERN, max_length=64)
+
+
+class NodeStatus(enum.StrEnum):
+    registered = "registered"
+    healthy = "healthy"
+    unhealthy = "unhealthy"
+    dead = "dead"
+    banned = "banned"
+
+
+class RegisterResponse(BaseModel):
+    address: Address
+    status: NodeStatus
+    first_seen: datetime
+    heartbeat_interval_s: float
+
+
+class HeartbeatRequest(Request):
+    address: Address
+    client_version: str = Field(pattern=VERSION_PATTERN, max_length=64)
+    activity: str = Field("idle", max_length=64)
+    """What the node is doing now: idle, downloading, generating, uploading..."""
+    metrics: dict[Annotated[str, Field(max_length=64)], float] = Field(default_factory=dict, max_length=64)
+
+
+class HeartbeatResponse(BaseModel):
+    action: Literal["continue", "stop"]
+    """``stop``: the node must stop working (for now only when banned)."""
+    status: NodeStatus
+    reason: str | None = None
+    heartbeat_interval_s: float
+    policy_step: int | None = None
+    """Newest policy step the trainer published; None until a trainer exists."""
+    server_time: float
+
+
+class PublicStatus(BaseModel):
+    coordinator_version: str
+    min_node_version: str
+    audience: str
+    heartbeat_interval_s: float
+    signature_window_s: int
+    nodes: dict[NodeStatus, int]
+    server_time: float

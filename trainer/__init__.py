@@ -1,0 +1,1 @@
+"""The GRPO trainer (later issue)."""

@@ -1,0 +1,1 @@
+"""The validator: checks every rollout before it earns credit (later issue)."""
