@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from coordinator.body_limit import BodyLimitMiddleware
 from coordinator.db import make_engine, make_sessionmaker, read_audience, require_migrated
 from coordinator.errors import install_error_handlers
+from coordinator.ledger import Ledger
 from coordinator.loops import Loop
 from coordinator.metrics import Metrics, MetricsMiddleware
 from coordinator.routers import admin, health, nodes, public
@@ -50,6 +51,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
         yield
         for loop in loops:
             loop.stop()
+        ledger.close()
         engine.dispose()
 
     app = FastAPI(
@@ -60,7 +62,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.engine = engine
-    app.state.sessionmaker = sessions
+    app.state.ledger = ledger = Ledger(sessions, threads=0 if engine.dialect.name == "sqlite" else settings.db_threads)
     app.state.audience = audience
     app.state.metrics = metrics
     app.state.loops = loops

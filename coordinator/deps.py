@@ -1,48 +1,38 @@
-"""FastAPI dependencies, one per concern: settings, db session, signed request, signer, admin."""
+"""FastAPI dependencies, one per concern: settings, ledger, rate limit, signed request, admin token.
+
+All are ``async def``: FastAPI runs a plain ``def`` dependency on a worker thread, a hop
+that costs more than these functions do.
+"""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy.orm import Session
-
 from coordinator.errors import ApiError
 from coordinator.models import AdminToken
 from coordinator.services import admin_tokens
-from coordinator.services.nonces import record_nonce
+from coordinator.ledger import Ledger
 from coordinator.settings import CoordinatorSettings
+from coordinator.signed import SignedRequest
 from shared import signing
 from shared.schemas import ErrorCode
 
 
-def get_settings(request: Request) -> CoordinatorSettings:
+async def get_settings(request: Request) -> CoordinatorSettings:
     return request.app.state.settings
 
 
 Settings = Annotated[CoordinatorSettings, Depends(get_settings)]
 
 
-def db_session(request: Request) -> Iterator[Session]:
-    """A session whose transaction commits when the endpoint returns, before the response goes out."""
-    with request.app.state.sessionmaker() as session:
-        yield session
-        session.commit()
+async def get_ledger(request: Request) -> Ledger:
+    return request.app.state.ledger
 
 
-DbSession = Annotated[Session, Depends(db_session, scope="function")]
-
-
-@dataclass(frozen=True)
-class SignedRequest:
-    address: str
-    nonce: str
-    timestamp: int
+LedgerDep = Annotated[Ledger, Depends(get_ledger)]
 
 
 def _rate_limit(request: Request, key: str) -> None:
@@ -57,7 +47,7 @@ def _rate_limit(request: Request, key: str) -> None:
         )
 
 
-def client_rate_limit(request: Request) -> None:
+async def client_rate_limit(request: Request) -> None:
     """Rate limit for unsigned endpoints, keyed by the client's IP."""
     _rate_limit(request, f"ip:{request.client.host if request.client else 'unknown'}")
 
@@ -65,7 +55,7 @@ def client_rate_limit(request: Request) -> None:
 async def signed_request(request: Request, settings: Settings) -> SignedRequest:
     """Verify the request's signature headers; 401 with a code for every way they can be wrong.
 
-    The nonce is not recorded here but by :func:`signer`, inside the endpoint's transaction.
+    The nonce is not recorded here but by :meth:`Ledger.run_signed`, inside the request's transaction.
     """
     headers = request.headers
     address = headers.get(signing.HEADER_ADDRESS)
@@ -117,22 +107,17 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
     return SignedRequest(address=signer_address, nonce=nonce, timestamp=timestamp)
 
 
-def signer(signed: Annotated[SignedRequest, Depends(signed_request)], session: DbSession) -> str:
-    """The verified signer's address, with the nonce recorded in this request's transaction."""
-    record_nonce(session, signed.address, signed.nonce, datetime.now(UTC))
-    return signed.address
-
-
-Signer = Annotated[str, Depends(signer, scope="function")]
+Signed = Annotated[SignedRequest, Depends(signed_request)]
+"""A verified signed request; pass it to :meth:`Ledger.run_signed` so its nonce is recorded."""
 
 
 def require_admin(scope: str):  # type: ignore[no-untyped-def]
     """A dependency admitting bearer tokens that hold ``scope`` (or a wider one)."""
 
-    def admin(request: Request, session: DbSession) -> AdminToken:
+    async def admin(request: Request, ledger: LedgerDep) -> AdminToken:
         header = request.headers.get("authorization", "")
         kind, _, token = header.partition(" ")
-        row = admin_tokens.verify_token(session, token.strip()) if kind.lower() == "bearer" else None
+        row = await ledger.run(admin_tokens.verify_token, token.strip()) if kind.lower() == "bearer" else None
         if row is None:
             raise ApiError(
                 401,

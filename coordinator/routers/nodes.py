@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter
 
-from coordinator.deps import DbSession, Settings, Signer
+from coordinator.deps import LedgerDep, Settings, Signed
 from coordinator.services import nodes
 from shared.schemas import ErrorBody, HeartbeatRequest, HeartbeatResponse, NodeStatus, RegisterRequest, RegisterResponse
 
@@ -15,8 +15,8 @@ router = APIRouter(prefix="/v1/nodes", tags=["nodes"], responses={401: {"model":
 
 
 @router.post("/register", response_model=RegisterResponse, responses={403: {"model": ErrorBody}, 426: {"model": ErrorBody}})
-def register(body: RegisterRequest, signer: Signer, session: DbSession, settings: Settings) -> RegisterResponse:
-    node = nodes.register(session, signer, body, settings, datetime.now(UTC))
+async def register(body: RegisterRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> RegisterResponse:
+    node = await ledger.run_signed(signed, nodes.register, body, settings, datetime.now(UTC))
     return RegisterResponse(
         address=node.address,
         status=NodeStatus(node.status),
@@ -26,13 +26,13 @@ def register(body: RegisterRequest, signer: Signer, session: DbSession, settings
 
 
 @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {"model": ErrorBody}, 426: {"model": ErrorBody}})
-def heartbeat(body: HeartbeatRequest, signer: Signer, session: DbSession, settings: Settings) -> HeartbeatResponse:
-    node = nodes.heartbeat(session, signer, body, settings, datetime.now(UTC))
-    banned = node.status == NodeStatus.banned
+async def heartbeat(body: HeartbeatRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> HeartbeatResponse:
+    status, ban_reason = await ledger.run_signed(signed, nodes.heartbeat, body, settings, datetime.now(UTC))
+    banned = status == NodeStatus.banned
     return HeartbeatResponse(
         action="stop" if banned else "continue",
-        status=NodeStatus(node.status),
-        reason=node.ban_reason if banned else None,
+        status=status,
+        reason=ban_reason if banned else None,
         heartbeat_interval_s=settings.heartbeat_interval_s,
         server_time=time.time(),
     )

@@ -6,7 +6,7 @@ import time
 
 from fastapi import APIRouter, Depends, Request
 
-from coordinator.deps import DbSession, Settings, client_rate_limit
+from coordinator.deps import LedgerDep, Settings, client_rate_limit
 from coordinator.services import nodes
 from shared.schemas import PublicStatus
 from shared.version import __version__
@@ -15,13 +15,19 @@ router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(c
 
 
 @router.get("/status", response_model=PublicStatus)
-def status(request: Request, session: DbSession, settings: Settings) -> PublicStatus:
+async def status(request: Request, ledger: LedgerDep, settings: Settings) -> PublicStatus:
     return PublicStatus(
         coordinator_version=__version__,
         min_node_version=settings.min_node_version,
         audience=request.app.state.audience,
         heartbeat_interval_s=settings.heartbeat_interval_s,
         signature_window_s=settings.signature_window_s,
-        nodes=nodes.status_counts(session),
+        nodes=await ledger.run(nodes.status_counts),
         server_time=time.time(),
     )
+
+
+@router.get("/time")
+async def server_time() -> dict[str, float]:
+    """The coordinator's clock, for nodes measuring their skew; touches no database."""
+    return {"server_time": time.time()}

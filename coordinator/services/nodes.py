@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from packaging.version import Version
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
@@ -72,19 +72,42 @@ def register(session: Session, signer: str, body: RegisterRequest, settings: Coo
     return node
 
 
-def heartbeat(session: Session, signer: str, body: HeartbeatRequest, settings: CoordinatorSettings, now: datetime) -> Node:
-    """Record a heartbeat; a silent node that speaks again becomes healthy at once."""
+_HEARTBEAT = (
+    update(Node)
+    .where(Node.address == bindparam("node"))
+    .values(
+        last_seen=bindparam("now"),
+        last_heartbeat_at=bindparam("now"),
+        last_heartbeat=bindparam("heartbeat"),
+        client_version=bindparam("version"),
+    )
+    .returning(Node.status, Node.ban_reason)
+)
+
+
+def heartbeat(
+    session: Session, signer: str, body: HeartbeatRequest, settings: CoordinatorSettings, now: datetime
+) -> tuple[NodeStatus, str | None]:
+    """Record a heartbeat; a silent node that speaks again becomes healthy at once.
+
+    Returns the node's status and ban reason. The common case is one prepared
+    UPDATE ... RETURNING on the connection: this is the coordinator's hottest statement.
+    """
     check_version(body.client_version, settings)
-    node = session.get(Node, signer)
-    if node is None:
+    params = {
+        "node": signer,
+        "now": now,
+        "heartbeat": {"activity": body.activity, "metrics": body.metrics},
+        "version": body.client_version,
+    }
+    status, ban_reason = session.connection().execute(_HEARTBEAT, params).one_or_none() or (None, None)
+    if status is None:
         raise ApiError(404, ErrorCode.node_not_registered, "This address has not registered; call /v1/nodes/register first.")
-    node.last_seen = now
-    node.last_heartbeat_at = now
-    node.last_heartbeat = {"activity": body.activity, "metrics": body.metrics}
-    node.client_version = body.client_version
-    if node.status in (S.registered, S.unhealthy, S.dead):
+    if status in (S.registered, S.unhealthy, S.dead):
+        node = session.get_one(Node, signer)
         transition(session, node, S.healthy, "heartbeat", now)
-    return node
+        status = S.healthy
+    return NodeStatus(status), ban_reason
 
 
 def ban(session: Session, address: str, reason: str, now: datetime) -> Node:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete
+from sqlalchemy import delete, insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -13,15 +13,19 @@ from coordinator.models import Nonce
 from shared.schemas import ErrorCode
 
 
+_INSERT = insert(Nonce)
+
+
 def record_nonce(session: Session, address: str, nonce: str, now: datetime) -> None:
     """Add the nonce to the caller's transaction; a reuse raises 401 ``nonce_reused``.
 
     The row commits together with whatever the request changes, so a rejected request
     records nothing, not even its nonce.
     """
-    session.add(Nonce(address=address, nonce=nonce, seen_at=now))
     try:
-        session.flush()
+        # On the connection, not the ORM session: every signed request passes here, and the
+        # ORM's execution path costs more than the statement itself.
+        session.connection().execute(_INSERT, {"address": address, "nonce": nonce, "seen_at": now})
     except IntegrityError:
         session.rollback()
         raise ApiError(401, ErrorCode.nonce_reused, "This request's nonce was already used; sign a fresh request.") from None

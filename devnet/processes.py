@@ -1,0 +1,135 @@
+"""Start the network's processes on loopback and wait until they answer.
+
+Used by ``intellect-devnet``, the tests and the benchmarks alike, so all three exercise
+the same console scripts a real operator runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+class StartError(RuntimeError):
+    """A process did not come up; the message names it and carries its log's tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def script(name: str) -> list[str]:
+    """The installed console script ``name``; these tools launch what operators run, nothing else."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise StartError(f"{name} is not installed; run: pip install -e .")
+    return [found]
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    url: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 10) -> int | None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        self.popen.kill()
+        self.popen.wait()
+
+
+def spawn(name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> Process:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env)
+    log.close()
+    return Process(name, popen, log_path)
+
+
+def wait_http(process: Process, url: str, timeout: float = 60) -> None:
+    """Wait until ``url`` answers 2xx; raise :class:`StartError` if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            raise StartError(f"{process.name} exited with code {process.popen.returncode}:\n{process.tail()}")
+        try:
+            if httpx.get(url, timeout=2).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise StartError(f"{process.name} did not answer {url} within {timeout:.0f} s:\n{process.tail()}")
+
+
+def migrate(database_url: str, log_path: Path) -> None:
+    result = subprocess.run(
+        [*script("intellect-coordinator"), "migrate", "--database-url", database_url],
+        capture_output=True, text=True,
+    )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(result.stdout + result.stderr)
+    if result.returncode != 0:
+        raise StartError(f"migrating {database_url} failed:\n{result.stdout}{result.stderr}")
+
+
+def admin_token(database_url: str, name: str = "devnet", scope: str = "admin") -> str:
+    result = subprocess.run(
+        [*script("intellect-coordinator"), "admin-token", "create", "--name", name, "--scope", scope, "--database-url", database_url],
+        capture_output=True, text=True, check=True,
+    )
+    return result.stdout.strip().splitlines()[-1]
+
+
+def start_coordinator(workdir: Path, database_url: str, port: int | None = None, env: dict[str, str] | None = None) -> Process:
+    """Serve a coordinator on an already migrated database; returns once it answers /healthz."""
+    port = port or free_port()
+    process = spawn(
+        "coordinator",
+        [*script("intellect-coordinator"), "serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", database_url, "--log-level", "warning"],
+        workdir / "logs" / "coordinator.log",
+        env,
+    )
+    process.url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(process, f"{process.url}/healthz")
+    except StartError:
+        process.stop()
+        raise
+    return process
+
+
+def start_node(workdir: Path, name: str, wallet: Path, coordinator_url: str, password: str, env: dict[str, str] | None = None) -> Process:
+    return spawn(
+        name,
+        [*script("intellect-node"), "join", "--wallet", str(wallet), "--coordinator", coordinator_url, "--state-dir", str(workdir / "state" / name)],
+        workdir / "logs" / f"{name}.log",
+        {"INTELLECT_WALLET_PASSWORD": password, **(env or {})},
+    )
