@@ -18,8 +18,8 @@ from coordinator.settings import CoordinatorSettings
 app = typer.Typer(help="Run and operate an Intellect Protocol coordinator.", no_args_is_help=True)
 tokens = typer.Typer(help="Create, list and revoke admin bearer tokens.", no_args_is_help=True)
 app.add_typer(tokens, name="admin-token")
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 DatabaseUrl = Annotated[
     str | None,

@@ -75,7 +75,7 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
             ErrorCode.timestamp_out_of_window,
             f"The request's timestamp is {now - timestamp:+.0f} s from the coordinator's clock "
             f"(allowed: ±{settings.signature_window_s} s).",
-            {"server_time": now, "window_s": settings.signature_window_s},
+            {"server_time": now, "skew_s": round(timestamp - now, 3), "window_s": settings.signature_window_s},
         )
 
     body = await request.body()

@@ -26,8 +26,8 @@ from shared.wallet import WalletError, create_wallet, load_wallet, read_password
 app = typer.Typer(help="Run an Intellect Protocol node: lend this machine to decentralized RL training.", no_args_is_help=True)
 wallet = typer.Typer(help="Create and inspect wallets (encrypted v3 keystores).", no_args_is_help=True)
 app.add_typer(wallet, name="wallet")
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 StateDir = Annotated[Path | None, typer.Option("--state-dir", help="Where the node keeps its session; default ~/.intellect/node.")]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -130,7 +129,7 @@ class CoordinatorClient:
         if code == ErrorCode.node_not_registered:
             return NotRegistered()
         if code == ErrorCode.timestamp_out_of_window:
-            return clock_skew_error(time.time() - float(details.get("server_time", time.time())), float(details.get("window_s", 0)))
+            return clock_skew_error(float(details.get("skew_s", 0)), float(details.get("window_s", 0)))
         if code == ErrorCode.node_banned:
             return NodeError(f"The coordinator's operator banned this node ({details.get('reason') or message}). Contact them to appeal.", EXIT_BANNED)
         if code == ErrorCode.version_unsupported:

@@ -100,6 +100,7 @@ def heartbeat(
         "heartbeat": {"activity": body.activity, "metrics": body.metrics},
         "version": body.client_version,
     }
+    session.flush()  # the statement bypasses the ORM, so pending ORM changes must reach the database first
     status, ban_reason = session.connection().execute(_HEARTBEAT, params).one_or_none() or (None, None)
     if status is None:
         raise ApiError(404, ErrorCode.node_not_registered, "This address has not registered; call /v1/nodes/register first.")

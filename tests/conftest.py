@@ -1,0 +1,163 @@
+"""Fixtures: real databases (SQLite files and a PostgreSQL server this session starts), real
+coordinators served by uvicorn on loopback, real keys."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import uvicorn
+from alembic import command
+from eth_account import Account
+from sqlalchemy import Engine, create_engine, inspect, text
+
+from coordinator.app import create_app
+from coordinator.db import alembic_config, make_engine
+from coordinator.settings import CoordinatorSettings
+from devnet.processes import free_port
+
+os.environ.setdefault("INTELLECT_WALLET_PASSWORD", "test-password")
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A PostgreSQL server of our own on a free loopback port; yields its admin URL."""
+    bin_dir = _pg_bin()
+    if bin_dir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL server binaries (initdb) are missing; .ci/run must install postgresql.")
+        pytest.skip("PostgreSQL server binaries are not installed (apt-get install postgresql)")
+    root = Path(tempfile.mkdtemp(prefix="intellect-pg-"))
+    data, sockets = root / "data", root / "sock"
+    sockets.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        shutil.chown(root, "postgres")
+        shutil.chown(sockets, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"], check=True, capture_output=True)
+    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+    subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
+    finally:
+        subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _new_database(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    server = request.getfixturevalue("postgres_server")
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return f"{server}/{name}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, unmigrated database of each kind."""
+    return _new_database(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database of each kind, migrated to head."""
+    url = _new_database(request.param, request, tmp_path)
+    command.upgrade(alembic_config(url), "head")
+    return url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    command.upgrade(alembic_config(url), "head")
+    return url
+
+
+@dataclass
+class Served:
+    url: str
+    settings: CoordinatorSettings
+    engine: Engine
+    audience: str
+
+    def snapshot(self) -> dict[str, list[tuple]]:
+        """Every row of every table, to prove a rejected request changed nothing."""
+        with self.engine.connect() as connection:
+            return {
+                table: sorted(map(tuple, connection.execute(text(f"SELECT * FROM {table}"))), key=repr)
+                for table in inspect(connection).get_table_names()
+            }
+
+
+@contextmanager
+def serve(settings: CoordinatorSettings) -> Iterator[Served]:
+    """A real coordinator: uvicorn on a free loopback port, in a thread of this process."""
+    app = create_app(settings)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("coordinator did not start")
+        time.sleep(0.02)
+    engine = make_engine(settings.database_url)
+    try:
+        yield Served(url, settings, engine, app.state.audience)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        engine.dispose()
+
+
+FAST = {"heartbeat_interval_s": 0.5, "status_loop_interval_s": 0.2}
+"""Timings that let status transitions happen within a test's patience."""
+
+
+@pytest.fixture
+def coordinator(database_url: str) -> Iterator[Served]:
+    """A coordinator on each database kind, with a generous rate limit."""
+    with serve(CoordinatorSettings(database_url=database_url, rate_limit_per_s=1000, rate_limit_burst=1000)) as served:
+        yield served
+
+
+@pytest.fixture
+def account():  # type: ignore[no-untyped-def]
+    return Account.create()
+
+
+def admin_token(served: Served, scope: str = "admin") -> str:
+    from datetime import UTC, datetime
+
+    from coordinator.db import make_sessionmaker
+    from coordinator.services.admin_tokens import create_token
+
+    with make_sessionmaker(served.engine).begin() as session:
+        return create_token(session, f"test-{scope}", scope, datetime.now(UTC))[1]

@@ -1,0 +1,102 @@
+"""``intellect-node join`` as a real subprocess against a real coordinator on loopback."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from coordinator.settings import CoordinatorSettings
+from devnet.processes import Process, start_node
+from shared.wallet import create_wallet
+from tests.conftest import FAST, admin_token, serve
+
+PASSWORD = "test-password"
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def wallet(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "node.json"
+    return path, create_wallet(path, PASSWORD)
+
+
+def test_join_lifecycle(sqlite_url: str, tmp_path: Path, wallet: tuple[Path, str]) -> None:
+    wallet_path, address = wallet
+    with serve(CoordinatorSettings(database_url=sqlite_url, **FAST)) as c:
+        auth = {"authorization": f"Bearer {admin_token(c, 'operate')}"}
+
+        def node() -> dict:
+            return httpx.get(f"{c.url}/v1/admin/nodes/{address}", headers=auth).json()
+
+        def status() -> str | None:
+            return node().get("status")
+
+        first = start_node(tmp_path, "node-1", wallet_path, c.url, PASSWORD)
+        try:
+            wait_for(lambda: status() == "healthy", 30, "the node to register and heartbeat")
+            assert node()["specs"]["cpu_cores"] >= 1
+            first.popen.send_signal(signal.SIGKILL)
+            first.popen.wait()
+            wait_for(lambda: status() == "unhealthy", 10, "unhealthy after the node died")
+            wait_for(lambda: status() == "dead", 10, "dead after more silence")
+
+            second = start_node(tmp_path, "node-1", wallet_path, c.url, PASSWORD)
+            wait_for(lambda: status() == "healthy", 30, "healthy again after restart")
+            assert "Resuming" in second.tail(50)
+            events = [e["to_status"] for e in node()["events"]]
+            assert events.count("registered") == 1
+            assert events[:3] == ["healthy", "dead", "unhealthy"]
+
+            # A clean stop on SIGTERM.
+            second.popen.send_signal(signal.SIGTERM)
+            assert second.popen.wait(15) == 0
+            assert "Stopped." in second.tail()
+
+            # A ban reaches the running node: it stops with its own exit code and a sentence.
+            third = start_node(tmp_path, "node-1", wallet_path, c.url, PASSWORD)
+            wait_for(lambda: "Resuming" in third.tail(50), 30, "the node to resume")
+            httpx.post(f"{c.url}/v1/admin/nodes/{address}/ban", json={"reason": "cheating"}, headers=auth).raise_for_status()
+            assert third.popen.wait(15) == 3
+            assert "banned this node (cheating)" in third.tail().replace("\n", " ")
+        finally:
+            for p in (first, locals().get("second"), locals().get("third")):
+                if isinstance(p, Process):
+                    p.stop()
+
+
+def test_unreachable_coordinator_is_retried_with_a_sentence(tmp_path: Path, wallet: tuple[Path, str]) -> None:
+    from devnet.processes import free_port
+
+    wallet_path, _ = wallet
+    node = start_node(tmp_path, "node-x", wallet_path, f"http://127.0.0.1:{free_port()}", PASSWORD)
+    try:
+        wait_for(lambda: "retrying in 2 s" in node.tail(), 20, "two retries")
+        assert node.popen.poll() is None
+        assert "Cannot reach the coordinator" in node.tail()
+    finally:
+        assert node.stop() == 0
+    assert "Traceback" not in node.tail(100)
+
+
+def test_wrong_password_is_one_line(tmp_path: Path, wallet: tuple[Path, str]) -> None:
+    wallet_path, _ = wallet
+    result = subprocess.run(
+        ["intellect-node", "join", "--wallet", str(wallet_path), "--coordinator", "http://127.0.0.1:9"],
+        capture_output=True, text=True, env={"PATH": __import__("os").environ["PATH"], "INTELLECT_WALLET_PASSWORD": "wrong"},
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"Wrong password for {wallet_path}."

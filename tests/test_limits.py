@@ -1,0 +1,66 @@
+"""Rate limits and body size limits: 429 and 413, with nothing recorded."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+
+from coordinator.settings import CoordinatorSettings
+from tests.conftest import serve
+from tests.helpers import heartbeat_body, register_body, signed_post
+
+HEARTBEAT = "/v1/nodes/heartbeat"
+
+
+def test_rate_limit_per_address(sqlite_url: str, account) -> None:  # type: ignore[no-untyped-def]
+    with serve(CoordinatorSettings(database_url=sqlite_url, rate_limit_per_s=0.5, rate_limit_burst=3)) as c:
+        assert signed_post(c.url, "/v1/nodes/register", account, c.audience, register_body(account)).status_code == 200
+        assert signed_post(c.url, HEARTBEAT, account, c.audience, heartbeat_body(account)).status_code == 200
+        assert signed_post(c.url, HEARTBEAT, account, c.audience, heartbeat_body(account)).status_code == 200
+        before = c.snapshot()
+        refused = signed_post(c.url, HEARTBEAT, account, c.audience, heartbeat_body(account))
+        assert refused.status_code == 429
+        assert refused.json()["code"] == "rate_limited"
+        assert int(refused.headers["retry-after"]) >= 1
+        assert c.snapshot() == before
+        # Another address has its own bucket.
+        from eth_account import Account
+
+        other = Account.create()
+        assert signed_post(c.url, "/v1/nodes/register", other, c.audience, register_body(other)).status_code == 200
+
+
+def test_rate_limit_unsigned_by_ip(sqlite_url: str) -> None:
+    with serve(CoordinatorSettings(database_url=sqlite_url, rate_limit_per_s=0.5, rate_limit_burst=2)) as c:
+        codes = [httpx.get(c.url + "/v1/public/status").status_code for _ in range(4)]
+        assert codes[:2] == [200, 200]
+        assert codes[-1] == 429
+
+
+def test_body_too_large(sqlite_url: str, account) -> None:  # type: ignore[no-untyped-def]
+    with serve(CoordinatorSettings(database_url=sqlite_url, max_body_bytes=2048)) as c:
+        before = c.snapshot()
+        huge = register_body(account, specs={"cpu_cores": 1, "ram_bytes": 1, "disk_free_bytes": 1, "platform": "x" * 4000})
+        response = signed_post(c.url, "/v1/nodes/register", account, c.audience, huge)
+        assert response.status_code == 413
+        assert response.json()["code"] == "body_too_large"
+        assert c.snapshot() == before
+
+        # A chunked body declares no length: it is counted as it arrives.
+        def chunks():  # type: ignore[no-untyped-def]
+            for _ in range(10):
+                yield b"x" * 1024
+
+        response = httpx.post(c.url + "/v1/nodes/register", content=chunks(), headers={"content-type": "application/json"})
+        assert response.status_code == 413
+        assert c.snapshot() == before
+
+
+def test_declared_length_lie_is_refused(sqlite_url: str) -> None:
+    with serve(CoordinatorSettings(database_url=sqlite_url, max_body_bytes=2048)) as c:
+        host, port = c.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"POST /v1/nodes/register HTTP/1.1\r\nhost: x\r\ncontent-length: 99999999\r\n\r\n")
+            reply = s.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 413")
