@@ -19,8 +19,9 @@ def test_devnet_runs_and_stops_by_itself(tmp_path: Path) -> None:
     assert summary["exit_codes"]["node-0"] == 0 and summary["exit_codes"]["node-1"] == 0
     engine = create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
     with engine.connect() as connection:
-        statuses = [row[0] for row in connection.execute(text("SELECT status FROM nodes"))]
-    assert statuses == ["healthy", "healthy"]
+        reached = connection.execute(text("SELECT DISTINCT address FROM node_status_events WHERE to_status = 'healthy'")).all()
+    # Nodes stop before the coordinator, so they may end unhealthy; each must have been healthy.
+    assert len(reached) == 2
     for name in ("coordinator", "node-0", "node-1"):
         assert (tmp_path / "logs" / f"{name}.log").exists()
     assert "Registered" in (tmp_path / "logs" / "node-0.log").read_text()
