@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import SettingsConfigDict
+
+from shared.settings import RoleSettings
 
 
-class CoordinatorSettings(BaseSettings):
+class CoordinatorSettings(RoleSettings):
     model_config = SettingsConfigDict(
         env_prefix="INTELLECT_", toml_file="intellect-coordinator.toml", extra="ignore"
     )
@@ -49,19 +51,6 @@ class CoordinatorSettings(BaseSettings):
 
     min_node_version: str = "0.1.0"
     """Oldest node client version allowed to register and heartbeat."""
-
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # CLI flags (init) beat env vars, which beat the TOML file.
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
 
     @property
     def nonce_keep_s(self) -> int:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import SettingsConfigDict
+
+from shared.settings import RoleSettings
 
 
-class NodeSettings(BaseSettings):
+class NodeSettings(RoleSettings):
     model_config = SettingsConfigDict(env_prefix="INTELLECT_NODE_", toml_file="intellect-node.toml", extra="ignore")
 
     state_dir: Path = Path.home() / ".intellect" / "node"
@@ -22,14 +24,3 @@ class NodeSettings(BaseSettings):
 
     backoff_max_s: float = Field(30.0, gt=0)
     """Longest wait between retries."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
