@@ -1,0 +1,222 @@
+"""TOPLOC proofs of inference, byte-compatible with the reference format (``toploc`` 0.1.6).
+
+For each chunk of :data:`CHUNK` committed positions, the chunk's bf16 hidden states are
+flattened row after row, the :data:`TOPK` entries largest in absolute value are picked
+(``torch.topk``, so ties break as the reference breaks them), and the polynomial through
+the points (flat index mod m, bf16 bit pattern) is interpolated over GF(:data:`PRIME`),
+where m is the largest modulus <= PRIME (and > 2**15) under which the chunk's indices stay
+distinct. A chunk's proof is m as a big-endian u16 followed by the polynomial's monomial
+coefficients c0..c127 as big-endian u16: 258 bytes. A chunk with fewer than TOPK values
+(a tiny model's last chunk) commits to all of them.
+
+A verifier recomputes the hidden states, takes its own top-k, evaluates the proof at those
+indices and compares the bf16 exponents and mantissas it gets with its own.
+
+Everything is vectorised over chunks (numpy for the field arithmetic, torch for top-k);
+GF(65497) is small enough that modular inverses come from one precomputed table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import torch
+from pydantic import BaseModel, Field
+
+PRIME = 65497
+TOPK = 128
+CHUNK = 32
+MIN_MODULUS = 2**15 + 1
+MODULUS_BLOCK = 64
+
+
+class ToplocThresholds(BaseModel):
+    """When a chunk's proof counts as failed; a rollout fails when any chunk does."""
+
+    exp_mismatches_max: int = Field(38, ge=0)
+    """Most top-k entries whose bf16 exponent may differ from the proof's."""
+    mant_err_mean_max: float = Field(10.0, ge=0)
+    """Largest mean absolute mantissa difference over entries whose exponents agree."""
+    mant_err_median_max: float = Field(8.0, ge=0)
+    """Largest median absolute mantissa difference over entries whose exponents agree."""
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    exp_mismatches: int
+    mant_err_mean: float
+    mant_err_median: float
+    ok: bool
+    reason: str | None = None
+
+
+class ProofFormatError(ValueError):
+    """Proof bytes that do not parse; the message says why."""
+
+
+@cache
+def _inverses() -> np.ndarray:
+    """inv[a] = a^-1 mod PRIME for a in 1..PRIME-1 (inv[0] unused)."""
+    a = np.arange(PRIME, dtype=np.int64)
+    result, base, exponent = np.ones(PRIME, dtype=np.int64), a.copy(), PRIME - 2
+    while exponent:
+        if exponent & 1:
+            result = result * base % PRIME
+        base = base * base % PRIME
+        exponent >>= 1
+    return result
+
+
+def chunk_sizes(positions: int) -> list[int]:
+    """Committed positions per chunk for a sequence of ``positions`` fed tokens."""
+    return [min(CHUNK, positions - start) for start in range(0, positions, CHUNK)]
+
+
+def _top_entries(hidden: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per chunk: (flat indices, bf16 bit patterns) of its top-k entries by absolute value.
+
+    Full chunks go through one batched ``topk`` (one row per chunk), the same per-row
+    selection a one-dimensional ``topk`` over each chunk makes.
+    """
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden states must be [positions, hidden_size], got shape {tuple(hidden.shape)}")
+    bf16 = hidden.detach().to("cpu", torch.bfloat16).contiguous()
+    positions, width = bf16.shape
+    full = positions // CHUNK
+    out = []
+    if full:
+        rows = bf16[: full * CHUNK].reshape(full, CHUNK * width)
+        indices = rows.abs().topk(min(TOPK, rows.shape[1]), dim=1).indices
+        bits = rows.gather(1, indices).view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+        out += list(zip(indices.numpy().astype(np.int64), bits))
+    if positions % CHUNK:
+        flat = bf16[full * CHUNK :].reshape(-1)
+        indices = flat.abs().topk(min(TOPK, flat.numel())).indices
+        bits = flat[indices].view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+        out.append((indices.numpy().astype(np.int64), bits))
+    return out
+
+
+def _injective_moduli(indices: np.ndarray) -> np.ndarray:
+    """For each row of ``indices`` [chunks, k], the largest modulus keeping the row distinct."""
+    chunks = indices.shape[0]
+    found = np.zeros(chunks, dtype=np.int64)
+    pending = np.arange(chunks)
+    for top in range(PRIME, MIN_MODULUS - 1, -MODULUS_BLOCK):
+        moduli = np.arange(top, max(top - MODULUS_BLOCK, MIN_MODULUS - 1), -1, dtype=np.int64)
+        residues = np.sort(indices[pending, None, :] % moduli[None, :, None], axis=2)  # [pending, moduli, k]
+        distinct = (np.diff(residues, axis=2) != 0).all(axis=2)
+        hit = distinct.any(axis=1)
+        found[pending[hit]] = moduli[distinct[hit].argmax(axis=1)]
+        pending = pending[~hit]
+        if pending.size == 0:
+            return found
+    raise ValueError("no injective modulus")  # impossible for k <= 128 distinct indices
+
+
+def _interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Monomial coefficients [chunks, k] of the polynomials through (x, y) over GF(PRIME).
+
+    Newton divided differences, then expansion into the monomial basis; the interpolating
+    polynomial is unique, so these are the reference's coefficients whatever the point order.
+    """
+    inv = _inverses()
+    k = x.shape[1]
+    dd = y % PRIME
+    for level in range(1, k):
+        # The right-hand side is computed whole before the in-place store.
+        dd[:, level:] = (dd[:, level:] - dd[:, level - 1 : -1]) % PRIME * inv[(x[:, level:] - x[:, :-level]) % PRIME] % PRIME
+    coeffs = np.zeros_like(dd)
+    factor = np.zeros_like(dd)
+    factor[:, 0] = 1  # the running product (t - x0)(t - x1)...(t - x_{i-1}), degree i
+    for i in range(k):
+        coeffs[:, : i + 1] = (coeffs[:, : i + 1] + dd[:, i : i + 1] * factor[:, : i + 1]) % PRIME
+        if i + 1 < k:
+            # factor *= (t - x_i): new[j] = old[j-1] - x_i * old[j], for j = 0..i+1
+            factor[:, 1 : i + 2] = (factor[:, : i + 1] - x[:, i : i + 1] * factor[:, 1 : i + 2]) % PRIME
+            factor[:, 0] = (-x[:, i] * factor[:, 0]) % PRIME
+    return coeffs
+
+
+def _evaluate(coeffs: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Horner's rule, row-wise: coeffs [chunks, k], points t [chunks, n] -> [chunks, n]."""
+    result = np.repeat(coeffs[:, -1:], t.shape[1], axis=1)
+    for j in range(coeffs.shape[1] - 2, -1, -1):
+        result = (result * t + coeffs[:, j : j + 1]) % PRIME
+    return result
+
+
+def build_proofs(hidden: torch.Tensor) -> bytes:
+    """Proof bytes for the committed positions' hidden states ``[positions, hidden_size]``."""
+    entries = _top_entries(hidden)
+    out = bytearray()
+    # Chunks with the same k are interpolated together.
+    for k in sorted({len(idx) for idx, _ in entries}):
+        rows = [i for i, (idx, _) in enumerate(entries) if len(idx) == k]
+        indices = np.stack([entries[i][0] for i in rows])
+        moduli = _injective_moduli(indices)
+        coeffs = _interpolate(indices % moduli[:, None], np.stack([entries[i][1] for i in rows]))
+        for row, modulus, c in zip(rows, moduli, coeffs):
+            entries[row] = (modulus, c)  # type: ignore[assignment]
+    for modulus, c in entries:
+        out += int(modulus).to_bytes(2, "big") + np.asarray(c, dtype=">u2").tobytes()
+    return bytes(out)
+
+
+def parse_proofs(proofs: bytes, sizes: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
+    """Strictly split untrusted proof bytes into (modulus, coefficients) per chunk.
+
+    ``sizes`` gives each chunk's (positions, k) as the verifier expects them.
+    """
+    expected = sum(2 + 2 * k for _, k in sizes)
+    if len(proofs) != expected:
+        raise ProofFormatError(f"proofs are {len(proofs)} bytes, expected {expected} for {len(sizes)} chunks")
+    parsed = []
+    offset = 0
+    for chunk, (_, k) in enumerate(sizes):
+        modulus = int.from_bytes(proofs[offset : offset + 2], "big")
+        coeffs = np.frombuffer(proofs, dtype=">u2", count=k, offset=offset + 2).astype(np.int64)
+        offset += 2 + 2 * k
+        if not MIN_MODULUS <= modulus <= PRIME:
+            raise ProofFormatError(f"chunk {chunk}: modulus {modulus} outside {MIN_MODULUS}..{PRIME}")
+        if (coeffs >= PRIME).any():
+            raise ProofFormatError(f"chunk {chunk}: a coefficient is >= {PRIME}")
+        parsed.append((modulus, coeffs))
+    return parsed
+
+
+def verify_proofs(
+    hidden: torch.Tensor, proofs: bytes, thresholds: ToplocThresholds | None = None
+) -> list[ChunkResult]:
+    """One result per chunk of ``hidden`` [positions, hidden_size]; never raises on bad bytes."""
+    thresholds = thresholds or ToplocThresholds()
+    entries = _top_entries(hidden)
+    try:
+        parsed = parse_proofs(proofs, [(0, len(idx)) for idx, _ in entries])
+    except ProofFormatError as e:
+        return [ChunkResult(TOPK, float("inf"), float("inf"), False, f"malformed proof: {e}") for _ in entries]
+
+    results = []
+    for (indices, bits), (modulus, coeffs) in zip(entries, parsed):
+        claimed = _evaluate(coeffs[None, :], (indices % modulus)[None, :])[0] & 0xFFFF
+        exp_mismatch = ((claimed >> 7) & 0xFF) != ((bits >> 7) & 0xFF)
+        mant_err = np.abs((claimed & 0x7F) - (bits & 0x7F))[~exp_mismatch]
+        mismatches = int(exp_mismatch.sum())
+        mean = float(mant_err.mean()) if mant_err.size else float(2**64)
+        median = float(np.median(mant_err)) if mant_err.size else float(2**64)
+        failed = []
+        if mismatches > thresholds.exp_mismatches_max:
+            failed.append(f"{mismatches} exponent mismatches > {thresholds.exp_mismatches_max}")
+        if mean > thresholds.mant_err_mean_max:
+            failed.append(f"mantissa error mean {mean:.2f} > {thresholds.mant_err_mean_max}")
+        if median > thresholds.mant_err_median_max:
+            failed.append(f"mantissa error median {median:.2f} > {thresholds.mant_err_median_max}")
+        results.append(ChunkResult(mismatches, mean, median, not failed, "; ".join(failed) or None))
+    return results
+
+
+def rollout_passes(results: list[ChunkResult]) -> bool:
+    """A rollout passes only when every one of its chunks does."""
+    return all(r.ok for r in results)

@@ -1,0 +1,103 @@
+"""TOPLOC proofs: the reference byte format, honest and dishonest activations, hostile bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shared.toploc import CHUNK, PRIME, TOPK, build_proofs, chunk_sizes, rollout_passes, verify_proofs
+
+GEN = torch.Generator().manual_seed(1234)
+
+
+def hidden(positions: int, width: int = 256) -> torch.Tensor:
+    return torch.randn(positions, width, generator=GEN).to(torch.bfloat16)
+
+
+def _bits(x: torch.Tensor) -> np.ndarray:
+    return x.view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+
+
+def test_format_matches_the_reference_definition() -> None:
+    h = hidden(CHUNK + 5)
+    proofs = build_proofs(h)
+    assert chunk_sizes(CHUNK + 5) == [CHUNK, 5]
+    assert len(proofs) == 2 * (2 + 2 * TOPK)
+    for chunk, rows in enumerate((h[:CHUNK], h[CHUNK:])):
+        raw = proofs[chunk * 258 : (chunk + 1) * 258]
+        modulus = int.from_bytes(raw[:2], "big")
+        coeffs = [int.from_bytes(raw[i : i + 2], "big") for i in range(2, 258, 2)]
+        flat = rows.reshape(-1)
+        indices = flat.abs().topk(TOPK).indices.tolist()
+        # m is the largest modulus in (2^15, 65497] keeping the indices distinct.
+        assert len({i % modulus for i in indices}) == TOPK
+        assert all(len({i % m for i in indices}) < TOPK for m in range(modulus + 1, PRIME + 1))
+        # The coefficients (ascending powers) interpolate the bf16 bit patterns.
+        for index, bits in zip(indices, _bits(flat[indices])):
+            t = index % modulus
+            assert sum(c * pow(t, j, PRIME) for j, c in enumerate(coeffs)) % PRIME == bits % PRIME
+
+
+def test_tiny_chunks_commit_to_every_value() -> None:
+    h = hidden(3, width=8)  # 24 values < TOPK
+    proofs = build_proofs(h)
+    assert len(proofs) == 2 + 2 * 24
+    assert rollout_passes(verify_proofs(h, proofs))
+
+
+def test_round_trip_and_small_noise_pass() -> None:
+    h = hidden(100, 512).float()
+    proofs = build_proofs(h)
+    assert rollout_passes(verify_proofs(h, proofs))
+    noisy = h + 0.002 * torch.randn(h.shape, generator=GEN)
+    results = verify_proofs(noisy, proofs)
+    assert rollout_passes(results), results
+    assert len(results) == len(chunk_sizes(100))
+
+
+def test_other_activations_fail() -> None:
+    h = hidden(64)
+    proofs = build_proofs(h)
+    assert not any(r.ok for r in verify_proofs(hidden(64), proofs))
+    shifted = torch.cat([h[1:], hidden(1)])
+    assert not any(r.ok for r in verify_proofs(shifted, proofs))
+    # One chunk tampered: only that chunk fails, and so does the rollout.
+    mixed = torch.cat([h[:CHUNK], hidden(CHUNK)])
+    results = verify_proofs(mixed, proofs)
+    assert [r.ok for r in results] == [True, False]
+    assert not rollout_passes(results)
+    assert "exponent mismatches" in results[1].reason
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda p: p[:-1],
+        lambda p: p + b"\x00",
+        lambda p: b"",
+        lambda p: b"\x00\x00" + p[2:],  # modulus 0
+        lambda p: (65498).to_bytes(2, "big") + p[2:],  # modulus above the prime
+        lambda p: p[:2] + b"\xff\xff" + p[4:],  # coefficient >= 65497
+        lambda p: bytes(len(p)),
+    ],
+)
+def test_malformed_bytes_are_rejected_cleanly(mangle) -> None:  # type: ignore[no-untyped-def]
+    h = hidden(40)
+    results = verify_proofs(h, mangle(build_proofs(h)))
+    assert results and not any(r.ok for r in results)
+    assert all(r.reason for r in results)
+
+
+def test_random_bytes_never_crash() -> None:
+    h = hidden(40)
+    rng = np.random.default_rng(0)
+    for length in (0, 1, 258, 516, 1000):
+        for _ in range(5):
+            results = verify_proofs(h, rng.integers(0, 256, length, dtype=np.uint8).tobytes())
+            assert len(results) == 2 and not rollout_passes(results)
+
+
+def test_shape_is_checked() -> None:
+    with pytest.raises(ValueError, match="positions, hidden_size"):
+        build_proofs(torch.zeros(2, 3, 4))
