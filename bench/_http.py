@@ -32,7 +32,9 @@ async def _send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw:
     return status
 
 
-async def closed_loop(host: str, port: int, requests: Sequence[bytes], connections: int) -> tuple[float, list[float], dict[int, int]]:
+async def closed_loop(
+    host: str, port: int, requests: Sequence[bytes], connections: int
+) -> tuple[float, list[float], dict[int, int]]:
     """Send every request as fast as ``connections`` keep-alive connections allow.
 
     Returns elapsed seconds, latencies and a count per status code.
@@ -55,7 +57,9 @@ async def closed_loop(host: str, port: int, requests: Sequence[bytes], connectio
     return time.perf_counter() - start, latencies, statuses
 
 
-async def open_loop(host: str, port: int, requests: Sequence[bytes], rate_per_s: float, connections: int) -> tuple[float, list[float], dict[int, int]]:
+async def open_loop(
+    host: str, port: int, requests: Sequence[bytes], rate_per_s: float, connections: int
+) -> tuple[float, list[float], dict[int, int]]:
     """Send request i at ``i / rate_per_s`` whether or not earlier ones came back.
 
     Latency counts from the scheduled send time, so a server that falls behind is charged

@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -36,7 +34,14 @@ def heartbeat_requests(accounts: list, audience: str, host: str, count: int) -> 
     out = []
     for i in range(count):
         account = accounts[i % len(accounts)]
-        body = json.dumps({"address": account.address, "client_version": __version__, "activity": "generating", "metrics": {"tokens_per_s": 123.0}}).encode()
+        body = json.dumps(
+            {
+                "address": account.address,
+                "client_version": __version__,
+                "activity": "generating",
+                "metrics": {"tokens_per_s": 123.0},
+            }
+        ).encode()
         headers = sign_request(account, "POST", "/v1/nodes/heartbeat", "", body, audience)
         out.append(build_request("POST", "/v1/nodes/heartbeat", host, body, headers))
     return out
@@ -54,7 +59,9 @@ def summarize(label: str, elapsed: float, latencies: list[float], statuses: dict
         "p50_ms": 1000 * ordered[len(ordered) // 2],
         "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
     }
-    print(f"{label:<34} {row['per_s']:8.0f}/s  p50 {row['p50_ms']:6.1f} ms  p99 {row['p99_ms']:6.1f} ms  errors {row['errors']} {dict(statuses)}")
+    print(
+        f"{label:<34} {row['per_s']:8.0f}/s  p50 {row['p50_ms']:6.1f} ms  p99 {row['p99_ms']:6.1f} ms  errors {row['errors']} {dict(statuses)}"
+    )
     return row
 
 
@@ -71,7 +78,9 @@ def main() -> None:
         url = f"sqlite:///{workdir / 'ledger.db'}"
         migrate(url, workdir / "logs" / "migrate.log")
         # The limiter is per address; lift it so the bench measures the server, not the policy.
-        coordinator = start_coordinator(workdir, url, env={"INTELLECT_RATE_LIMIT_PER_S": "1000000", "INTELLECT_RATE_LIMIT_BURST": "1000000"})
+        coordinator = start_coordinator(
+            workdir, url, env={"INTELLECT_RATE_LIMIT_PER_S": "1000000", "INTELLECT_RATE_LIMIT_BURST": "1000000"}
+        )
         try:
             host = coordinator.url.removeprefix("http://")
             hostname, port = host.split(":")
@@ -82,7 +91,11 @@ def main() -> None:
                 for account in accounts:
                     client.post(
                         "/v1/nodes/register",
-                        json={"address": account.address, "specs": {"cpu_cores": 2, "ram_bytes": 1 << 34, "disk_free_bytes": 1 << 36}, "client_version": __version__},
+                        json={
+                            "address": account.address,
+                            "specs": {"cpu_cores": 2, "ram_bytes": 1 << 34, "disk_free_bytes": 1 << 36},
+                            "client_version": __version__,
+                        },
                         auth=SignedAuth(account, audience),
                     ).raise_for_status()
 
@@ -94,15 +107,34 @@ def main() -> None:
 
             rows = []
             print(f"\nphase 1: sustained, {args.connections} connections")
-            rows.append(summarize("no-op (unsigned, no database)", *asyncio.run(closed_loop(hostname, int(port), noop[:sustained_n], args.connections))))
-            rows.append(summarize("signed heartbeat", *asyncio.run(closed_loop(hostname, int(port), signed[:sustained_n], args.connections))))
+            rows.append(
+                summarize(
+                    "no-op (unsigned, no database)",
+                    *asyncio.run(closed_loop(hostname, int(port), noop[:sustained_n], args.connections)),
+                )
+            )
+            rows.append(
+                summarize(
+                    "signed heartbeat", *asyncio.run(closed_loop(hostname, int(port), signed[:sustained_n], args.connections))
+                )
+            )
             print(f"\nphase 2: open loop at {args.rate:.0f}/s offered")
-            rows.append(summarize("no-op (unsigned, no database)", *asyncio.run(open_loop(hostname, int(port), noop[:latency_n], args.rate, args.connections))))
-            rows.append(summarize("signed heartbeat", *asyncio.run(open_loop(hostname, int(port), signed[sustained_n:], args.rate, args.connections))))
+            rows.append(
+                summarize(
+                    "no-op (unsigned, no database)",
+                    *asyncio.run(open_loop(hostname, int(port), noop[:latency_n], args.rate, args.connections)),
+                )
+            )
+            rows.append(
+                summarize(
+                    "signed heartbeat",
+                    *asyncio.run(open_loop(hostname, int(port), signed[sustained_n:], args.rate, args.connections)),
+                )
+            )
         finally:
             coordinator.stop()
 
-    print(f"\ntargets: >= 1000 signed heartbeats/s sustained, p99 < 50 ms at 500/s offered")
+    print("\ntargets: >= 1000 signed heartbeats/s sustained, p99 < 50 ms at 500/s offered")
     print(f"signed heartbeats/s sustained: {rows[1]['per_s']:.0f}; p99 at {args.rate:.0f}/s: {rows[3]['p99_ms']:.1f} ms")
     print(f"ratio signed/no-op throughput: {rows[1]['per_s'] / rows[0]['per_s']:.2f}")
 

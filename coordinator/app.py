@@ -9,7 +9,12 @@ from datetime import UTC, datetime
 from fastapi import FastAPI
 
 from coordinator.body_limit import BodyLimitMiddleware
-from coordinator.db import make_engine, make_sessionmaker, read_audience, require_migrated
+from coordinator.db import (
+    make_engine,
+    make_sessionmaker,
+    read_audience,
+    require_migrated,
+)
 from coordinator.errors import install_error_handlers
 from coordinator.ledger import Ledger
 from coordinator.loops import Loop

@@ -54,7 +54,5 @@ class BodyLimitMiddleware:
             pass
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(
-            413, ErrorCode.body_too_large, f"The request body is larger than {self.max_bytes} bytes."
-        )
+        response = error_response(413, ErrorCode.body_too_large, f"The request body is larger than {self.max_bytes} bytes.")
         await response(scope, receive, send)

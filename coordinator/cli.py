@@ -11,7 +11,12 @@ from alembic import command
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.db import NotMigratedError, alembic_config, make_engine, make_sessionmaker
+from coordinator.db import (
+    NotMigratedError,
+    alembic_config,
+    make_engine,
+    make_sessionmaker,
+)
 from coordinator.services import admin_tokens
 from coordinator.settings import CoordinatorSettings
 
@@ -23,7 +28,9 @@ err = Console(stderr=True, soft_wrap=True)
 
 DatabaseUrl = Annotated[
     str | None,
-    typer.Option("--database-url", help="SQLAlchemy URL of the ledger; default: INTELLECT_DATABASE_URL or sqlite:///intellect.db."),
+    typer.Option(
+        "--database-url", help="SQLAlchemy URL of the ledger; default: INTELLECT_DATABASE_URL or sqlite:///intellect.db."
+    ),
 ]
 
 
@@ -50,7 +57,9 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
     database_url: DatabaseUrl = None,
-    heartbeat_interval: Annotated[float | None, typer.Option("--heartbeat-interval", help="Seconds between node heartbeats.")] = None,
+    heartbeat_interval: Annotated[
+        float | None, typer.Option("--heartbeat-interval", help="Seconds between node heartbeats.")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="Log level: debug, info, warning, error.")] = "info",
 ) -> None:
     """Serve the coordinator's HTTP API."""
@@ -92,12 +101,20 @@ def token_list(database_url: DatabaseUrl = None) -> None:
     table = Table("id", "name", "scope", "created", "revoked")
     with sessions() as session:
         for row in admin_tokens.list_tokens(session):
-            table.add_row(str(row.id), row.name, row.scopes, f"{row.created_at:%Y-%m-%d %H:%M}", f"{row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "")
+            table.add_row(
+                str(row.id),
+                row.name,
+                row.scopes,
+                f"{row.created_at:%Y-%m-%d %H:%M}",
+                f"{row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "",
+            )
     console.print(table)
 
 
 @tokens.command("revoke")
-def token_revoke(token_id: Annotated[int, typer.Argument(help="The token's id, from `admin-token list`.")], database_url: DatabaseUrl = None) -> None:
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(help="The token's id, from `admin-token list`.")], database_url: DatabaseUrl = None
+) -> None:
     """Revoke a token at once."""
     sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
     with sessions.begin() as session:

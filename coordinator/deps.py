@@ -11,10 +11,11 @@ import time
 from typing import Annotated
 
 from fastapi import Depends, Request
+
 from coordinator.errors import ApiError
+from coordinator.ledger import Ledger
 from coordinator.models import AdminToken
 from coordinator.services import admin_tokens
-from coordinator.ledger import Ledger
 from coordinator.settings import CoordinatorSettings
 from coordinator.signed import SignedRequest
 from shared import signing
@@ -65,7 +66,9 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
     if not (address and timestamp_raw and nonce and signature):
         raise ApiError(401, ErrorCode.signature_missing, "This endpoint needs a signed request (x-intellect-* headers).")
     if not (timestamp_raw.isdigit() and len(timestamp_raw) <= 12 and signing.NONCE_PATTERN.fullmatch(nonce)):
-        raise ApiError(401, ErrorCode.signature_malformed, "The timestamp must be unix seconds and the nonce 16-64 hex characters.")
+        raise ApiError(
+            401, ErrorCode.signature_malformed, "The timestamp must be unix seconds and the nonce 16-64 hex characters."
+        )
 
     timestamp = int(timestamp_raw)
     now = time.time()

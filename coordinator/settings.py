@@ -9,9 +9,7 @@ from shared.settings import RoleSettings
 
 
 class CoordinatorSettings(RoleSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="INTELLECT_", toml_file="intellect-coordinator.toml", extra="ignore"
-    )
+    model_config = SettingsConfigDict(env_prefix="INTELLECT_", toml_file="intellect-coordinator.toml", extra="ignore")
 
     database_url: str = "sqlite:///intellect.db"
     """SQLAlchemy URL of the ledger: ``sqlite:///PATH`` (WAL) or ``postgresql+psycopg://...``."""

@@ -19,7 +19,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from devnet.processes import Process, StartError, admin_token, migrate, start_coordinator, start_node
+from devnet.processes import (
+    Process,
+    StartError,
+    admin_token,
+    migrate,
+    start_coordinator,
+    start_node,
+)
 from shared.wallet import create_wallet
 
 app = typer.Typer(help=__doc__, no_args_is_help=False, add_completion=False)
@@ -30,8 +37,12 @@ console = Console(soft_wrap=True)
 def main(
     nodes: Annotated[int, typer.Option(min=1, max=32, help="Nodes to start, each with a fresh wallet.")] = 1,
     duration: Annotated[float, typer.Option(min=0, help="Seconds to run before stopping by itself; 0 runs until Ctrl-C.")] = 60,
-    workdir: Annotated[Path | None, typer.Option(help="Where logs, wallets, the ledger and the summary go; default: a new temp dir.")] = None,
-    database_url: Annotated[str | None, typer.Option(help="Ledger URL (e.g. postgresql://...); default: SQLite in the workdir.")] = None,
+    workdir: Annotated[
+        Path | None, typer.Option(help="Where logs, wallets, the ledger and the summary go; default: a new temp dir.")
+    ] = None,
+    database_url: Annotated[
+        str | None, typer.Option(help="Ledger URL (e.g. postgresql://...); default: SQLite in the workdir.")
+    ] = None,
     heartbeat_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between node heartbeats.")] = 2.0,
 ) -> None:
     """Start a coordinator and NODES nodes on loopback and show them live."""

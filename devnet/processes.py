@@ -92,7 +92,8 @@ def wait_http(process: Process, url: str, timeout: float = 60) -> None:
 def migrate(database_url: str, log_path: Path) -> None:
     result = subprocess.run(
         [*script("intellect-coordinator"), "migrate", "--database-url", database_url],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(result.stdout + result.stderr)
@@ -102,8 +103,20 @@ def migrate(database_url: str, log_path: Path) -> None:
 
 def admin_token(database_url: str, name: str = "devnet", scope: str = "admin") -> str:
     result = subprocess.run(
-        [*script("intellect-coordinator"), "admin-token", "create", "--name", name, "--scope", scope, "--database-url", database_url],
-        capture_output=True, text=True, check=True,
+        [
+            *script("intellect-coordinator"),
+            "admin-token",
+            "create",
+            "--name",
+            name,
+            "--scope",
+            scope,
+            "--database-url",
+            database_url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return result.stdout.strip().splitlines()[-1]
 
@@ -113,7 +126,18 @@ def start_coordinator(workdir: Path, database_url: str, port: int | None = None,
     port = port or free_port()
     process = spawn(
         "coordinator",
-        [*script("intellect-coordinator"), "serve", "--host", "127.0.0.1", "--port", str(port), "--database-url", database_url, "--log-level", "warning"],
+        [
+            *script("intellect-coordinator"),
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--database-url",
+            database_url,
+            "--log-level",
+            "warning",
+        ],
         workdir / "logs" / "coordinator.log",
         env,
     )
@@ -126,10 +150,21 @@ def start_coordinator(workdir: Path, database_url: str, port: int | None = None,
     return process
 
 
-def start_node(workdir: Path, name: str, wallet: Path, coordinator_url: str, password: str, env: dict[str, str] | None = None) -> Process:
+def start_node(
+    workdir: Path, name: str, wallet: Path, coordinator_url: str, password: str, env: dict[str, str] | None = None
+) -> Process:
     return spawn(
         name,
-        [*script("intellect-node"), "join", "--wallet", str(wallet), "--coordinator", coordinator_url, "--state-dir", str(workdir / "state" / name)],
+        [
+            *script("intellect-node"),
+            "join",
+            "--wallet",
+            str(wallet),
+            "--coordinator",
+            coordinator_url,
+            "--state-dir",
+            str(workdir / "state" / name),
+        ],
         workdir / "logs" / f"{name}.log",
         {"INTELLECT_WALLET_PASSWORD": password, **(env or {})},
     )

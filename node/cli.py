@@ -18,10 +18,16 @@ from rich.console import Console
 from rich.table import Table
 
 from node.client import NodeError
-from node.hardware import problems, probe
+from node.hardware import probe, problems
 from node.settings import NodeSettings
 from shared.schemas import PublicStatus, checksum_address
-from shared.wallet import WalletError, create_wallet, load_wallet, read_password, wallet_address
+from shared.wallet import (
+    WalletError,
+    create_wallet,
+    load_wallet,
+    read_password,
+    wallet_address,
+)
 
 app = typer.Typer(help="Run an Intellect Protocol node: lend this machine to decentralized RL training.", no_args_is_help=True)
 wallet = typer.Typer(help="Create and inspect wallets (encrypted v3 keystores).", no_args_is_help=True)
@@ -29,7 +35,9 @@ app.add_typer(wallet, name="wallet")
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
-StateDir = Annotated[Path | None, typer.Option("--state-dir", help="Where the node keeps its session; default ~/.intellect/node.")]
+StateDir = Annotated[
+    Path | None, typer.Option("--state-dir", help="Where the node keeps its session; default ~/.intellect/node.")
+]
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -58,9 +66,13 @@ def wallet_show(path: Annotated[Path, typer.Argument(help="Keystore file.")]) ->
 
 @app.command()
 def join(
-    wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore file; its password from INTELLECT_WALLET_PASSWORD or a prompt.")],
+    wallet_file: Annotated[
+        Path, typer.Option("--wallet", help="Keystore file; its password from INTELLECT_WALLET_PASSWORD or a prompt.")
+    ],
     coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
-    operator: Annotated[str | None, typer.Option(help="Address of the operator or pool that runs this node, if not the node itself.")] = None,
+    operator: Annotated[
+        str | None, typer.Option(help="Address of the operator or pool that runs this node, if not the node itself.")
+    ] = None,
     state_dir: StateDir = None,
 ) -> None:
     """Register this machine with a coordinator and keep it working until Ctrl-C."""

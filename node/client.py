@@ -13,7 +13,13 @@ from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
 from node.settings import NodeSettings
-from shared.schemas import ErrorCode, HeartbeatResponse, NodeSpecs, PublicStatus, RegisterResponse
+from shared.schemas import (
+    ErrorCode,
+    HeartbeatResponse,
+    NodeSpecs,
+    PublicStatus,
+    RegisterResponse,
+)
 from shared.signing import SignedAuth
 from shared.version import __version__
 
@@ -131,7 +137,10 @@ class CoordinatorClient:
         if code == ErrorCode.timestamp_out_of_window:
             return clock_skew_error(float(details.get("skew_s", 0)), float(details.get("window_s", 0)))
         if code == ErrorCode.node_banned:
-            return NodeError(f"The coordinator's operator banned this node ({details.get('reason') or message}). Contact them to appeal.", EXIT_BANNED)
+            return NodeError(
+                f"The coordinator's operator banned this node ({details.get('reason') or message}). Contact them to appeal.",
+                EXIT_BANNED,
+            )
         if code == ErrorCode.version_unsupported:
             return version_error(details.get("min_node_version"))
         if code == ErrorCode.signature_invalid:

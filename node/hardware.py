@@ -21,7 +21,10 @@ def _nvidia_smi_gpus() -> list[GpuSpec] | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -70,5 +73,7 @@ def problems(specs: NodeSpecs) -> list[str]:
     if specs.ram_bytes < MIN_RAM_BYTES:
         found.append(f"only {specs.ram_bytes / 2**30:.1f} GiB of RAM; at least {MIN_RAM_BYTES >> 30} GiB is needed")
     if specs.disk_free_bytes < MIN_DISK_FREE_BYTES:
-        found.append(f"only {specs.disk_free_bytes / 2**30:.1f} GiB free on disk; at least {MIN_DISK_FREE_BYTES >> 30} GiB is needed")
+        found.append(
+            f"only {specs.disk_free_bytes / 2**30:.1f} GiB free on disk; at least {MIN_DISK_FREE_BYTES >> 30} GiB is needed"
+        )
     return found

@@ -11,7 +11,15 @@ from eth_account.signers.local import LocalAccount
 from packaging.version import Version
 from rich.console import Console
 
-from node.client import EXIT_BANNED, CoordinatorClient, NodeError, NotRegistered, Stopped, clock_skew_error, version_error
+from node.client import (
+    EXIT_BANNED,
+    CoordinatorClient,
+    NodeError,
+    NotRegistered,
+    Stopped,
+    clock_skew_error,
+    version_error,
+)
 from node.hardware import probe
 from node.settings import NodeSettings
 from node.state import NodeSession, load_session, save_session
@@ -28,7 +36,9 @@ def join(
     stop: threading.Event,
 ) -> None:
     """Run until ``stop`` is set; raises :class:`NodeError` for what retrying cannot fix."""
-    client = CoordinatorClient(coordinator, account, settings, on_retry=lambda m: console.print(f"[yellow]{m}[/yellow]"), stop=stop)
+    client = CoordinatorClient(
+        coordinator, account, settings, on_retry=lambda m: console.print(f"[yellow]{m}[/yellow]"), stop=stop
+    )
     state_dir = settings.state_dir / account.address.lower()
     try:
         status = client.public_status()
@@ -39,7 +49,11 @@ def join(
             raise clock_skew_error(skew, status.signature_window_s)
 
         session = load_session(state_dir)
-        if session and (session.coordinator, session.audience, session.address) == (client.base_url, status.audience, account.address):
+        if session and (session.coordinator, session.audience, session.address) == (
+            client.base_url,
+            status.audience,
+            account.address,
+        ):
             console.print(f"Resuming as {account.address} on {client.base_url} (registered {session.registered_at}).")
         else:
             session = _register(client, status.audience, state_dir, console, operator_address)
@@ -53,7 +67,9 @@ def join(
                 session = _register(client, status.audience, state_dir, console, operator_address)
                 continue
             if beat.action == "stop":
-                raise NodeError(f"The coordinator's operator banned this node ({beat.reason}). Contact them to appeal.", EXIT_BANNED)
+                raise NodeError(
+                    f"The coordinator's operator banned this node ({beat.reason}). Contact them to appeal.", EXIT_BANNED
+                )
             if beat.status != session.last_status:
                 console.print(f"Status: [bold]{beat.status}[/bold]")
             session.last_status = beat.status

@@ -11,8 +11,8 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from eth_utils import is_address, to_checksum_address
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 VERSION_PATTERN = r"^\d+\.\d+\.\d+([.+-][0-9A-Za-z.+-]{1,32})?$"
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    TomlConfigSettingsSource,
+)
 
 
 class RoleSettings(BaseSettings):

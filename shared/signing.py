@@ -46,9 +46,7 @@ def canonical_query(query: str) -> str:
     return urlencode(sorted(parse_qsl(query, keep_blank_values=True)))
 
 
-def canonical_request(
-    method: str, path: str, query: str, body: bytes, timestamp: int, nonce: str, audience: str
-) -> str:
+def canonical_request(method: str, path: str, query: str, body: bytes, timestamp: int, nonce: str, audience: str) -> str:
     return "\n".join(
         (
             SCHEME,

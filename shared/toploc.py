@@ -187,9 +187,7 @@ def parse_proofs(proofs: bytes, sizes: list[tuple[int, int]]) -> list[tuple[int,
     return parsed
 
 
-def verify_proofs(
-    hidden: torch.Tensor, proofs: bytes, thresholds: ToplocThresholds | None = None
-) -> list[ChunkResult]:
+def verify_proofs(hidden: torch.Tensor, proofs: bytes, thresholds: ToplocThresholds | None = None) -> list[ChunkResult]:
     """One result per chunk of ``hidden`` [positions, hidden_size]; never raises on bad bytes."""
     thresholds = thresholds or ToplocThresholds()
     entries = _top_entries(hidden)

@@ -37,6 +37,4 @@ def signed_post(
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     signed = sign_request(account, "POST", path, query, raw, audience, timestamp=timestamp, nonce=nonce)
     full_path = f"{path}?{query}" if query else path
-    return httpx.post(
-        url + full_path, content=raw, headers={"content-type": "application/json", **signed, **(headers or {})}
-    )
+    return httpx.post(url + full_path, content=raw, headers={"content-type": "application/json", **signed, **(headers or {})})

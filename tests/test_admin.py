@@ -14,7 +14,10 @@ from tests.helpers import heartbeat_body, register_body, signed_post
 def _register(coordinator, n: int) -> list:  # type: ignore[no-untyped-def]
     accounts = [Account.create() for _ in range(n)]
     for account in accounts:
-        assert signed_post(coordinator.url, "/v1/nodes/register", account, coordinator.audience, register_body(account)).status_code == 200
+        assert (
+            signed_post(coordinator.url, "/v1/nodes/register", account, coordinator.audience, register_body(account)).status_code
+            == 200
+        )
     return accounts
 
 
@@ -47,7 +50,10 @@ def test_tokens_are_stored_hashed(coordinator) -> None:  # type: ignore[no-untyp
 
 def test_list_filter_detail_ban_unban(coordinator) -> None:  # type: ignore[no-untyped-def]
     a, b, c = _register(coordinator, 3)
-    assert signed_post(coordinator.url, "/v1/nodes/heartbeat", a, coordinator.audience, heartbeat_body(a)).json()["status"] == "healthy"
+    assert (
+        signed_post(coordinator.url, "/v1/nodes/heartbeat", a, coordinator.audience, heartbeat_body(a)).json()["status"]
+        == "healthy"
+    )
     auth = {"authorization": f"Bearer {admin_token(coordinator, 'operate')}"}
     base = f"{coordinator.url}/v1/admin/nodes"
 
@@ -80,7 +86,10 @@ def test_list_filter_detail_ban_unban(coordinator) -> None:  # type: ignore[no-u
     beat = signed_post(coordinator.url, "/v1/nodes/heartbeat", b, coordinator.audience, heartbeat_body(b)).json()
     assert beat == {**beat, "action": "continue", "status": "healthy"}
     assert [e["to_status"] for e in httpx.get(f"{base}/{b.address}", headers=auth).json()["events"]] == [
-        "healthy", "unhealthy", "banned", "registered",
+        "healthy",
+        "unhealthy",
+        "banned",
+        "registered",
     ]
 
 
@@ -88,16 +97,26 @@ def test_token_cli_create_list_revoke(coordinator) -> None:  # type: ignore[no-u
     url = coordinator.settings.database_url
     created = subprocess.run(
         ["intellect-coordinator", "admin-token", "create", "--name", "ops", "--scope", "read", "--database-url", url],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     token = created.stdout.strip()
     assert token.startswith("ipa_")
     headers = {"authorization": f"Bearer {token}"}
     assert httpx.get(f"{coordinator.url}/v1/admin/nodes", headers=headers).status_code == 200
-    listed = subprocess.run(["intellect-coordinator", "admin-token", "list", "--database-url", url], capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        ["intellect-coordinator", "admin-token", "list", "--database-url", url], capture_output=True, text=True, check=True
+    )
     assert "ops" in listed.stdout and token.split("_")[2] not in listed.stdout
     token_id = token.split("_")[1]
-    subprocess.run(["intellect-coordinator", "admin-token", "revoke", token_id, "--database-url", url], check=True, capture_output=True)
+    subprocess.run(
+        ["intellect-coordinator", "admin-token", "revoke", token_id, "--database-url", url], check=True, capture_output=True
+    )
     assert httpx.get(f"{coordinator.url}/v1/admin/nodes", headers=headers).status_code == 401
-    bad = subprocess.run(["intellect-coordinator", "admin-token", "create", "--name", "x", "--scope", "root", "--database-url", url], capture_output=True, text=True)
+    bad = subprocess.run(
+        ["intellect-coordinator", "admin-token", "create", "--name", "x", "--scope", "root", "--database-url", url],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "scope" in bad.stderr and "Traceback" not in bad.stderr

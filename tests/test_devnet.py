@@ -12,7 +12,9 @@ from sqlalchemy import create_engine, text
 def test_devnet_runs_and_stops_by_itself(tmp_path: Path) -> None:
     result = subprocess.run(
         ["intellect-devnet", "--nodes", "2", "--duration", "6", "--heartbeat-interval", "0.5", "--workdir", str(tmp_path)],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -96,7 +96,9 @@ def test_wrong_password_is_one_line(tmp_path: Path, wallet: tuple[Path, str]) ->
     wallet_path, _ = wallet
     result = subprocess.run(
         ["intellect-node", "join", "--wallet", str(wallet_path), "--coordinator", "http://127.0.0.1:9"],
-        capture_output=True, text=True, env={"PATH": __import__("os").environ["PATH"], "INTELLECT_WALLET_PASSWORD": "wrong"},
+        capture_output=True,
+        text=True,
+        env={"PATH": __import__("os").environ["PATH"], "INTELLECT_WALLET_PASSWORD": "wrong"},
     )
     assert result.returncode == 1
     assert result.stderr.strip() == f"Wrong password for {wallet_path}."

@@ -9,7 +9,13 @@ from alembic import command
 from sqlalchemy import create_engine, inspect
 
 from coordinator.app import create_app
-from coordinator.db import NotMigratedError, alembic_config, current_revision, head_revision, normalize_database_url
+from coordinator.db import (
+    NotMigratedError,
+    alembic_config,
+    current_revision,
+    head_revision,
+    normalize_database_url,
+)
 from coordinator.settings import CoordinatorSettings
 
 TABLES = {"deployment", "nodes", "node_status_events", "nonces", "admin_tokens"}
@@ -50,10 +56,14 @@ def test_app_refuses_unmigrated_database(empty_database_url: str) -> None:
 
 def test_serve_says_which_command_to_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
-    result = subprocess.run(["intellect-coordinator", "serve", "--database-url", url, "--port", "1"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["intellect-coordinator", "serve", "--database-url", url, "--port", "1"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert f"intellect-coordinator migrate --database-url '{url}'" in result.stderr
     assert "Traceback" not in result.stderr
-    migrated = subprocess.run(["intellect-coordinator", "migrate", "--database-url", url], capture_output=True, text=True, timeout=60)
+    migrated = subprocess.run(
+        ["intellect-coordinator", "migrate", "--database-url", url], capture_output=True, text=True, timeout=60
+    )
     assert migrated.returncode == 0, migrated.stderr
     assert current_revision(create_engine(url)) == head_revision()

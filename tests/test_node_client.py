@@ -35,17 +35,33 @@ def test_too_old_for_the_coordinator(sqlite_url: str, tmp_path: Path) -> None:
 
     with serve(CoordinatorSettings(database_url=sqlite_url, min_node_version="99.0.0")) as c:
         with pytest.raises(NodeError) as refused:
-            join(Account.create(), c.url, NodeSettings(state_dir=tmp_path), Console(file=open("/dev/null", "w")), stop=threading.Event())
+            join(
+                Account.create(),
+                c.url,
+                NodeSettings(state_dir=tmp_path),
+                Console(file=open("/dev/null", "w")),
+                stop=threading.Event(),
+            )
         assert refused.value.exit_code == EXIT_VERSION
         assert "pip install -U intellect-protocol" in str(refused.value)
 
 
 def test_check_command(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    ok = subprocess.run(["intellect-node", "check", "--coordinator", coordinator.url, "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        ["intellect-node", "check", "--coordinator", coordinator.url, "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "CPU cores" in ok.stdout and "Ready to join" in ok.stdout
     from devnet.processes import free_port
 
-    down = subprocess.run(["intellect-node", "check", "--coordinator", f"http://127.0.0.1:{free_port()}", "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    down = subprocess.run(
+        ["intellect-node", "check", "--coordinator", f"http://127.0.0.1:{free_port()}", "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert down.returncode == 1
     assert "not reachable" in down.stderr

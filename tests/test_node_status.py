@@ -26,7 +26,9 @@ def _statuses(session, address: str) -> list[str]:  # type: ignore[no-untyped-de
 
 
 def test_silence_then_return(database_url: str) -> None:
-    settings = CoordinatorSettings(database_url=database_url, heartbeat_interval_s=10, unhealthy_after_missed=1, dead_after_missed=3)
+    settings = CoordinatorSettings(
+        database_url=database_url, heartbeat_interval_s=10, unhealthy_after_missed=1, dead_after_missed=3
+    )
     sessions = make_sessionmaker(make_engine(database_url))
     address = Account.create().address
     t0 = datetime.now(UTC)
@@ -45,7 +47,9 @@ def test_silence_then_return(database_url: str) -> None:
     assert evaluate(41) == "dead"
     assert evaluate(500) == "dead"
     with sessions.begin() as session:
-        status, _ = nodes.heartbeat(session, address, HeartbeatRequest(address=address, client_version=__version__), settings, t0 + timedelta(seconds=501))
+        status, _ = nodes.heartbeat(
+            session, address, HeartbeatRequest(address=address, client_version=__version__), settings, t0 + timedelta(seconds=501)
+        )
         assert status == "healthy"
         assert _statuses(session, address) == ["registered", "healthy", "unhealthy", "dead", "healthy"]
 
@@ -65,7 +69,15 @@ def test_illegal_transitions_are_refused(sqlite_url: str) -> None:
     sessions = make_sessionmaker(make_engine(sqlite_url))
     now = datetime.now(UTC)
     with sessions.begin() as session:
-        node = Node(address=Account.create().address, specs={}, client_version="0.1.0", status=NodeStatus.banned, first_seen=now, last_seen=now, status_changed_at=now)
+        node = Node(
+            address=Account.create().address,
+            specs={},
+            client_version="0.1.0",
+            status=NodeStatus.banned,
+            first_seen=now,
+            last_seen=now,
+            status_changed_at=now,
+        )
         with pytest.raises(ValueError):
             nodes.transition(session, node, NodeStatus.healthy, "heartbeat", now)
 
@@ -73,7 +85,9 @@ def test_illegal_transitions_are_refused(sqlite_url: str) -> None:
 def test_background_loop_moves_silent_nodes(database_url: str, account) -> None:  # type: ignore[no-untyped-def]
     with serve(CoordinatorSettings(database_url=database_url, **FAST)) as c:
         assert signed_post(c.url, "/v1/nodes/register", account, c.audience, register_body(account)).status_code == 200
-        assert signed_post(c.url, "/v1/nodes/heartbeat", account, c.audience, heartbeat_body(account)).json()["status"] == "healthy"
+        assert (
+            signed_post(c.url, "/v1/nodes/heartbeat", account, c.audience, heartbeat_body(account)).json()["status"] == "healthy"
+        )
         auth = {"authorization": f"Bearer {admin_token(c, 'read')}"}
 
         def status() -> str:

@@ -9,7 +9,14 @@ import httpx
 import pytest
 from eth_account import Account
 
-from shared.signing import HEADER_ADDRESS, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, canonical_query, sign_request
+from shared.signing import (
+    HEADER_ADDRESS,
+    HEADER_NONCE,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    canonical_query,
+    sign_request,
+)
 from tests.helpers import heartbeat_body, register_body, signed_post
 
 REGISTER, HEARTBEAT = "/v1/nodes/register", "/v1/nodes/heartbeat"
@@ -45,11 +52,32 @@ def test_missing_headers(coordinator, registered) -> None:  # type: ignore[no-un
 
 def test_malformed_signature_and_nonce(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
     before = coordinator.snapshot()
-    response = signed_post(coordinator.url, HEARTBEAT, registered, coordinator.audience, heartbeat_body(registered), headers={HEADER_SIGNATURE: "0x1234"})
+    response = signed_post(
+        coordinator.url,
+        HEARTBEAT,
+        registered,
+        coordinator.audience,
+        heartbeat_body(registered),
+        headers={HEADER_SIGNATURE: "0x1234"},
+    )
     assert_refused(coordinator, response, 401, "signature_malformed", before)
-    response = signed_post(coordinator.url, HEARTBEAT, registered, coordinator.audience, heartbeat_body(registered), headers={HEADER_NONCE: "not-hex!"})
+    response = signed_post(
+        coordinator.url,
+        HEARTBEAT,
+        registered,
+        coordinator.audience,
+        heartbeat_body(registered),
+        headers={HEADER_NONCE: "not-hex!"},
+    )
     assert_refused(coordinator, response, 401, "signature_malformed", before)
-    response = signed_post(coordinator.url, HEARTBEAT, registered, coordinator.audience, heartbeat_body(registered), headers={HEADER_TIMESTAMP: "yesterday"})
+    response = signed_post(
+        coordinator.url,
+        HEARTBEAT,
+        registered,
+        coordinator.audience,
+        heartbeat_body(registered),
+        headers={HEADER_TIMESTAMP: "yesterday"},
+    )
     assert_refused(coordinator, response, 401, "signature_malformed", before)
 
 
@@ -89,14 +117,28 @@ def test_other_audience(coordinator, registered) -> None:  # type: ignore[no-unt
 def test_claimed_address_is_not_the_signer(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
     before = coordinator.snapshot()
     impostor = Account.create()
-    response = signed_post(coordinator.url, HEARTBEAT, impostor, coordinator.audience, heartbeat_body(registered), headers={HEADER_ADDRESS: registered.address})
+    response = signed_post(
+        coordinator.url,
+        HEARTBEAT,
+        impostor,
+        coordinator.audience,
+        heartbeat_body(registered),
+        headers={HEADER_ADDRESS: registered.address},
+    )
     assert_refused(coordinator, response, 401, "signature_invalid", before)
 
 
 @pytest.mark.parametrize("offset", [-400, 400])
 def test_timestamp_outside_window(coordinator, registered, offset: int) -> None:  # type: ignore[no-untyped-def]
     before = coordinator.snapshot()
-    response = signed_post(coordinator.url, HEARTBEAT, registered, coordinator.audience, heartbeat_body(registered), timestamp=int(time.time()) + offset)
+    response = signed_post(
+        coordinator.url,
+        HEARTBEAT,
+        registered,
+        coordinator.audience,
+        heartbeat_body(registered),
+        timestamp=int(time.time()) + offset,
+    )
     assert_refused(coordinator, response, 401, "timestamp_out_of_window", before)
     assert abs(response.json()["details"]["server_time"] - time.time()) < 30
 
@@ -113,7 +155,9 @@ def test_replayed_request(coordinator, registered) -> None:  # type: ignore[no-u
 def test_body_names_another_address(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
     before = coordinator.snapshot()
     victim = Account.create()
-    response = signed_post(coordinator.url, HEARTBEAT, registered, coordinator.audience, heartbeat_body(registered, address=victim.address))
+    response = signed_post(
+        coordinator.url, HEARTBEAT, registered, coordinator.audience, heartbeat_body(registered, address=victim.address)
+    )
     assert_refused(coordinator, response, 401, "address_mismatch", before)
 
 
@@ -139,7 +183,9 @@ def test_heartbeat_before_register(coordinator, account) -> None:  # type: ignor
 
 def test_old_client_version(coordinator, account) -> None:  # type: ignore[no-untyped-def]
     before = coordinator.snapshot()
-    response = signed_post(coordinator.url, REGISTER, account, coordinator.audience, register_body(account, client_version="0.0.1"))
+    response = signed_post(
+        coordinator.url, REGISTER, account, coordinator.audience, register_body(account, client_version="0.0.1")
+    )
     assert_refused(coordinator, response, 426, "version_unsupported", before)
     assert response.json()["details"]["min_node_version"] == coordinator.settings.min_node_version
 

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from shared.toploc import CHUNK, PRIME, TOPK, build_proofs, chunk_sizes, rollout_passes, verify_proofs
+from shared.toploc import (
+    CHUNK,
+    PRIME,
+    TOPK,
+    build_proofs,
+    chunk_sizes,
+    rollout_passes,
+    verify_proofs,
+)
 
 GEN = torch.Generator().manual_seed(1234)
 

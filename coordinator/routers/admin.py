@@ -60,9 +60,7 @@ class Reason(BaseModel):
 
 def _detail(session: Session, node: Node) -> NodeDetail:
     events: list[NodeStatusEvent] = nodes.recent_events(session, node.address, limit=50)
-    return NodeDetail(
-        **NodeOut.model_validate(node).model_dump(), events=[StatusEventOut.model_validate(e) for e in events]
-    )
+    return NodeDetail(**NodeOut.model_validate(node).model_dump(), events=[StatusEventOut.model_validate(e) for e in events])
 
 
 @router.get("/nodes", response_model=NodeList, dependencies=[Reader])
@@ -86,11 +84,21 @@ async def get_node(address: Address, ledger: LedgerDep) -> NodeDetail:
     return await ledger.run(lambda session: _detail(session, nodes.get_node(session, address)))
 
 
-@router.post("/nodes/{address}/ban", response_model=NodeDetail, dependencies=[Operator], responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+@router.post(
+    "/nodes/{address}/ban",
+    response_model=NodeDetail,
+    dependencies=[Operator],
+    responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+)
 async def ban_node(address: Address, body: Reason, ledger: LedgerDep) -> NodeDetail:
     return await ledger.run(lambda session: _detail(session, nodes.ban(session, address, body.reason, datetime.now(UTC))))
 
 
-@router.post("/nodes/{address}/unban", response_model=NodeDetail, dependencies=[Operator], responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+@router.post(
+    "/nodes/{address}/unban",
+    response_model=NodeDetail,
+    dependencies=[Operator],
+    responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+)
 async def unban_node(address: Address, body: Reason, ledger: LedgerDep) -> NodeDetail:
     return await ledger.run(lambda session: _detail(session, nodes.unban(session, address, body.reason, datetime.now(UTC))))

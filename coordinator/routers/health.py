@@ -21,7 +21,9 @@ def healthz(request: Request) -> JSONResponse:
     except Exception as e:  # reported, not raised: this endpoint exists to say what is wrong
         database = f"{type(e).__name__}: {e}"
     ok = database == "ok" and all(loop["alive"] for loop in loops.values())
-    return JSONResponse({"status": "ok" if ok else "degraded", "database": database, "loops": loops}, status_code=200 if ok else 503)
+    return JSONResponse(
+        {"status": "ok" if ok else "degraded", "database": database, "loops": loops}, status_code=200 if ok else 503
+    )
 
 
 @router.get("/metrics")

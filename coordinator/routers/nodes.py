@@ -9,7 +9,14 @@ from fastapi import APIRouter
 
 from coordinator.deps import LedgerDep, Settings, Signed
 from coordinator.services import nodes
-from shared.schemas import ErrorBody, HeartbeatRequest, HeartbeatResponse, NodeStatus, RegisterRequest, RegisterResponse
+from shared.schemas import (
+    ErrorBody,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    NodeStatus,
+    RegisterRequest,
+    RegisterResponse,
+)
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
 

@@ -166,9 +166,7 @@ def evaluate_statuses(session: Session, settings: CoordinatorSettings, now: date
     unhealthy_before = now - interval * (1 + settings.unhealthy_after_missed)
     dead_before = now - interval * (1 + settings.dead_after_missed)
     query = (
-        select(Node)
-        .where(Node.status.in_(SILENCE_WATCHED), Node.last_seen < unhealthy_before)
-        .with_for_update(skip_locked=True)
+        select(Node).where(Node.status.in_(SILENCE_WATCHED), Node.last_seen < unhealthy_before).with_for_update(skip_locked=True)
     )
     changed = 0
     for node in session.scalars(query):

@@ -12,7 +12,6 @@ from coordinator.errors import ApiError
 from coordinator.models import Nonce
 from shared.schemas import ErrorCode
 
-
 _INSERT = insert(Nonce)
 
 

@@ -1,0 +1,1 @@
+"""Inference backends: torch (default, CPU or GPU) and vLLM (the ``[vllm]`` extra, GPU nodes)."""

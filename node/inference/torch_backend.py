@@ -1,0 +1,91 @@
+"""The default backend: batched generation with transformers on torch, KV cache, left padding.
+
+Hidden states come from a hook on the final norm during generation itself, so proofs need
+no second pass. Rows that finished keep being fed padding (their outputs are ignored) so
+the batch stays rectangular.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from shared.inference import Completion, SamplingParams
+from shared.models import final_norm_outputs
+from shared.sampling import sample
+
+
+class TorchBackend:
+    def __init__(self, model: torch.nn.Module, eos_token_id: int, pad_token_id: int) -> None:
+        self.model = model
+        self.eos = eos_token_id
+        self.pad = pad_token_id
+        self.device = next(model.parameters()).device
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]:
+        if len(prompts) != len(seeds):
+            raise ValueError("one seed per prompt")
+        if any(not p for p in prompts):
+            raise ValueError("empty prompt")
+        batch, longest = len(prompts), max(map(len, prompts))
+        ids = torch.full((batch, longest), self.pad, dtype=torch.long)
+        mask = torch.zeros((batch, longest), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, longest - len(prompt) :] = torch.tensor(prompt)
+            mask[row, longest - len(prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        seed_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
+
+        tokens: list[list[int]] = [[] for _ in range(batch)]
+        logprobs: list[list[float]] = [[] for _ in range(batch)]
+        hidden: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+        finish: list[str | None] = [None] * batch
+        cache = DynamicCache()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+
+        with final_norm_outputs(self.model) as captured:
+            logits = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            ).logits[:, -1]
+            next_position = positions[:, -1] + 1
+            for step in range(params.max_tokens):
+                chosen, chosen_logprobs = sample(logits, seed_t, torch.full_like(seed_t, step), params.temperature, params.top_p)
+                for row in range(batch):
+                    if finish[row] is None:
+                        token = int(chosen[row])
+                        tokens[row].append(token)
+                        logprobs[row].append(float(chosen_logprobs[row]))
+                        if params.stop_on_eos and token == self.eos:
+                            finish[row] = "stop"
+                        elif len(tokens[row]) == params.max_tokens:
+                            finish[row] = "length"
+                if all(finish):
+                    break
+                live = torch.tensor([f is None for f in finish], device=self.device)
+                fed = torch.where(live, chosen, torch.full_like(chosen, self.pad))
+                mask = torch.cat([mask, live.long()[:, None]], dim=1)
+                captured.clear()
+                logits = self.model(
+                    input_ids=fed[:, None],
+                    attention_mask=mask,
+                    position_ids=next_position[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                ).logits[:, -1]
+                state = captured[-1][:, -1].to(torch.bfloat16).cpu()
+                for row in range(batch):
+                    if live[row]:
+                        hidden[row].append(state[row])
+                next_position = next_position + 1
+
+        width = self.model.config.hidden_size
+        return [
+            Completion(
+                tokens=tokens[row],
+                logprobs=logprobs[row],
+                hidden=torch.stack(hidden[row]) if hidden[row] else torch.empty(0, width, dtype=torch.bfloat16),
+                finish_reason=finish[row],  # type: ignore[arg-type]
+            )
+            for row in range(batch)
+        ]

@@ -1,0 +1,1 @@
+"""Environments: datasets of prompts with rule-based rewards."""

@@ -1,0 +1,60 @@
+"""What generating means, for the nodes that generate and the validators that check.
+
+A backend takes prompt token ids, one seed per sequence and :class:`SamplingParams`, and
+returns one :class:`Completion` per prompt: tokens drawn by :mod:`shared.sampling`, their
+logprobs, the final-norm hidden states of every *fed* generated token (completion[:-1],
+what a validator's single prefill over prompt + completion[:-1] reproduces), and why it
+stopped. :func:`prefill` is that validator pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.models import final_norm_outputs
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0, le=10)
+    """Softmax temperature; 0 is greedy."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus: sample among the most likely tokens holding this much probability."""
+    max_tokens: int = Field(128, ge=1, le=1 << 16)
+    """Longest completion; a completion this long ends with finish reason ``length``."""
+    stop_on_eos: bool = True
+    """End a completion at the end-of-sequence token (which is kept as its last token)."""
+
+
+@dataclass
+class Completion:
+    tokens: list[int]
+    logprobs: list[float]
+    hidden: torch.Tensor
+    """``[len(tokens) - 1, hidden_size]`` bf16: the states the TOPLOC proofs commit to."""
+    finish_reason: Literal["stop", "length"]
+
+
+class InferenceBackend(Protocol):
+    def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]: ...
+
+
+@torch.inference_mode()
+def prefill(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass over prompt + completion[:-1].
+
+    Returns the committed hidden states ``[len(completion) - 1, hidden]`` (bf16) and the
+    logits that chose each completion token ``[len(completion), vocab]`` (float32).
+    """
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + completion[:-1]], device=device)
+    with final_norm_outputs(model) as captured:
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    hidden = captured[0][0]
+    start = len(prompt) - 1
+    return hidden[start + 1 :].to(torch.bfloat16).cpu(), logits[start:].cpu()

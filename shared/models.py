@@ -1,0 +1,48 @@
+"""Loading causal language models (Hugging Face format) and reaching their last hidden states."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
+"""The embedded default: a tiny Llama trained by ``python -m shared.tiny_model`` and shipped."""
+
+
+def load_model(
+    name_or_path: str | Path = TINY_MODEL_DIR, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A model and its tokenizer from a local directory, or from the hub by id (real runs)."""
+    local = Path(name_or_path).is_dir()
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, local_files_only=local).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local)
+    return model, tokenizer
+
+
+def final_norm(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose output feeds the LM head (``model.model.norm`` in Llama/Qwen families)."""
+    base = getattr(model, "base_model", model)
+    norm = getattr(base, "norm", None)
+    if norm is None:
+        raise ValueError(f"{type(model).__name__} has no final norm where Llama-family models keep it")
+    return norm
+
+
+@contextmanager
+def final_norm_outputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Collect the final norm's output of every forward pass run inside the block."""
+    captured: list[torch.Tensor] = []
+    handle = final_norm(model).register_forward_hook(lambda _m, _i, output: captured.append(output.detach()))
+    try:
+        yield captured
+    finally:
+        handle.remove()

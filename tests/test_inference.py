@@ -1,0 +1,101 @@
+"""Generation with proofs, end to end on the shipped tiny model: generate, prove, prefill,
+verify; a swapped model fails; every sampled token re-derives from its seed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from node.inference.torch_backend import TorchBackend
+from shared.environments.arithmetic import make_problem, reward
+from shared.inference import SamplingParams, prefill
+from shared.models import TINY_MODEL_DIR, load_model
+from shared.sampling import replay
+from shared.tiny_model import prompt_ids
+from shared.toploc import build_proofs, rollout_passes, verify_proofs
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny():  # type: ignore[no-untyped-def]
+    model, tokenizer = load_model(TINY_MODEL_DIR)
+    return model, tokenizer, TorchBackend(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):  # type: ignore[no-untyped-def]
+    rng = random.Random(7)
+    return [make_problem(rng) for _ in range(6)]
+
+
+def test_shipped_model_loads_offline_and_solves_some(tiny, prompts) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer, backend = tiny
+    assert 500_000 <= sum(p.numel() for p in model.parameters()) <= 5_000_000
+    rng = random.Random(99)
+    problems = [make_problem(rng) for _ in range(48)]
+    outs = backend.generate(
+        [prompt_ids(tokenizer, p) for p, _ in problems], list(range(48)), SamplingParams(temperature=0, max_tokens=48)
+    )
+    accuracy = sum(reward(tokenizer.decode(o.tokens, skip_special_tokens=True), a) for o, (_, a) in zip(outs, problems)) / 48
+    assert 0.3 <= accuracy <= 0.95  # learned, with room left for RL
+
+
+def test_generate_prove_prefill_verify(tiny, prompts) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer, backend = tiny
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=48)
+    ids = [prompt_ids(tokenizer, p) for p, _ in prompts]
+    seeds = [1000 + i for i in range(len(ids))]
+    completions = backend.generate(ids, seeds, params)
+
+    other = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY_MODEL_DIR)).eval()
+    for prompt, seed, completion in zip(ids, seeds, completions):
+        assert completion.finish_reason in ("stop", "length")
+        if completion.finish_reason == "stop":
+            assert completion.tokens[-1] == tokenizer.eos_token_id
+        else:
+            assert len(completion.tokens) == params.max_tokens
+        assert completion.hidden.shape == (len(completion.tokens) - 1, model.config.hidden_size)
+        proofs = build_proofs(completion.hidden)
+
+        hidden, logits = prefill(model, prompt, completion.tokens)
+        assert rollout_passes(verify_proofs(hidden, proofs))
+        assert replay(logits, seed, params.temperature, params.top_p).tolist() == completion.tokens
+        recomputed = logits.log_softmax(-1).gather(-1, torch.tensor(completion.tokens)[:, None])[:, 0]
+        assert torch.allclose(recomputed, torch.tensor(completion.logprobs), atol=1e-4)
+
+        swapped_hidden, swapped_logits = prefill(other, prompt, completion.tokens)
+        assert not rollout_passes(verify_proofs(swapped_hidden, proofs))
+        assert replay(swapped_logits, seed, params.temperature).tolist() != completion.tokens
+
+        changed = prompt[:-2] + [prompt[-2] ^ 1] + prompt[-1:]  # another digit in the prompt
+        if changed != prompt:
+            changed_hidden, _ = prefill(model, changed, completion.tokens)
+            assert not rollout_passes(verify_proofs(changed_hidden, proofs))
+
+
+def test_batch_composition_and_padding_do_not_change_samples(tiny) -> None:  # type: ignore[no-untyped-def]
+    _, tokenizer, backend = tiny
+    params = SamplingParams(temperature=1.0, max_tokens=20)
+    short = prompt_ids(tokenizer, "12+34:")
+    long = prompt_ids(tokenizer, "123+456:")
+    alone = backend.generate([short], [5], params)[0]
+    batched = backend.generate([long, short, long], [1, 5, 2], params)[1]
+    assert batched.tokens == alone.tokens
+    assert torch.allclose(torch.tensor(batched.logprobs), torch.tensor(alone.logprobs), atol=1e-4)
+    assert rollout_passes(verify_proofs(batched.hidden, build_proofs(alone.hidden)))
+
+
+def test_length_limit_and_eos_switch(tiny) -> None:  # type: ignore[no-untyped-def]
+    _, tokenizer, backend = tiny
+    out = backend.generate([prompt_ids(tokenizer, "123+456:")], [3], SamplingParams(temperature=0, max_tokens=5))[0]
+    assert len(out.tokens) == 5 and out.finish_reason == "length" and out.hidden.shape[0] == 4
+    out = backend.generate(
+        [prompt_ids(tokenizer, "123+456:")], [3], SamplingParams(temperature=0, max_tokens=50, stop_on_eos=False)
+    )[0]
+    assert len(out.tokens) == 50 and out.finish_reason == "length"
+    with pytest.raises(ValueError):
+        backend.generate([[]], [1], SamplingParams())
