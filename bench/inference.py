@@ -22,7 +22,7 @@ from shared.environments.arithmetic import make_problem
 from shared.inference import SamplingParams, prefill
 from shared.models import load_model
 from shared.tiny_model import prompt_ids
-from shared.toploc import build_proofs, verify_proofs
+from shared.toploc import build_proofs, build_proofs_batch, verify_proofs
 
 
 def measure(name: str, model: torch.nn.Module, prompts: list[list[int]], eos: int, pad: int, tokens: int) -> float:
@@ -35,7 +35,7 @@ def measure(name: str, model: torch.nn.Module, prompts: list[list[int]], eos: in
     generated = sum(len(c.tokens) for c in completions)
 
     start = time.perf_counter()
-    proofs = [build_proofs(c.hidden) for c in completions]
+    proofs = build_proofs_batch([c.hidden for c in completions])
     prove_s = time.perf_counter() - start
 
     start = time.perf_counter()

@@ -150,19 +150,26 @@ def _evaluate(coeffs: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 def build_proofs(hidden: torch.Tensor) -> bytes:
     """Proof bytes for the committed positions' hidden states ``[positions, hidden_size]``."""
-    entries = _top_entries(hidden)
-    out = bytearray()
-    # Chunks with the same k are interpolated together.
+    return build_proofs_batch([hidden])[0]
+
+
+def build_proofs_batch(hiddens: list[torch.Tensor]) -> list[bytes]:
+    """:func:`build_proofs` for many sequences at once: all their chunks share each array op."""
+    entries = [entry for hidden in hiddens for entry in _top_entries(hidden)]
+    encoded: list[bytes] = [b""] * len(entries)
     for k in sorted({len(idx) for idx, _ in entries}):
         rows = [i for i, (idx, _) in enumerate(entries) if len(idx) == k]
         indices = np.stack([entries[i][0] for i in rows])
         moduli = _injective_moduli(indices)
         coeffs = _interpolate(indices % moduli[:, None], np.stack([entries[i][1] for i in rows]))
         for row, modulus, c in zip(rows, moduli, coeffs):
-            entries[row] = (modulus, c)  # type: ignore[assignment]
-    for modulus, c in entries:
-        out += int(modulus).to_bytes(2, "big") + np.asarray(c, dtype=">u2").tobytes()
-    return bytes(out)
+            encoded[row] = int(modulus).to_bytes(2, "big") + c.astype(">u2").tobytes()
+    out, start = [], 0
+    for hidden in hiddens:
+        count = len(chunk_sizes(hidden.shape[0]))
+        out.append(b"".join(encoded[start : start + count]))
+        start += count
+    return out
 
 
 def parse_proofs(proofs: bytes, sizes: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:

@@ -71,10 +71,17 @@ def test_generate_prove_prefill_verify(tiny, prompts) -> None:  # type: ignore[n
         assert not rollout_passes(verify_proofs(swapped_hidden, proofs))
         assert replay(swapped_logits, seed, params.temperature).tolist() != completion.tokens
 
-        changed = prompt[:-2] + [prompt[-2] ^ 1] + prompt[-1:]  # another digit in the prompt
-        if changed != prompt:
-            changed_hidden, _ = prefill(model, changed, completion.tokens)
-            assert not rollout_passes(verify_proofs(changed_hidden, proofs))
+        # Proven against another problem's prompt: TOPLOC fails.
+        other_prompt = prompt_ids(tokenizer, make_problem(random.Random(seed))[0])
+        changed_hidden, _ = prefill(model, other_prompt, completion.tokens)
+        assert not rollout_passes(verify_proofs(changed_hidden, proofs))
+        # One digit changed: too small for this 128-wide model's top-k to notice, but the
+        # replayed samples (and, in the validator, the assignment check) do.
+        one_digit = (
+            prompt[:-2] + [tokenizer.convert_tokens_to_ids(str((int(tokenizer.decode(prompt[-2])) + 5) % 10))] + prompt[-1:]
+        )
+        _, one_digit_logits = prefill(model, one_digit, completion.tokens)
+        assert replay(one_digit_logits, seed, params.temperature).tolist() != completion.tokens
 
 
 def test_batch_composition_and_padding_do_not_change_samples(tiny) -> None:  # type: ignore[no-untyped-def]

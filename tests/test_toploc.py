@@ -109,3 +109,10 @@ def test_random_bytes_never_crash() -> None:
 def test_shape_is_checked() -> None:
     with pytest.raises(ValueError, match="positions, hidden_size"):
         build_proofs(torch.zeros(2, 3, 4))
+
+
+def test_batch_equals_one_by_one() -> None:
+    from shared.toploc import build_proofs_batch
+
+    hiddens = [hidden(n) for n in (1, 31, 32, 33, 70)] + [hidden(5, width=8)]
+    assert build_proofs_batch(hiddens) == [build_proofs(h) for h in hiddens]

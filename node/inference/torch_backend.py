@@ -16,7 +16,11 @@ from shared.sampling import sample
 
 
 class TorchBackend:
-    def __init__(self, model: torch.nn.Module, eos_token_id: int, pad_token_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, eos_token_id: int, pad_token_id: int, *, threads: int | None = 1) -> None:
+        """``threads``: torch's intra-op threads for this process (1, so processes sharing cores
+        do not slow each other down; None leaves torch's default)."""
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.model = model
         self.eos = eos_token_id
         self.pad = pad_token_id
