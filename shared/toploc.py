@@ -4,8 +4,7 @@ For each chunk of :data:`CHUNK` committed positions, the chunk's bf16 hidden sta
 flattened row after row, the :data:`TOPK` entries largest in absolute value are picked
 (``torch.topk``, so ties break as the reference breaks them), and the polynomial through
 the points (flat index mod m, bf16 bit pattern) is interpolated over GF(:data:`PRIME`),
-where m is the largest modulus <= PRIME (and > 2**15) under which the chunk's indices stay
-distinct. A chunk's proof is m as a big-endian u16 followed by the polynomial's monomial
+where m is the largest modulus <= PRIME under which the chunk's indices stay distinct. A chunk's proof is m as a big-endian u16 followed by the polynomial's monomial
 coefficients c0..c127 as big-endian u16: 258 bytes. A chunk with fewer than TOPK values
 (a tiny model's last chunk) commits to all of them.
 
@@ -28,7 +27,6 @@ from pydantic import BaseModel, Field
 PRIME = 65497
 TOPK = 128
 CHUNK = 32
-MIN_MODULUS = 2**15 + 1
 MODULUS_BLOCK = 64
 
 
@@ -101,11 +99,11 @@ def _top_entries(hidden: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def _injective_moduli(indices: np.ndarray) -> np.ndarray:
     """For each row of ``indices`` [chunks, k], the largest modulus keeping the row distinct."""
-    chunks = indices.shape[0]
+    chunks, k = indices.shape
     found = np.zeros(chunks, dtype=np.int64)
     pending = np.arange(chunks)
-    for top in range(PRIME, MIN_MODULUS - 1, -MODULUS_BLOCK):
-        moduli = np.arange(top, max(top - MODULUS_BLOCK, MIN_MODULUS - 1), -1, dtype=np.int64)
+    for top in range(PRIME, k - 1, -MODULUS_BLOCK):  # below k no modulus can keep k values apart
+        moduli = np.arange(top, max(top - MODULUS_BLOCK, k - 1), -1, dtype=np.int64)
         residues = np.sort(indices[pending, None, :] % moduli[None, :, None], axis=2)  # [pending, moduli, k]
         distinct = (np.diff(residues, axis=2) != 0).all(axis=2)
         hit = distinct.any(axis=1)
@@ -113,7 +111,7 @@ def _injective_moduli(indices: np.ndarray) -> np.ndarray:
         pending = pending[~hit]
         if pending.size == 0:
             return found
-    raise ValueError("no injective modulus")  # impossible for k <= 128 distinct indices
+    raise ValueError("no modulus <= PRIME keeps these indices distinct")
 
 
 def _interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -186,8 +184,8 @@ def parse_proofs(proofs: bytes, sizes: list[tuple[int, int]]) -> list[tuple[int,
         modulus = int.from_bytes(proofs[offset : offset + 2], "big")
         coeffs = np.frombuffer(proofs, dtype=">u2", count=k, offset=offset + 2).astype(np.int64)
         offset += 2 + 2 * k
-        if not MIN_MODULUS <= modulus <= PRIME:
-            raise ProofFormatError(f"chunk {chunk}: modulus {modulus} outside {MIN_MODULUS}..{PRIME}")
+        if not 1 <= modulus <= PRIME:
+            raise ProofFormatError(f"chunk {chunk}: modulus {modulus} outside 1..{PRIME}")
         if (coeffs >= PRIME).any():
             raise ProofFormatError(f"chunk {chunk}: a coefficient is >= {PRIME}")
         parsed.append((modulus, coeffs))

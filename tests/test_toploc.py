@@ -38,7 +38,7 @@ def test_format_matches_the_reference_definition() -> None:
         coeffs = [int.from_bytes(raw[i : i + 2], "big") for i in range(2, 258, 2)]
         flat = rows.reshape(-1)
         indices = flat.abs().topk(TOPK).indices.tolist()
-        # m is the largest modulus in (2^15, 65497] keeping the indices distinct.
+        # m is the largest modulus <= 65497 keeping the indices distinct.
         assert len({i % modulus for i in indices}) == TOPK
         assert all(len({i % m for i in indices}) < TOPK for m in range(modulus + 1, PRIME + 1))
         # The coefficients (ascending powers) interpolate the bf16 bit patterns.
