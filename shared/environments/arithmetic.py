@@ -41,3 +41,25 @@ def reward(completion: str, answer: int) -> float:
     """1.0 when the completion ends with ``=<answer>``, else 0.0."""
     match = ANSWER.search(completion.strip())
     return 1.0 if match is not None and int(match.group(1)) == answer else 0.0
+
+
+def main() -> None:
+    """``python -m shared.environments.arithmetic --count N --out FILE.jsonl``: write a problem set."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="Write arithmetic problems as JSONL (id, prompt, answer).")
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--digits", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    with open(args.out, "w") as out:
+        for i in range(args.count):
+            prompt, answer = make_problem(rng, args.digits)
+            out.write(json.dumps({"id": f"a{i}", "prompt": prompt, "answer": str(answer)}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

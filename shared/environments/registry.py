@@ -1,0 +1,97 @@
+"""The environments a run can name: each lists its problems and scores a completion of one.
+
+A completion is scored on its text; a run's :class:`~shared.environments.length.LengthBudget`
+turns that task reward into the final reward.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from shared.environments import arithmetic, code
+from shared.environments.datasets import SAMPLES, load_rows
+from shared.environments.length import LengthBudget, length_penalty
+from shared.environments.math import MathVerifier
+
+
+class Problem(BaseModel):
+    id: str
+    prompt: str
+    answer: str | None = None
+    tests: list[str] | None = None
+
+
+class Environment(Protocol):
+    name: str
+
+    def problems(self) -> list[Problem]: ...
+
+    def task_reward(self, completion: str, problem: Problem) -> float: ...
+
+
+class Arithmetic:
+    """Generated column-addition problems (``dataset``: a JSONL/Parquet file of them instead)."""
+
+    name = "arithmetic"
+
+    def __init__(self, dataset: Path | None = None, count: int = 10_000, seed: int = 0) -> None:
+        if dataset is not None:
+            self._problems = [Problem(**row) for row in load_rows(dataset, ("prompt", "answer"))]
+        else:
+            rng = random.Random(seed)
+            made = (arithmetic.make_problem(rng) for _ in range(count))
+            self._problems = [Problem(id=f"a{i}", prompt=p, answer=str(a)) for i, (p, a) in enumerate(made)]
+
+    def problems(self) -> list[Problem]:
+        return self._problems
+
+    def task_reward(self, completion: str, problem: Problem) -> float:
+        return arithmetic.reward(completion, int(problem.answer or 0))
+
+
+class Math:
+    name = "math"
+
+    def __init__(self, dataset: Path | None = None, timeout_s: float = 5.0) -> None:
+        rows = load_rows(dataset or SAMPLES / "math_sample.jsonl", ("prompt", "answer"))
+        self._problems = [Problem(**row) for row in rows]
+        self.verifier = MathVerifier(timeout_s)
+
+    def problems(self) -> list[Problem]:
+        return self._problems
+
+    def task_reward(self, completion: str, problem: Problem) -> float:
+        return self.verifier.reward(completion, problem.answer or "")
+
+
+class Code:
+    name = "code"
+
+    def __init__(self, dataset: Path | None = None) -> None:
+        self._problems = [Problem(**row) for row in load_rows(dataset or SAMPLES / "code_sample.jsonl", ("prompt", "tests"))]
+
+    def problems(self) -> list[Problem]:
+        return self._problems
+
+    def task_reward(self, completion: str, problem: Problem) -> float:
+        return code.reward(completion, problem.tests or [])
+
+
+ENVIRONMENTS: dict[str, type[Arithmetic] | type[Math] | type[Code]] = {"arithmetic": Arithmetic, "math": Math, "code": Code}
+
+
+def get_environment(name: str, dataset: Path | None = None) -> Environment:
+    try:
+        return ENVIRONMENTS[name](dataset)
+    except KeyError:
+        raise ValueError(f"unknown environment {name!r}; choose one of {', '.join(ENVIRONMENTS)}") from None
+
+
+def reward(task_reward: float, completion_tokens: int, budget: LengthBudget) -> tuple[float, float]:
+    """(final reward, length penalty) for a completion of ``completion_tokens`` tokens."""
+    penalty = length_penalty(completion_tokens, budget)
+    return task_reward - penalty, penalty

@@ -1,0 +1,145 @@
+"""Rewards on fixed cases: arithmetic, math formatting variants, the code sandbox against
+hostile code, the thinking budget, and dataset files."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from shared.environments import arithmetic
+from shared.environments.code import reward as code_reward
+from shared.environments.datasets import DatasetError, load_rows
+from shared.environments.length import LengthBudget, length_penalty, with_target
+from shared.environments.math import MathVerifier
+from shared.environments.registry import Problem, get_environment, reward
+from shared.environments.sandbox import Limits
+
+ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
+
+
+def test_arithmetic_scratchpad_and_reward() -> None:
+    assert arithmetic.scratchpad("347+285:") == "c1:7+5+0=12;c2:4+8+1=13;c3:3+2+1=06;=632"
+    assert arithmetic.reward("c1:7+5+0=12;c2:4+8+1=13;c3:3+2+1=06;=632", 632) == 1.0
+    assert arithmetic.reward("...;=633", 632) == 0.0
+    assert arithmetic.reward("632", 632) == 0.0
+    env = get_environment("arithmetic")
+    assert len({p.id for p in env.problems()}) == len(env.problems())
+    assert env.problems()[:3] == get_environment("arithmetic").problems()[:3]  # deterministic
+
+
+@pytest.fixture(scope="module")
+def verifier():  # type: ignore[no-untyped-def]
+    v = MathVerifier(timeout_s=5)
+    yield v
+    v.close()
+
+
+@pytest.mark.parametrize(
+    "completion,answer,expected",
+    [
+        ("So $x = \\boxed{\\frac{1}{2}}$.", "1/2", 1.0),
+        ("The answer is \\boxed{0.5}", "\\frac{1}{2}", 1.0),
+        ("\\boxed{(x+1)^2}", "x^2+2x+1", 1.0),
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),
+        ("\\boxed{ 84 }", "84", 1.0),
+        ("The answer is \\boxed{83}", "84", 0.0),
+        ("I am not sure.", "84", 0.0),
+        ("\\boxed{__import__('os').system('touch /tmp/pwned')}", "0", 0.0),
+    ],
+)
+def test_math_answers(verifier, completion: str, answer: str, expected: float) -> None:  # type: ignore[no-untyped-def]
+    assert verifier.reward(completion, answer) == expected
+    assert not os.path.exists("/tmp/pwned")
+
+
+def test_math_check_time_is_bounded() -> None:
+    verifier = MathVerifier(timeout_s=1)
+    try:
+        verifier.reward("\\boxed{1}", "1")  # start the worker outside the measurement
+        start = time.monotonic()
+        assert verifier.reward("\\boxed{9^{9^{9^{9^{9^{9}}}}}}", "1") == 0.0
+        assert time.monotonic() - start < 5
+        assert verifier.reward("\\boxed{1}", "1") == 1.0  # a fresh worker after the kill
+    finally:
+        verifier.close()
+
+
+def test_code_scores_fraction_of_tests() -> None:
+    good = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```"
+    assert code_reward(good, ADD_TESTS) == 1.0
+    assert code_reward("```python\ndef add(a, b):\n    return 3\n```", ADD_TESTS) == pytest.approx(1 / 3)
+    assert code_reward("def add(a, b): return a + b", ADD_TESTS) == 1.0  # no fence: the whole text
+    assert code_reward("this is not code", ADD_TESTS) == 0.0
+    assert code_reward(good, []) == 0.0
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "def add(a, b):\n    while True:\n        pass",
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+        "print('x' * 10**8)\ndef add(a, b): return a + b",
+        "import os, sys\nos._exit(0)",
+        "import sys\nprint('ok')\nsys.exit(0)",
+        "x = bytearray(4 * 1024**3)",
+        "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)\ndef add(a, b): return a + b",
+    ],
+)
+def test_hostile_code_scores_zero_within_the_limit(hostile: str) -> None:
+    start = time.monotonic()
+    assert code_reward(f"```python\n{hostile}\n```", ADD_TESTS[:1], Limits(wall_s=2, cpu_s=2)) == 0.0
+    assert time.monotonic() - start < 10
+
+
+def test_code_cannot_touch_files_outside_its_dir(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    os.chmod(tmp_path, 0o777)
+    os.chmod(victim, 0o666)  # even a world-writable file outside the sandbox stays intact
+    attack = f"import os, shutil\nfor p in ({str(victim)!r}, {str(tmp_path)!r}, '/etc/hostname'):\n    try:\n        os.remove(p) if p.endswith(('.txt', 'hostname')) else shutil.rmtree(p)\n    except Exception:\n        pass\ndef add(a, b): return a + b"
+    assert code_reward(f"```python\n{attack}\n```", ADD_TESTS[:1]) == 1.0
+    assert victim.read_text() == "keep"
+    assert Path("/etc/hostname").exists()
+
+
+def test_length_budget() -> None:
+    budget = LengthBudget(alpha=0.001, target_tokens=100)
+    assert length_penalty(100, budget) == 0
+    assert length_penalty(150, budget) == pytest.approx(0.05)
+    assert length_penalty(50, budget) == pytest.approx(0.05)
+    over = budget.model_copy(update={"over_only": True})
+    assert length_penalty(50, over) == 0 and length_penalty(150, over) == pytest.approx(0.05)
+    assert reward(1.0, 150, budget) == (pytest.approx(0.95), pytest.approx(0.05))
+    assert "100 tokens" in with_target("Solve x.", budget)
+
+
+def test_datasets_load_and_refuse_bad_files(tmp_path: Path) -> None:
+    assert len(get_environment("math").problems()) == 10
+    assert all(p.tests for p in get_environment("code").problems())
+    rows = [{"id": 1, "prompt": "1+1:", "answer": "2"}, {"id": 2, "prompt": "2+2:", "answer": "4"}]
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    assert get_environment("arithmetic", jsonl).problems() == get_environment("arithmetic", parquet).problems()
+    assert get_environment("arithmetic", jsonl).problems()[0] == Problem(id="1", prompt="1+1:", answer="2")
+
+    for content, message in (
+        ("{bad json", "not JSON"),
+        (json.dumps({"id": 1}), "lacks prompt"),
+        ("\n".join([json.dumps(rows[0])] * 2), "repeats id"),
+    ):
+        jsonl.write_text(content)
+        with pytest.raises(DatasetError, match=message):
+            load_rows(jsonl, ("prompt", "answer"))
+    with pytest.raises(DatasetError, match="jsonl or .parquet"):
+        load_rows(tmp_path / "a.csv", ("prompt",))
+    with pytest.raises(ValueError, match="unknown environment"):
+        get_environment("poetry")
