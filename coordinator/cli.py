@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -19,6 +18,7 @@ from coordinator.db import (
 )
 from coordinator.services import admin_tokens
 from coordinator.settings import CoordinatorSettings
+from shared.logs import configure
 
 app = typer.Typer(help="Run and operate an Intellect Protocol coordinator.", no_args_is_help=True)
 tokens = typer.Typer(help="Create, list and revoke admin bearer tokens.", no_args_is_help=True)
@@ -67,7 +67,7 @@ def serve(
 
     from coordinator.app import create_app
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure(log_level)
     settings = _settings(database_url, heartbeat_interval_s=heartbeat_interval)
     try:
         api = create_app(settings)

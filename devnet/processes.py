@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -51,6 +52,8 @@ class Process:
             return "(no log)"
 
     def stop(self, timeout: float = 10) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code (0 for a clean stop on
+        our SIGTERM, even by a server that re-raises the signal once it has shut down)."""
         if self.popen.poll() is None:
             self.popen.terminate()
             try:
@@ -58,6 +61,9 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
+                return self.popen.returncode
+            if self.popen.returncode == -signal.SIGTERM:
+                return 0
         return self.popen.returncode
 
     def kill(self) -> None:
