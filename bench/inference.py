@@ -19,8 +19,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from node.inference.torch_backend import TorchBackend
 from shared.environments.arithmetic import make_problem
-from shared.inference import SamplingParams, prefill
+from shared.inference import prefill
 from shared.models import load_model
+from shared.schemas import SamplingParams
 from shared.tiny_model import prompt_ids
 from shared.toploc import build_proofs, build_proofs_batch, verify_proofs
 

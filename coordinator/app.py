@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from fastapi import FastAPI
 
+from coordinator.blobs import LocalBlobStore
 from coordinator.body_limit import BodyLimitMiddleware
 from coordinator.db import (
     make_engine,
@@ -19,7 +20,7 @@ from coordinator.errors import install_error_handlers
 from coordinator.ledger import Ledger
 from coordinator.loops import Loop
 from coordinator.metrics import Metrics, MetricsMiddleware
-from coordinator.routers import admin, health, nodes, public
+from coordinator.routers import admin, health, nodes, public, tasks
 from coordinator.services import nodes as node_service
 from coordinator.services.nonces import prune_nonces
 from coordinator.services.rate_limit import RateLimiter
@@ -70,12 +71,15 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     app.state.ledger = ledger = Ledger(sessions, threads=0 if engine.dialect.name == "sqlite" else settings.db_threads)
     app.state.audience = audience
     app.state.metrics = metrics
+    app.state.blobs = LocalBlobStore(settings.blob_dir)
     app.state.loops = loops
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
 
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, overrides={"/v1/submissions": settings.max_upload_bytes}
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    for router in (nodes.router, admin.router, public.router, health.router):
+    for router in (nodes.router, tasks.router, admin.router, public.router, health.router):
         app.include_router(router)
     return app

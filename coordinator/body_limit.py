@@ -13,17 +13,20 @@ class _TooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, overrides: dict[str, int] | None = None) -> None:
+        """``overrides``: a different limit for the exact paths named (rollout uploads)."""
         self.app = app
         self.max_bytes = max_bytes
+        self.overrides = overrides or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.overrides.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await self._refuse(scope, receive, send)
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await self._refuse(scope, receive, send, limit)
             return
 
         received = 0
@@ -34,10 +37,10 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes and not started:
+                if received > limit and not started:
                     # Answer now: the framework would turn an exception from here into a 400.
                     refused = True
-                    await self._refuse(scope, receive, send)
+                    await self._refuse(scope, receive, send, limit)
                     raise _TooLarge
             return message
 
@@ -53,6 +56,6 @@ class BodyLimitMiddleware:
         except _TooLarge:
             pass
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(413, ErrorCode.body_too_large, f"The request body is larger than {self.max_bytes} bytes.")
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        response = error_response(413, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
         await response(scope, receive, send)

@@ -123,3 +123,48 @@ def token_revoke(
         err.print(f"[red]No token with id {token_id}.[/red]")
         raise typer.Exit(1)
     console.print(f"Token {token_id} revoked.")
+
+
+runs_app = typer.Typer(help="Create RL runs.", no_args_is_help=True)
+app.add_typer(runs_app, name="run")
+
+
+@runs_app.command("create")
+def run_create(
+    name: Annotated[str, typer.Option(help="A unique name for the run.")],
+    environment: Annotated[str, typer.Option(help="arithmetic, math or code.")] = "arithmetic",
+    model: Annotated[str, typer.Option(help="Model path or hub id; default: the shipped tiny model.")] = "",
+    prompts_per_task: Annotated[int, typer.Option(min=1, max=1024, help="Prompts in one task.")] = 4,
+    samples_per_prompt: Annotated[int, typer.Option(min=1, max=256, help="Samples per prompt (the GRPO group size).")] = 4,
+    temperature: Annotated[float, typer.Option(min=0, max=10, help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option(min=0.01, max=1, help="Nucleus sampling mass.")] = 1.0,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Longest completion.")] = 48,
+    length_alpha: Annotated[
+        float, typer.Option(min=0, help="Thinking-budget penalty per token off target; 0 disables it.")
+    ] = 0.0,
+    target_length: Annotated[int, typer.Option(min=1, help="Thinking-budget target length, in tokens.")] = 1024,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Create an active run that nodes can lease tasks of."""
+    from coordinator.services.runs import create_run
+    from shared.environments.length import LengthBudget
+    from shared.schemas import DEFAULT_MODEL, SamplingParams
+
+    sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
+    try:
+        with sessions.begin() as session:
+            run = create_run(
+                session,
+                name,
+                environment,
+                model or DEFAULT_MODEL,
+                SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
+                prompts_per_task,
+                samples_per_prompt,
+                LengthBudget(alpha=length_alpha, target_tokens=target_length),
+                datetime.now(UTC),
+            )
+    except ValueError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    print(run.id)

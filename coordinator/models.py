@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     DateTime,
     ForeignKey,
     Index,
@@ -107,3 +108,57 @@ class AdminToken(Base):
     scopes: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+
+
+class Run(Base):
+    """An RL run: which model learns which environment, and how nodes sample for it."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    environment: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(Text)
+    sampling: Mapped[dict[str, Any]]
+    prompts_per_task: Mapped[int] = mapped_column(Integer)
+    samples_per_prompt: Mapped[int] = mapped_column(Integer)
+    length_budget: Mapped[dict[str, Any]]
+    policy_step: Mapped[int] = mapped_column(Integer)
+    next_prompt: Mapped[int] = mapped_column(Integer)
+    """Cursor into the environment's problems: the coordinator, not nodes, picks prompts."""
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    __table_args__ = (Index("ix_tasks_run_status", "run_id", "status"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64), ForeignKey("runs.id"))
+    prompt_ids: Mapped[dict[str, Any]]
+    """``{"ids": [...]}``: the problems this task covers."""
+    seed: Mapped[int] = mapped_column(BigInteger)
+    policy_step: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    """open, leased or submitted."""
+    leased_to: Mapped[str | None] = mapped_column(String(42))
+    lease_expires_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+
+
+class Submission(Base):
+    """An uploaded rollout file awaiting validation; one per task."""
+
+    __tablename__ = "submissions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(64), ForeignKey("tasks.id"), unique=True)
+    run_id: Mapped[str] = mapped_column(String(64), ForeignKey("runs.id"))
+    address: Mapped[str] = mapped_column(String(42), index=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    blob_key: Mapped[str] = mapped_column(Text)
+    rows: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    created_at: Mapped[datetime]

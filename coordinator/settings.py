@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -46,6 +48,15 @@ class CoordinatorSettings(RoleSettings):
 
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """Largest request body accepted; larger ones get 413 before they are read."""
+
+    max_upload_bytes: int = Field(64 << 20, ge=1024)
+    """Largest rollout file a node may upload."""
+
+    blob_dir: Path = Path("blobs")
+    """Directory of the local blob store that keeps rollout files."""
+
+    task_lease_s: float = Field(600.0, gt=0)
+    """How long a node holds a task before it returns to the pool."""
 
     min_node_version: str = "0.1.0"
     """Oldest node client version allowed to register and heartbeat."""

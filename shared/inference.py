@@ -13,22 +13,9 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from shared.models import final_norm_outputs
-
-
-class SamplingParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    temperature: float = Field(1.0, ge=0, le=10)
-    """Softmax temperature; 0 is greedy."""
-    top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus: sample among the most likely tokens holding this much probability."""
-    max_tokens: int = Field(128, ge=1, le=1 << 16)
-    """Longest completion; a completion this long ends with finish reason ``length``."""
-    stop_on_eos: bool = True
-    """End a completion at the end-of-sequence token (which is kept as its last token)."""
+from shared.schemas import SamplingParams
 
 
 @dataclass

@@ -14,6 +14,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from shared.schemas import DEFAULT_MODEL
+
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
 """The embedded default: a tiny Llama trained by ``python -m shared.tiny_model`` and shipped."""
 
@@ -21,7 +23,12 @@ TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
 def load_model(
     name_or_path: str | Path = TINY_MODEL_DIR, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A model and its tokenizer from a local directory, or from the hub by id (real runs)."""
+    """A model and its tokenizer from a local directory, or from the hub by id (real runs).
+
+    ``tiny-arith`` (:data:`shared.schemas.DEFAULT_MODEL`) names the shipped tiny model.
+    """
+    if str(name_or_path) == DEFAULT_MODEL:
+        name_or_path = TINY_MODEL_DIR
     local = Path(name_or_path).is_dir()
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, local_files_only=local).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local)

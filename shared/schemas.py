@@ -48,6 +48,10 @@ class ErrorCode(enum.StrEnum):
     node_banned = "node_banned"
     version_unsupported = "version_unsupported"
     not_found = "not_found"
+    no_run = "no_run"
+    task_not_leased = "task_not_leased"
+    lease_expired = "lease_expired"
+    rollout_invalid = "rollout_invalid"
     conflict = "conflict"
     http_error = "http_error"
 
@@ -130,3 +134,61 @@ class PublicStatus(BaseModel):
     signature_window_s: int
     nodes: dict[NodeStatus, int]
     server_time: float
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0, le=10)
+    """Softmax temperature; 0 is greedy."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus: sample among the most likely tokens holding this much probability."""
+    max_tokens: int = Field(128, ge=1, le=1 << 16)
+    """Longest completion; a completion this long ends with finish reason ``length``."""
+    stop_on_eos: bool = True
+    """End a completion at the end-of-sequence token (which is kept as its last token)."""
+
+
+class LeaseRequest(Request):
+    address: Address
+    run_id: str | None = Field(None, max_length=64)
+    """Ask for work of this run; by default the coordinator picks an active one."""
+
+
+class TaskSpec(BaseModel):
+    """A leased task: what to generate, from which policy, with which seeds, until when."""
+
+    task_id: str
+    run_id: str
+    environment: str
+    model: str
+    """Where the run's model lives (a path, or a hub id in real deployments)."""
+    prompt_ids: list[str]
+    samples_per_prompt: int
+    seed: int
+    """Task seed; sample i (prompt-major order) uses :func:`sequence_seed` (seed, i)."""
+    policy_step: int
+    sampling: SamplingParams
+    length_alpha: float
+    target_length: int
+    length_over_only: bool
+    lease_expires_at: datetime
+
+
+class SubmissionReceipt(BaseModel):
+    submission_id: str
+    task_id: str
+    sha256: str
+    rows: int
+    tokens: int
+    status: str
+    created_at: datetime
+
+
+def sequence_seed(task_seed: int, index: int) -> int:
+    """The sampling seed of the ``index``-th sequence of a task (prompt-major order)."""
+    return (task_seed * 1_000_003 + index) % (1 << 62)
+
+
+DEFAULT_MODEL = "tiny-arith"
+"""A run's model by default: the tiny model shipped in ``shared/assets/tiny-arith``."""

@@ -11,9 +11,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from node.inference.torch_backend import TorchBackend
 from shared.environments.arithmetic import make_problem, reward
-from shared.inference import SamplingParams, prefill
+from shared.inference import prefill
 from shared.models import TINY_MODEL_DIR, load_model
 from shared.sampling import replay
+from shared.schemas import SamplingParams
 from shared.tiny_model import prompt_ids
 from shared.toploc import build_proofs, rollout_passes, verify_proofs
 

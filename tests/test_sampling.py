@@ -11,8 +11,8 @@ from node.inference.vllm_backend import (
     SeededLogitsProcessor,
     vllm_sampling_kwargs,
 )
-from shared.inference import SamplingParams
 from shared.sampling import gumbel_noise, nucleus_mask, replay, sample
+from shared.schemas import SamplingParams
 
 
 def test_noise_is_fixed_and_independent_of_the_batch() -> None:

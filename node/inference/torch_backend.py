@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from shared.inference import Completion, SamplingParams
+from shared.inference import Completion
 from shared.models import final_norm_outputs
 from shared.sampling import sample
+from shared.schemas import SamplingParams
 
 
 class TorchBackend:

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from shared.inference import SamplingParams
 from shared.sampling import sampling_scores, token_logprobs
+from shared.schemas import SamplingParams
 
 
 def vllm_sampling_kwargs(params: SamplingParams, eos_token_id: int) -> dict[str, Any]:

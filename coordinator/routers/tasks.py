@@ -1,0 +1,43 @@
+"""Work for nodes: lease a task, upload its rollout file. Both signed by the node."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from coordinator.deps import LedgerDep, Settings, Signed
+from coordinator.services import runs, submissions
+from shared.schemas import ErrorBody, LeaseRequest, SubmissionReceipt, TaskSpec
+
+router = APIRouter(prefix="/v1", tags=["tasks"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
+
+
+@router.post(
+    "/tasks/lease",
+    response_model=TaskSpec,
+    responses={204: {"description": "No active run has work."}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+)
+async def lease(body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> TaskSpec | Response:
+    task = await ledger.run_signed(signed, runs.lease, body.run_id, settings, datetime.now(UTC))
+    return task if task is not None else Response(status_code=204)
+
+
+@router.post(
+    "/submissions",
+    response_model=SubmissionReceipt,
+    responses={
+        403: {"model": ErrorBody},
+        404: {"model": ErrorBody},
+        409: {"model": ErrorBody},
+        413: {"model": ErrorBody},
+        422: {"model": ErrorBody},
+    },
+)
+async def submit(
+    request: Request, task: Annotated[str, Query(max_length=64)], signed: Signed, ledger: LedgerDep
+) -> SubmissionReceipt:
+    """Upload a rollout file (Parquet, the raw body) for a leased task; the signature covers its hash."""
+    data = await request.body()
+    return await ledger.run_signed(signed, submissions.submit, task, data, request.app.state.blobs, datetime.now(UTC))

@@ -1,0 +1,184 @@
+"""Leasing tasks and uploading rollout files: each refusal is clear and changes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from eth_account import Account
+
+from coordinator.db import make_sessionmaker
+from coordinator.services.runs import create_run
+from coordinator.settings import CoordinatorSettings
+from shared.environments.length import LengthBudget
+from shared.rollout_file import Rollout, write_rollouts
+from shared.schemas import SamplingParams, sequence_seed
+from shared.signing import sign_request
+from tests.conftest import serve
+from tests.helpers import register_body, signed_post
+
+
+def make_run(served, **kw) -> str:  # type: ignore[no-untyped-def]
+    with make_sessionmaker(served.engine).begin() as session:
+        run = create_run(
+            session,
+            kw.get("name", "r"),
+            "arithmetic",
+            "tiny-arith",
+            SamplingParams(max_tokens=8),
+            2,
+            2,
+            LengthBudget(),
+            datetime.now(UTC),
+        )
+        return run.id
+
+
+def joined(served):  # type: ignore[no-untyped-def]
+    account = Account.create()
+    assert signed_post(served.url, "/v1/nodes/register", account, served.audience, register_body(account)).status_code == 200
+    return account
+
+
+def lease(served, account) -> httpx.Response:  # type: ignore[no-untyped-def]
+    return signed_post(served.url, "/v1/tasks/lease", account, served.audience, {"address": account.address})
+
+
+def rollout_file(task: dict, **changes: object) -> bytes:
+    rows = []
+    index = 0
+    for prompt_id in task["prompt_ids"]:
+        for _ in range(task["samples_per_prompt"]):
+            fields = dict(
+                task_id=task["task_id"], run_id=task["run_id"], policy_step=task["policy_step"], prompt_id=prompt_id,
+                prompt_tokens=[1, 4, 5], completion_tokens=[6, 7, 2], logprobs=[-0.5, -0.5, -0.5], finish_reason="stop",
+                reward=1.0, task_reward=1.0, length_penalty=0.0, target_length=0, seed=sequence_seed(task["seed"], index), proofs=b"",
+            )  # fmt: skip
+            fields.update(changes)
+            rows.append(Rollout(**fields))
+            index += 1
+    return write_rollouts(rows)
+
+
+def upload(served, account, task_id: str, data: bytes) -> httpx.Response:  # type: ignore[no-untyped-def]
+    query = f"task={task_id}"
+    headers = sign_request(account, "POST", "/v1/submissions", query, data, served.audience)
+    return httpx.post(
+        f"{served.url}/v1/submissions?{query}", content=data, headers={"content-type": "application/octet-stream", **headers}
+    )
+
+
+def test_no_run_means_no_work(coordinator) -> None:  # type: ignore[no-untyped-def]
+    assert lease(coordinator, joined(coordinator)).status_code == 204
+
+
+def test_lease_upload_and_idempotent_receipt(coordinator) -> None:  # type: ignore[no-untyped-def]
+    make_run(coordinator)
+    node = joined(coordinator)
+    task = lease(coordinator, node).json()
+    assert len(task["prompt_ids"]) == 2 and task["samples_per_prompt"] == 2
+    assert lease(coordinator, node).json()["task_id"] == task["task_id"]  # the held task, not a new one
+    other = lease(coordinator, joined(coordinator)).json()
+    assert other["task_id"] != task["task_id"] and set(other["prompt_ids"]).isdisjoint(task["prompt_ids"])
+
+    data = rollout_file(task)
+    first = upload(coordinator, node, task["task_id"], data)
+    assert first.status_code == 200, first.text
+    receipt = first.json()
+    assert receipt["status"] == "pending" and receipt["rows"] == 4 and receipt["sha256"] == hashlib.sha256(data).hexdigest()
+    stored = coordinator.settings.blob_dir / task["run_id"] / task["task_id"] / f"{receipt['sha256']}.parquet"
+    assert stored.read_bytes() == data
+
+    before = coordinator.snapshot()
+    again = upload(coordinator, node, task["task_id"], data)
+    assert again.status_code == 200 and again.json() == receipt
+    different = upload(coordinator, node, task["task_id"], rollout_file(task, reward=0.5, task_reward=0.5))
+    assert different.status_code == 409 and different.json()["code"] == "conflict"
+    after = coordinator.snapshot()
+    assert {k: v for k, v in after.items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
+
+
+def test_refusals_change_nothing(coordinator) -> None:  # type: ignore[no-untyped-def]
+    make_run(coordinator)
+    node, stranger = joined(coordinator), joined(coordinator)
+    task = lease(coordinator, node).json()
+    before = coordinator.snapshot()
+    cases = [
+        (upload(coordinator, stranger, task["task_id"], rollout_file(task)), 403, "task_not_leased"),
+        (upload(coordinator, node, "task-nope", rollout_file(task)), 404, "not_found"),
+        (upload(coordinator, node, task["task_id"], b"PAR1 not really"), 422, "rollout_invalid"),
+        (upload(coordinator, node, task["task_id"], rollout_file(task, seed=5)), 422, "rollout_invalid"),
+        (upload(coordinator, node, task["task_id"], rollout_file(task, policy_step=9)), 422, "rollout_invalid"),
+        (
+            upload(coordinator, node, task["task_id"], rollout_file({**task, "prompt_ids": task["prompt_ids"][:1]})),
+            422,
+            "rollout_invalid",
+        ),
+    ]
+    for response, status, code in cases:
+        assert response.status_code == status, response.text
+        assert response.json()["code"] == code
+    assert coordinator.snapshot() == before
+    assert not any(coordinator.settings.blob_dir.rglob("*.parquet"))
+
+
+def test_expired_lease_returns_to_the_pool(sqlite_url: str, tmp_path: Path) -> None:
+    with serve(
+        CoordinatorSettings(database_url=sqlite_url, task_lease_s=0.5, blob_dir=tmp_path / "b", max_upload_bytes=20_000)
+    ) as c:
+        make_run(c)
+        slow, quick = joined(c), joined(c)
+        task = lease(c, slow).json()
+        time.sleep(0.6)
+        before = c.snapshot()
+        late = upload(c, slow, task["task_id"], rollout_file(task))
+        assert late.status_code == 409 and late.json()["code"] == "lease_expired"
+        assert c.snapshot() == before
+        assert lease(c, quick).json()["task_id"] == task["task_id"]
+        assert upload(c, slow, task["task_id"], rollout_file(task)).json()["code"] == "task_not_leased"
+
+        big = upload(c, quick, task["task_id"], b"x" * 30_000)
+        assert big.status_code == 413 and big.json()["code"] == "body_too_large"
+        assert upload(c, quick, task["task_id"], rollout_file(task)).status_code == 200
+
+
+def test_banned_or_unknown_nodes_get_no_work(coordinator) -> None:  # type: ignore[no-untyped-def]
+    make_run(coordinator)
+    stranger = Account.create()
+    assert lease(coordinator, stranger).json()["code"] == "node_not_registered"
+
+
+def test_run_create_cli(database_url: str) -> None:
+    result = subprocess.run(
+        [
+            "intellect-coordinator",
+            "run",
+            "create",
+            "--name",
+            "demo",
+            "--environment",
+            "arithmetic",
+            "--database-url",
+            database_url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip().startswith("run-")
+    again = subprocess.run(
+        ["intellect-coordinator", "run", "create", "--name", "demo", "--database-url", database_url],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 2 and "exists already" in again.stderr and "Traceback" not in again.stderr
+    bad = subprocess.run(
+        ["intellect-coordinator", "run", "create", "--name", "x", "--environment", "poetry", "--database-url", database_url],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "unknown environment" in bad.stderr
