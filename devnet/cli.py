@@ -1,7 +1,8 @@
 """``intellect-devnet``: a whole network on this machine, one process per role, on loopback.
 
-For now: the coordinator (SQLite by default) and N joined nodes with fresh wallets. Later
-roles (shardcast origin and relay, validator, trainer) join the same process table.
+For now: the coordinator (SQLite by default) with an arithmetic run on the shipped tiny
+model, and N nodes with fresh wallets that lease its tasks, generate, prove and upload.
+Later roles (shardcast origin and relay, validator, trainer) join the same process table.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from devnet.processes import (
     Process,
     StartError,
     admin_token,
+    create_run,
     migrate,
     start_coordinator,
     start_node,
@@ -55,8 +57,13 @@ def main(
     try:
         migrate(database_url, workdir / "logs" / "migrate.log")
         token = admin_token(database_url)
+        create_run(database_url, "devnet-arithmetic", workdir / "logs" / "run.log")
         (workdir / "admin-token").write_text(token + "\n")
-        coordinator = start_coordinator(workdir, database_url, env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)})
+        coordinator = start_coordinator(
+            workdir,
+            database_url,
+            env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval), "INTELLECT_BLOB_DIR": str(workdir / "blobs")},
+        )
         processes.append(coordinator)
         console.print(f"Coordinator: {coordinator.url}  (admin token in {workdir / 'admin-token'})")
 
@@ -99,8 +106,20 @@ def _watch(coordinator: Process, token: str, processes: list[Process], duration:
 def _table(listing: dict, duration: float, deadline: float) -> Table:
     left = f"{max(0.0, deadline - time.monotonic()):.0f} s left" if duration else "Ctrl-C to stop"
     counts = ", ".join(f"{k} {v}" for k, v in listing["counts"].items() if v)
-    table = Table("node", "status", "activity", "last heartbeat", title=f"Intellect devnet — {counts or 'no nodes yet'} — {left}")
+    table = Table(
+        "node",
+        "status",
+        "activity",
+        "tasks done",
+        "tokens/s",
+        "last reward",
+        title=f"Intellect devnet — {counts or 'no nodes yet'} — {left}",
+    )
     for node in listing["nodes"]:
         beat = node.get("last_heartbeat") or {}
-        table.add_row(node["address"], node["status"], beat.get("activity", "-"), node.get("last_heartbeat_at") or "-")
+        metrics = beat.get("metrics", {})
+        table.add_row(
+            node["address"], node["status"], beat.get("activity", "-"),
+            *(f"{metrics[k]:g}" if k in metrics else "-" for k in ("tasks_done", "tokens_per_s", "last_reward")),
+        )  # fmt: skip
     return table

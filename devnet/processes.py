@@ -127,6 +127,30 @@ def admin_token(database_url: str, name: str = "devnet", scope: str = "admin") -
     return result.stdout.strip().splitlines()[-1]
 
 
+def create_run(database_url: str, name: str, log_path: Path) -> str:
+    """An arithmetic run on the shipped tiny model; returns its id."""
+    result = subprocess.run(
+        [
+            *script("intellect-coordinator"),
+            "run",
+            "create",
+            "--name",
+            name,
+            "--environment",
+            "arithmetic",
+            "--database-url",
+            database_url,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(result.stdout + result.stderr)
+    if result.returncode != 0:
+        raise StartError(f"creating run {name} failed:\n{result.stderr}")
+    return result.stdout.strip()
+
+
 def start_coordinator(workdir: Path, database_url: str, port: int | None = None, env: dict[str, str] | None = None) -> Process:
     """Serve a coordinator on an already migrated database; returns once it answers /healthz."""
     port = port or free_port()

@@ -19,6 +19,8 @@ from shared.schemas import (
     NodeSpecs,
     PublicStatus,
     RegisterResponse,
+    SubmissionReceipt,
+    TaskSpec,
 )
 from shared.signing import SignedAuth
 from shared.version import __version__
@@ -36,6 +38,10 @@ class NodeError(Exception):
 
 class NotRegistered(Exception):
     """The coordinator does not know this address (its ledger was reset, for instance)."""
+
+
+class TaskLost(Exception):
+    """The task can no longer be submitted (lease expired, taken over, already done); lease another."""
 
 
 class Stopped(Exception):
@@ -102,16 +108,42 @@ class CoordinatorClient:
         body = {"address": self.account.address, "client_version": __version__, "activity": activity, "metrics": metrics}
         return HeartbeatResponse.model_validate(self._request("POST", "/v1/nodes/heartbeat", body))
 
-    def _request(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None, *, signed: bool = True) -> Any:
+    def lease(self) -> TaskSpec | None:
+        """A task to work on, or None when no run has work now."""
+        reply = self._request("POST", "/v1/tasks/lease", {"address": self.account.address})
+        return None if reply is None else TaskSpec.model_validate(reply)
+
+    def submit(self, task_id: str, data: bytes) -> SubmissionReceipt:
+        reply = self._request("POST", "/v1/submissions", content=data, params={"task": task_id})
+        return SubmissionReceipt.model_validate(reply)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | dict[str, Any] | None = None,
+        *,
+        signed: bool = True,
+        content: bytes | None = None,
+        params: dict[str, str] | None = None,
+    ) -> Any:
         delay = self.settings.backoff_initial_s
         while True:
             if self.stop.is_set():
                 raise Stopped
             try:
-                response = self.http.request(method, path, json=body, auth=self.auth if signed else None)
+                if content is not None:
+                    response = self.http.request(
+                        method, path, content=content, params=params, auth=self.auth if signed else None,
+                        headers={"content-type": "application/octet-stream"},
+                    )  # fmt: skip
+                else:
+                    response = self.http.request(method, path, json=body, params=params, auth=self.auth if signed else None)
             except httpx.TransportError as e:
                 problem = f"Cannot reach the coordinator at {self.base_url} ({type(e).__name__}: {e or 'no detail'})"
             else:
+                if response.status_code == 204:
+                    return None
                 if response.status_code < 400:
                     return response.json()
                 if response.status_code != 429 and response.status_code < 500:
@@ -134,6 +166,8 @@ class CoordinatorClient:
             code, message, details = None, response.text[:200], {}
         if code == ErrorCode.node_not_registered:
             return NotRegistered()
+        if code in (ErrorCode.lease_expired, ErrorCode.task_not_leased, ErrorCode.conflict):
+            return TaskLost(message)
         if code == ErrorCode.timestamp_out_of_window:
             return clock_skew_error(float(details.get("skew_s", 0)), float(details.get("window_s", 0)))
         if code == ErrorCode.node_banned:

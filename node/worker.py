@@ -1,4 +1,10 @@
-"""``intellect-node join``: register (or resume), then heartbeat until told to stop."""
+"""``intellect-node join``: register (or resume), then heartbeat and work until told to stop.
+
+Heartbeats run on their own thread so a long generation never makes the node look dead;
+the main thread leases tasks, runs them (:mod:`node.work`) and uploads their rollout files.
+A lost task (lease expired, already submitted) is dropped and the next one leased; an
+unreachable coordinator is retried with backoff, so the node rides out restarts.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from node.client import (
     NodeError,
     NotRegistered,
     Stopped,
+    TaskLost,
     clock_skew_error,
     version_error,
 )
@@ -24,6 +31,48 @@ from node.hardware import probe
 from node.settings import NodeSettings
 from node.state import NodeSession, load_session, save_session
 from shared.version import __version__
+
+
+class Heartbeats(threading.Thread):
+    """Sends heartbeats every interval; records a fatal error and sets ``stop`` when one occurs."""
+
+    def __init__(
+        self, client: CoordinatorClient, session: NodeSession, state_dir: Path, console: Console, stop: threading.Event,
+        interval: float, reregister,  # type: ignore[no-untyped-def]
+    ) -> None:  # fmt: skip
+        super().__init__(name="heartbeats", daemon=True)
+        self.client, self.session, self.state_dir, self.console, self.stop = client, session, state_dir, console, stop
+        self.interval = interval
+        self.reregister = reregister
+        self.activity = "idle"
+        self.metrics: dict[str, float] = {}
+        self.error: NodeError | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    beat = self.client.heartbeat(self.activity, dict(self.metrics))
+                except NotRegistered:
+                    self.console.print("[yellow]The coordinator no longer knows this node; registering again.[/yellow]")
+                    self.session = self.reregister()
+                    continue
+                if beat.action == "stop":
+                    raise NodeError(
+                        f"The coordinator's operator banned this node ({beat.reason}). Contact them to appeal.", EXIT_BANNED
+                    )
+                if beat.status != self.session.last_status:
+                    self.console.print(f"Status: [bold]{beat.status}[/bold]")
+                self.session.last_status = beat.status
+                self.session.last_heartbeat_at = time.time()
+                save_session(self.state_dir, self.session)
+                self.interval = beat.heartbeat_interval_s
+                self.stop.wait(self.interval)
+        except Stopped:
+            pass
+        except NodeError as e:
+            self.error = e
+            self.stop.set()
 
 
 def join(
@@ -34,12 +83,14 @@ def join(
     *,
     operator_address: str | None = None,
     stop: threading.Event,
+    work: bool = True,
 ) -> None:
     """Run until ``stop`` is set; raises :class:`NodeError` for what retrying cannot fix."""
     client = CoordinatorClient(
         coordinator, account, settings, on_retry=lambda m: console.print(f"[yellow]{m}[/yellow]"), stop=stop
     )
     state_dir = settings.state_dir / account.address.lower()
+    beats: Heartbeats | None = None
     try:
         status = client.public_status()
         if Version(__version__) < Version(status.min_node_version):
@@ -58,29 +109,55 @@ def join(
         else:
             session = _register(client, status.audience, state_dir, console, operator_address)
 
-        interval = status.heartbeat_interval_s
-        while not stop.is_set():
-            try:
-                beat = client.heartbeat("idle", {})
-            except NotRegistered:
-                console.print("[yellow]The coordinator no longer knows this node; registering again.[/yellow]")
-                session = _register(client, status.audience, state_dir, console, operator_address)
-                continue
-            if beat.action == "stop":
-                raise NodeError(
-                    f"The coordinator's operator banned this node ({beat.reason}). Contact them to appeal.", EXIT_BANNED
-                )
-            if beat.status != session.last_status:
-                console.print(f"Status: [bold]{beat.status}[/bold]")
-            session.last_status = beat.status
-            session.last_heartbeat_at = time.time()
-            save_session(state_dir, session)
-            interval = beat.heartbeat_interval_s
-            stop.wait(interval)
+        beats = Heartbeats(
+            client, session, state_dir, console, stop, status.heartbeat_interval_s,
+            lambda: _register(client, status.audience, state_dir, console, operator_address),
+        )  # fmt: skip
+        beats.start()
+        if work:
+            _work(client, console, stop, beats, status.heartbeat_interval_s)
+        else:
+            stop.wait()
     except Stopped:
         pass
     finally:
+        stop.set()
+        if beats is not None:
+            beats.join(timeout=15)
         client.close()
+    if beats is not None and beats.error is not None:
+        raise beats.error
+
+
+def _work(client: CoordinatorClient, console: Console, stop: threading.Event, beats: Heartbeats, idle_wait: float) -> None:
+    from node.work import run_task  # torch and the model load only when there is work
+
+    done = 0
+    while not stop.is_set():
+        try:
+            task = client.lease()
+        except NotRegistered:
+            stop.wait(idle_wait)  # the heartbeat thread re-registers
+            continue
+        if task is None:
+            beats.activity = "idle"
+            stop.wait(idle_wait)
+            continue
+        beats.activity = "generating"
+        result = run_task(task)
+        beats.activity = "uploading"
+        try:
+            receipt = client.submit(task.task_id, result.data)
+        except TaskLost as e:
+            console.print(f"[yellow]Task {task.task_id} dropped: {e}[/yellow]")
+            continue
+        done += 1
+        rate = result.tokens / result.generate_s if result.generate_s else 0.0
+        beats.metrics = {"tasks_done": done, "tokens_per_s": round(rate, 1), "last_reward": round(result.mean_reward, 4)}
+        console.print(
+            f"Task {done} ({task.task_id[:13]}…): {result.rollouts} rollouts, {result.tokens} tokens at {rate:.0f} tok/s, "
+            f"mean reward {result.mean_reward:.2f}; submitted as {receipt.submission_id[:12]}… ({receipt.status})."
+        )
 
 
 def _register(

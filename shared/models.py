@@ -53,3 +53,10 @@ def final_norm_outputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
         yield captured
     finally:
         handle.remove()
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """How every role turns a prompt into token ids: BOS (when the model has one), then the text."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    bos = tokenizer.bos_token_id
+    return [bos, *ids] if bos is not None else ids

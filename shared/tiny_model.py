@@ -24,6 +24,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from shared.environments.arithmetic import make_problem, reward, scratchpad
+from shared.models import encode_prompt
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 CHARS = list("0123456789+:=;c")
@@ -56,8 +57,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerFast, prompt: str) -> list[int]:
-    """How every role turns an arithmetic prompt into token ids: BOS, then its characters."""
-    return [tokenizer.bos_token_id, *tokenizer.encode(prompt, add_special_tokens=False)]
+    return encode_prompt(tokenizer, prompt)
 
 
 def _batch(tokenizer: PreTrainedTokenizerFast, rng: random.Random, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, text
 
 def test_devnet_runs_and_stops_by_itself(tmp_path: Path) -> None:
     result = subprocess.run(
-        ["intellect-devnet", "--nodes", "2", "--duration", "6", "--heartbeat-interval", "0.5", "--workdir", str(tmp_path)],
+        ["intellect-devnet", "--nodes", "2", "--duration", "15", "--heartbeat-interval", "0.5", "--workdir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=180,
@@ -27,3 +27,7 @@ def test_devnet_runs_and_stops_by_itself(tmp_path: Path) -> None:
     for name in ("coordinator", "node-0", "node-1"):
         assert (tmp_path / "logs" / f"{name}.log").exists()
     assert "Registered" in (tmp_path / "logs" / "node-0.log").read_text()
+    with engine.connect() as connection:
+        submitted = connection.execute(text("SELECT count(*) FROM submissions")).scalar()
+    assert submitted >= 1  # the nodes did real work: leased, generated, proved, uploaded
+    assert any((tmp_path / "blobs").rglob("*.parquet"))

@@ -1,0 +1,79 @@
+"""A real `intellect-node join` subprocess completes tasks of an arithmetic run; the stored
+rollout files parse, their rewards recompute, and their proofs verify against a prefill."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from sqlalchemy import select
+
+from coordinator.db import make_sessionmaker
+from coordinator.models import Submission
+from coordinator.services.runs import create_run
+from coordinator.settings import CoordinatorSettings
+from devnet.processes import start_node
+from shared.environments.arithmetic import reward as arithmetic_reward
+from shared.environments.length import LengthBudget
+from shared.environments.registry import get_environment
+from shared.inference import prefill
+from shared.models import load_model
+from shared.rollout_file import read_rollouts
+from shared.sampling import replay
+from shared.schemas import SamplingParams
+from shared.toploc import rollout_passes, verify_proofs
+from shared.wallet import create_wallet
+from tests.conftest import FAST, serve
+
+
+def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", **FAST)
+    with serve(settings) as c:
+        sessions = make_sessionmaker(c.engine)
+        with sessions.begin() as session:
+            create_run(
+                session,
+                "arith",
+                "arithmetic",
+                "tiny-arith",
+                SamplingParams(temperature=1.0, max_tokens=48),
+                2,
+                4,
+                LengthBudget(),
+                datetime.now(UTC),
+            )
+        wallet = tmp_path / "node.json"
+        create_wallet(wallet, "pw")
+        node = start_node(tmp_path, "node-1", wallet, c.url, "pw")
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                with sessions() as session:
+                    submissions = list(session.scalars(select(Submission)))
+                if len(submissions) >= 2:
+                    break
+                assert node.popen.poll() is None, node.tail()
+                time.sleep(0.5)
+            assert len(submissions) >= 2, node.tail()
+        finally:
+            assert node.stop() == 0
+        assert "Task 1" in node.tail(100)
+
+    model, tokenizer = load_model("tiny-arith")
+    problems = {p.id: p for p in get_environment("arithmetic").problems()}
+    for submission in submissions[:2]:
+        assert submission.status == "pending" and submission.rows == 8
+        rollouts = read_rollouts((settings.blob_dir / submission.blob_key).read_bytes())
+        for r in rollouts:
+            text = tokenizer.decode(r.completion_tokens, skip_special_tokens=True)
+            assert r.task_reward == arithmetic_reward(text, int(problems[r.prompt_id].answer))
+            hidden, logits = prefill(model, r.prompt_tokens, r.completion_tokens)
+            assert rollout_passes(verify_proofs(hidden, r.proofs))
+            assert replay(logits, r.seed, 1.0).tolist() == r.completion_tokens
+            assert torch.allclose(
+                logits.log_softmax(-1).gather(-1, torch.tensor(r.completion_tokens)[:, None])[:, 0],
+                torch.tensor(r.logprobs),
+                atol=1e-4,
+            )
