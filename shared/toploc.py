@@ -101,17 +101,22 @@ def _injective_moduli(indices: np.ndarray) -> np.ndarray:
     """For each row of ``indices`` [chunks, k], the largest modulus keeping the row distinct."""
     chunks, k = indices.shape
     found = np.zeros(chunks, dtype=np.int64)
-    pending = np.arange(chunks)
-    for top in range(PRIME, k - 1, -MODULUS_BLOCK):  # below k no modulus can keep k values apart
-        moduli = np.arange(top, max(top - MODULUS_BLOCK, k - 1), -1, dtype=np.int64)
-        residues = np.sort(indices[pending, None, :] % moduli[None, :, None], axis=2)  # [pending, moduli, k]
-        distinct = (np.diff(residues, axis=2) != 0).all(axis=2)
-        hit = distinct.any(axis=1)
-        found[pending[hit]] = moduli[distinct[hit].argmax(axis=1)]
-        pending = pending[~hit]
+    # Most rows are told apart by PRIME itself (always, when every index is below it): try it alone first.
+    distinct = (np.diff(np.sort(indices % PRIME, axis=1), axis=1) != 0).all(axis=1)
+    found[distinct] = PRIME
+    pending = np.flatnonzero(~distinct)
+    for top in range(PRIME - 1, k - 1, -MODULUS_BLOCK):  # below k no modulus can keep k values apart
         if pending.size == 0:
             return found
-    raise ValueError("no modulus <= PRIME keeps these indices distinct")
+        moduli = np.arange(top, max(top - MODULUS_BLOCK, k - 1), -1, dtype=np.int64)
+        residues = np.sort(indices[pending, None, :] % moduli[None, :, None], axis=2)  # [pending, moduli, k]
+        block_distinct = (np.diff(residues, axis=2) != 0).all(axis=2)
+        hit = block_distinct.any(axis=1)
+        found[pending[hit]] = moduli[block_distinct[hit].argmax(axis=1)]
+        pending = pending[~hit]
+    if pending.size:
+        raise ValueError("no modulus <= PRIME keeps these indices distinct")
+    return found
 
 
 def _interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
