@@ -108,9 +108,9 @@ class CoordinatorClient:
         body = {"address": self.account.address, "client_version": __version__, "activity": activity, "metrics": metrics}
         return HeartbeatResponse.model_validate(self._request("POST", "/v1/nodes/heartbeat", body))
 
-    def lease(self) -> TaskSpec | None:
-        """A task to work on, or None when no run has work now."""
-        reply = self._request("POST", "/v1/tasks/lease", {"address": self.account.address})
+    def lease(self, working_on: list[str] | None = None) -> TaskSpec | None:
+        """A task to work on besides ``working_on``, or None when no run has work now."""
+        reply = self._request("POST", "/v1/tasks/lease", {"address": self.account.address, "working_on": working_on or []})
         return None if reply is None else TaskSpec.model_validate(reply)
 
     def submit(self, task_id: str, data: bytes) -> SubmissionReceipt:

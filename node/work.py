@@ -1,4 +1,6 @@
-"""One task, start to finish on the node: prompts -> completions -> rewards -> proofs -> file."""
+"""One task on the node, in two halves so they can overlap across tasks:
+:func:`generate` (prompts -> completions, the model's work) and :func:`finish`
+(rewards, proofs, the rollout file: CPU work a second thread does while the next task generates)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from functools import cache
 
 from node.inference.torch_backend import TorchBackend
 from shared.environments.length import LengthBudget, with_target
-from shared.environments.registry import Environment, get_environment, reward
+from shared.environments.registry import Environment, Problem, get_environment, reward
+from shared.inference import Completion
 from shared.models import encode_prompt, load_model
 from shared.rollout_file import Rollout, write_rollouts
 from shared.schemas import TaskSpec, sequence_seed
@@ -35,10 +38,29 @@ def environment_for(name: str) -> Environment:
     return get_environment(name)
 
 
+@cache
+def problems_for(name: str) -> dict[str, Problem]:
+    return {p.id: p for p in environment_for(name).problems()}
+
+
+@dataclass
+class Generated:
+    task: TaskSpec
+    rows: list[tuple[Problem, int]]
+    prompts: list[list[int]]
+    seeds: list[int]
+    completions: list[Completion]
+    budget: LengthBudget
+    generate_s: float
+
+
 def run_task(task: TaskSpec) -> TaskResult:
+    return finish(generate(task))
+
+
+def generate(task: TaskSpec) -> Generated:
     backend, tokenizer = backend_for(task.model)
-    environment = environment_for(task.environment)
-    problems = {p.id: p for p in environment.problems()}
+    problems = problems_for(task.environment)
     budget = LengthBudget(alpha=task.length_alpha, target_tokens=task.target_length, over_only=task.length_over_only)
 
     rows = [(problems[pid], i) for i, pid in enumerate(pid for pid in task.prompt_ids for _ in range(task.samples_per_prompt))]
@@ -50,11 +72,17 @@ def run_task(task: TaskSpec) -> TaskResult:
 
     start = time.perf_counter()
     completions = backend.generate(prompts, seeds, task.sampling)
-    generate_s = time.perf_counter() - start
-    proofs = build_proofs_batch([c.hidden for c in completions])
+    return Generated(task, rows, prompts, seeds, completions, budget, time.perf_counter() - start)
 
+
+def finish(generated: Generated) -> TaskResult:
+    task, budget = generated.task, generated.budget
+    _, tokenizer = backend_for(task.model)
+    environment = environment_for(task.environment)
+    proofs = build_proofs_batch([c.hidden for c in generated.completions])
     rollouts = []
-    for (problem, _), prompt, seed, completion, proof in zip(rows, prompts, seeds, completions, proofs, strict=True):
+    parts = zip(generated.rows, generated.prompts, generated.seeds, generated.completions, proofs, strict=True)
+    for (problem, _), prompt, seed, completion, proof in parts:
         text = tokenizer.decode(completion.tokens, skip_special_tokens=True)
         task_reward = environment.task_reward(text, problem)
         final, penalty = reward(task_reward, len(completion.tokens), budget)
@@ -81,5 +109,5 @@ def run_task(task: TaskSpec) -> TaskResult:
         rollouts=len(rollouts),
         tokens=sum(len(r.completion_tokens) for r in rollouts),
         mean_reward=sum(r.reward for r in rollouts) / len(rollouts),
-        generate_s=generate_s,
+        generate_s=generated.generate_s,
     )

@@ -8,10 +8,13 @@ unreachable coordinator is retried with backoff, so the node rides out restarts.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eth_account.signers.local import LocalAccount
 from packaging.version import Version
@@ -31,6 +34,10 @@ from node.hardware import probe
 from node.settings import NodeSettings
 from node.state import NodeSession, load_session, save_session
 from shared.version import __version__
+
+if TYPE_CHECKING:
+    from node.work import TaskResult
+    from shared.schemas import TaskSpec
 
 
 class Heartbeats(threading.Thread):
@@ -83,7 +90,6 @@ def join(
     *,
     operator_address: str | None = None,
     stop: threading.Event,
-    work: bool = True,
 ) -> None:
     """Run until ``stop`` is set; raises :class:`NodeError` for what retrying cannot fix."""
     client = CoordinatorClient(
@@ -114,10 +120,8 @@ def join(
             lambda: _register(client, status.audience, state_dir, console, operator_address),
         )  # fmt: skip
         beats.start()
-        if work:
-            _work(client, console, stop, beats, status.heartbeat_interval_s)
-        else:
-            stop.wait()
+        while not stop.is_set():
+            work_loop(client, console, stop, beats, status.heartbeat_interval_s)
     except Stopped:
         pass
     finally:
@@ -129,35 +133,88 @@ def join(
         raise beats.error
 
 
-def _work(client: CoordinatorClient, console: Console, stop: threading.Event, beats: Heartbeats, idle_wait: float) -> None:
+def work_loop(
+    client: CoordinatorClient,
+    console: Console,
+    stop: threading.Event,
+    beats: Heartbeats | None,
+    idle_wait: float,
+    max_tasks: int | None = None,
+    on_done: Callable[[TaskResult], None] | None = None,
+) -> int:
+    """Lease, generate, score and prove each task here; upload it on a second thread while the
+    next one is leased and generated, so the coordinator's round trip hides behind the model's
+    work. (Scoring and proving stay on this thread: they are CPU work that would contend with
+    generation.) At most two tasks are in flight. Returns the number submitted."""
     from node.work import run_task  # torch and the model load only when there is work
 
+    in_flight = threading.Semaphore(2)
+    working_on: set[str] = set()
+    uploads: queue.Queue[tuple[TaskSpec, TaskResult] | None] = queue.Queue()
     done = 0
-    while not stop.is_set():
-        try:
-            task = client.lease()
-        except NotRegistered:
-            stop.wait(idle_wait)  # the heartbeat thread re-registers
-            continue
-        if task is None:
-            beats.activity = "idle"
-            stop.wait(idle_wait)
-            continue
-        beats.activity = "generating"
-        result = run_task(task)
-        beats.activity = "uploading"
-        try:
-            receipt = client.submit(task.task_id, result.data)
-        except TaskLost as e:
-            console.print(f"[yellow]Task {task.task_id} dropped: {e}[/yellow]")
-            continue
-        done += 1
-        rate = result.tokens / result.generate_s if result.generate_s else 0.0
-        beats.metrics = {"tasks_done": done, "tokens_per_s": round(rate, 1), "last_reward": round(result.mean_reward, 4)}
-        console.print(
-            f"Task {done} ({task.task_id[:13]}…): {result.rollouts} rollouts, {result.tokens} tokens at {rate:.0f} tok/s, "
-            f"mean reward {result.mean_reward:.2f}; submitted as {receipt.submission_id[:12]}… ({receipt.status})."
-        )
+    failure: list[BaseException] = []
+
+    def uploader() -> None:
+        nonlocal done
+        while (item := uploads.get()) is not None:
+            task, result = item
+            try:
+                receipt = client.submit(task.task_id, result.data)
+            except TaskLost as e:
+                console.print(f"[yellow]Task {task.task_id} dropped: {e}[/yellow]")
+                continue
+            except Stopped:
+                return
+            except BaseException as e:  # raised again on the main thread
+                failure.append(e)
+                stop.set()
+                return
+            finally:
+                working_on.discard(task.task_id)
+                in_flight.release()
+            done += 1
+            if on_done is not None:
+                on_done(result)
+            rate = result.tokens / result.generate_s if result.generate_s else 0.0
+            if beats is not None:
+                beats.metrics = {"tasks_done": done, "tokens_per_s": round(rate, 1), "last_reward": round(result.mean_reward, 4)}
+            console.print(
+                f"Task {done} ({task.task_id[:13]}…): {result.rollouts} rollouts, {result.tokens} tokens at {rate:.0f} tok/s, "
+                f"mean reward {result.mean_reward:.2f}; submitted as {receipt.submission_id[:12]}… ({receipt.status})."
+            )
+
+    thread = threading.Thread(target=uploader, name="uploader", daemon=True)
+    thread.start()
+    leased = 0
+    try:
+        while not stop.is_set() and (max_tasks is None or leased < max_tasks):
+            while not in_flight.acquire(timeout=0.5):
+                if stop.is_set():
+                    return done
+            try:
+                task = client.lease(sorted(working_on))
+            except BaseException:
+                in_flight.release()
+                raise
+            if task is None:
+                in_flight.release()
+                if beats is not None:
+                    beats.activity = "idle"
+                stop.wait(idle_wait)
+                continue
+            working_on.add(task.task_id)
+            leased += 1
+            if beats is not None:
+                beats.activity = "generating"
+            uploads.put((task, run_task(task)))
+    except NotRegistered:
+        stop.wait(idle_wait)  # the heartbeat thread registers again; the caller loops
+    finally:
+        uploads.put(None)
+        thread.join()
+    if failure:
+        raise failure[0]
+    return done
 
 
 def _register(

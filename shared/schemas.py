@@ -153,6 +153,8 @@ class LeaseRequest(Request):
     address: Address
     run_id: str | None = Field(None, max_length=64)
     """Ask for work of this run; by default the coordinator picks an active one."""
+    working_on: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=8)
+    """Tasks this node still holds and is working on: the lease must be another one."""
 
 
 class TaskSpec(BaseModel):

@@ -77,3 +77,45 @@ def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> Non
                 torch.tensor(r.logprobs),
                 atol=1e-4,
             )
+
+
+def test_node_rides_out_a_coordinator_restart(tmp_path: Path) -> None:
+    from alembic import command
+
+    from coordinator.db import alembic_config, make_engine
+    from devnet.processes import create_run as create_run_cli
+    from devnet.processes import free_port, start_coordinator
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    command.upgrade(alembic_config(url), "head")
+    create_run_cli(url, "arith", tmp_path / "logs" / "run.log")
+    env = {"INTELLECT_BLOB_DIR": str(tmp_path / "blobs"), "INTELLECT_HEARTBEAT_INTERVAL_S": "0.5"}
+    port = free_port()
+    engine = make_engine(url)
+
+    def submitted() -> int:
+        with engine.connect() as connection:
+            return len(connection.execute(select(Submission.id)).all())
+
+    def wait_for(count: int, node) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + 120
+        while submitted() < count:
+            assert time.monotonic() < deadline and node.popen.poll() is None, node.tail()
+            time.sleep(0.3)
+
+    coordinator = start_coordinator(tmp_path, url, port=port, env=env)
+    create_wallet(tmp_path / "node.json", "pw")
+    node = start_node(tmp_path, "node-1", tmp_path / "node.json", coordinator.url, "pw")
+    try:
+        wait_for(1, node)
+        coordinator.kill()
+        time.sleep(2)
+        assert node.popen.poll() is None
+        before = submitted()
+        coordinator = start_coordinator(tmp_path, url, port=port, env=env)
+        wait_for(before + 2, node)
+        assert "Cannot reach the coordinator" in node.tail(200)
+    finally:
+        node.stop()
+        coordinator.stop()
+        engine.dispose()

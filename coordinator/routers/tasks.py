@@ -20,7 +20,7 @@ router = APIRouter(prefix="/v1", tags=["tasks"], responses={401: {"model": Error
     responses={204: {"description": "No active run has work."}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}},
 )
 async def lease(body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> TaskSpec | Response:
-    task = await ledger.run_signed(signed, runs.lease, body.run_id, settings, datetime.now(UTC))
+    task = await ledger.run_signed(signed, runs.lease, body, settings, datetime.now(UTC))
     return task if task is not None else Response(status_code=204)
 
 

@@ -20,7 +20,7 @@ from coordinator.models import Node, Run, Task
 from coordinator.settings import CoordinatorSettings
 from shared.environments.length import LengthBudget
 from shared.environments.registry import ENVIRONMENTS, get_environment
-from shared.schemas import ErrorCode, NodeStatus, SamplingParams, TaskSpec
+from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec
 
 
 @cache
@@ -80,8 +80,10 @@ def spec(run: Run, task: Task) -> TaskSpec:
     )
 
 
-def lease(session: Session, signer: str, run_id: str | None, settings: CoordinatorSettings, now: datetime) -> TaskSpec | None:
-    """A task leased to ``signer``: the one it already holds, an open or expired one, or a new one."""
+def lease(session: Session, signer: str, request: LeaseRequest, settings: CoordinatorSettings, now: datetime) -> TaskSpec | None:
+    """A task leased to ``signer``: one it holds but is not working on (it restarted), else an
+    open or expired one, else a new one; at most ``max_leases_per_node`` at a time."""
+    run_id = request.run_id
     node = session.get(Node, signer)
     if node is None:
         raise ApiError(404, ErrorCode.node_not_registered, "This address has not registered; call /v1/nodes/register first.")
@@ -94,11 +96,14 @@ def lease(session: Session, signer: str, run_id: str | None, settings: Coordinat
             raise ApiError(404, ErrorCode.no_run, f"No active run {run_id}.")
         return None
 
-    held = session.scalar(
-        select(Task).where(Task.run_id == run.id, Task.status == "leased", Task.leased_to == signer, Task.lease_expires_at > now)
-    )
+    holding = select(Task).where(Task.status == "leased", Task.leased_to == signer, Task.lease_expires_at > now)
+    held = session.scalar(holding.where(Task.run_id == run.id, Task.id.not_in(request.working_on)).limit(1))
     if held is not None:
         return spec(run, held)
+    if len(session.scalars(holding).all()) >= settings.max_leases_per_node:
+        raise ApiError(
+            409, ErrorCode.conflict, f"This node already holds {settings.max_leases_per_node} tasks; submit them first."
+        )
 
     task = session.scalar(
         select(Task)
