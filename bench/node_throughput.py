@@ -13,7 +13,6 @@ that baseline.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import tempfile
 import threading
 import time
@@ -23,7 +22,7 @@ import torch
 from eth_account import Account
 from rich.console import Console
 
-from devnet.processes import migrate, script, start_coordinator
+from devnet.processes import coordinator_command, migrate, start_coordinator
 from node.client import CoordinatorClient
 from node.hardware import probe
 from node.settings import NodeSettings
@@ -44,10 +43,9 @@ def main() -> None:
         workdir = Path(tmp)
         url = f"sqlite:///{workdir / 'ledger.db'}"
         migrate(url, workdir / "logs" / "migrate.log")
-        subprocess.run(
-            [*script("intellect-coordinator"), "run", "create", "--name", "bench", "--prompts-per-task", str(args.prompts),
-             "--samples-per-prompt", str(args.samples), "--max-tokens", "48", "--database-url", url],
-            check=True, capture_output=True,
+        coordinator_command(
+            ["run", "create", "--name", "bench", "--prompts-per-task", str(args.prompts), "--samples-per-prompt", str(args.samples),
+             "--max-tokens", "48", "--database-url", url]
         )  # fmt: skip
         coordinator = start_coordinator(workdir, url, env={"INTELLECT_BLOB_DIR": str(workdir / "blobs")})
         client = CoordinatorClient(

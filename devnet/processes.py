@@ -95,60 +95,31 @@ def wait_http(process: Process, url: str, timeout: float = 60) -> None:
     raise StartError(f"{process.name} did not answer {url} within {timeout:.0f} s:\n{process.tail()}")
 
 
-def migrate(database_url: str, log_path: Path) -> None:
-    result = subprocess.run(
-        [*script("intellect-coordinator"), "migrate", "--database-url", database_url],
-        capture_output=True,
-        text=True,
-    )
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(result.stdout + result.stderr)
+def coordinator_command(args: list[str], log_path: Path | None = None) -> str:
+    """Run one ``intellect-coordinator`` command to completion; its stdout, or StartError with its output."""
+    result = subprocess.run([*script("intellect-coordinator"), *args], capture_output=True, text=True)
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(result.stdout + result.stderr)
     if result.returncode != 0:
-        raise StartError(f"migrating {database_url} failed:\n{result.stdout}{result.stderr}")
+        raise StartError(f"intellect-coordinator {args[0]} failed:\n{result.stdout}{result.stderr}")
+    return result.stdout.strip()
+
+
+def migrate(database_url: str, log_path: Path) -> None:
+    coordinator_command(["migrate", "--database-url", database_url], log_path)
 
 
 def admin_token(database_url: str, name: str = "devnet", scope: str = "admin") -> str:
-    result = subprocess.run(
-        [
-            *script("intellect-coordinator"),
-            "admin-token",
-            "create",
-            "--name",
-            name,
-            "--scope",
-            scope,
-            "--database-url",
-            database_url,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return result.stdout.strip().splitlines()[-1]
+    args = ["admin-token", "create", "--name", name, "--scope", scope, "--database-url", database_url]
+    return coordinator_command(args).splitlines()[-1]
 
 
 def create_run(database_url: str, name: str, log_path: Path) -> str:
     """An arithmetic run on the shipped tiny model; returns its id."""
-    result = subprocess.run(
-        [
-            *script("intellect-coordinator"),
-            "run",
-            "create",
-            "--name",
-            name,
-            "--environment",
-            "arithmetic",
-            "--database-url",
-            database_url,
-        ],
-        capture_output=True,
-        text=True,
+    return coordinator_command(
+        ["run", "create", "--name", name, "--environment", "arithmetic", "--database-url", database_url], log_path
     )
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(result.stdout + result.stderr)
-    if result.returncode != 0:
-        raise StartError(f"creating run {name} failed:\n{result.stderr}")
-    return result.stdout.strip()
 
 
 def start_coordinator(workdir: Path, database_url: str, port: int | None = None, env: dict[str, str] | None = None) -> Process:
