@@ -3,14 +3,13 @@
 Where bubblewrap (``bwrap``) is installed, the process sees the machine read-only except its
 own temp dir, in new user, pid, network and IPC namespaces that die with it. Always, it runs
 under rlimits (CPU seconds, address space, file size, process count, open files) and a
-wall-clock timeout that kills its whole process group; when started as root it drops to
-``nobody`` first, so the process-count limit binds.
+wall-clock timeout that kills its whole process group; when started as root it runs as
+``nobody``, so the process-count limit binds.
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -53,18 +52,16 @@ class RunResult:
     timed_out: bool
 
 
-def _limit(limits: Limits) -> None:  # runs in the child, before exec
-    os.setsid()
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.output_bytes, limits.output_bytes))
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if os.geteuid() == 0:
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
+def _limited(limits: Limits, argv: list[str]) -> list[str]:
+    """``argv`` under rlimits, set by util-linux ``prlimit`` (a ``preexec_fn`` is unsafe in a
+    threaded process such as a node, whose heartbeats and uploads run on other threads)."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        raise RuntimeError("prlimit (util-linux) is needed to sandbox code")
+    return [
+        prlimit, f"--cpu={limits.cpu_s}", f"--as={limits.memory_bytes}", f"--fsize={limits.output_bytes}",
+        f"--nproc={limits.processes}", "--nofile=64", "--core=0", "--", *argv,
+    ]  # fmt: skip
 
 
 def _command(workdir: Path, argv: list[str]) -> list[str]:
@@ -90,14 +87,16 @@ def run_python(files: dict[str, str], script: str, stdin: str = "", limits: Limi
             (workdir / name).write_text(content)
         out_path = workdir / ".stdout"
         with open(out_path, "wb") as out:
+            as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
             process = subprocess.Popen(
-                _command(workdir, [interpreter(), "-I", "-B", str(workdir / script)]),
+                _limited(limits, _command(workdir, [interpreter(), "-I", "-B", str(workdir / script)])),
                 cwd=workdir,
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=lambda: _limit(limits),
+                start_new_session=True,
                 env={"PATH": "/usr/bin:/bin"},
+                **as_nobody,
             )
             try:
                 process.communicate(stdin.encode(), timeout=limits.wall_s)
