@@ -11,7 +11,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from eth_account.signers.local import LocalAccount
 from packaging.version import Version
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from node.client import (
     EXIT_BANNED,
@@ -120,8 +122,9 @@ def join(
             lambda: _register(client, status.audience, state_dir, console, operator_address),
         )  # fmt: skip
         beats.start()
-        while not stop.is_set():
-            work_loop(client, console, stop, beats, status.heartbeat_interval_s)
+        with _live_progress(console) as on_done:
+            while not stop.is_set():
+                work_loop(client, console, stop, beats, status.heartbeat_interval_s, on_done=on_done)
     except Stopped:
         pass
     finally:
@@ -215,6 +218,23 @@ def work_loop(
     if failure:
         raise failure[0]
     return done
+
+
+@contextmanager
+def _live_progress(console: Console) -> Iterator[Callable[[TaskResult], None]]:
+    """A live status line under the log on a terminal: tasks done, generation speed, last reward."""
+    columns = (
+        SpinnerColumn(),
+        TextColumn("working: {task.completed} tasks, {task.fields[rate]} tok/s, last reward {task.fields[reward]}"),
+    )
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+        row = progress.add_task("work", total=None, rate="-", reward="-")
+
+        def on_done(result: TaskResult) -> None:
+            rate = result.tokens / result.generate_s if result.generate_s else 0.0
+            progress.update(row, advance=1, rate=f"{rate:.0f}", reward=f"{result.mean_reward:.2f}")
+
+        yield on_done
 
 
 def _register(
