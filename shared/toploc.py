@@ -72,28 +72,30 @@ def chunk_sizes(positions: int) -> list[int]:
     return [min(CHUNK, positions - start) for start in range(0, positions, CHUNK)]
 
 
-def _top_entries(hidden: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per chunk: (flat indices, bf16 bit patterns) of its top-k entries by absolute value.
-
-    Full chunks go through one batched ``topk`` (one row per chunk), the same per-row
-    selection a one-dimensional ``topk`` over each chunk makes.
-    """
+def _chunks(hidden: torch.Tensor) -> list[torch.Tensor]:
+    """The flat bf16 chunks of one sequence's committed states ``[positions, hidden_size]``."""
     if hidden.dim() != 2:
         raise ValueError(f"hidden states must be [positions, hidden_size], got shape {tuple(hidden.shape)}")
     bf16 = hidden.detach().to("cpu", torch.bfloat16).contiguous()
-    positions, width = bf16.shape
-    full = positions // CHUNK
-    out = []
-    if full:
-        rows = bf16[: full * CHUNK].reshape(full, CHUNK * width)
-        indices = rows.abs().topk(min(TOPK, rows.shape[1]), dim=1).indices
+    return [chunk.reshape(-1) for chunk in bf16.split(CHUNK)]
+
+
+def _top_entries(chunks: list[torch.Tensor]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per chunk: (flat indices, bf16 bit patterns) of its top-k entries by absolute value.
+
+    Chunks of equal length go through one batched ``topk`` (one row each), the same per-row
+    selection a one-dimensional ``topk`` over each chunk makes.
+    """
+    out: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0), np.empty(0))] * len(chunks)
+    by_length: dict[int, list[int]] = {}
+    for i, chunk in enumerate(chunks):
+        by_length.setdefault(chunk.numel(), []).append(i)
+    for length, members in by_length.items():
+        rows = torch.stack([chunks[i] for i in members])
+        indices = rows.abs().topk(min(TOPK, length), dim=1).indices
         bits = rows.gather(1, indices).view(torch.int16).numpy().astype(np.int64) & 0xFFFF
-        out += list(zip(indices.numpy().astype(np.int64), bits))
-    if positions % CHUNK:
-        flat = bf16[full * CHUNK :].reshape(-1)
-        indices = flat.abs().topk(min(TOPK, flat.numel())).indices
-        bits = flat[indices].view(torch.int16).numpy().astype(np.int64) & 0xFFFF
-        out.append((indices.numpy().astype(np.int64), bits))
+        for i, idx, b in zip(members, indices.numpy().astype(np.int64), bits):
+            out[i] = (idx, b)
     return out
 
 
@@ -125,22 +127,28 @@ def _interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     Newton divided differences, then expansion into the monomial basis; the interpolating
     polynomial is unique, so these are the reference's coefficients whatever the point order.
     """
-    inv = _inverses()
+    # uint32 holds any product of two residues (65496^2 < 2^32), so the field stays in 32-bit lanes.
+    p = np.uint32(PRIME)
+    inv = _inverses().astype(np.uint32)
+    x = x.astype(np.uint32)
     k = x.shape[1]
-    dd = y % PRIME
+    dd = (y % PRIME).astype(np.uint32)
     for level in range(1, k):
-        # The right-hand side is computed whole before the in-place store.
-        dd[:, level:] = (dd[:, level:] - dd[:, level - 1 : -1]) % PRIME * inv[(x[:, level:] - x[:, :-level]) % PRIME] % PRIME
+        numer = (dd[:, level:] + p - dd[:, level - 1 : -1]) % p
+        denom = (x[:, level:] + p - x[:, :-level]) % p
+        dd[:, level:] = numer * inv[denom] % p
+    neg_x = (p - x) % p
     coeffs = np.zeros_like(dd)
     factor = np.zeros_like(dd)
     factor[:, 0] = 1  # the running product (t - x0)(t - x1)...(t - x_{i-1}), degree i
     for i in range(k):
-        coeffs[:, : i + 1] = (coeffs[:, : i + 1] + dd[:, i : i + 1] * factor[:, : i + 1]) % PRIME
+        coeffs[:, : i + 1] = (coeffs[:, : i + 1] + dd[:, i : i + 1] * factor[:, : i + 1] % p) % p
         if i + 1 < k:
             # factor *= (t - x_i): new[j] = old[j-1] - x_i * old[j], for j = 0..i+1
-            factor[:, 1 : i + 2] = (factor[:, : i + 1] - x[:, i : i + 1] * factor[:, 1 : i + 2]) % PRIME
-            factor[:, 0] = (-x[:, i] * factor[:, 0]) % PRIME
-    return coeffs
+            shifted = (factor[:, : i + 1] + neg_x[:, i : i + 1] * factor[:, 1 : i + 2] % p) % p
+            factor[:, 0] = neg_x[:, i] * factor[:, 0] % p
+            factor[:, 1 : i + 2] = shifted
+    return coeffs.astype(np.int64)
 
 
 def _evaluate(coeffs: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -158,7 +166,7 @@ def build_proofs(hidden: torch.Tensor) -> bytes:
 
 def build_proofs_batch(hiddens: list[torch.Tensor]) -> list[bytes]:
     """:func:`build_proofs` for many sequences at once: all their chunks share each array op."""
-    entries = [entry for hidden in hiddens for entry in _top_entries(hidden)]
+    entries = _top_entries([chunk for hidden in hiddens for chunk in _chunks(hidden)])
     encoded: list[bytes] = [b""] * len(entries)
     for k in sorted({len(idx) for idx, _ in entries}):
         rows = [i for i, (idx, _) in enumerate(entries) if len(idx) == k]
@@ -200,7 +208,7 @@ def parse_proofs(proofs: bytes, sizes: list[tuple[int, int]]) -> list[tuple[int,
 def verify_proofs(hidden: torch.Tensor, proofs: bytes, thresholds: ToplocThresholds | None = None) -> list[ChunkResult]:
     """One result per chunk of ``hidden`` [positions, hidden_size]; never raises on bad bytes."""
     thresholds = thresholds or ToplocThresholds()
-    entries = _top_entries(hidden)
+    entries = _top_entries(_chunks(hidden))
     try:
         parsed = parse_proofs(proofs, [(0, len(idx)) for idx, _ in entries])
     except ProofFormatError as e:
