@@ -58,8 +58,8 @@ class CoordinatorSettings(RoleSettings):
     task_lease_s: float = Field(600.0, gt=0)
     """How long a node holds a task before it returns to the pool."""
 
-    max_leases_per_node: int = Field(2, ge=1, le=8)
-    """Tasks one node may hold at once (two lets it generate one while uploading the other)."""
+    max_leases_per_node: int = Field(3, ge=1, le=8)
+    """Tasks one node may hold at once: one uploading, one generating, the next one lined up."""
 
     min_node_version: str = "0.1.0"
     """Oldest node client version allowed to register and heartbeat."""

@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC
 from pathlib import Path
@@ -145,13 +146,14 @@ def work_loop(
     max_tasks: int | None = None,
     on_done: Callable[[TaskResult], None] | None = None,
 ) -> int:
-    """Lease, generate, score and prove each task here; upload it on a second thread while the
-    next one is leased and generated, so the coordinator's round trip hides behind the model's
-    work. (Scoring and proving stay on this thread: they are CPU work that would contend with
-    generation.) At most two tasks are in flight. Returns the number submitted."""
+    """Lease, generate, score and prove each task here. The next task is leased on a helper thread
+    while this one generates, and finished tasks upload on another, so the coordinator's round
+    trips hide behind the model's work. (Scoring and proving stay on this thread: they are CPU
+    work that would contend with generation.) At most three tasks are in flight, the
+    coordinator's default per-node limit. Returns the number submitted."""
     from node.work import run_task  # torch and the model load only when there is work
 
-    in_flight = threading.Semaphore(2)
+    in_flight = threading.Semaphore(3)
     working_on: set[str] = set()
     uploads: queue.Queue[tuple[TaskSpec, TaskResult] | None] = queue.Queue()
     done = 0
@@ -186,33 +188,47 @@ def work_loop(
                 f"mean reward {result.mean_reward:.2f}; submitted as {receipt.submission_id[:12]}… ({receipt.status})."
             )
 
+    def lease_next() -> TaskSpec | None:
+        """Take a free slot and lease a task into it (the slot goes back when there is none)."""
+        while not in_flight.acquire(timeout=0.5):
+            if stop.is_set():
+                return None
+        try:
+            task = client.lease(sorted(working_on))
+        except BaseException:
+            in_flight.release()
+            raise
+        if task is None:
+            in_flight.release()
+        else:
+            working_on.add(task.task_id)
+        return task
+
     thread = threading.Thread(target=uploader, name="uploader", daemon=True)
     thread.start()
+    prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
+    upcoming: Future[TaskSpec | None] | None = None
     leased = 0
     try:
         while not stop.is_set() and (max_tasks is None or leased < max_tasks):
-            while not in_flight.acquire(timeout=0.5):
-                if stop.is_set():
-                    return done
-            try:
-                task = client.lease(sorted(working_on))
-            except BaseException:
-                in_flight.release()
-                raise
+            task = upcoming.result() if upcoming is not None else lease_next()
+            upcoming = None
             if task is None:
-                in_flight.release()
                 if beats is not None:
                     beats.activity = "idle"
                 stop.wait(idle_wait)
                 continue
-            working_on.add(task.task_id)
             leased += 1
+            if max_tasks is None or leased < max_tasks:
+                upcoming = prefetcher.submit(lease_next)  # the next lease's round trip hides behind this generation
             if beats is not None:
                 beats.activity = "generating"
             uploads.put((task, run_task(task)))
     except NotRegistered:
         stop.wait(idle_wait)  # the heartbeat thread registers again; the caller loops
     finally:
+        # A task leased ahead but never started stays held: the next lease hands it back, or its lease runs out.
+        prefetcher.shutdown(wait=True)
         uploads.put(None)
         thread.join()
     if failure:

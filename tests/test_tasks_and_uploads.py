@@ -184,7 +184,7 @@ def test_run_create_cli(database_url: str) -> None:
     assert bad.returncode == 2 and "unknown environment" in bad.stderr
 
 
-def test_a_node_holds_at_most_two_tasks(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_a_node_holds_at_most_three_tasks(coordinator) -> None:  # type: ignore[no-untyped-def]
     make_run(coordinator)
     node = joined(coordinator)
     first = lease(coordinator, node).json()
@@ -193,10 +193,12 @@ def test_a_node_holds_at_most_two_tasks(coordinator) -> None:  # type: ignore[no
     assert second["task_id"] != first["task_id"]
     # Restarted, the node gets back a task it holds rather than a third one.
     assert lease(coordinator, node).json()["task_id"] in {first["task_id"], second["task_id"]}
-    before = coordinator.snapshot()
     body = {"address": node.address, "working_on": [first["task_id"], second["task_id"]]}
-    third = signed_post(coordinator.url, "/v1/tasks/lease", node, coordinator.audience, body)
-    assert third.status_code == 409 and "already holds 2" in third.json()["message"]
+    third = signed_post(coordinator.url, "/v1/tasks/lease", node, coordinator.audience, body).json()
+    before = coordinator.snapshot()
+    body = {"address": node.address, "working_on": [first["task_id"], second["task_id"], third["task_id"]]}
+    fourth = signed_post(coordinator.url, "/v1/tasks/lease", node, coordinator.audience, body)
+    assert fourth.status_code == 409 and "already holds 3" in fourth.json()["message"]
     assert {k: v for k, v in coordinator.snapshot().items() if k != "nonces"} == {
         k: v for k, v in before.items() if k != "nonces"
     }
