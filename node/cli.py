@@ -14,6 +14,7 @@ from typing import Annotated
 
 import httpx
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -74,6 +75,9 @@ def join(
         str | None, typer.Option(help="Address of the operator or pool that runs this node, if not the node itself.")
     ] = None,
     state_dir: StateDir = None,
+    backend: Annotated[
+        str | None, typer.Option(help="Inference backend: torch (default; CPU or GPU) or vllm (GPU, the [vllm] extra).")
+    ] = None,
 ) -> None:
     """Register this machine with a coordinator and keep it working until Ctrl-C."""
     from node.worker import join as run_join
@@ -86,7 +90,11 @@ def join(
         account = load_wallet(wallet_file, read_password())
     except WalletError as e:
         raise _fail(str(e), 1) from None
-    settings = NodeSettings(**({"state_dir": state_dir} if state_dir else {}))
+    overrides = {"state_dir": state_dir, "backend": backend}
+    try:
+        settings = NodeSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        raise _fail(f"Invalid setting: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}.", 2) from None
 
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt

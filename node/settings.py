@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import RoleSettings
+
+BackendKind = Literal["torch", "vllm"]
 
 
 class NodeSettings(RoleSettings):
@@ -24,3 +27,6 @@ class NodeSettings(RoleSettings):
 
     backoff_max_s: float = Field(30.0, gt=0)
     """Longest wait between retries."""
+
+    backend: BackendKind = "torch"
+    """Inference backend: ``torch`` (transformers, CPU or GPU) or ``vllm`` (GPU nodes, the ``[vllm]`` extra)."""

@@ -8,11 +8,14 @@ import time
 from dataclasses import dataclass
 from functools import cache
 
+from transformers import PreTrainedTokenizerBase
+
 from node.inference.torch_backend import TorchBackend
+from node.settings import BackendKind
 from shared.environments.length import LengthBudget, with_target
 from shared.environments.registry import Environment, Problem, get_environment, reward
-from shared.inference import Completion
-from shared.models import encode_prompt, load_model
+from shared.inference import Completion, InferenceBackend
+from shared.models import encode_prompt, load_model, load_tokenizer, resolve_model
 from shared.rollout_file import Rollout, write_rollouts
 from shared.schemas import TaskSpec, sequence_seed
 from shared.toploc import build_proofs_batch
@@ -28,7 +31,13 @@ class TaskResult:
 
 
 @cache
-def backend_for(model: str) -> tuple[TorchBackend, object]:
+def backend_for(model: str, kind: BackendKind = "torch") -> tuple[InferenceBackend, PreTrainedTokenizerBase]:
+    """The process's one backend per model (loading is the expensive part) and its tokenizer."""
+    if kind == "vllm":
+        from node.inference.vllm_backend import VllmBackend
+
+        tokenizer = load_tokenizer(model)
+        return VllmBackend(resolve_model(model), tokenizer.eos_token_id), tokenizer
     loaded, tokenizer = load_model(model)
     return TorchBackend(loaded, tokenizer.eos_token_id, tokenizer.pad_token_id), tokenizer
 
@@ -54,12 +63,12 @@ class Generated:
     generate_s: float
 
 
-def run_task(task: TaskSpec) -> TaskResult:
-    return finish(generate(task))
+def run_task(task: TaskSpec, backend: BackendKind = "torch") -> TaskResult:
+    return finish(generate(task, backend))
 
 
-def generate(task: TaskSpec) -> Generated:
-    backend, tokenizer = backend_for(task.model)
+def generate(task: TaskSpec, backend_kind: BackendKind = "torch") -> Generated:
+    backend, tokenizer = backend_for(task.model, backend_kind)
     problems = problems_for(task.environment)
     budget = LengthBudget(alpha=task.length_alpha, target_tokens=task.target_length, over_only=task.length_over_only)
 
@@ -77,7 +86,7 @@ def generate(task: TaskSpec) -> Generated:
 
 def finish(generated: Generated) -> TaskResult:
     task, budget = generated.task, generated.budget
-    _, tokenizer = backend_for(task.model)
+    tokenizer = load_tokenizer(task.model)
     environment = environment_for(task.environment)
     proofs = build_proofs_batch([c.hidden for c in generated.completions])
     rollouts = []

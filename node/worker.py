@@ -34,7 +34,7 @@ from node.client import (
     version_error,
 )
 from node.hardware import probe
-from node.settings import NodeSettings
+from node.settings import BackendKind, NodeSettings
 from node.state import NodeSession, load_session, save_session
 from shared.version import __version__
 
@@ -125,7 +125,9 @@ def join(
         beats.start()
         with _live_progress(console) as on_done:
             while not stop.is_set():
-                work_loop(client, console, stop, beats, status.heartbeat_interval_s, on_done=on_done)
+                work_loop(
+                    client, console, stop, beats, status.heartbeat_interval_s, on_done=on_done, backend=settings.backend
+                )
     except Stopped:
         pass
     finally:
@@ -145,6 +147,7 @@ def work_loop(
     idle_wait: float,
     max_tasks: int | None = None,
     on_done: Callable[[TaskResult], None] | None = None,
+    backend: BackendKind = "torch",
 ) -> int:
     """Lease, generate, score and prove each task here. The next task is leased on a helper thread
     while this one generates, and finished tasks upload on another, so the coordinator's round
@@ -223,7 +226,7 @@ def work_loop(
                 upcoming = prefetcher.submit(lease_next)  # the next lease's round trip hides behind this generation
             if beats is not None:
                 beats.activity = "generating"
-            uploads.put((task, run_task(task)))
+            uploads.put((task, run_task(task, backend)))
     except NotRegistered:
         stop.wait(idle_wait)  # the heartbeat thread registers again; the caller loops
     finally:

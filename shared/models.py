@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -27,12 +28,21 @@ def load_model(
 
     ``tiny-arith`` (:data:`shared.schemas.DEFAULT_MODEL`) names the shipped tiny model.
     """
-    if str(name_or_path) == DEFAULT_MODEL:
-        name_or_path = TINY_MODEL_DIR
+    name_or_path = resolve_model(name_or_path)
     local = Path(name_or_path).is_dir()
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, local_files_only=local).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local)
-    return model, tokenizer
+    return model, load_tokenizer(name_or_path)
+
+
+def resolve_model(name_or_path: str | Path) -> str:
+    """A local directory or hub id for ``name_or_path``, with ``tiny-arith`` naming the shipped model."""
+    return str(TINY_MODEL_DIR if str(name_or_path) == DEFAULT_MODEL else name_or_path)
+
+
+@cache
+def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
+    resolved = resolve_model(name_or_path)
+    return AutoTokenizer.from_pretrained(resolved, local_files_only=Path(resolved).is_dir())
 
 
 def final_norm(model: torch.nn.Module) -> torch.nn.Module:
