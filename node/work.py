@@ -4,10 +4,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from node.inference.torch_backend import TorchBackend
@@ -61,6 +64,16 @@ class Generated:
     completions: list[Completion]
     budget: LengthBudget
     generate_s: float
+
+
+def finisher_pool() -> ProcessPoolExecutor:
+    """A process that finishes tasks (rewards, proofs, the file) beside generation: on a small
+    model generation is bound by Python, so in a thread the same work would wait for the GIL."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread)
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
 
 
 def run_task(task: TaskSpec, backend: BackendKind = "torch") -> TaskResult:

@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC
 from pathlib import Path
@@ -123,11 +123,14 @@ def join(
             lambda: _register(client, status.audience, state_dir, console, operator_address),
         )  # fmt: skip
         beats.start()
-        with _live_progress(console) as on_done:
+        from node.work import finisher_pool
+
+        with _live_progress(console) as on_done, finisher_pool() as finishers:
             while not stop.is_set():
                 work_loop(
-                    client, console, stop, beats, status.heartbeat_interval_s, on_done=on_done, backend=settings.backend
-                )
+                    client, console, stop, beats, status.heartbeat_interval_s,
+                    on_done=on_done, backend=settings.backend, finishers=finishers,
+                )  # fmt: skip
     except Stopped:
         pass
     finally:
@@ -148,25 +151,28 @@ def work_loop(
     max_tasks: int | None = None,
     on_done: Callable[[TaskResult], None] | None = None,
     backend: BackendKind = "torch",
+    finishers: Executor | None = None,
 ) -> int:
-    """Lease, generate, score and prove each task here. The next task is leased on a helper thread
-    while this one generates, and finished tasks upload on another, so the coordinator's round
-    trips hide behind the model's work. (Scoring and proving stay on this thread: they are CPU
-    work that would contend with generation.) At most three tasks are in flight, the
+    """Lease, generate, score and prove each task here. This thread only generates: the next task
+    is leased on a helper thread meanwhile, the previous one is scored, proven and written in
+    ``finishers`` (:func:`node.work.finisher_pool`, a process so it never waits for this one's
+    GIL; one is started per call when not given) and uploaded from another thread, so the
+    protocol's work hides behind the model's. At most three tasks are in flight, the
     coordinator's default per-node limit. Returns the number submitted."""
-    from node.work import run_task  # torch and the model load only when there is work
+    from node.work import finish, finisher_pool, generate  # torch and the model load only when there is work
 
     in_flight = threading.Semaphore(3)
     working_on: set[str] = set()
-    uploads: queue.Queue[tuple[TaskSpec, TaskResult] | None] = queue.Queue()
+    uploads: queue.Queue[tuple[TaskSpec, Future[TaskResult]] | None] = queue.Queue()
     done = 0
     failure: list[BaseException] = []
 
     def uploader() -> None:
         nonlocal done
         while (item := uploads.get()) is not None:
-            task, result = item
+            task, finishing = item
             try:
+                result = finishing.result()
                 receipt = client.submit(task.task_id, result.data)
             except TaskLost as e:
                 console.print(f"[yellow]Task {task.task_id} dropped: {e}[/yellow]")
@@ -210,6 +216,8 @@ def work_loop(
     thread = threading.Thread(target=uploader, name="uploader", daemon=True)
     thread.start()
     prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
+    own_finishers = finishers is None
+    finishers = finishers or finisher_pool()
     upcoming: Future[TaskSpec | None] | None = None
     leased = 0
     try:
@@ -226,7 +234,7 @@ def work_loop(
                 upcoming = prefetcher.submit(lease_next)  # the next lease's round trip hides behind this generation
             if beats is not None:
                 beats.activity = "generating"
-            uploads.put((task, run_task(task, backend)))
+            uploads.put((task, finishers.submit(finish, generate(task, backend))))
     except NotRegistered:
         stop.wait(idle_wait)  # the heartbeat thread registers again; the caller loops
     finally:
@@ -234,6 +242,8 @@ def work_loop(
         prefetcher.shutdown(wait=True)
         uploads.put(None)
         thread.join()
+        if own_finishers:
+            finishers.shutdown(wait=True)
     if failure:
         raise failure[0]
     return done
