@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from coordinator.errors import install_error_handlers
 from coordinator.ledger import Ledger
 from coordinator.loops import Loop
 from coordinator.metrics import Metrics, MetricsMiddleware
-from coordinator.routers import admin, health, nodes, public, tasks
+from coordinator.routers import admin, health, nodes, public, shardcast, tasks
 from coordinator.services import nodes as node_service
 from coordinator.services.nonces import prune_nonces
 from coordinator.services.rate_limit import RateLimiter
@@ -74,12 +75,13 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     app.state.blobs = LocalBlobStore(settings.blob_dir)
     app.state.loops = loops
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    app.state.manifest_published = asyncio.Event()
 
     install_error_handlers(app)
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, overrides={"/v1/submissions": settings.max_upload_bytes}
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    for router in (nodes.router, tasks.router, admin.router, public.router, health.router):
+    for router in (nodes.router, tasks.router, shardcast.router, admin.router, public.router, health.router):
         app.include_router(router)
     return app

@@ -162,3 +162,64 @@ class Submission(Base):
     tokens: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), index=True)
     created_at: Mapped[datetime]
+
+
+class Role(Base):
+    """A role an admin granted an address: ``validator``, ``trainer`` or ``relay``.
+
+    Revoking sets ``revoked_at``; granting again adds a new row, so the history stays.
+    """
+
+    __tablename__ = "roles"
+    __table_args__ = (Index("ix_roles_address_role", "address", "role"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(42))
+    role: Mapped[str] = mapped_column(String(16))
+    granted_by: Mapped[str] = mapped_column(String(128))
+    granted_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class PolicyManifest(Base):
+    """A policy step's signed shardcast manifest, as the trainer posted it (the JSON is what was signed)."""
+
+    __tablename__ = "manifests"
+    __table_args__ = (UniqueConstraint("run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(64), ForeignKey("runs.id"))
+    step: Mapped[int] = mapped_column(Integer)
+    signer: Mapped[str] = mapped_column(String(42))
+    digest: Mapped[str] = mapped_column(String(64))
+    total_bytes: Mapped[int] = mapped_column(BigInteger)
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+
+class Relay(Base):
+    """A shardcast server (a relay, or the trainer's origin) and where to reach it."""
+
+    __tablename__ = "relays"
+
+    address: Mapped[str] = mapped_column(String(42), primary_key=True)
+    url: Mapped[str] = mapped_column(String(512))
+    kind: Mapped[str] = mapped_column(String(16))
+    """``relay`` or ``origin``."""
+    registered_at: Mapped[datetime]
+    last_seen: Mapped[datetime]
+
+
+class RelayReport(Base):
+    """A client's report that a relay served bytes that did not match the manifest, or failed."""
+
+    __tablename__ = "relay_reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    relay_url: Mapped[str] = mapped_column(String(512), index=True)
+    reporter: Mapped[str] = mapped_column(String(42))
+    run_id: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int] = mapped_column(Integer)
+    chunk: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime]

@@ -55,6 +55,12 @@ class CoordinatorSettings(RoleSettings):
     blob_dir: Path = Path("blobs")
     """Directory of the local blob store that keeps rollout files."""
 
+    relay_ttl_s: float = Field(90.0, gt=0)
+    """A relay not heard from for this long drops out of the list clients download from."""
+
+    manifest_wait_max_s: float = Field(30.0, ge=0, le=300)
+    """Longest a long-poll for new manifests may hold its request open."""
+
     task_lease_s: float = Field(600.0, gt=0)
     """How long a node holds a task before it returns to the pool."""
 

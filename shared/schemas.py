@@ -53,6 +53,8 @@ class ErrorCode(enum.StrEnum):
     lease_expired = "lease_expired"
     rollout_invalid = "rollout_invalid"
     conflict = "conflict"
+    role_required = "role_required"
+    manifest_invalid = "manifest_invalid"
     http_error = "http_error"
 
 
@@ -185,6 +187,37 @@ class SubmissionReceipt(BaseModel):
     tokens: int
     status: str
     created_at: datetime
+
+
+class RoleName(enum.StrEnum):
+    validator = "validator"
+    trainer = "trainer"
+    relay = "relay"
+
+
+class RelayRegister(Request):
+    """A shardcast server announcing where it serves (signed by its own key, which holds the relay role)."""
+
+    address: Address
+    url: Annotated[str, Field(max_length=512, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
+    kind: Literal["relay", "origin"] = "relay"
+
+
+class RelayInfo(BaseModel):
+    address: Address
+    url: str
+    kind: Literal["relay", "origin"]
+    last_seen: datetime
+
+
+class RelayReportRequest(Request):
+    """A client's report that a relay failed it or served a chunk whose hash did not match."""
+
+    relay_url: Annotated[str, Field(max_length=512)]
+    run_id: Annotated[str, Field(max_length=64)]
+    step: int = Field(ge=0)
+    chunk: int = Field(ge=0)
+    reason: Literal["hash_mismatch", "unavailable"]
 
 
 def sequence_seed(task_seed: int, index: int) -> int:

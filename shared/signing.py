@@ -76,13 +76,17 @@ def sign_request(
     timestamp = int(time.time()) if timestamp is None else timestamp
     nonce = secrets.token_hex(16) if nonce is None else nonce
     message = canonical_request(method, path, query, body, timestamp, nonce, audience)
-    signature = account.sign_message(encode_defunct(text=message)).signature
     return {
         HEADER_ADDRESS: account.address,
         HEADER_TIMESTAMP: str(timestamp),
         HEADER_NONCE: nonce,
-        HEADER_SIGNATURE: "0x" + signature.hex().removeprefix("0x"),
+        HEADER_SIGNATURE: sign_text(account, message),
     }
+
+
+def sign_text(account: LocalAccount, message: str) -> str:
+    """EIP-191 signature of ``message`` as 0x-prefixed hex."""
+    return "0x" + account.sign_message(encode_defunct(text=message)).signature.hex().removeprefix("0x")
 
 
 def recover_signer(
@@ -94,13 +98,18 @@ def recover_signer(
     ``recover_message``, at half the cost, on the path every signed request takes.
     Raises ``ValueError`` when the signature is malformed or recovers no valid key.
     """
+    return recover_text_signer(canonical_request(method, path, query, body, timestamp, nonce, audience), signature)
+
+
+def recover_text_signer(text: str, signature: str) -> str:
+    """The checksummed address whose EIP-191 ``signature`` this is over ``text``; ``ValueError`` if none."""
     if not SIGNATURE_PATTERN.fullmatch(signature):
         raise ValueError("signature must be 0x followed by 130 hex characters")
     raw = bytes.fromhex(signature[2:])
     v = raw[64] - 27 if raw[64] >= 27 else raw[64]
     if v not in (0, 1):
         raise ValueError("signature recovery id must be 27 or 28")
-    message = canonical_request(method, path, query, body, timestamp, nonce, audience).encode()
+    message = text.encode()
     digest = keccak(b"\x19Ethereum Signed Message:\n" + str(len(message)).encode() + message)
     try:
         public_key = PublicKey.from_signature_and_message(raw[:64] + bytes([v]), digest, hasher=None)

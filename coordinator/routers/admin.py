@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from coordinator.deps import LedgerDep, require_admin
-from coordinator.models import Node, NodeStatusEvent
-from coordinator.services import nodes
-from shared.schemas import Address, ErrorBody, NodeStatus
+from coordinator.models import AdminToken, Node, NodeStatusEvent
+from coordinator.services import nodes, roles, shardcast
+from shared.schemas import Address, ErrorBody, NodeStatus, RelayInfo, RoleName
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
 Reader = Depends(require_admin("read"))
@@ -102,3 +102,56 @@ async def ban_node(address: Address, body: Reason, ledger: LedgerDep) -> NodeDet
 )
 async def unban_node(address: Address, body: Reason, ledger: LedgerDep) -> NodeDetail:
     return await ledger.run(lambda session: _detail(session, nodes.unban(session, address, body.reason, datetime.now(UTC))))
+
+
+class RoleGrant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    address: Address
+    role: RoleName
+
+
+class RoleOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    address: str
+    role: RoleName
+    granted_by: str
+    granted_at: datetime
+    revoked_at: datetime | None
+
+
+class RelayOut(RelayInfo):
+    registered_at: datetime
+    reports: int
+    """Reports from clients naming this relay's URL (bad chunks, failures)."""
+
+
+@router.get("/roles", response_model=list[RoleOut], dependencies=[Reader])
+async def list_roles(ledger: LedgerDep) -> list[RoleOut]:
+    return [RoleOut.model_validate(r) for r in await ledger.run(roles.active_roles)]
+
+
+@router.post("/roles", response_model=RoleOut, status_code=201)
+async def grant_role(body: RoleGrant, ledger: LedgerDep, token: Annotated[AdminToken, Depends(require_admin("admin"))]) -> RoleOut:
+    """Grant ``validator``, ``trainer`` or ``relay`` to an address (idempotent)."""
+    row = await ledger.run(roles.grant, body.address, body.role, f"token:{token.name}", datetime.now(UTC))
+    return RoleOut.model_validate(row)
+
+
+@router.delete(
+    "/roles/{address}/{role}",
+    response_model=RoleOut,
+    dependencies=[Depends(require_admin("admin"))],
+    responses={404: {"model": ErrorBody}},
+)
+async def revoke_role(address: Address, role: RoleName, ledger: LedgerDep) -> RoleOut:
+    return RoleOut.model_validate(await ledger.run(roles.revoke, address, role, datetime.now(UTC)))
+
+
+@router.get("/relays", response_model=list[RelayOut], dependencies=[Reader])
+async def list_relays(ledger: LedgerDep) -> list[RelayOut]:
+    """Every relay that registered: URL, last seen, and how many bad-chunk or failure reports name it."""
+    rows = await ledger.run(shardcast.all_relays)
+    return [
+        RelayOut(address=r.address, url=r.url, kind=r.kind, last_seen=r.last_seen, registered_at=r.registered_at, reports=n)
+        for r, n in rows
+    ]

@@ -1,0 +1,48 @@
+"""Roles an admin grants: who may validate, train (publish manifests) or serve as a relay."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from coordinator.errors import ApiError
+from coordinator.models import Role
+from shared.schemas import ErrorCode, RoleName
+
+
+def _active(session: Session, address: str, role: RoleName) -> Role | None:
+    return session.scalar(select(Role).where(Role.address == address, Role.role == role, Role.revoked_at.is_(None)))
+
+
+def grant(session: Session, address: str, role: RoleName, granted_by: str, now: datetime) -> Role:
+    """Grant ``role`` (idempotent: an active grant is returned as it is)."""
+    row = _active(session, address, role)
+    if row is None:
+        row = Role(address=address, role=role, granted_by=granted_by, granted_at=now)
+        session.add(row)
+        session.flush()
+    return row
+
+
+def revoke(session: Session, address: str, role: RoleName, now: datetime) -> Role:
+    row = _active(session, address, role)
+    if row is None:
+        raise ApiError(404, ErrorCode.not_found, f"{address} does not hold the {role} role.")
+    row.revoked_at = now
+    return row
+
+
+def holders(session: Session, role: RoleName) -> list[str]:
+    return list(session.scalars(select(Role.address).where(Role.role == role, Role.revoked_at.is_(None)).order_by(Role.id)))
+
+
+def active_roles(session: Session) -> list[Role]:
+    return list(session.scalars(select(Role).where(Role.revoked_at.is_(None)).order_by(Role.id)))
+
+
+def require(session: Session, address: str, role: RoleName) -> None:
+    """403 unless ``address`` holds ``role``."""
+    if _active(session, address, role) is None:
+        raise ApiError(403, ErrorCode.role_required, f"{address} does not hold the {role} role (an admin grants it).")

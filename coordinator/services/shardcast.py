@@ -1,0 +1,104 @@
+"""The coordinator's side of shardcast: the trust anchor for manifests, and the relay directory.
+
+A manifest is accepted only when the request and the manifest are both signed by an
+address holding the trainer role, for an existing run, at a step not yet taken (posting the
+same manifest again is idempotent). Accepting one advances the run's policy step.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from coordinator.errors import ApiError
+from coordinator.models import PolicyManifest, Relay, RelayReport, Run
+from coordinator.services import roles
+from shared.schemas import ErrorCode, RelayRegister, RelayReportRequest, RoleName
+from shared.shardcast.manifest import ManifestError, SignedManifest
+
+
+def publish(session: Session, signer: str, signed: SignedManifest, now: datetime) -> PolicyManifest:
+    roles.require(session, signer, RoleName.trainer)
+    if signed.signer != signer:
+        raise ApiError(403, ErrorCode.manifest_invalid, "The manifest must be signed by the trainer posting it.")
+    try:
+        manifest = signed.verify()
+    except ManifestError as e:
+        raise ApiError(422, ErrorCode.manifest_invalid, str(e)) from None
+    run = session.get(Run, manifest.run_id, with_for_update=True)
+    if run is None:
+        raise ApiError(404, ErrorCode.not_found, f"No run {manifest.run_id}.")
+    existing = session.scalar(select(PolicyManifest).where(PolicyManifest.run_id == run.id, PolicyManifest.step == manifest.step))
+    if existing is not None:
+        if existing.digest == manifest.digest():
+            return existing
+        raise ApiError(409, ErrorCode.conflict, f"Step {manifest.step} of {run.id} has another manifest already.")
+    row = PolicyManifest(
+        run_id=run.id,
+        step=manifest.step,
+        signer=signer,
+        digest=manifest.digest(),
+        total_bytes=manifest.total_bytes,
+        body=signed.model_dump_json(),
+        created_at=now,
+    )
+    session.add(row)
+    run.policy_step = max(run.policy_step, manifest.step)
+    session.flush()
+    return row
+
+
+def get(session: Session, run_id: str, step: int | None) -> PolicyManifest:
+    """The manifest of ``step`` (the newest when None)."""
+    query = select(PolicyManifest).where(PolicyManifest.run_id == run_id)
+    query = query.where(PolicyManifest.step == step) if step is not None else query.order_by(PolicyManifest.step.desc())
+    row = session.scalars(query.limit(1)).first()
+    if row is None:
+        raise ApiError(404, ErrorCode.not_found, f"No manifest for {run_id} step {'latest' if step is None else step}.")
+    return row
+
+
+def after(session: Session, after_id: int, run_id: str | None, limit: int) -> list[PolicyManifest]:
+    query = select(PolicyManifest).where(PolicyManifest.id > after_id)
+    if run_id is not None:
+        query = query.where(PolicyManifest.run_id == run_id)
+    return list(session.scalars(query.order_by(PolicyManifest.id).limit(limit)))
+
+
+def register_relay(session: Session, signer: str, body: RelayRegister, now: datetime) -> Relay:
+    roles.require(session, signer, RoleName.relay)
+    relay = session.get(Relay, signer)
+    if relay is None:
+        relay = Relay(address=signer, url=body.url, kind=body.kind, registered_at=now, last_seen=now)
+        session.add(relay)
+    else:
+        relay.url, relay.kind, relay.last_seen = body.url, body.kind, now
+    session.flush()
+    return relay
+
+
+def live_relays(session: Session, now: datetime, ttl_s: float) -> list[Relay]:
+    """Relays seen within ``ttl_s`` whose address still holds the relay role."""
+    holders = set(roles.holders(session, RoleName.relay))
+    rows = session.scalars(select(Relay).where(Relay.last_seen >= now - timedelta(seconds=ttl_s)).order_by(Relay.address))
+    return [r for r in rows if r.address in holders]
+
+
+def all_relays(session: Session) -> list[tuple[Relay, int]]:
+    """Every relay ever registered, with how many reports name its URL."""
+    counts = dict(session.execute(select(RelayReport.relay_url, func.count()).group_by(RelayReport.relay_url)).all())
+    return [(r, counts.get(r.url, 0)) for r in session.scalars(select(Relay).order_by(Relay.registered_at))]
+
+
+def report(session: Session, reporter: str, body: RelayReportRequest, now: datetime) -> RelayReport:
+    if session.scalar(select(Relay.address).where(Relay.url == body.relay_url).limit(1)) is None:
+        raise ApiError(404, ErrorCode.not_found, f"No relay serves {body.relay_url}.")
+    row = RelayReport(
+        relay_url=body.relay_url, reporter=reporter, run_id=body.run_id, step=body.step, chunk=body.chunk,
+        reason=body.reason, created_at=now,
+    )  # fmt: skip
+    session.add(row)
+    session.flush()
+    return row
