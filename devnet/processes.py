@@ -169,3 +169,31 @@ def start_node(
         workdir / "logs" / f"{name}.log",
         {"INTELLECT_WALLET_PASSWORD": password, **(env or {})},
     )
+
+
+def start_relay(
+    workdir: Path,
+    name: str,
+    wallet: Path,
+    password: str,
+    coordinator_url: str,
+    *,
+    upstreams: list[str] = (),  # type: ignore[assignment]
+    origin: bool = False,
+    port: int | None = None,
+    extra: list[str] = (),  # type: ignore[assignment]
+) -> Process:
+    """An ``intellect-relay`` (or, with ``origin``, the trainer's origin) serving from
+    ``workdir/NAME``; returns once it answers /healthz."""
+    port = port or free_port()
+    args = [*script("intellect-relay"), "--coordinator", coordinator_url, "--wallet", str(wallet)]
+    args += ["--data-dir", str(workdir / name), "--port", str(port), *extra]
+    args += ["--origin"] if origin else [arg for upstream in upstreams for arg in ("--upstream", upstream)]
+    process = spawn(name, args, workdir / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": password})
+    process.url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(process, f"{process.url}/healthz")
+    except StartError:
+        process.stop()
+        raise
+    return process

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 from eth_account.signers.local import LocalAccount
 
+from coordinator.db import make_sessionmaker
+from coordinator.services.runs import create_run
+from shared.environments.length import LengthBudget
+from shared.schemas import SamplingParams
 from shared.signing import sign_request
 from shared.version import __version__
 
@@ -38,3 +43,19 @@ def signed_post(
     signed = sign_request(account, "POST", path, query, raw, audience, timestamp=timestamp, nonce=nonce)
     full_path = f"{path}?{query}" if query else path
     return httpx.post(url + full_path, content=raw, headers={"content-type": "application/json", **signed, **(headers or {})})
+
+
+def make_run(served, **kw) -> str:  # type: ignore[no-untyped-def]
+    with make_sessionmaker(served.engine).begin() as session:
+        run = create_run(
+            session,
+            kw.get("name", "r"),
+            "arithmetic",
+            "tiny-arith",
+            SamplingParams(max_tokens=8),
+            2,
+            2,
+            LengthBudget(),
+            datetime.now(UTC),
+        )
+        return run.id

@@ -5,37 +5,17 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 from eth_account import Account
 
-from coordinator.db import make_sessionmaker
-from coordinator.services.runs import create_run
 from coordinator.settings import CoordinatorSettings
-from shared.environments.length import LengthBudget
 from shared.rollout_file import Rollout, write_rollouts
-from shared.schemas import SamplingParams, sequence_seed
+from shared.schemas import sequence_seed
 from shared.signing import sign_request
 from tests.conftest import serve
-from tests.helpers import register_body, signed_post
-
-
-def make_run(served, **kw) -> str:  # type: ignore[no-untyped-def]
-    with make_sessionmaker(served.engine).begin() as session:
-        run = create_run(
-            session,
-            kw.get("name", "r"),
-            "arithmetic",
-            "tiny-arith",
-            SamplingParams(max_tokens=8),
-            2,
-            2,
-            LengthBudget(),
-            datetime.now(UTC),
-        )
-        return run.id
+from tests.helpers import make_run, register_body, signed_post
 
 
 def joined(served):  # type: ignore[no-untyped-def]

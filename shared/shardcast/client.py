@@ -1,0 +1,234 @@
+"""Download a policy step: the manifest from the coordinator, the bytes from relays.
+
+:func:`download_step` fetches the signed manifest from the coordinator and checks that a
+current trainer signed it, preallocates the files, then fetches chunks with HTTP Range from
+several relays at once, writing each at its offset and verifying its blake3 as it arrives.
+A chunk that fails or does not match is fetched again elsewhere; a relay that served bad
+bytes is dropped for this download and reported to the coordinator. Relays are chosen by
+measured throughput with some exploration; the origin is the fallback. Verified chunks are
+logged in ``.shardcast-progress`` in the destination, so a restarted download fetches only
+what is missing. The finished directory holds the step's files and its ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from eth_account.signers.local import LocalAccount
+
+from shared.schemas import PublicStatus, RelayInfo, RelayReportRequest
+from shared.shardcast.manifest import Manifest, SignedManifest
+from shared.shardcast.relay import fetch_range
+from shared.shardcast.store import MANIFEST_FILE, write_atomic
+from shared.signing import SignedAuth
+
+PROGRESS_FILE = ".shardcast-progress"
+MAX_ATTEMPTS = 12
+
+
+class DownloadError(RuntimeError):
+    """The step could not be downloaded (no manifest, untrusted signer, or no source had a chunk)."""
+
+
+@dataclass(eq=False)
+class Source:
+    url: str
+    kind: str
+    throughput: float | None = None
+    """Bytes/s, an exponential moving average over this source's chunks."""
+    failures: int = 0
+    dropped: bool = False
+
+
+class SourcePicker:
+    """Relays by measured throughput, each untried one first, a random one ``explore`` of the
+    time; the origin only when no relay is left for a chunk."""
+
+    def __init__(self, sources: list[Source], explore: float = 0.1, rng: random.Random | None = None) -> None:
+        self.sources = sources
+        self.explore = explore
+        self.rng = rng or random.Random()
+        self.busy: dict[Source, int] = {s: 0 for s in sources}
+
+    def pick(self, avoid: set[Source]) -> Source | None:
+        usable = [s for s in self.sources if not s.dropped and s not in avoid]
+        relays = [s for s in usable if s.kind == "relay"] or usable
+        if not relays:
+            return None
+        untried = [s for s in relays if s.throughput is None]
+        if untried:
+            return min(untried, key=lambda s: self.busy[s])
+        if self.rng.random() < self.explore:
+            return self.rng.choice(relays)
+        # Expected time for the next chunk: share of throughput left for one more transfer.
+        return max(relays, key=lambda s: (s.throughput or 0.0) / (1 + self.busy[s]))
+
+    def record(self, source: Source, size: int, seconds: float) -> None:
+        rate = size / max(seconds, 1e-6)
+        source.throughput = rate if source.throughput is None else 0.7 * source.throughput + 0.3 * rate
+
+    def fail(self, source: Source) -> None:
+        source.failures += 1
+        if source.failures >= 3:
+            source.dropped = True
+
+
+def download_step(
+    coordinator: str,
+    run_id: str,
+    step: int,
+    dest: Path,
+    *,
+    account: LocalAccount | None = None,
+    concurrency: int = 8,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> Manifest:
+    """Download ``step`` of ``run_id`` into ``dest`` (resuming what is there); returns its manifest.
+
+    ``account`` signs reports of bad relays; ``on_progress(done_bytes, total_bytes)`` is called
+    as chunks are verified.
+    """
+    return asyncio.run(_download(coordinator.rstrip("/"), run_id, step, dest, account, concurrency, on_progress))
+
+
+async def _download(
+    coordinator: str,
+    run_id: str,
+    step: int,
+    dest: Path,
+    account: LocalAccount | None,
+    concurrency: int,
+    on_progress: Callable[[int, int], None] | None,
+) -> Manifest:
+    async with httpx.AsyncClient(base_url=coordinator, timeout=30.0) as api:
+        reply = await api.get(f"/v1/manifests/{run_id}/{step}")
+        if reply.status_code == 404:
+            raise DownloadError(f"the coordinator has no manifest for step {step} of {run_id}")
+        reply.raise_for_status()
+        signed = SignedManifest.model_validate(reply.json()["signed"])
+        trainers = set((await api.get("/v1/roles/trainer")).raise_for_status().json())
+        try:
+            manifest = signed.verify(trainers)
+        except ValueError as e:
+            raise DownloadError(str(e)) from None
+        if (manifest.run_id, manifest.step) != (run_id, step):
+            raise DownloadError(f"the coordinator answered with step {manifest.step} of {manifest.run_id}")
+        relays = [RelayInfo.model_validate(r) for r in (await api.get("/v1/relays")).raise_for_status().json()]
+        reporter = None
+        if account is not None:
+            audience = PublicStatus.model_validate((await api.get("/v1/public/status")).raise_for_status().json()).audience
+            reporter = httpx.AsyncClient(base_url=coordinator, timeout=10.0, auth=SignedAuth(account, audience))
+        try:
+            await _fetch_all(signed, dest, [Source(r.url.rstrip("/"), r.kind) for r in relays], reporter, concurrency, on_progress)
+        finally:
+            if reporter is not None:
+                await reporter.aclose()
+    return manifest
+
+
+def _prepare(signed: SignedManifest, dest: Path) -> set[int]:
+    """Preallocate the files; the chunks verified by an earlier attempt at this same manifest."""
+    manifest = signed.manifest
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in manifest.files:
+        path = dest / entry.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as f:
+            f.truncate(entry.size)
+    progress = dest / PROGRESS_FILE
+    lines = progress.read_text().split() if progress.exists() else []
+    if not lines or lines[0] != manifest.digest():
+        progress.write_text(manifest.digest() + "\n")
+        return set()
+    return {int(x) for x in lines[1:] if x.isdigit() and int(x) < len(manifest.chunks)}
+
+
+async def _fetch_all(
+    signed: SignedManifest,
+    dest: Path,
+    sources: list[Source],
+    reporter: httpx.AsyncClient | None,
+    concurrency: int,
+    on_progress: Callable[[int, int], None] | None,
+) -> None:
+    manifest = signed.manifest
+    held = _prepare(signed, dest)
+    total = manifest.total_bytes
+    done = sum(manifest.chunks[i].length for i in held)
+    if on_progress:
+        on_progress(done, total)
+    if not sources and len(held) < len(manifest.chunks):
+        raise DownloadError("the coordinator lists no relay or origin to download from")
+    picker = SourcePicker(sources)
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(len(manifest.chunks)):
+        if index not in held:
+            queue.put_nowait(index)
+    progress = (dest / PROGRESS_FILE).open("a")
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+
+    async def report(source: Source, index: int, reason: str) -> None:
+        if reporter is None:
+            return
+        body = RelayReportRequest(relay_url=source.url, run_id=manifest.run_id, step=manifest.step, chunk=index, reason=reason)
+        try:
+            await reporter.post("/v1/relays/reports", content=body.model_dump_json(), headers={"content-type": "application/json"})
+        except httpx.HTTPError:
+            pass  # a report is a courtesy to the network; the download goes on without it
+
+    async def worker(http: httpx.AsyncClient) -> None:
+        nonlocal done
+        while not queue.empty():
+            index = queue.get_nowait()
+            chunk = manifest.chunks[index]
+            entry = manifest.files[chunk.file]
+            avoid: set[Source] = set()
+            for _ in range(MAX_ATTEMPTS):
+                source = picker.pick(avoid)
+                if source is None:
+                    avoid.clear()  # every source failed this chunk once: wait, then try them again
+                    await asyncio.sleep(0.5)
+                    continue
+                url = f"{source.url}/v1/runs/{manifest.run_id}/steps/{manifest.step}/files/{entry.path}"
+                picker.busy[source] += 1
+                started = time.perf_counter()
+                try:
+                    ok = await fetch_range(http, url, dest / entry.path, chunk.offset, chunk.length, chunk.blake3)
+                except (httpx.HTTPError, OSError):
+                    picker.fail(source)
+                    avoid.add(source)
+                    if source.dropped:
+                        await report(source, index, "unavailable")
+                    continue
+                finally:
+                    picker.busy[source] -= 1
+                if not ok:
+                    source.dropped = True
+                    await report(source, index, "hash_mismatch")
+                    continue
+                picker.record(source, chunk.length, time.perf_counter() - started)
+                progress.write(f"{index}\n")
+                progress.flush()
+                done += chunk.length
+                if on_progress:
+                    on_progress(done, total)
+                break
+            else:
+                raise DownloadError(f"no source served a verified chunk {index} of step {manifest.step}")
+
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as http, asyncio.TaskGroup() as workers:
+            for _ in range(concurrency):
+                workers.create_task(worker(http))
+    except ExceptionGroup as group:
+        raise group.exceptions[0] from None  # the first failure stopped the other workers
+    finally:
+        progress.close()
+    write_atomic(dest / MANIFEST_FILE, signed.model_dump_json().encode())
+    (dest / PROGRESS_FILE).unlink()

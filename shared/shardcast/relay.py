@@ -1,0 +1,176 @@
+"""A relay's (or an origin's) background work beside its server.
+
+- Registers with the coordinator (signed; the key must hold the relay role) and refreshes
+  that registration, so it stays in the list clients download from.
+- Follows the coordinator's manifest log by long-poll: a new step is known within moments.
+- Relay: for the newest ``keep`` steps of each run, fetches every missing chunk from its
+  upstreams (the origin or other relays), several at once, verifies each against the
+  manifest and only then marks it held (which is when the server starts passing it on).
+- Origin: the trainer wrote the files and the manifest in place; it only rescans its directory.
+- Both apply the store's retention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+
+import blake3
+import httpx
+from eth_account.signers.local import LocalAccount
+
+from shared.schemas import PublicStatus, RelayRegister
+from shared.shardcast.manifest import ManifestError, SignedManifest
+from shared.shardcast.store import Step, StepStore
+from shared.signing import SignedAuth
+
+log = logging.getLogger("intellect.relay")
+
+LONG_POLL_S = 25.0
+REFRESH_S = 20.0
+PRUNE_S = 2.0
+
+
+class RelayWorker:
+    def __init__(
+        self,
+        store: StepStore,
+        coordinator: str,
+        account: LocalAccount,
+        public_url: str,
+        *,
+        upstreams: Sequence[str] = (),
+        concurrency: int = 4,
+    ) -> None:
+        self.store = store
+        self.coordinator = coordinator.rstrip("/")
+        self.account = account
+        self.public_url = public_url
+        self.upstreams = [u.rstrip("/") for u in upstreams]
+        self.kind = "origin" if store.complete_on_disk else "relay"
+        self.concurrency = concurrency
+        self.after = 0
+        self._fetching: dict[tuple[str, int], asyncio.Task[None]] = {}
+        if self.kind == "relay" and not self.upstreams:
+            raise ValueError("a relay needs at least one upstream (the origin or another relay)")
+
+    async def run(self) -> None:
+        timeout = httpx.Timeout(30.0, read=LONG_POLL_S + 10)
+        async with httpx.AsyncClient(base_url=self.coordinator, timeout=timeout) as coordinator:
+            status = PublicStatus.model_validate((await coordinator.get("/v1/public/status")).raise_for_status().json())
+            signed = httpx.AsyncClient(base_url=self.coordinator, timeout=timeout, auth=SignedAuth(self.account, status.audience))
+            limits = httpx.Limits(max_connections=self.concurrency * 2, max_keepalive_connections=self.concurrency * 2)
+            async with signed, httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as upstream:
+                await self._register(signed)
+                await asyncio.gather(self._refresh(signed), self._follow(coordinator, upstream), self._prune())
+
+    async def _register(self, signed: httpx.AsyncClient) -> None:
+        body = RelayRegister(address=self.account.address, url=self.public_url, kind=self.kind)
+        reply = await signed.post("/v1/relays", content=body.model_dump_json(), headers={"content-type": "application/json"})
+        if reply.status_code != 200:
+            raise RuntimeError(f"the coordinator refused this {self.kind}'s registration: {reply.status_code} {reply.text}")
+
+    async def _refresh(self, signed: httpx.AsyncClient) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            try:
+                await self._register(signed)
+            except httpx.HTTPError as e:
+                log.warning("registration refresh failed: %s", e)
+
+    async def _prune(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_S)
+            if self.store.complete_on_disk:
+                self.store.scan()
+            for key in self.store.prune():
+                log.info("deleted step %s of %s (retention)", key[1], key[0])
+
+    async def _follow(self, coordinator: httpx.AsyncClient, upstream: httpx.AsyncClient) -> None:
+        while True:
+            try:
+                reply = await coordinator.get("/v1/manifests", params={"after": self.after, "wait_s": LONG_POLL_S, "limit": 100})
+                reply.raise_for_status()
+                entries = reply.json()
+            except httpx.HTTPError as e:
+                log.warning("manifest long-poll failed (%s); retrying", e)
+                await asyncio.sleep(1.0)
+                continue
+            if not entries:
+                continue
+            self.after = entries[-1]["id"]
+            trainers = set((await coordinator.get("/v1/roles/trainer")).raise_for_status().json())
+            for entry in entries:
+                self._take(entry, trainers, upstream)
+
+    def _take(self, entry: dict, trainers: set[str], upstream: httpx.AsyncClient) -> None:
+        try:
+            signed = SignedManifest.model_validate(entry["signed"])
+            signed.verify(trainers)
+        except (ValueError, ManifestError) as e:
+            log.warning("ignoring manifest %s: %s", entry.get("id"), e)
+            return
+        if self.kind == "origin":
+            self.store.scan()
+            return
+        step = self.store.add(signed)
+        self.store.prune()
+        key = (signed.manifest.run_id, signed.manifest.step)
+        if step.retired_at is None and not step.complete and key not in self._fetching:
+            self._fetching[key] = asyncio.create_task(self._fetch(step, upstream))
+
+    async def _fetch(self, step: Step, upstream: httpx.AsyncClient) -> None:
+        """Every missing chunk of ``step``, in order, ``concurrency`` at a time."""
+        slots = asyncio.Semaphore(self.concurrency)
+
+        async def one(index: int) -> None:
+            async with slots:
+                await self._fetch_chunk(step, index, upstream)
+
+        missing = [i for i in range(len(step.manifest.chunks)) if i not in step.held]
+        await asyncio.gather(*(one(i) for i in missing))
+        self._fetching.pop((step.manifest.run_id, step.manifest.step), None)
+        if step.complete:
+            log.info("step %s of %s complete", step.manifest.step, step.manifest.run_id)
+
+    async def _fetch_chunk(self, step: Step, index: int, upstream: httpx.AsyncClient) -> None:
+        chunk = step.manifest.chunks[index]
+        entry = step.manifest.files[chunk.file]
+        attempt = 0
+        while step.retired_at is None:
+            source = self.upstreams[(index + attempt) % len(self.upstreams)]
+            attempt += 1
+            url = f"{source}/v1/runs/{step.manifest.run_id}/steps/{step.manifest.step}/files/{entry.path}"
+            try:
+                if await fetch_range(upstream, url, step.dir / entry.path, chunk.offset, chunk.length, chunk.blake3):
+                    step.mark_held(index)
+                    return
+                log.warning("chunk %d of step %d from %s did not match its hash", index, step.manifest.step, source)
+            except (httpx.HTTPError, OSError) as e:
+                log.info("chunk %d of step %d from %s failed: %s", index, step.manifest.step, source, e)
+            if attempt % len(self.upstreams) == 0:
+                await asyncio.sleep(min(0.2 * attempt, 5.0))
+
+
+async def fetch_range(http: httpx.AsyncClient, url: str, path: os.PathLike[str], offset: int, length: int, expected: str) -> bool:
+    """Download bytes [offset, offset + length) of ``url`` into ``path`` at the same offset,
+    hashing as they arrive; True when they match ``expected`` (blake3 hex). On False the bytes
+    written are garbage that the next attempt overwrites."""
+    hasher = blake3.blake3()
+    received = 0
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        async with http.stream("GET", url, headers={"Range": f"bytes={offset}-{offset + length - 1}"}) as reply:
+            if reply.status_code != 206:
+                raise httpx.HTTPStatusError(f"{reply.status_code} from {url}", request=reply.request, response=reply)
+            async for data in reply.aiter_raw():
+                if received + len(data) > length:
+                    return False
+                hasher.update(data)
+                os.pwrite(fd, data, offset + received)
+                received += len(data)
+    finally:
+        os.close(fd)
+    return received == length and hasher.hexdigest() == expected
