@@ -12,10 +12,12 @@ what is missing. The finished directory holds the step's files and its ``manifes
 
 from __future__ import annotations
 
-import asyncio
+import os
 import random
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +26,8 @@ from eth_account.signers.local import LocalAccount
 
 from shared.schemas import PublicStatus, RelayInfo, RelayReportRequest
 from shared.shardcast.manifest import Manifest, SignedManifest
-from shared.shardcast.relay import fetch_range
 from shared.shardcast.store import MANIFEST_FILE, write_atomic
+from shared.shardcast.transfer import TransferError, fetch_range
 from shared.signing import SignedAuth
 
 PROGRESS_FILE = ".shardcast-progress"
@@ -55,6 +57,25 @@ class SourcePicker:
         self.explore = explore
         self.rng = rng or random.Random()
         self.busy: dict[Source, int] = {s: 0 for s in sources}
+        self.lock = threading.Lock()
+
+    def take(self, avoid: set[Source]) -> Source | None:
+        """:meth:`pick` a source and count one more transfer on it (:meth:`release` when done)."""
+        with self.lock:
+            source = self.pick(avoid)
+            if source is not None:
+                self.busy[source] += 1
+            return source
+
+    def release(self, source: Source, size: int = 0, seconds: float = 0.0, *, failed: bool = False, bad: bool = False) -> None:
+        with self.lock:
+            self.busy[source] -= 1
+            if bad:
+                source.dropped = True
+            elif failed:
+                self.fail(source)
+            elif size:
+                self.record(source, size, seconds)
 
     def pick(self, avoid: set[Source]) -> Source | None:
         usable = [s for s in self.sources if not s.dropped and s not in avoid]
@@ -92,43 +113,30 @@ def download_step(
     """Download ``step`` of ``run_id`` into ``dest`` (resuming what is there); returns its manifest.
 
     ``account`` signs reports of bad relays; ``on_progress(done_bytes, total_bytes)`` is called
-    as chunks are verified.
+    (from worker threads) as chunks are verified.
     """
-    return asyncio.run(_download(coordinator.rstrip("/"), run_id, step, dest, account, concurrency, on_progress))
-
-
-async def _download(
-    coordinator: str,
-    run_id: str,
-    step: int,
-    dest: Path,
-    account: LocalAccount | None,
-    concurrency: int,
-    on_progress: Callable[[int, int], None] | None,
-) -> Manifest:
-    async with httpx.AsyncClient(base_url=coordinator, timeout=30.0) as api:
-        reply = await api.get(f"/v1/manifests/{run_id}/{step}")
+    coordinator = coordinator.rstrip("/")
+    with httpx.Client(base_url=coordinator, timeout=30.0) as api:
+        reply = api.get(f"/v1/manifests/{run_id}/{step}")
         if reply.status_code == 404:
             raise DownloadError(f"the coordinator has no manifest for step {step} of {run_id}")
         reply.raise_for_status()
         signed = SignedManifest.model_validate(reply.json()["signed"])
-        trainers = set((await api.get("/v1/roles/trainer")).raise_for_status().json())
+        trainers = set(api.get("/v1/roles/trainer").raise_for_status().json())
         try:
             manifest = signed.verify(trainers)
         except ValueError as e:
             raise DownloadError(str(e)) from None
         if (manifest.run_id, manifest.step) != (run_id, step):
             raise DownloadError(f"the coordinator answered with step {manifest.step} of {manifest.run_id}")
-        relays = [RelayInfo.model_validate(r) for r in (await api.get("/v1/relays")).raise_for_status().json()]
-        reporter = None
-        if account is not None:
-            audience = PublicStatus.model_validate((await api.get("/v1/public/status")).raise_for_status().json()).audience
-            reporter = httpx.AsyncClient(base_url=coordinator, timeout=10.0, auth=SignedAuth(account, audience))
-        try:
-            await _fetch_all(signed, dest, [Source(r.url.rstrip("/"), r.kind) for r in relays], reporter, concurrency, on_progress)
-        finally:
-            if reporter is not None:
-                await reporter.aclose()
+        relays = [RelayInfo.model_validate(r) for r in api.get("/v1/relays").raise_for_status().json()]
+        audience = PublicStatus.model_validate(api.get("/v1/public/status").raise_for_status().json()).audience
+    reporter = None if account is None else httpx.Client(base_url=coordinator, timeout=10.0, auth=SignedAuth(account, audience))
+    try:
+        _fetch_all(signed, dest, [Source(r.url.rstrip("/"), r.kind) for r in relays], reporter, concurrency, on_progress)
+    finally:
+        if reporter is not None:
+            reporter.close()
     return manifest
 
 
@@ -149,86 +157,80 @@ def _prepare(signed: SignedManifest, dest: Path) -> set[int]:
     return {int(x) for x in lines[1:] if x.isdigit() and int(x) < len(manifest.chunks)}
 
 
-async def _fetch_all(
+def _fetch_all(
     signed: SignedManifest,
     dest: Path,
     sources: list[Source],
-    reporter: httpx.AsyncClient | None,
+    reporter: httpx.Client | None,
     concurrency: int,
     on_progress: Callable[[int, int], None] | None,
 ) -> None:
     manifest = signed.manifest
     held = _prepare(signed, dest)
-    total = manifest.total_bytes
-    done = sum(manifest.chunks[i].length for i in held)
+    missing = [i for i in range(len(manifest.chunks)) if i not in held]
+    state = {"done": sum(manifest.chunks[i].length for i in held)}
     if on_progress:
-        on_progress(done, total)
-    if not sources and len(held) < len(manifest.chunks):
+        on_progress(state["done"], manifest.total_bytes)
+    if missing and not sources:
         raise DownloadError("the coordinator lists no relay or origin to download from")
     picker = SourcePicker(sources)
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for index in range(len(manifest.chunks)):
-        if index not in held:
-            queue.put_nowait(index)
+    lock = threading.Lock()
+    fds = {i: os.open(dest / entry.path, os.O_WRONLY) for i, entry in enumerate(manifest.files)}
     progress = (dest / PROGRESS_FILE).open("a")
-    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+    failed = threading.Event()  # one chunk that no source could serve ends the download
 
-    async def report(source: Source, index: int, reason: str) -> None:
+    def report(source: Source, index: int, reason: str) -> None:
         if reporter is None:
             return
         body = RelayReportRequest(relay_url=source.url, run_id=manifest.run_id, step=manifest.step, chunk=index, reason=reason)
         try:
-            await reporter.post("/v1/relays/reports", content=body.model_dump_json(), headers={"content-type": "application/json"})
+            reporter.post("/v1/relays/reports", content=body.model_dump_json(), headers={"content-type": "application/json"})
         except httpx.HTTPError:
             pass  # a report is a courtesy to the network; the download goes on without it
 
-    async def worker(http: httpx.AsyncClient) -> None:
-        nonlocal done
-        while not queue.empty():
-            index = queue.get_nowait()
-            chunk = manifest.chunks[index]
-            entry = manifest.files[chunk.file]
-            avoid: set[Source] = set()
-            for _ in range(MAX_ATTEMPTS):
-                source = picker.pick(avoid)
-                if source is None:
-                    avoid.clear()  # every source failed this chunk once: wait, then try them again
-                    await asyncio.sleep(0.5)
-                    continue
-                url = f"{source.url}/v1/runs/{manifest.run_id}/steps/{manifest.step}/files/{entry.path}"
-                picker.busy[source] += 1
-                started = time.perf_counter()
-                try:
-                    ok = await fetch_range(http, url, dest / entry.path, chunk.offset, chunk.length, chunk.blake3)
-                except (httpx.HTTPError, OSError):
-                    picker.fail(source)
-                    avoid.add(source)
-                    if source.dropped:
-                        await report(source, index, "unavailable")
-                    continue
-                finally:
-                    picker.busy[source] -= 1
-                if not ok:
-                    source.dropped = True
-                    await report(source, index, "hash_mismatch")
-                    continue
-                picker.record(source, chunk.length, time.perf_counter() - started)
+    def one(index: int) -> None:
+        if failed.is_set():
+            return
+        chunk = manifest.chunks[index]
+        url_path = f"/v1/runs/{manifest.run_id}/steps/{manifest.step}/files/{manifest.files[chunk.file].path}"
+        avoid: set[Source] = set()
+        for _ in range(MAX_ATTEMPTS):
+            source = picker.take(avoid)
+            if source is None:
+                avoid.clear()  # every source failed this chunk once: wait, then try them again
+                time.sleep(0.5)
+                continue
+            started = time.perf_counter()
+            try:
+                ok = fetch_range(source.url + url_path, fds[chunk.file], chunk.offset, chunk.length, chunk.blake3)
+            except TransferError:
+                picker.release(source, failed=True)
+                avoid.add(source)
+                if source.dropped:
+                    report(source, index, "unavailable")
+                continue
+            if not ok:
+                picker.release(source, bad=True)
+                report(source, index, "hash_mismatch")
+                continue
+            picker.release(source, chunk.length, time.perf_counter() - started)
+            with lock:
                 progress.write(f"{index}\n")
                 progress.flush()
-                done += chunk.length
+                state["done"] += chunk.length
                 if on_progress:
-                    on_progress(done, total)
-                break
-            else:
-                raise DownloadError(f"no source served a verified chunk {index} of step {manifest.step}")
+                    on_progress(state["done"], manifest.total_bytes)
+            return
+        failed.set()
+        raise DownloadError(f"no source served a verified chunk {index} of step {manifest.step}")
 
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as http, asyncio.TaskGroup() as workers:
-            for _ in range(concurrency):
-                workers.create_task(worker(http))
-    except ExceptionGroup as group:
-        raise group.exceptions[0] from None  # the first failure stopped the other workers
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="shardcast") as pool:
+            for result in [pool.submit(one, i) for i in missing]:
+                result.result()
     finally:
         progress.close()
+        for fd in fds.values():
+            os.close(fd)
     write_atomic(dest / MANIFEST_FILE, signed.model_dump_json().encode())
     (dest / PROGRESS_FILE).unlink()

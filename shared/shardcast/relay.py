@@ -16,14 +16,15 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
-import blake3
 import httpx
 from eth_account.signers.local import LocalAccount
 
 from shared.schemas import PublicStatus, RelayRegister
 from shared.shardcast.manifest import ManifestError, SignedManifest
 from shared.shardcast.store import Step, StepStore
+from shared.shardcast.transfer import fetch_range
 from shared.signing import SignedAuth
 
 log = logging.getLogger("intellect.relay")
@@ -61,10 +62,9 @@ class RelayWorker:
         async with httpx.AsyncClient(base_url=self.coordinator, timeout=timeout) as coordinator:
             status = PublicStatus.model_validate((await coordinator.get("/v1/public/status")).raise_for_status().json())
             signed = httpx.AsyncClient(base_url=self.coordinator, timeout=timeout, auth=SignedAuth(self.account, status.audience))
-            limits = httpx.Limits(max_connections=self.concurrency * 2, max_keepalive_connections=self.concurrency * 2)
-            async with signed, httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as upstream:
+            async with signed:
                 await self._register(signed)
-                await asyncio.gather(self._refresh(signed), self._follow(coordinator, upstream), self._prune())
+                await asyncio.gather(self._refresh(signed), self._follow(coordinator), self._prune())
 
     async def _register(self, signed: httpx.AsyncClient) -> None:
         body = RelayRegister(address=self.account.address, url=self.public_url, kind=self.kind)
@@ -88,7 +88,7 @@ class RelayWorker:
             for key in self.store.prune():
                 log.info("deleted step %s of %s (retention)", key[1], key[0])
 
-    async def _follow(self, coordinator: httpx.AsyncClient, upstream: httpx.AsyncClient) -> None:
+    async def _follow(self, coordinator: httpx.AsyncClient) -> None:
         while True:
             try:
                 reply = await coordinator.get("/v1/manifests", params={"after": self.after, "wait_s": LONG_POLL_S, "limit": 100})
@@ -103,9 +103,9 @@ class RelayWorker:
             self.after = entries[-1]["id"]
             trainers = set((await coordinator.get("/v1/roles/trainer")).raise_for_status().json())
             for entry in entries:
-                self._take(entry, trainers, upstream)
+                self._take(entry, trainers)
 
-    def _take(self, entry: dict, trainers: set[str], upstream: httpx.AsyncClient) -> None:
+    def _take(self, entry: dict, trainers: set[str]) -> None:
         try:
             signed = SignedManifest.model_validate(entry["signed"])
             signed.verify(trainers)
@@ -119,15 +119,15 @@ class RelayWorker:
         self.store.prune()
         key = (signed.manifest.run_id, signed.manifest.step)
         if step.retired_at is None and not step.complete and key not in self._fetching:
-            self._fetching[key] = asyncio.create_task(self._fetch(step, upstream))
+            self._fetching[key] = asyncio.create_task(self._fetch(step))
 
-    async def _fetch(self, step: Step, upstream: httpx.AsyncClient) -> None:
+    async def _fetch(self, step: Step) -> None:
         """Every missing chunk of ``step``, in order, ``concurrency`` at a time."""
         slots = asyncio.Semaphore(self.concurrency)
 
         async def one(index: int) -> None:
             async with slots:
-                await self._fetch_chunk(step, index, upstream)
+                await self._fetch_chunk(step, index)
 
         missing = [i for i in range(len(step.manifest.chunks)) if i not in step.held]
         await asyncio.gather(*(one(i) for i in missing))
@@ -135,7 +135,7 @@ class RelayWorker:
         if step.complete:
             log.info("step %s of %s complete", step.manifest.step, step.manifest.run_id)
 
-    async def _fetch_chunk(self, step: Step, index: int, upstream: httpx.AsyncClient) -> None:
+    async def _fetch_chunk(self, step: Step, index: int) -> None:
         chunk = step.manifest.chunks[index]
         entry = step.manifest.files[chunk.file]
         attempt = 0
@@ -144,33 +144,19 @@ class RelayWorker:
             attempt += 1
             url = f"{source}/v1/runs/{step.manifest.run_id}/steps/{step.manifest.step}/files/{entry.path}"
             try:
-                if await fetch_range(upstream, url, step.dir / entry.path, chunk.offset, chunk.length, chunk.blake3):
+                if await asyncio.to_thread(_fetch_into, url, step.dir / entry.path, chunk.offset, chunk.length, chunk.blake3):
                     step.mark_held(index)
                     return
                 log.warning("chunk %d of step %d from %s did not match its hash", index, step.manifest.step, source)
-            except (httpx.HTTPError, OSError) as e:
+            except OSError as e:
                 log.info("chunk %d of step %d from %s failed: %s", index, step.manifest.step, source, e)
             if attempt % len(self.upstreams) == 0:
                 await asyncio.sleep(min(0.2 * attempt, 5.0))
 
 
-async def fetch_range(http: httpx.AsyncClient, url: str, path: os.PathLike[str], offset: int, length: int, expected: str) -> bool:
-    """Download bytes [offset, offset + length) of ``url`` into ``path`` at the same offset,
-    hashing as they arrive; True when they match ``expected`` (blake3 hex). On False the bytes
-    written are garbage that the next attempt overwrites."""
-    hasher = blake3.blake3()
-    received = 0
+def _fetch_into(url: str, path: Path, offset: int, length: int, expected: str) -> bool:
     fd = os.open(path, os.O_WRONLY)
     try:
-        async with http.stream("GET", url, headers={"Range": f"bytes={offset}-{offset + length - 1}"}) as reply:
-            if reply.status_code != 206:
-                raise httpx.HTTPStatusError(f"{reply.status_code} from {url}", request=reply.request, response=reply)
-            async for data in reply.aiter_raw():
-                if received + len(data) > length:
-                    return False
-                hasher.update(data)
-                os.pwrite(fd, data, offset + received)
-                received += len(data)
+        return fetch_range(url, fd, offset, length, expected)
     finally:
         os.close(fd)
-    return received == length and hasher.hexdigest() == expected
