@@ -104,8 +104,14 @@ class CoordinatorClient:
         }
         return RegisterResponse.model_validate(self._request("POST", "/v1/nodes/register", body))
 
-    def heartbeat(self, activity: str, metrics: dict[str, float]) -> HeartbeatResponse:
-        body = {"address": self.account.address, "client_version": __version__, "activity": activity, "metrics": metrics}
+    def heartbeat(self, activity: str, metrics: dict[str, float], weights: dict[str, int] | None = None) -> HeartbeatResponse:
+        body = {
+            "address": self.account.address,
+            "client_version": __version__,
+            "activity": activity,
+            "metrics": metrics,
+            "weights": weights or {},
+        }
         return HeartbeatResponse.model_validate(self._request("POST", "/v1/nodes/heartbeat", body))
 
     def lease(self, working_on: list[str] | None = None) -> TaskSpec | None:

@@ -8,7 +8,7 @@ import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -33,7 +33,7 @@ class TaskResult:
     generate_s: float
 
 
-@cache
+@lru_cache(maxsize=2)  # the current policy step and the one before, while tasks of both finish
 def backend_for(model: str, kind: BackendKind = "torch") -> tuple[InferenceBackend, PreTrainedTokenizerBase]:
     """The process's one backend per model (loading is the expensive part) and its tokenizer."""
     if kind == "vllm":

@@ -36,6 +36,7 @@ from node.client import (
 from node.hardware import probe
 from node.settings import BackendKind, NodeSettings
 from node.state import NodeSession, load_session, save_session
+from node.weights import Weights
 from shared.version import __version__
 
 if TYPE_CHECKING:
@@ -56,13 +57,15 @@ class Heartbeats(threading.Thread):
         self.reregister = reregister
         self.activity = "idle"
         self.metrics: dict[str, float] = {}
+        self.weights: Weights | None = None
         self.error: NodeError | None = None
 
     def run(self) -> None:
         try:
             while not self.stop.is_set():
                 try:
-                    beat = self.client.heartbeat(self.activity, dict(self.metrics))
+                    held = dict(self.weights.held) if self.weights is not None else None
+                    beat = self.client.heartbeat(self.activity, dict(self.metrics), held)
                 except NotRegistered:
                     self.console.print("[yellow]The coordinator no longer knows this node; registering again.[/yellow]")
                     self.session = self.reregister()
@@ -122,6 +125,8 @@ def join(
             client, session, state_dir, console, stop, status.heartbeat_interval_s,
             lambda: _register(client, status.audience, state_dir, console, operator_address),
         )  # fmt: skip
+        weights = Weights(client.base_url, account, state_dir / "weights", console)
+        beats.weights = weights
         beats.start()
         from node.work import finisher_pool
 
@@ -129,7 +134,7 @@ def join(
             while not stop.is_set():
                 work_loop(
                     client, console, stop, beats, status.heartbeat_interval_s,
-                    on_done=on_done, backend=settings.backend, finishers=finishers,
+                    on_done=on_done, backend=settings.backend, finishers=finishers, weights=weights,
                 )  # fmt: skip
     except Stopped:
         pass
@@ -152,6 +157,7 @@ def work_loop(
     on_done: Callable[[TaskResult], None] | None = None,
     backend: BackendKind = "torch",
     finishers: Executor | None = None,
+    weights: Weights | None = None,
 ) -> int:
     """Lease, generate, score and prove each task here. This thread only generates: the next task
     is leased on a helper thread meanwhile, the previous one is scored, proven and written in
@@ -232,6 +238,10 @@ def work_loop(
             leased += 1
             if max_tasks is None or leased < max_tasks:
                 upcoming = prefetcher.submit(lease_next)  # the next lease's round trip hides behind this generation
+            if weights is not None and task.policy_step > 0:
+                if beats is not None:
+                    beats.activity = "downloading"
+                task = task.model_copy(update={"model": weights.model_for(task)})
             if beats is not None:
                 beats.activity = "generating"
             uploads.put((task, finishers.submit(finish, generate(task, backend))))

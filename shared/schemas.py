@@ -115,6 +115,8 @@ class HeartbeatRequest(Request):
     activity: str = Field("idle", max_length=64)
     """What the node is doing now: idle, downloading, generating, uploading..."""
     metrics: dict[Annotated[str, Field(max_length=64)], float] = Field(default_factory=dict, max_length=64)
+    weights: dict[Annotated[str, Field(max_length=64)], Annotated[int, Field(ge=0)]] = Field(default_factory=dict, max_length=16)
+    """Per run id, the newest policy step whose verified weights this node holds."""
 
 
 class HeartbeatResponse(BaseModel):

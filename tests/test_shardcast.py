@@ -328,3 +328,39 @@ def test_retention_waits_for_the_grace_period_and_for_readers(net: Net) -> None:
     while held(relay, net.run_id, 2) < step2_chunks:
         assert time.monotonic() < deadline, relay.tail()
         time.sleep(0.1)
+
+
+def test_a_node_downloads_the_published_step_and_generates_with_it(net: Net) -> None:
+    import shutil
+
+    from sqlalchemy import select
+
+    from coordinator.db import make_sessionmaker
+    from coordinator.models import Node, Task
+    from devnet.processes import start_node
+    from shared.models import TINY_MODEL_DIR
+
+    origin = net.relay("origin", origin=True)
+    net.relay("relay-1", upstreams=[origin.url])  # type: ignore[list-item]
+    # The trainer's step 1: here the base model's files, saved where the origin serves them.
+    shutil.copytree(TINY_MODEL_DIR, step_dir(net.workdir / "origin", net.run_id, 1))
+    signed = publish_step(net.workdir / "origin", net.run_id, 1, net.trainer, chunk_size=CHUNK)
+    post_manifest(net.served.url, net.trainer, signed, net.served.audience)
+
+    wallet = net.workdir / "node.json"
+    create_wallet(wallet, "pw")
+    node = start_node(net.workdir, "node-1", wallet, net.served.url, "pw")
+    net.processes.append(node)
+    sessions = make_sessionmaker(net.served.engine)
+    deadline = time.monotonic() + 120
+    while True:
+        with sessions() as session:
+            done = session.scalars(select(Task).where(Task.status == "submitted")).all()
+            beat = session.scalars(select(Node.last_heartbeat)).first()
+        if done and beat and beat.get("weights") == {net.run_id: 1}:
+            break
+        assert time.monotonic() < deadline and node.popen.poll() is None, node.tail()
+        time.sleep(0.3)
+    assert all(task.policy_step == 1 for task in done)
+    held = net.workdir / "state" / "node-1"
+    assert same_files(TINY_MODEL_DIR, next(held.rglob(f"weights/{net.run_id}/1")))

@@ -97,7 +97,7 @@ def heartbeat(
     params = {
         "node": signer,
         "now": now,
-        "heartbeat": {"activity": body.activity, "metrics": body.metrics},
+        "heartbeat": {"activity": body.activity, "metrics": body.metrics, "weights": body.weights},
         "version": body.client_version,
     }
     session.flush()  # the statement bypasses the ORM, so pending ORM changes must reach the database first
