@@ -364,3 +364,36 @@ def test_a_node_downloads_the_published_step_and_generates_with_it(net: Net) -> 
     assert all(task.policy_step == 1 for task in done)
     held = net.workdir / "state" / "node-1"
     assert same_files(TINY_MODEL_DIR, next(held.rglob(f"weights/{net.run_id}/1")))
+
+
+def test_source_picker_prefers_fast_relays_explores_and_falls_back_to_the_origin() -> None:
+    import random
+
+    from shared.shardcast.client import Source, SourcePicker
+
+    origin, fast, slow = Source("o", "origin"), Source("f", "relay"), Source("s", "relay")
+    picker = SourcePicker([origin, fast, slow], explore=0.0, rng=random.Random(0))
+    assert {picker.pick(set()), picker.pick({fast})} == {fast, slow}  # untried relays first
+    picker.record(fast, 100 << 20, 0.1)
+    picker.record(slow, 100 << 20, 1.0)
+    assert picker.pick(set()) is fast
+    exploring = SourcePicker([origin, fast, slow], explore=1.0, rng=random.Random(1))
+    assert {exploring.pick(set()) for _ in range(50)} == {fast, slow}  # never the origin while relays remain
+    for _ in range(3):
+        picker.fail(fast)
+    assert fast.dropped and picker.pick(set()) is slow
+    assert picker.pick({slow}) is origin and picker.pick({slow, origin}) is None
+
+
+def test_servers_refuse_bad_ranges_and_unknown_paths(net: Net) -> None:
+    origin = net.relay("origin", origin=True)
+    net.publish(origin, 1, 100_000)
+    base = f"{origin.url}/v1/runs/{net.run_id}/steps/1/files"
+    assert httpx.get(f"{base}/model.safetensors", headers={"Range": "bytes=10-19"}).content == (
+        step_dir(net.workdir / "origin", net.run_id, 1) / "model.safetensors"
+    ).read_bytes()[10:20]
+    for header in ("bytes=5-2", "bytes=200000-", "bytes=0-1,4-5", "pages=1-2"):
+        assert httpx.get(f"{base}/model.safetensors", headers={"Range": header}).status_code == 416
+    for path in ("missing.bin", "..%2F..%2Fmanifest.json", "%2Fetc%2Fpasswd", ".held"):
+        assert httpx.get(f"{base}/{path}").status_code == 404
+    assert httpx.get(f"{origin.url}/v1/runs/{net.run_id}/steps/9/chunks").status_code == 404
