@@ -95,6 +95,17 @@ def wait_http(process: Process, url: str, timeout: float = 60) -> None:
     raise StartError(f"{process.name} did not answer {url} within {timeout:.0f} s:\n{process.tail()}")
 
 
+def answering(process: Process, port: int) -> Process:
+    """``process`` once it answers /healthz on ``port`` (stopped, and StartError, if it never does)."""
+    process.url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(process, f"{process.url}/healthz")
+    except StartError:
+        process.stop()
+        raise
+    return process
+
+
 def coordinator_command(args: list[str], log_path: Path | None = None) -> str:
     """Run one ``intellect-coordinator`` command to completion; its stdout, or StartError with its output."""
     result = subprocess.run([*script("intellect-coordinator"), *args], capture_output=True, text=True)
@@ -142,13 +153,7 @@ def start_coordinator(workdir: Path, database_url: str, port: int | None = None,
         workdir / "logs" / "coordinator.log",
         env,
     )
-    process.url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(process, f"{process.url}/healthz")
-    except StartError:
-        process.stop()
-        raise
-    return process
+    return answering(process, port)
 
 
 def start_node(
@@ -190,10 +195,4 @@ def start_relay(
     args += ["--data-dir", str(workdir / name), "--port", str(port), *extra]
     args += ["--origin"] if origin else [arg for upstream in upstreams for arg in ("--upstream", upstream)]
     process = spawn(name, args, workdir / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": password})
-    process.url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(process, f"{process.url}/healthz")
-    except StartError:
-        process.stop()
-        raise
-    return process
+    return answering(process, port)

@@ -26,7 +26,7 @@ from eth_account.signers.local import LocalAccount
 
 from shared.schemas import PublicStatus, RelayInfo, RelayReportRequest
 from shared.shardcast.manifest import Manifest, SignedManifest
-from shared.shardcast.store import MANIFEST_FILE, write_atomic
+from shared.shardcast.store import MANIFEST_FILE, preallocate, write_atomic
 from shared.shardcast.transfer import TransferError, fetch_range
 from shared.signing import SignedAuth
 
@@ -143,12 +143,7 @@ def download_step(
 def _prepare(signed: SignedManifest, dest: Path) -> set[int]:
     """Preallocate the files; the chunks verified by an earlier attempt at this same manifest."""
     manifest = signed.manifest
-    dest.mkdir(parents=True, exist_ok=True)
-    for entry in manifest.files:
-        path = dest / entry.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab") as f:
-            f.truncate(entry.size)
+    preallocate(manifest, dest)
     progress = dest / PROGRESS_FILE
     lines = progress.read_text().split() if progress.exists() else []
     if not lines or lines[0] != manifest.digest():

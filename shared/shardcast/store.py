@@ -110,12 +110,7 @@ class StepStore:
         if key in self.steps:
             return self.steps[key]
         step_dir = self._dir(*key)
-        step_dir.mkdir(parents=True, exist_ok=True)
-        for entry in manifest.files:
-            path = step_dir / entry.path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("ab") as f:
-                f.truncate(entry.size)
+        preallocate(manifest, step_dir)
         (step_dir / HELD_FILE).touch()
         write_atomic(step_dir / MANIFEST_FILE, signed.model_dump_json().encode())
         self.steps[key] = step = Step(step_dir, signed, set())
@@ -140,6 +135,16 @@ class StepStore:
         for key in deleted:
             shutil.rmtree(self.steps.pop(key).dir, ignore_errors=True)
         return deleted
+
+
+def preallocate(manifest: Manifest, directory: Path) -> None:
+    """Every file of ``manifest`` under ``directory`` at its final size, so chunks land at their offsets."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for entry in manifest.files:
+        path = directory / entry.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as f:
+            f.truncate(entry.size)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
