@@ -26,6 +26,14 @@ class Completion:
     """``[len(tokens) - 1, hidden_size]`` bf16: the states the TOPLOC proofs commit to."""
     finish_reason: Literal["stop", "length"]
 
+    def __getstate__(self) -> dict[str, object]:
+        # Sent to another process as plain bf16 bits: torch's own reducer would give every
+        # tensor a shared-memory segment, which costs more than these few KiB.
+        return {**self.__dict__, "hidden": self.hidden.contiguous().view(torch.int16).numpy()}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state, hidden=torch.from_numpy(state["hidden"]).view(torch.bfloat16))  # type: ignore[arg-type]
+
 
 class InferenceBackend(Protocol):
     def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]: ...
