@@ -15,12 +15,13 @@ from transformers import PreTrainedTokenizerBase
 
 from node.inference.torch_backend import TorchBackend
 from node.settings import BackendKind
-from shared.environments.length import LengthBudget, with_target
+from shared.environments.length import LengthBudget
 from shared.environments.registry import Environment, Problem, get_environment, reward
 from shared.inference import Completion, InferenceBackend
-from shared.models import encode_prompt, load_model, load_tokenizer, resolve_model
+from shared.models import load_model, load_tokenizer, resolve_model
 from shared.rollout_file import Rollout, write_rollouts
-from shared.schemas import TaskSpec, sequence_seed
+from shared.schemas import TaskSpec
+from shared.tasks import AssignedRow, assigned_rows, budget_of
 from shared.toploc import build_proofs_batch
 
 
@@ -58,9 +59,7 @@ def problems_for(name: str) -> dict[str, Problem]:
 @dataclass
 class Generated:
     task: TaskSpec
-    rows: list[tuple[Problem, int]]
-    prompts: list[list[int]]
-    seeds: list[int]
+    rows: list[AssignedRow]
     completions: list[Completion]
     budget: LengthBudget
     generate_s: float
@@ -82,19 +81,10 @@ def run_task(task: TaskSpec, backend: BackendKind = "torch") -> TaskResult:
 
 def generate(task: TaskSpec, backend_kind: BackendKind = "torch") -> Generated:
     backend, tokenizer = backend_for(task.model, backend_kind)
-    problems = problems_for(task.environment)
-    budget = LengthBudget(alpha=task.length_alpha, target_tokens=task.target_length, over_only=task.length_over_only)
-
-    rows = [(problems[pid], i) for i, pid in enumerate(pid for pid in task.prompt_ids for _ in range(task.samples_per_prompt))]
-    prompt_text = {
-        pid: with_target(problems[pid].prompt, budget) if budget.alpha else problems[pid].prompt for pid in task.prompt_ids
-    }
-    prompts = [encode_prompt(tokenizer, prompt_text[problem.id]) for problem, _ in rows]
-    seeds = [sequence_seed(task.seed, i) for _, i in rows]
-
+    rows = assigned_rows(task, problems_for(task.environment), tokenizer)
     start = time.perf_counter()
-    completions = backend.generate(prompts, seeds, task.sampling)
-    return Generated(task, rows, prompts, seeds, completions, budget, time.perf_counter() - start)
+    completions = backend.generate([r.prompt_tokens for r in rows], [r.seed for r in rows], task.sampling)
+    return Generated(task, rows, completions, budget_of(task), time.perf_counter() - start)
 
 
 def finish(generated: Generated) -> TaskResult:
@@ -103,18 +93,17 @@ def finish(generated: Generated) -> TaskResult:
     environment = environment_for(task.environment)
     proofs = build_proofs_batch([c.hidden for c in generated.completions])
     rollouts = []
-    parts = zip(generated.rows, generated.prompts, generated.seeds, generated.completions, proofs, strict=True)
-    for (problem, _), prompt, seed, completion, proof in parts:
+    for row, completion, proof in zip(generated.rows, generated.completions, proofs, strict=True):
         text = tokenizer.decode(completion.tokens, skip_special_tokens=True)
-        task_reward = environment.task_reward(text, problem)
+        task_reward = environment.task_reward(text, row.problem)
         final, penalty = reward(task_reward, len(completion.tokens), budget)
         rollouts.append(
             Rollout(
                 task_id=task.task_id,
                 run_id=task.run_id,
                 policy_step=task.policy_step,
-                prompt_id=problem.id,
-                prompt_tokens=prompt,
+                prompt_id=row.problem.id,
+                prompt_tokens=row.prompt_tokens,
                 completion_tokens=completion.tokens,
                 logprobs=completion.logprobs,
                 finish_reason=completion.finish_reason,
@@ -122,7 +111,7 @@ def finish(generated: Generated) -> TaskResult:
                 task_reward=task_reward,
                 length_penalty=penalty,
                 target_length=task.target_length if budget.alpha else 0,
-                seed=seed,
+                seed=row.seed,
                 proofs=proof,
             )
         )

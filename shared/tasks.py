@@ -1,0 +1,36 @@
+"""What a task assigns, row by row: the one derivation nodes generate from and validators check
+against. Rows are prompt-major: each of the task's prompts ``samples_per_prompt`` times, row
+i sampled with :func:`shared.schemas.sequence_seed` (task seed, i)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from shared.environments.length import LengthBudget, with_target
+from shared.environments.registry import Problem
+from shared.models import encode_prompt
+from shared.schemas import TaskSpec, sequence_seed
+
+
+@dataclass(frozen=True)
+class AssignedRow:
+    problem: Problem
+    prompt_tokens: list[int]
+    seed: int
+
+
+def budget_of(task: TaskSpec) -> LengthBudget:
+    return LengthBudget(alpha=task.length_alpha, target_tokens=task.target_length, over_only=task.length_over_only)
+
+
+def assigned_rows(task: TaskSpec, problems: dict[str, Problem], tokenizer: PreTrainedTokenizerBase) -> list[AssignedRow]:
+    """The task's rows; ``KeyError`` when it names a problem the environment lacks."""
+    budget = budget_of(task)
+    prompts = {
+        pid: encode_prompt(tokenizer, with_target(problems[pid].prompt, budget) if budget.alpha else problems[pid].prompt)
+        for pid in task.prompt_ids
+    }
+    ids = [pid for pid in task.prompt_ids for _ in range(task.samples_per_prompt)]
+    return [AssignedRow(problems[pid], prompts[pid], sequence_seed(task.seed, i)) for i, pid in enumerate(ids)]
