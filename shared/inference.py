@@ -39,17 +39,34 @@ class InferenceBackend(Protocol):
     def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]: ...
 
 
-@torch.inference_mode()
 def prefill(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward pass over prompt + completion[:-1].
 
     Returns the committed hidden states ``[len(completion) - 1, hidden]`` (bf16) and the
     logits that chose each completion token ``[len(completion), vocab]`` (float32).
     """
+    return prefill_batch(model, [prompt], [completion])[0]
+
+
+@torch.inference_mode()
+def prefill_batch(
+    model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], pad_token_id: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`prefill` for many sequences in one forward pass.
+
+    Right padding: attention is causal, so a row's positions never see the padding after them,
+    and each row's positions start at 0 exactly as in its own prefill.
+    """
     device = next(model.parameters()).device
-    ids = torch.tensor([prompt + completion[:-1]], device=device)
+    rows = [p + c[:-1] for p, c in zip(prompts, completions, strict=True)]
+    ids = torch.full((len(rows), max(map(len, rows))), pad_token_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
     with final_norm_outputs(model) as captured:
-        logits = model(input_ids=ids, use_cache=False).logits[0].float()
-    hidden = captured[0][0]
-    start = len(prompt) - 1
-    return hidden[start + 1 :].to(torch.bfloat16).cpu(), logits[start:].cpu()
+        logits = model(input_ids=ids.to(device), use_cache=False).logits.float()
+    hidden = captured[0]
+    out = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        start, n = len(prompt), len(completion)
+        out.append((hidden[i, start : start + n - 1].to(torch.bfloat16).cpu(), logits[i, start - 1 : start - 1 + n].cpu()))
+    return out
