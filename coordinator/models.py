@@ -14,6 +14,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -69,6 +70,8 @@ class Node(Base):
     last_heartbeat_at: Mapped[datetime | None]
     last_heartbeat: Mapped[dict[str, Any] | None]
     status_changed_at: Mapped[datetime]
+    strikes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Hard rejections so far; enough of them ban the node."""
 
 
 class NodeStatusEvent(Base):
@@ -128,6 +131,8 @@ class Run(Base):
     """Cursor into the environment's problems: the coordinator, not nodes, picks prompts."""
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
+    async_level: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
+    """Rollouts of a policy older than ``policy_step - async_level`` are refused."""
 
 
 class Task(Base):
@@ -161,7 +166,16 @@ class Submission(Base):
     rows: Mapped[int] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), index=True)
+    """pending (awaiting a validator), accepted, rejected, or invalidated (by an admin, after acceptance)."""
     created_at: Mapped[datetime]
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    claimed_by: Mapped[str | None] = mapped_column(String(42))
+    claim_expires_at: Mapped[datetime | None]
+    validator: Mapped[str | None] = mapped_column(String(42))
+    checks: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    reason: Mapped[str | None] = mapped_column(Text)
+    hard: Mapped[bool | None]
+    validated_at: Mapped[datetime | None]
 
 
 class Role(Base):
@@ -223,3 +237,23 @@ class RelayReport(Base):
     chunk: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime]
+
+
+class ContributionEntry(Base):
+    """One append-only ledger entry: credit for an accepted submission, or a negative clawback.
+
+    An entry is pending until ``final_at`` (the end of the dispute window), final after; a
+    balance is the sum of entries, and no entry is ever changed or deleted.
+    """
+
+    __tablename__ = "contributions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(42), index=True)
+    submission_id: Mapped[str] = mapped_column(String(64), ForeignKey("submissions.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    """credit or clawback."""
+    units: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    final_at: Mapped[datetime]

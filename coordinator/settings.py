@@ -61,6 +61,18 @@ class CoordinatorSettings(RoleSettings):
     manifest_wait_max_s: float = Field(30.0, ge=0, le=300)
     """Longest a long-poll for new manifests may hold its request open."""
 
+    validation_claim_s: float = Field(300.0, gt=0)
+    """How long a validator holds a claimed submission before it returns to the queue."""
+
+    dispute_window_s: float = Field(86400.0, ge=0)
+    """How long credit stays pending (and can be clawed back) before it is final."""
+
+    prompt_token_weight: float = Field(0.1, ge=0)
+    """Work units per prompt token; each generated token is one unit."""
+
+    max_strikes: int = Field(3, ge=1)
+    """Hard rejections (forged or corrupted work) after which a node is banned."""
+
     task_lease_s: float = Field(600.0, gt=0)
     """How long a node holds a task before it returns to the pool."""
 

@@ -36,7 +36,7 @@ from node.client import (
 from node.hardware import probe
 from node.settings import BackendKind, NodeSettings
 from node.state import NodeSession, load_session, save_session
-from node.weights import Weights
+from shared.shardcast.weights import Weights
 from shared.version import __version__
 
 if TYPE_CHECKING:

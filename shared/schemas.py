@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from eth_utils import is_address, to_checksum_address
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 VERSION_PATTERN = r"^\d+\.\d+\.\d+([.+-][0-9A-Za-z.+-]{1,32})?$"
 
@@ -220,6 +220,75 @@ class RelayReportRequest(Request):
     step: int = Field(ge=0)
     chunk: int = Field(ge=0)
     reason: Literal["hash_mismatch", "unavailable"]
+
+
+CHECKS = ("integrity", "assignment", "termination", "toploc", "sampling", "rewards")
+"""The validator's checks, in the order it runs them."""
+HARD_CHECKS = frozenset({"integrity", "toploc", "sampling"})
+"""Failing one of these means forged or corrupted work: a strike, and pending credit clawed back."""
+
+
+class ClaimRequest(Request):
+    address: Address
+    limit: int = Field(8, ge=1, le=64)
+
+
+class Claim(BaseModel):
+    """A submission leased to one validator until ``claim_expires_at``."""
+
+    submission_id: str
+    sha256: str
+    task: TaskSpec
+    oldest_step: int
+    """The oldest policy step the run still accepts."""
+    newest_step: int
+    claim_expires_at: datetime
+
+
+class CheckOutcome(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["integrity", "assignment", "termination", "toploc", "sampling", "rewards"]
+    passed: bool | None
+    """None: not run because an earlier check failed."""
+    reason: str = Field(max_length=2000)
+
+
+class VerdictRequest(Request):
+    address: Address
+    submission_id: str = Field(max_length=64)
+    checks: list[CheckOutcome] = Field(min_length=len(CHECKS), max_length=len(CHECKS))
+
+    @model_validator(mode="after")
+    def _every_check_once_in_order(self) -> VerdictRequest:
+        if tuple(c.name for c in self.checks) != CHECKS:
+            raise ValueError(f"checks must be {', '.join(CHECKS)}, in that order")
+        return self
+
+    @property
+    def accepted(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def hard(self) -> bool:
+        return any(c.passed is False and c.name in HARD_CHECKS for c in self.checks)
+
+
+class PublicReceipt(BaseModel):
+    """Everything public about one submission: anyone may see why work was accepted or rejected."""
+
+    submission_id: str
+    task_id: str
+    run_id: str
+    address: str
+    status: str
+    checks: list[CheckOutcome] | None
+    reason: str | None
+    hard: bool | None
+    credit: float
+    """Net units this submission earned (credit less any clawback)."""
+    validator: str | None
+    created_at: datetime
+    validated_at: datetime | None
 
 
 def sequence_seed(task_seed: int, index: int) -> int:

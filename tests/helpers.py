@@ -52,9 +52,9 @@ def make_run(served, **kw) -> str:  # type: ignore[no-untyped-def]
             kw.get("name", "r"),
             "arithmetic",
             "tiny-arith",
-            SamplingParams(max_tokens=8),
-            2,
-            2,
+            kw.get("sampling", SamplingParams(max_tokens=8)),
+            kw.get("prompts", 2),
+            kw.get("samples", 2),
             LengthBudget(),
             datetime.now(UTC),
         )

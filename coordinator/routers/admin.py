@@ -9,10 +9,10 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
-from coordinator.deps import LedgerDep, require_admin
+from coordinator.deps import LedgerDep, Settings, require_admin
 from coordinator.models import AdminToken, Node, NodeStatusEvent
-from coordinator.services import nodes, roles, shardcast
-from shared.schemas import Address, ErrorBody, NodeStatus, RelayInfo, RoleName
+from coordinator.services import nodes, roles, shardcast, validation
+from shared.schemas import Address, ErrorBody, NodeStatus, PublicReceipt, RelayInfo, RoleName
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
 Reader = Depends(require_admin("read"))
@@ -155,3 +155,20 @@ async def list_relays(ledger: LedgerDep) -> list[RelayOut]:
         RelayOut(address=r.address, url=r.url, kind=r.kind, last_seen=r.last_seen, registered_at=r.registered_at, reports=n)
         for r, n in rows
     ]
+
+
+@router.post(
+    "/submissions/{submission_id}/invalidate",
+    response_model=PublicReceipt,
+    dependencies=[Operator],
+    responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+)
+async def invalidate_submission(submission_id: str, body: Reason, ledger: LedgerDep, settings: Settings) -> PublicReceipt:
+    """Find accepted work invalid after the fact: its credit is clawed back and the node takes a strike."""
+
+    def work(session: Session) -> PublicReceipt:
+        validation.invalidate(session, submission_id, body.reason, settings, datetime.now(UTC))
+        session.flush()
+        return validation.public_receipt(session, submission_id)
+
+    return await ledger.run(work)

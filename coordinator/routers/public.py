@@ -7,8 +7,8 @@ import time
 from fastapi import APIRouter, Depends, Request
 
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
-from coordinator.services import nodes
-from shared.schemas import PublicStatus
+from coordinator.services import nodes, validation
+from shared.schemas import ErrorBody, PublicReceipt, PublicStatus
 from shared.version import __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])
@@ -31,3 +31,9 @@ async def status(request: Request, ledger: LedgerDep, settings: Settings) -> Pub
 async def server_time() -> dict[str, float]:
     """The coordinator's clock, for nodes measuring their skew; touches no database."""
     return {"server_time": time.time()}
+
+
+@router.get("/submissions/{submission_id}", response_model=PublicReceipt, responses={404: {"model": ErrorBody}})
+async def submission_receipt(submission_id: str, ledger: LedgerDep) -> PublicReceipt:
+    """A submission's public receipt: status, every check's result and reason, credit, validator."""
+    return await ledger.run(validation.public_receipt, submission_id)

@@ -69,6 +69,7 @@ def submit(session: Session, signer: str, task_id: str, data: bytes, blobs: Blob
         blob_key=key,
         rows=len(rollouts),
         tokens=sum(len(r.completion_tokens) for r in rollouts),
+        prompt_tokens=sum(len(r.prompt_tokens) for r in rollouts),
         status="pending",
         created_at=now,
     )

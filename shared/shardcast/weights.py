@@ -1,6 +1,8 @@
-"""The policy weights a node generates with: step 0 is the run's base model; step N > 0 comes
-through shardcast into ``STATE_DIR/weights/RUN/N`` (verified chunk by chunk, resumable), and
-the directory is what the inference backend loads. The newest two steps of each run are kept."""
+"""The policy weights a role computes with (a node generating, a validator checking).
+
+Step 0 is the run's base model; step N > 0 comes through shardcast into
+``STATE_DIR/weights/RUN/N`` (verified chunk by chunk, resumable), and the directory is what
+the inference backend loads. The newest two steps of each run are kept."""
 
 from __future__ import annotations
 

@@ -1,0 +1,45 @@
+"""Validators (role ``validator``): claim pending submissions, fetch their files, post verdicts. All signed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Request, Response
+
+from coordinator.deps import LedgerDep, Settings, Signed
+from coordinator.services import validation
+from shared.schemas import Claim, ClaimRequest, ErrorBody, PublicReceipt, VerdictRequest
+
+router = APIRouter(
+    prefix="/v1/validation",
+    tags=["validation"],
+    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 429: {"model": ErrorBody}},
+)
+
+
+@router.post("/claim", response_model=list[Claim])
+async def claim(body: ClaimRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> list[Claim]:
+    """Lease up to ``limit`` pending submissions, oldest first; an empty list when none wait."""
+    return await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC))
+
+
+@router.get(
+    "/submissions/{submission_id}/file",
+    responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+)
+async def submission_file(submission_id: str, request: Request, signed: Signed, ledger: LedgerDep) -> Response:
+    """The rollout file of a submission this validator holds a live claim on."""
+    submission = await ledger.run_signed(signed, validation.claimed, submission_id, datetime.now(UTC))
+    return Response(request.app.state.blobs.get(submission.blob_key), media_type="application/octet-stream")
+
+
+@router.post("/verdicts", response_model=PublicReceipt, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+async def verdict(body: VerdictRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> PublicReceipt:
+    """Record every check's result for a claimed submission; credit or penalty follow at once."""
+
+    def work(session, signer: str) -> PublicReceipt:  # type: ignore[no-untyped-def]
+        submission = validation.record_verdict(session, signer, body, settings, datetime.now(UTC))
+        session.flush()
+        return validation.public_receipt(session, submission.id)
+
+    return await ledger.run_signed(signed, work)

@@ -1,0 +1,68 @@
+"""Contribution credit: an append-only ledger of entries, pending until the dispute window ends.
+
+Accepted work earns a credit entry (generated tokens plus weighted prompt tokens). A hard
+rejection, or an admin invalidating accepted work, appends negative clawback entries for the
+node's credit that is still pending. Balances are sums of entries, nothing else.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from coordinator.models import ContributionEntry, Submission
+from coordinator.settings import CoordinatorSettings
+
+
+def credit(session: Session, submission: Submission, settings: CoordinatorSettings, now: datetime) -> ContributionEntry:
+    units = submission.tokens + settings.prompt_token_weight * submission.prompt_tokens
+    entry = ContributionEntry(
+        address=submission.address,
+        submission_id=submission.id,
+        kind="credit",
+        units=units,
+        reason="accepted by a validator",
+        created_at=now,
+        final_at=now + timedelta(seconds=settings.dispute_window_s),
+    )
+    session.add(entry)
+    return entry
+
+
+def net_units(session: Session, submission_id: str) -> float:
+    return float(session.scalar(select(func.coalesce(func.sum(ContributionEntry.units), 0.0)).where(ContributionEntry.submission_id == submission_id)))
+
+
+def claw_back(
+    session: Session, address: str, reason: str, now: datetime, *, only: str | None = None, even_final: bool = False
+) -> list[ContributionEntry]:
+    """Negative entries cancelling ``address``'s still-pending credit (of submission ``only``, if
+    given; ``even_final``: its final credit too, for work an admin found invalid)."""
+    query = select(ContributionEntry.submission_id, func.sum(ContributionEntry.units), func.max(ContributionEntry.final_at)).where(
+        ContributionEntry.address == address
+    )
+    if only is not None:
+        query = query.where(ContributionEntry.submission_id == only)
+    entries = []
+    for submission_id, units, final_at in session.execute(query.group_by(ContributionEntry.submission_id)).all():
+        if units > 0 and (even_final or final_at > now):
+            entry = ContributionEntry(
+                address=address, submission_id=submission_id, kind="clawback", units=-units, reason=reason,
+                created_at=now, final_at=final_at,
+            )  # fmt: skip
+            session.add(entry)
+            entries.append(entry)
+    return entries
+
+
+def balance(session: Session, address: str, now: datetime) -> tuple[float, float]:
+    """(pending, final) units of ``address``."""
+    rows = session.execute(
+        select(ContributionEntry.final_at <= now, func.sum(ContributionEntry.units))
+        .where(ContributionEntry.address == address)
+        .group_by(ContributionEntry.final_at <= now)
+    ).all()
+    totals = {bool(is_final): float(units) for is_final, units in rows}
+    return totals.get(False, 0.0), totals.get(True, 0.0)

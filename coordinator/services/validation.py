@@ -1,0 +1,121 @@
+"""Validation on the coordinator: validators claim pending submissions and post verdicts.
+
+A claim is a lease: a submission is claimed by one validator until the lease ends, when it
+returns to the queue (a validator that dies loses nothing). ``FOR UPDATE SKIP LOCKED`` keeps
+two coordinator replicas from handing one submission to two validators.
+
+A verdict needs a live claim. Accepted: credit, pending for the dispute window. Rejected:
+no credit; a hard rejection also claws back the node's pending credit, adds a strike, and
+bans the node after ``max_strikes``. An admin invalidating accepted work has the same effects.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from coordinator.errors import ApiError
+from coordinator.models import Node, Run, Submission, Task
+from coordinator.services import credit, nodes, roles
+from coordinator.services.runs import spec
+from coordinator.settings import CoordinatorSettings
+from shared.schemas import Claim, ClaimRequest, ErrorCode, NodeStatus, PublicReceipt, RoleName, VerdictRequest
+
+
+def claim(session: Session, signer: str, body: ClaimRequest, settings: CoordinatorSettings, now: datetime) -> list[Claim]:
+    roles.require(session, signer, RoleName.validator)
+    query = (
+        select(Submission)
+        .where(Submission.status == "pending", or_(Submission.claimed_by.is_(None), Submission.claim_expires_at <= now))
+        .order_by(Submission.created_at)
+        .limit(body.limit)
+        .with_for_update(skip_locked=True)
+    )
+    claims = []
+    for submission in session.scalars(query):
+        submission.claimed_by = signer
+        submission.claim_expires_at = now + timedelta(seconds=settings.validation_claim_s)
+        task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
+        claims.append(
+            Claim(
+                submission_id=submission.id,
+                sha256=submission.sha256,
+                task=spec(run, task),
+                oldest_step=max(0, run.policy_step - run.async_level),
+                newest_step=run.policy_step,
+                claim_expires_at=submission.claim_expires_at,
+            )
+        )
+    return claims
+
+
+def claimed(session: Session, signer: str, submission_id: str, now: datetime) -> Submission:
+    """The submission, if ``signer`` holds a live claim on it."""
+    roles.require(session, signer, RoleName.validator)
+    submission = session.get(Submission, submission_id)
+    if submission is None:
+        raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
+    if submission.status != "pending" or submission.claimed_by != signer or submission.claim_expires_at is None or submission.claim_expires_at <= now:
+        raise ApiError(409, ErrorCode.conflict, "You hold no live claim on this submission (claim it first, or it expired).")
+    return submission
+
+
+def record_verdict(session: Session, signer: str, body: VerdictRequest, settings: CoordinatorSettings, now: datetime) -> Submission:
+    submission = claimed(session, signer, body.submission_id, now)
+    submission.status = "accepted" if body.accepted else "rejected"
+    submission.validator = signer
+    submission.checks = [c.model_dump() for c in body.checks]
+    submission.hard = body.hard
+    submission.reason = "; ".join(f"{c.name}: {c.reason}" for c in body.checks if c.passed is False) or "all checks passed"
+    submission.validated_at = now
+    if body.accepted:
+        credit.credit(session, submission, settings, now)
+    elif body.hard:
+        _penalise(session, submission.address, f"hard rejection of {submission.id}: {submission.reason}", settings, now)
+    return submission
+
+
+def invalidate(session: Session, submission_id: str, reason: str, settings: CoordinatorSettings, now: datetime) -> Submission:
+    """An admin's later finding that accepted work was invalid: its credit goes, and the node is penalised."""
+    submission = session.get(Submission, submission_id)
+    if submission is None:
+        raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
+    if submission.status != "accepted":
+        raise ApiError(409, ErrorCode.conflict, f"Only accepted submissions can be invalidated; this one is {submission.status}.")
+    submission.status = "invalidated"
+    submission.reason = f"invalidated by an admin: {reason}"
+    credit.claw_back(session, submission.address, submission.reason, now, only=submission.id, even_final=True)
+    _penalise(session, submission.address, submission.reason, settings, now)
+    return submission
+
+
+def _penalise(session: Session, address: str, reason: str, settings: CoordinatorSettings, now: datetime) -> None:
+    credit.claw_back(session, address, reason, now)
+    node = session.get(Node, address)
+    if node is None:
+        return
+    node.strikes += 1
+    if node.strikes >= settings.max_strikes and node.status != NodeStatus.banned:
+        nodes.ban(session, address, f"{node.strikes} hard rejections (forged or corrupted work)", now)
+
+
+def public_receipt(session: Session, submission_id: str) -> PublicReceipt:
+    submission = session.get(Submission, submission_id)
+    if submission is None:
+        raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
+    return PublicReceipt(
+        submission_id=submission.id,
+        task_id=submission.task_id,
+        run_id=submission.run_id,
+        address=submission.address,
+        status=submission.status,
+        checks=submission.checks,  # type: ignore[arg-type]
+        reason=submission.reason,
+        hard=submission.hard,
+        credit=credit.net_units(session, submission.id),
+        validator=submission.validator,
+        created_at=submission.created_at,
+        validated_at=submission.validated_at,
+    )

@@ -1,0 +1,204 @@
+"""Validation through the real API: validators claim and post verdicts; the ledger credits
+accepted work, claws back after hard rejections, bans repeat forgers; receipts are public.
+
+Nodes here speak the protocol by hand (real keys, real signatures, files made by the node's
+own code, forged ones rewritten from them); the validator is the real :class:`Validator`.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from rich.console import Console
+from sqlalchemy import func, select
+
+from coordinator.db import make_sessionmaker
+from coordinator.models import ContributionEntry, Node, Submission
+from coordinator.settings import CoordinatorSettings
+from node.work import finish, generate
+from shared.inference import prefill
+from shared.models import load_model
+from shared.rollout_file import read_rollouts, write_rollouts
+from shared.schemas import CHECKS, SamplingParams, TaskSpec
+from shared.toploc import build_proofs
+from tests.conftest import Served, admin_token, serve
+from tests.helpers import make_run, register_body, signed_post
+from validator.worker import Validator
+
+MODEL, TOKENIZER = load_model("tiny-arith")
+
+
+def grant(served: Served, token: str, address: str, role: str) -> None:
+    reply = httpx.post(f"{served.url}/v1/admin/roles", json={"address": address, "role": role}, headers={"authorization": f"Bearer {token}"})
+    assert reply.status_code == 201, reply.text
+
+
+def joined(served: Served) -> LocalAccount:
+    account = Account.create()
+    assert signed_post(served.url, "/v1/nodes/register", account, served.audience, register_body(account)).status_code == 200
+    return account
+
+
+def lease(served: Served, account: LocalAccount) -> TaskSpec:
+    reply = signed_post(served.url, "/v1/tasks/lease", account, served.audience, {"address": account.address})
+    assert reply.status_code == 200, reply.text
+    return TaskSpec.model_validate(reply.json())
+
+
+def upload(served: Served, account: LocalAccount, task: TaskSpec, data: bytes) -> str:
+    reply = signed_post(served.url, "/v1/submissions", account, served.audience, data, query=f"task={task.task_id}")
+    assert reply.status_code == 200, reply.text
+    return reply.json()["submission_id"]
+
+
+def forge(task: TaskSpec) -> bytes:
+    """Random tokens, proven with one prefill of the real model: TOPLOC alone would pass them."""
+    rollouts = read_rollouts(finish(generate(task)).data)
+    rng = random.Random(task.seed)
+    for r in rollouts:
+        tokens = [rng.randrange(3, TOKENIZER.vocab_size) for _ in range(task.sampling.max_tokens)]
+        hidden, logits = prefill(MODEL, r.prompt_tokens, tokens)
+        r.completion_tokens, r.proofs, r.finish_reason = tokens, build_proofs(hidden), "length"
+        r.logprobs = logits.log_softmax(-1).gather(-1, __import__("torch").tensor(tokens)[:, None])[:, 0].tolist()
+    return write_rollouts(rollouts)
+
+
+def check_ledger(served: Served) -> None:
+    """Balances are sums of entries; credit only for accepted (or later invalidated) work; every clawback cancels credit."""
+    with make_sessionmaker(served.engine)() as session:
+        for entry in session.scalars(select(ContributionEntry)):
+            submission = session.get_one(Submission, entry.submission_id)
+            assert submission.address == entry.address
+            if entry.kind == "credit":
+                assert entry.units > 0 and submission.status in ("accepted", "invalidated")
+            else:
+                assert entry.kind == "clawback" and entry.units < 0
+        for submission_id, total in session.execute(select(ContributionEntry.submission_id, func.sum(ContributionEntry.units)).group_by(ContributionEntry.submission_id)):
+            assert total >= -1e-9, f"{submission_id} clawed back more than it earned"
+
+
+@pytest.fixture
+def network(sqlite_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
+        dispute_window_s=3600, max_strikes=2,
+    )  # fmt: skip
+    with serve(settings) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=48), prompts=2, samples=2)
+        yield served, admin_token(served)
+
+
+def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(network, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    served, token = network
+    validator_key = Account.create()
+    grant(served, token, validator_key.address, "validator")
+    validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=4)
+
+    honest, cheat = joined(served), joined(served)
+    good = [upload(served, honest, t, finish(generate(t)).data) for t in (lease(served, honest) for _ in range(2))]
+    cheat_good = upload(served, cheat, (task := lease(served, cheat)), finish(generate(task)).data)
+    assert validator.run(threading.Event(), max_submissions=3) == 3
+
+    receipts = {s: httpx.get(f"{served.url}/v1/public/submissions/{s}").json() for s in [*good, cheat_good]}
+    assert all(r["status"] == "accepted" and r["credit"] > 0 for r in receipts.values())
+    assert [c["name"] for c in receipts[good[0]]["checks"]] == list(CHECKS)
+    assert receipts[good[0]]["validator"] == validator_key.address
+
+    forged = upload(served, cheat, (task := lease(served, cheat)), forge(task))
+    validator.run(threading.Event(), max_submissions=4)
+    receipt = httpx.get(f"{served.url}/v1/public/submissions/{forged}").json()
+    assert receipt["status"] == "rejected" and receipt["hard"] and "sampling" in receipt["reason"]
+    # The forger's earlier pending credit is clawed back; the honest node keeps its own.
+    assert httpx.get(f"{served.url}/v1/public/submissions/{cheat_good}").json()["credit"] == 0
+    assert all(httpx.get(f"{served.url}/v1/public/submissions/{s}").json()["credit"] > 0 for s in good)
+    check_ledger(served)
+
+    upload(served, cheat, (task := lease(served, cheat)), forge(task))
+    validator.run(threading.Event(), max_submissions=5)
+    with make_sessionmaker(served.engine)() as session:
+        node = session.get_one(Node, cheat.address)
+        assert node.strikes == 2 and node.status == "banned"
+        assert session.get_one(Node, honest.address).strikes == 0
+    reply = signed_post(served.url, "/v1/tasks/lease", cheat, served.audience, {"address": cheat.address})
+    assert reply.status_code == 403
+    check_ledger(served)
+    validator.close()
+
+
+def test_claims_are_exclusive_expire_and_refuse_strangers(network) -> None:  # type: ignore[no-untyped-def]
+    served, token = network
+    first, second, stranger = Account.create(), Account.create(), Account.create()
+    grant(served, token, first.address, "validator")
+    grant(served, token, second.address, "validator")
+    node = joined(served)
+    ids = {upload(served, node, t, finish(generate(t)).data) for t in (lease(served, node) for _ in range(3))}
+
+    def claim(account: LocalAccount, limit: int = 2) -> httpx.Response:
+        return signed_post(served.url, "/v1/validation/claim", account, served.audience, {"address": account.address, "limit": limit})
+
+    before = served.snapshot()
+    assert claim(stranger).status_code == 403 and claim(stranger).json()["code"] == "role_required"
+    assert served.snapshot() == before
+    a = {c["submission_id"] for c in claim(first).json()}
+    b = {c["submission_id"] for c in claim(second).json()}
+    assert len(a) == 2 and len(b) == 1 and a.isdisjoint(b) and a | b == ids
+    assert claim(second).json() == []
+
+    # Only the claimer may read the file or post the verdict; a malformed verdict changes nothing.
+    held = sorted(a)[0]
+    path = f"/v1/validation/submissions/{held}/file"
+    from shared.signing import sign_request
+
+    other = httpx.get(served.url + path, headers=sign_request(second, "GET", path, "", b"", served.audience))
+    assert other.status_code == 409
+    mine = httpx.get(served.url + path, headers=sign_request(first, "GET", path, "", b"", served.audience))
+    assert mine.status_code == 200 and read_rollouts(mine.content)
+    before = served.snapshot()
+    checks = [{"name": n, "passed": True, "reason": "ok"} for n in CHECKS]
+    for account, body in (
+        (second, {"address": second.address, "submission_id": held, "checks": checks}),
+        (first, {"address": first.address, "submission_id": held, "checks": checks[::-1]}),
+        (first, {"address": first.address, "submission_id": held, "checks": checks[:3]}),
+    ):
+        assert signed_post(served.url, "/v1/validation/verdicts", account, served.audience, body).status_code in (409, 422)
+    assert served.snapshot() == before
+
+    # An expired claim returns to the queue.
+    with make_sessionmaker(served.engine).begin() as session:
+        from datetime import UTC, datetime, timedelta
+
+        session.get_one(Submission, held).claim_expires_at = datetime.now(UTC) - timedelta(seconds=1)
+    assert [c["submission_id"] for c in claim(second, 8).json()] == [held]
+
+
+def test_an_admin_invalidation_claws_back_even_final_credit(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "b", dispute_window_s=0.5)
+    with serve(settings) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=48))
+        token = admin_token(served)
+        validator_key = Account.create()
+        grant(served, token, validator_key.address, "validator")
+        node = joined(served)
+        submission = upload(served, node, (task := lease(served, node)), finish(generate(task)).data)
+        validator = Validator(served.url, validator_key, tmp_path / "v", Console(quiet=True))
+        validator.run(threading.Event(), max_submissions=1)
+        validator.close()
+        earned = httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()["credit"]
+        assert earned > 0
+        time.sleep(0.6)  # the dispute window passes: the credit is final
+        headers = {"authorization": f"Bearer {token}"}
+        reply = httpx.post(f"{served.url}/v1/admin/submissions/{submission}/invalidate", json={"reason": "found copied"}, headers=headers)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["status"] == "invalidated" and reply.json()["credit"] == 0
+        again = httpx.post(f"{served.url}/v1/admin/submissions/{submission}/invalidate", json={"reason": "twice"}, headers=headers)
+        assert again.status_code == 409
+        with make_sessionmaker(served.engine)() as session:
+            assert session.get_one(Node, node.address).strikes == 1
+        check_ledger(served)

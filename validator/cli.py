@@ -1,0 +1,58 @@
+"""``intellect-validator``: check every rollout before it earns credit or reaches the trainer."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+
+from shared.wallet import WalletError, load_wallet, read_password
+
+app = typer.Typer(help="Run an Intellect Protocol validator (the address needs the validator role).", no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+
+@app.callback()
+def main() -> None:
+    """Run an Intellect Protocol validator (the address needs the validator role)."""
+
+
+@app.command()
+def run(
+    wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore; its password from INTELLECT_WALLET_PASSWORD or a prompt.")],
+    coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
+    state_dir: Annotated[Path, typer.Option(help="Where policy weights are kept.")] = Path.home() / ".intellect" / "validator",
+    batch: Annotated[int, typer.Option(min=1, max=64, help="Submissions claimed at once.")] = 8,
+) -> None:
+    """Claim pending submissions, run every check on each, and post the verdicts, until Ctrl-C."""
+    from validator.worker import Validator  # torch loads only for the command that needs it
+
+    try:
+        account = load_wallet(wallet_file, read_password())
+    except WalletError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        validator = Validator(coordinator, account, state_dir / account.address.lower(), console, batch=batch)
+    except httpx.HTTPError as e:
+        err.print(f"[red]Cannot reach the coordinator at {coordinator}: {e}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"Validating as {account.address} for {coordinator}; Ctrl-C to stop.")
+    try:
+        validator.run(stop)
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(5) from None
+    finally:
+        validator.close()
+    console.print(f"Stopped after {validator.checked} submissions.")

@@ -1,0 +1,93 @@
+"""The validator's loop: claim pending submissions, check each, post the verdict.
+
+Models are loaded once per policy step (step N > 0 through shardcast, like a node) and kept
+for the two newest steps. A submission whose check raises is left to its claim's expiry, so
+another validator (or this one, later) takes it again; nothing is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from functools import cache, lru_cache
+from pathlib import Path
+
+import httpx
+import torch
+from eth_account.signers.local import LocalAccount
+from rich.console import Console
+
+from shared.environments.registry import Environment, Problem, get_environment
+from shared.models import load_model
+from shared.schemas import CheckOutcome, Claim, ClaimRequest, PublicReceipt, PublicStatus, VerdictRequest
+from shared.shardcast.weights import Weights
+from shared.signing import SignedAuth
+from validator.checks import CheckSettings, Context, validate
+
+log = logging.getLogger("intellect.validator")
+
+
+@lru_cache(maxsize=2)
+def _model(path: str):  # type: ignore[no-untyped-def]
+    return load_model(path)
+
+
+@cache
+def _environment(name: str) -> tuple[Environment, dict[str, Problem]]:
+    environment = get_environment(name)
+    return environment, {p.id: p for p in environment.problems()}
+
+
+class Validator:
+    def __init__(
+        self, coordinator: str, account: LocalAccount, state_dir: Path, console: Console, *, batch: int = 8,
+        settings: CheckSettings | None = None,
+    ) -> None:  # fmt: skip
+        self.coordinator = coordinator.rstrip("/")
+        self.account = account
+        self.console = console
+        self.batch = batch
+        self.settings = settings or CheckSettings()
+        audience = PublicStatus.model_validate(httpx.get(f"{self.coordinator}/v1/public/status", timeout=30).raise_for_status().json()).audience
+        self.http = httpx.Client(base_url=self.coordinator, timeout=60.0, auth=SignedAuth(account, audience))
+        self.weights = Weights(self.coordinator, account, state_dir / "weights", console)
+        self.checked = 0
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _post(self, path: str, body: str) -> httpx.Response:
+        reply = self.http.post(path, content=body, headers={"content-type": "application/json"})
+        if reply.status_code >= 400:
+            raise RuntimeError(f"{path}: {reply.status_code} {reply.text}")
+        return reply
+
+    def run(self, stop: threading.Event, idle_wait: float = 2.0, max_submissions: int | None = None) -> int:
+        """Check submissions until ``stop`` is set (or ``max_submissions`` are done); returns how many."""
+        torch.set_num_threads(1)
+        while not stop.is_set() and (max_submissions is None or self.checked < max_submissions):
+            claims = [Claim.model_validate(c) for c in self._post("/v1/validation/claim", ClaimRequest(address=self.account.address, limit=self.batch).model_dump_json()).json()]
+            if not claims:
+                stop.wait(idle_wait)
+                continue
+            for claim in claims:
+                receipt = self.check(claim)
+                self.checked += 1
+                verdict = "accepted" if receipt.status == "accepted" else f"[red]{receipt.status}[/red] ({receipt.reason})"
+                self.console.print(f"{claim.submission_id[:16]}… from {receipt.address[:10]}…: {verdict}")
+        return self.checked
+
+    def check(self, claim: Claim) -> PublicReceipt:
+        reply = self.http.get(f"/v1/validation/submissions/{claim.submission_id}/file")
+        reply.raise_for_status()
+        task = claim.task.model_copy(update={"model": self.weights.model_for(claim.task)})
+        model, tokenizer = _model(task.model)
+        environment, problems = _environment(task.environment)
+        ctx = Context(task, claim.sha256, claim.oldest_step, claim.newest_step, model, tokenizer, environment, problems)
+        verdict = validate(reply.content, ctx, self.settings)
+        body = VerdictRequest(
+            address=self.account.address,
+            submission_id=claim.submission_id,
+            checks=[CheckOutcome(name=c.name, passed=c.passed, reason=c.reason[:2000]) for c in verdict.checks],  # type: ignore[arg-type]
+        )
+        return PublicReceipt.model_validate(self._post("/v1/validation/verdicts", body.model_dump_json()).json())
