@@ -135,6 +135,29 @@ def check(
     console.print("[green]✓ Ready to join.[/green]")
 
 
+@app.command()
+def receipts(
+    wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore whose receipts to show (no password needed).")],
+    coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
+    limit: Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")] = 20,
+) -> None:
+    """Show this node's submissions: status, credit, and why any was rejected."""
+    try:
+        address = wallet_address(wallet_file)
+    except WalletError as e:
+        raise _fail(str(e), 1) from None
+    try:
+        reply = httpx.get(f"{coordinator.rstrip('/')}/v1/public/submissions", params={"address": address, "limit": limit}, timeout=30)
+        reply.raise_for_status()
+    except httpx.HTTPError as e:
+        raise _fail(f"Cannot read receipts from {coordinator}: {e}", 2) from None
+    table = Table("submission", "task", "status", "credit", "reason", title=f"Receipts of {address}")
+    for r in reply.json():
+        style = {"accepted": "green", "pending": "yellow"}.get(r["status"], "red")
+        table.add_row(r["submission_id"][:16] + "…", r["task_id"][:14] + "…", f"[{style}]{r['status']}[/{style}]", f"{r['credit']:.1f}", r["reason"] or "")
+    console.print(table)
+
+
 def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:
     from packaging.version import Version
 

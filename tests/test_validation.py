@@ -131,6 +131,21 @@ def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(networ
     check_ledger(served)
     validator.close()
 
+    # Each node sees its own receipts from the CLI, rejection reasons included.
+    import json
+    import subprocess
+
+    for account, expected in ((honest, "accepted"), (cheat, "rejected")):
+        keystore = tmp_path / f"{account.address}.json"
+        keystore.write_text(json.dumps(Account.encrypt(account.key, "pw")))
+        shown = subprocess.run(
+            ["intellect-node", "receipts", "--wallet", str(keystore), "--coordinator", served.url],
+            capture_output=True, text=True, timeout=60, env={**__import__("os").environ, "COLUMNS": "250"},
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert expected in shown.stdout
+    assert "sampling" in shown.stdout
+
 
 def test_claims_are_exclusive_expire_and_refuse_strangers(network) -> None:  # type: ignore[no-untyped-def]
     served, token = network

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
 from coordinator.services import nodes, validation
-from shared.schemas import ErrorBody, PublicReceipt, PublicStatus
+from shared.schemas import Address, ErrorBody, PublicReceipt, PublicStatus
 from shared.version import __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])
@@ -31,6 +32,12 @@ async def status(request: Request, ledger: LedgerDep, settings: Settings) -> Pub
 async def server_time() -> dict[str, float]:
     """The coordinator's clock, for nodes measuring their skew; touches no database."""
     return {"server_time": time.time()}
+
+
+@router.get("/submissions", response_model=list[PublicReceipt])
+async def node_receipts(address: Address, ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[PublicReceipt]:
+    """One node's newest receipts (what ``intellect-node receipts`` shows)."""
+    return await ledger.run(validation.receipts_of, address, limit)
 
 
 @router.get("/submissions/{submission_id}", response_model=PublicReceipt, responses={404: {"model": ErrorBody}})

@@ -105,6 +105,16 @@ def public_receipt(session: Session, submission_id: str) -> PublicReceipt:
     submission = session.get(Submission, submission_id)
     if submission is None:
         raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
+    return _receipt(session, submission)
+
+
+def receipts_of(session: Session, address: str, limit: int) -> list[PublicReceipt]:
+    """The newest receipts of one node."""
+    query = select(Submission).where(Submission.address == address).order_by(Submission.created_at.desc()).limit(limit)
+    return [_receipt(session, s) for s in session.scalars(query)]
+
+
+def _receipt(session: Session, submission: Submission) -> PublicReceipt:
     return PublicReceipt(
         submission_id=submission.id,
         task_id=submission.task_id,
