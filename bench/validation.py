@@ -1,0 +1,94 @@
+"""How many nodes one validator keeps up with: validation tokens/s against generation tokens/s.
+
+For each model (the tiny one, and a random-init Llama of 6 layers / hidden 768 with the tiny
+tokenizer), in one run and one torch thread: nodes' work (:func:`node.work.generate` then
+:func:`finish`, batched tasks of arithmetic prompts) timed as generation, then the validator's
+every check (:func:`validator.checks.validate`: parse, assignment, termination, one batched
+prefill, TOPLOC, seeded sampling, rewards) on the same files. The ratio is printed last.
+
+    python bench/validation.py [--tasks 6] [--prompts 4] [--samples 4] [--tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from node.work import finish, generate
+from shared.environments.registry import get_environment
+from shared.models import TINY_MODEL_DIR, load_model
+from shared.rollout_file import read_rollouts
+from shared.schemas import SamplingParams, TaskSpec
+from validator.checks import CheckSettings, Context, validate
+
+
+def task(model: str, i: int, prompts: int, samples: int, tokens: int) -> TaskSpec:
+    return TaskSpec(
+        task_id=f"bench-{i}", run_id="bench", environment="arithmetic", model=model,
+        prompt_ids=[f"a{i * prompts + k}" for k in range(prompts)], samples_per_prompt=samples, seed=i, policy_step=0,
+        sampling=SamplingParams(temperature=1.0, max_tokens=tokens, stop_on_eos=False), length_alpha=0.0,
+        target_length=1024, length_over_only=False, lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
+    )  # fmt: skip
+
+
+def measure(name: str, model_path: str, args: argparse.Namespace) -> float:
+    tasks = [task(model_path, i, args.prompts, args.samples, args.tokens) for i in range(args.tasks + 1)]
+    finish(generate(tasks[0]))  # warm-up: loads the model
+    files, generate_s, generated = [], 0.0, 0
+    for t in tasks[1:]:
+        produced = generate(t)
+        generate_s += produced.generate_s
+        generated += sum(len(c.tokens) for c in produced.completions)
+        files.append((t, finish(produced).data))
+
+    model, tokenizer = load_model(model_path)
+    environment = get_environment("arithmetic")
+    problems = {p.id: p for p in environment.problems()}
+    start = time.perf_counter()
+    checked = 0
+    for t, data in files:
+        ctx = Context(t, hashlib.sha256(data).hexdigest(), 0, 0, model, tokenizer, environment, problems)
+        verdict = validate(data, ctx, CheckSettings(prefill_batch=64))
+        assert verdict.accepted, verdict.reason
+        checked += sum(len(r.completion_tokens) for r in read_rollouts(data))
+    validate_s = time.perf_counter() - start
+    ratio = (checked / validate_s) / (generated / generate_s)
+    print(
+        f"{name:<30} generation {generated / generate_s:8.0f} tok/s   validation {checked / validate_s:8.0f} tok/s   "
+        f"one validator keeps up with {ratio:5.1f} nodes"
+    )
+    return ratio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", type=int, default=6)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per task")
+    parser.add_argument("--samples", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--tokens", type=int, default=48, help="tokens generated per sample")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tiny = measure("tiny-arith (0.86 M)", str(TINY_MODEL_DIR), args)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, tokenizer = load_model()
+        torch.manual_seed(0)
+        config = LlamaConfig(
+            vocab_size=tokenizer.vocab_size, hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
+            num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=512,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        )  # fmt: skip
+        LlamaForCausalLM(config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        larger = measure("random Llama 6 x 768", str(Path(tmp)), args)
+    print(f"ratio validation / generation tokens/s (target >= 5 on CPU): tiny {tiny:.1f}x, 6 x 768 {larger:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
