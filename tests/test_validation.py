@@ -7,7 +7,6 @@ own code, forged ones rewritten from them); the validator is the real :class:`Va
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from pathlib import Path
@@ -23,16 +22,12 @@ from coordinator.db import make_sessionmaker
 from coordinator.models import ContributionEntry, Node, Submission
 from coordinator.settings import CoordinatorSettings
 from node.work import finish, generate
-from shared.inference import prefill
-from shared.models import load_model
 from shared.rollout_file import read_rollouts, write_rollouts
 from shared.schemas import CHECKS, SamplingParams, TaskSpec
-from shared.toploc import build_proofs
+from tests.adversary import ATTACKS, random_tokens
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
 from validator.worker import Validator
-
-MODEL, TOKENIZER = load_model("tiny-arith")
 
 
 def grant(served: Served, token: str, address: str, role: str) -> None:
@@ -61,12 +56,7 @@ def upload(served: Served, account: LocalAccount, task: TaskSpec, data: bytes) -
 def forge(task: TaskSpec) -> bytes:
     """Random tokens, proven with one prefill of the real model: TOPLOC alone would pass them."""
     rollouts = read_rollouts(finish(generate(task)).data)
-    rng = random.Random(task.seed)
-    for r in rollouts:
-        tokens = [rng.randrange(3, TOKENIZER.vocab_size) for _ in range(task.sampling.max_tokens)]
-        hidden, logits = prefill(MODEL, r.prompt_tokens, tokens)
-        r.completion_tokens, r.proofs, r.finish_reason = tokens, build_proofs(hidden), "length"
-        r.logprobs = logits.log_softmax(-1).gather(-1, __import__("torch").tensor(tokens)[:, None])[:, 0].tolist()
+    random_tokens(rollouts, task)
     return write_rollouts(rollouts)
 
 
@@ -217,3 +207,57 @@ def test_an_admin_invalidation_claws_back_even_final_credit(sqlite_url: str, tmp
         with make_sessionmaker(served.engine)() as session:
             assert session.get_one(Node, node.address).strikes == 1
         check_ledger(served)
+
+
+@pytest.mark.parametrize(("attack", "expected"), [(a, e) for _, a, e in ATTACKS], ids=[name for name, _, _ in ATTACKS])
+def test_attacks_through_the_api_are_refused_or_rejected(network, tmp_path: Path, attack, expected: str) -> None:  # type: ignore[no-untyped-def]
+    """A malicious node through the real API: the coordinator refuses the upload outright, or the
+    validator rejects it with the right check; an honest submission beside it is accepted."""
+    served, token = network
+    validator_key = Account.create()
+    grant(served, token, validator_key.address, "validator")
+    cheat, honest = joined(served), joined(served)
+    task = lease(served, cheat)
+    rollouts = read_rollouts(finish(generate(task)).data)
+    attack(rollouts, task)
+    data = write_rollouts(rollouts)
+    honest_id = upload(served, honest, (mine := lease(served, honest)), finish(generate(mine)).data)
+    reply = signed_post(served.url, "/v1/submissions", cheat, served.audience, data, query=f"task={task.task_id}")
+    validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True))
+    validator.run(threading.Event(), max_submissions=2 if reply.status_code == 200 else 1)
+    validator.close()
+    assert httpx.get(f"{served.url}/v1/public/submissions/{honest_id}").json()["status"] == "accepted"
+    if reply.status_code != 200:
+        assert reply.status_code == 422 and reply.json()["code"] == "rollout_invalid"  # refused at the door
+    else:
+        receipt = httpx.get(f"{served.url}/v1/public/submissions/{reply.json()['submission_id']}").json()
+        failed = {c["name"] for c in receipt["checks"] if c["passed"] is False}
+        assert receipt["status"] == "rejected" and expected in failed, receipt["reason"]
+        assert receipt["hard"] == (expected in {"integrity", "toploc", "sampling"})
+    check_ledger(served)
+
+
+def test_the_validator_command_checks_until_stopped(network, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from devnet.processes import script, spawn
+    from shared.wallet import create_wallet
+
+    served, token = network
+    wallet = tmp_path / "validator.json"
+    grant(served, token, create_wallet(wallet, "pw"), "validator")
+    node = joined(served)
+    submission = upload(served, node, (task := lease(served, node)), finish(generate(task)).data)
+    process = spawn(
+        "validator",
+        [*script("intellect-validator"), "run", "--wallet", str(wallet), "--coordinator", served.url, "--state-dir", str(tmp_path / "v")],
+        tmp_path / "validator.log",
+        {"INTELLECT_WALLET_PASSWORD": "pw"},
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()["status"] == "pending":
+            assert time.monotonic() < deadline and process.popen.poll() is None, process.tail()
+            time.sleep(0.3)
+    finally:
+        assert process.stop() == 0, process.tail()
+    assert httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()["status"] == "accepted"
+    assert "Stopped after 1 submissions." in process.tail()

@@ -9,25 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import random
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from node.work import finish, generate
 from shared.environments.registry import get_environment
-from shared.inference import prefill
-from shared.models import TINY_MODEL_DIR, load_model
 from shared.rollout_file import Rollout, read_rollouts, write_rollouts
 from shared.schemas import SamplingParams, TaskSpec
-from shared.toploc import build_proofs
+from tests.adversary import ATTACKS, MODEL, TOKENIZER
 from validator.checks import CheckSettings, Context, Verdict, validate
 
 torch.set_num_threads(1)
-MODEL, TOKENIZER = load_model("tiny-arith")
+
 ENVIRONMENT = get_environment("arithmetic")
 PROBLEMS = {p.id: p for p in ENVIRONMENT.problems()}
 
@@ -65,15 +61,6 @@ def rewrite(data: bytes, change: Callable[[list[Rollout]], None]) -> bytes:
     return write_rollouts(rollouts)
 
 
-def prove_with_real_model(r: Rollout, tokens: list[int]) -> None:
-    """What a forger does: take tokens from anywhere, then prove them with one prefill of the real model."""
-    hidden, logits = prefill(MODEL, r.prompt_tokens, tokens)
-    r.completion_tokens = tokens
-    r.proofs = build_proofs(hidden)
-    r.logprobs = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
-    r.finish_reason = "stop" if tokens[-1] == TOKENIZER.eos_token_id else "length"
-
-
 def failed(verdict: Verdict) -> dict[str, str]:
     return {c.name: c.reason for c in verdict.checks if c.passed is False}
 
@@ -88,86 +75,9 @@ def test_honest_work_passes_every_check() -> None:
     assert [c.name for c in verdict.checks] == ["integrity", "assignment", "termination", "toploc", "sampling", "rewards"]
 
 
-def other_model() -> torch.nn.Module:
-    torch.manual_seed(7)
-    config = AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR).config
-    return AutoModelForCausalLM.from_config(config).eval()
-
-
-def _other_model_tokens(rollouts: list[Rollout]) -> None:
-    model = other_model()
-    for r in rollouts:
-        ids = torch.tensor([r.prompt_tokens])
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=TASK.sampling.max_tokens, do_sample=False)
-        prove_with_real_model(r, out[0, len(r.prompt_tokens) :].tolist())
-
-
-def _random_tokens(rollouts: list[Rollout]) -> None:
-    rng = random.Random(0)
-    for r in rollouts:
-        prove_with_real_model(r, [rng.randrange(3, TOKENIZER.vocab_size) for _ in range(48)])
-
-
-def _edited_after_proof(rollouts: list[Rollout]) -> None:
-    for r in rollouts:
-        k = len(r.completion_tokens) // 3
-        r.completion_tokens[k] = (r.completion_tokens[k] + 1) % TOKENIZER.vocab_size or 3
-
-
-def _inflated_rewards(rollouts: list[Rollout]) -> None:
-    rollouts[0].reward += 1.0
-    rollouts[0].task_reward += 1.0
-
-
-def _other_prompts(rollouts: list[Rollout]) -> None:
-    easy = TOKENIZER.encode("1+1=", add_special_tokens=False)
-    rollouts[0].prompt_tokens = [TOKENIZER.bos_token_id, *easy] if TOKENIZER.bos_token_id is not None else easy
-
-
-def _cut_short(rollouts: list[Rollout]) -> None:
-    for r in rollouts:
-        prove_with_real_model(r, r.completion_tokens[:5])
-        r.finish_reason = "length"
-
-
-def _truncated_proofs(rollouts: list[Rollout]) -> None:
-    rollouts[0].proofs = rollouts[0].proofs[:-7]
-
-
-def _garbled_proofs(rollouts: list[Rollout]) -> None:
-    rollouts[1].proofs = b"\xff" * len(rollouts[1].proofs)
-
-
-def _proofs_from_another_model(rollouts: list[Rollout]) -> None:
-    model = other_model()
-    for r in rollouts:
-        hidden, _ = prefill(model, r.prompt_tokens, r.completion_tokens)
-        r.proofs = build_proofs(hidden)
-
-
-def _replayed_from_another_task(rollouts: list[Rollout]) -> None:
-    stolen = read_rollouts(honest(make_task(2)))
-    rollouts[:] = stolen
-
-
-ATTACKS = [
-    ("tokens of another model, proven by the real one", _other_model_tokens, "sampling"),
-    ("random tokens, proven by the real model", _random_tokens, "sampling"),
-    ("tokens edited after the proof", _edited_after_proof, "sampling"),
-    ("inflated rewards", _inflated_rewards, "rewards"),
-    ("prompts other than the assigned ones", _other_prompts, "assignment"),
-    ("cut short without EOS", _cut_short, "termination"),
-    ("truncated proofs", _truncated_proofs, "integrity"),
-    ("malformed proofs", _garbled_proofs, "toploc"),
-    ("proofs computed on another model", _proofs_from_another_model, "toploc"),
-    ("a file replayed from another task", _replayed_from_another_task, "assignment"),
-]
-
-
 @pytest.mark.parametrize(("attack", "expected"), [(a, e) for _, a, e in ATTACKS], ids=[name for name, _, _ in ATTACKS])
-def test_each_attack_is_rejected_by_its_check(attack: Callable[[list[Rollout]], None], expected: str) -> None:
-    verdict = check(rewrite(HONEST, attack), TASK)
+def test_each_attack_is_rejected_by_its_check(attack: Callable[[list[Rollout], TaskSpec], None], expected: str) -> None:
+    verdict = check(rewrite(HONEST, lambda rollouts: attack(rollouts, TASK)), TASK)
     assert not verdict.accepted
     assert expected in failed(verdict), verdict.reason
     assert verdict.hard == (expected in {"integrity", "toploc", "sampling"})
