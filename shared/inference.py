@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
+from transformers import DynamicCache
 
 from shared.models import final_norm_outputs
 from shared.schemas import SamplingParams
@@ -50,9 +51,14 @@ def prefill(model: torch.nn.Module, prompt: list[int], completion: list[int]) ->
 
 @torch.inference_mode()
 def prefill_batch(
-    model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], pad_token_id: int = 0
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_token_id: int = 0,
+    chunk: int | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`prefill` for many sequences in one forward pass.
+    """:func:`prefill` for many sequences in one forward pass (or, with ``chunk``, in passes of
+    that many positions over a KV cache, to bound memory on long sequences).
 
     Right padding: attention is causal, so a row's positions never see the padding after them,
     and each row's positions start at 0 exactly as in its own prefill.
@@ -62,9 +68,15 @@ def prefill_batch(
     ids = torch.full((len(rows), max(map(len, rows))), pad_token_id, dtype=torch.long)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.tensor(row)
+    ids = ids.to(device)
+    step = chunk or ids.shape[1]
+    cache = DynamicCache() if step < ids.shape[1] else None
+    pieces = []
     with final_norm_outputs(model) as captured:
-        logits = model(input_ids=ids.to(device), use_cache=False).logits.float()
-    hidden = captured[0]
+        for start in range(0, ids.shape[1], step):
+            out = model(input_ids=ids[:, start : start + step], past_key_values=cache, use_cache=cache is not None)
+            pieces.append(out.logits.float())
+    logits, hidden = torch.cat(pieces, dim=1), torch.cat(captured, dim=1)
     out = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
         start, n = len(prompt), len(completion)

@@ -291,6 +291,13 @@ class PublicReceipt(BaseModel):
     validated_at: datetime | None
 
 
+class Credit(BaseModel):
+    address: str
+    pending: float
+    """Units still inside the dispute window (they can be clawed back)."""
+    final: float
+
+
 def sequence_seed(task_seed: int, index: int) -> int:
     """The sampling seed of the ``index``-th sequence of a task (prompt-major order)."""
     return (task_seed * 1_000_003 + index) % (1 << 62)

@@ -16,7 +16,7 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from coordinator.db import make_sessionmaker
 from coordinator.models import ContributionEntry, Node, Submission
@@ -61,17 +61,26 @@ def forge(task: TaskSpec) -> bytes:
 
 
 def check_ledger(served: Served) -> None:
-    """Balances are sums of entries; credit only for accepted (or later invalidated) work; every clawback cancels credit."""
+    """The ledger's invariants: credit only for accepted (or later invalidated) work, clawbacks
+    negative and never more than was earned, every balance the sum of its entries."""
     with make_sessionmaker(served.engine)() as session:
-        for entry in session.scalars(select(ContributionEntry)):
-            submission = session.get_one(Submission, entry.submission_id)
-            assert submission.address == entry.address
-            if entry.kind == "credit":
-                assert entry.units > 0 and submission.status in ("accepted", "invalidated")
-            else:
-                assert entry.kind == "clawback" and entry.units < 0
-        for submission_id, total in session.execute(select(ContributionEntry.submission_id, func.sum(ContributionEntry.units)).group_by(ContributionEntry.submission_id)):
-            assert total >= -1e-9, f"{submission_id} clawed back more than it earned"
+        entries = list(session.scalars(select(ContributionEntry)))
+        statuses = {s.id: (s.address, s.status) for s in session.scalars(select(Submission))}
+    totals: dict[str, float] = {}
+    per_submission: dict[str, float] = {}
+    for entry in entries:
+        address, status = statuses[entry.submission_id]
+        assert address == entry.address
+        if entry.kind == "credit":
+            assert entry.units > 0 and status in ("accepted", "invalidated")
+        else:
+            assert entry.kind == "clawback" and entry.units < 0
+        totals[entry.address] = totals.get(entry.address, 0.0) + entry.units
+        per_submission[entry.submission_id] = per_submission.get(entry.submission_id, 0.0) + entry.units
+    assert all(total >= -1e-9 for total in per_submission.values()), "a clawback exceeded its credit"
+    for address, total in totals.items():
+        shown = httpx.get(f"{served.url}/v1/public/nodes/{address}/credit").json()
+        assert abs(shown["pending"] + shown["final"] - total) < 1e-6
 
 
 @pytest.fixture

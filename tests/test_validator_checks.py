@@ -19,7 +19,7 @@ from node.work import finish, generate
 from shared.environments.registry import get_environment
 from shared.rollout_file import Rollout, read_rollouts, write_rollouts
 from shared.schemas import SamplingParams, TaskSpec
-from tests.adversary import ATTACKS, MODEL, TOKENIZER
+from tests.adversary import ATTACKS, MODEL, TOKENIZER, inflated_rewards
 from validator.checks import CheckSettings, Context, Verdict, validate
 
 torch.set_num_threads(1)
@@ -93,18 +93,25 @@ def test_stale_or_future_policy_steps_and_altered_bytes_are_rejected() -> None:
     assert not validate(b"not parquet", dataclasses.replace(ctx_sha, sha256=hashlib.sha256(b"not parquet").hexdigest())).accepted
 
 
-def test_hundreds_of_honest_rollouts_pass_across_batch_sizes_and_threads() -> None:
-    """False rejects: none across 512 honest rollouts of varied shapes, checked with varied batches and threads."""
+def test_hundreds_of_honest_rollouts_pass_across_batch_sizes_threads_and_chunking() -> None:
+    """False rejects: none across 512 honest rollouts of varied shapes, checked with varied
+    batch sizes, thread counts and prefill chunking."""
     checked = rejected = 0
     for i in range(32):
         task = make_task(100 + i, prompts=1 + i % 4, samples=4 if i % 2 else 4 * (1 + i % 4), temperature=[1.0, 0.7, 1.3][i % 3])
         data = honest(task)
         torch.set_num_threads(1 + i % 2)
         try:
-            verdict = check(data, task, CheckSettings(prefill_batch=[1, 5, 16, 64][i % 4]))
+            verdict = check(data, task, CheckSettings(prefill_batch=[1, 5, 16, 64][i % 4], prefill_chunk=[None, 16, 7][i % 3]))
         finally:
             torch.set_num_threads(1)
         checked += len(read_rollouts(data))
         rejected += 0 if verdict.accepted else 1
         assert verdict.accepted, verdict.reason
     assert checked >= 500 and rejected == 0
+
+
+def test_rewards_can_be_spot_checked_on_a_fraction_of_rows() -> None:
+    inflated = rewrite(HONEST, lambda rollouts: inflated_rewards(rollouts, TASK))
+    assert "rewards" in failed(check(inflated, TASK, CheckSettings(reward_fraction=1.0)))
+    assert check(inflated, TASK, CheckSettings(reward_fraction=1e-9)).accepted  # no row drawn: nothing recomputed

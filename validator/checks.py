@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +59,11 @@ class CheckSettings(BaseModel):
     """Largest difference between a claimed and a recomputed reward, task reward or penalty."""
     prefill_batch: int = Field(16, ge=1)
     """Rows per batched prefill."""
+    prefill_chunk: int | None = Field(None, ge=1)
+    """Positions per prefill pass (over a KV cache); None: whole sequences at once."""
+    reward_fraction: float = Field(1.0, gt=0, le=1)
+    """Share of rows whose rewards are recomputed, for environments where that is expensive
+    (which rows is decided by the file's hash, so a node cannot know in advance)."""
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,9 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
     toploc, sampling = [], []
     for start in range(0, len(rollouts), settings.prefill_batch):
         batch = rollouts[start : start + settings.prefill_batch]
-        states = prefill_batch(ctx.model, [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch])
+        states = prefill_batch(
+            ctx.model, [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch], chunk=settings.prefill_chunk
+        )
         for i, (r, (hidden, logits)) in enumerate(zip(batch, states), start):
             if not rollout_passes(chunks := verify_proofs(hidden, r.proofs, settings.toploc)):
                 first = next(c for n, c in enumerate(chunks) if not c.ok)
@@ -209,7 +217,10 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
 def _rewards(rollouts: list[Rollout], ctx: Context, settings: CheckSettings) -> list[str]:
     budget = budget_of(ctx.task)
     failures = []
+    picker = random.Random(ctx.sha256)
     for i, r in enumerate(rollouts):
+        if settings.reward_fraction < 1 and picker.random() >= settings.reward_fraction:
+            continue
         text = ctx.tokenizer.decode(r.completion_tokens, skip_special_tokens=True)
         task_reward = ctx.environment.task_reward(text, ctx.problems[r.prompt_id])
         final, penalty = reward(task_reward, len(r.completion_tokens), budget)

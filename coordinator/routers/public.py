@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
-from coordinator.services import nodes, validation
-from shared.schemas import Address, ErrorBody, PublicReceipt, PublicStatus
+from coordinator.services import credit, nodes, validation
+from shared.schemas import Address, Credit, ErrorBody, PublicReceipt, PublicStatus
 from shared.version import __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])
@@ -44,3 +45,10 @@ async def node_receipts(address: Address, ledger: LedgerDep, limit: Annotated[in
 async def submission_receipt(submission_id: str, ledger: LedgerDep) -> PublicReceipt:
     """A submission's public receipt: status, every check's result and reason, credit, validator."""
     return await ledger.run(validation.public_receipt, submission_id)
+
+
+@router.get("/nodes/{address}/credit", response_model=Credit)
+async def node_credit(address: Address, ledger: LedgerDep) -> Credit:
+    """A node's credit: the sum of its ledger entries, pending and final."""
+    pending, final = await ledger.run(credit.balance, address, datetime.now(UTC))
+    return Credit(address=address, pending=pending, final=final)
