@@ -1,1 +1,1 @@
-"""The GRPO trainer (later issue)."""
+"""The GRPO trainer: accepted rollouts in, policy steps out."""
