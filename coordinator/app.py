@@ -21,7 +21,7 @@ from coordinator.errors import install_error_handlers
 from coordinator.ledger import Ledger
 from coordinator.loops import Loop
 from coordinator.metrics import Metrics, MetricsMiddleware
-from coordinator.routers import admin, health, nodes, public, shardcast, tasks, validation
+from coordinator.routers import admin, health, nodes, public, shardcast, tasks, training, validation
 from coordinator.services import nodes as node_service
 from coordinator.services.nonces import prune_nonces
 from coordinator.services.rate_limit import RateLimiter
@@ -82,6 +82,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, overrides={"/v1/submissions": settings.max_upload_bytes}
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    for router in (nodes.router, tasks.router, validation.router, shardcast.router, admin.router, public.router, health.router):
+    routers = (nodes, tasks, validation, training, shardcast, admin, public, health)
+    for router in (module.router for module in routers):
         app.include_router(router)
     return app

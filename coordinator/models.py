@@ -257,3 +257,16 @@ class ContributionEntry(Base):
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime]
     final_at: Mapped[datetime]
+
+
+class TrainerMetrics(Base):
+    """One policy step's training summary, as the trainer posted it (for the leaderboard's charts)."""
+
+    __tablename__ = "trainer_metrics"
+    __table_args__ = (UniqueConstraint("run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(64), ForeignKey("runs.id"))
+    step: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]

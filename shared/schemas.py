@@ -291,6 +291,39 @@ class PublicReceipt(BaseModel):
     validated_at: datetime | None
 
 
+class AcceptedRollouts(BaseModel):
+    """One accepted submission for the trainer; ``cursor`` orders them by acceptance."""
+
+    cursor: int
+    submission_id: str
+    task_id: str
+    policy_step: int
+
+
+class TrainerMetricsRequest(Request):
+    address: Address
+    run_id: str = Field(max_length=64)
+    step: int = Field(ge=1)
+    metrics: dict[Annotated[str, Field(max_length=64)], float] = Field(max_length=64)
+
+
+class RunInfo(BaseModel):
+    """What anyone may know about a run."""
+
+    id: str
+    name: str
+    environment: str
+    model: str
+    sampling: SamplingParams
+    prompts_per_task: int
+    samples_per_prompt: int
+    policy_step: int
+    async_level: int
+    """Rollouts of a policy older than ``policy_step - async_level`` are refused (INTELLECT-2: 2)."""
+    status: str
+    created_at: datetime
+
+
 class Credit(BaseModel):
     address: str
     pending: float

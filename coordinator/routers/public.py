@@ -9,8 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
+from coordinator.errors import ApiError
+from coordinator.models import Run
 from coordinator.services import credit, nodes, validation
-from shared.schemas import Address, Credit, ErrorBody, PublicReceipt, PublicStatus
+from shared.schemas import Address, Credit, ErrorBody, ErrorCode, PublicReceipt, PublicStatus, RunInfo
 from shared.version import __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])
@@ -52,3 +54,14 @@ async def node_credit(address: Address, ledger: LedgerDep) -> Credit:
     """A node's credit: the sum of its ledger entries, pending and final."""
     pending, final = await ledger.run(credit.balance, address, datetime.now(UTC))
     return Credit(address=address, pending=pending, final=final)
+
+
+@router.get("/runs/{run_id}", response_model=RunInfo, responses={404: {"model": ErrorBody}})
+async def run_info(run_id: str, ledger: LedgerDep) -> RunInfo:
+    def read(session) -> RunInfo:  # type: ignore[no-untyped-def]
+        run = session.get(Run, run_id)
+        if run is None:
+            raise ApiError(404, ErrorCode.not_found, f"No run {run_id}.")
+        return RunInfo.model_validate(run, from_attributes=True)
+
+    return await ledger.run(read)

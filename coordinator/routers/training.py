@@ -1,0 +1,42 @@
+"""The trainer's endpoints (role ``trainer``, signed): accepted rollouts by cursor, their files, step metrics."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from coordinator.deps import LedgerDep, Signed
+from coordinator.services import training
+from shared.schemas import AcceptedRollouts, ErrorBody, TrainerMetricsRequest
+
+router = APIRouter(
+    prefix="/v1/trainer",
+    tags=["trainer"],
+    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 429: {"model": ErrorBody}},
+)
+
+
+@router.get("/rollouts", response_model=list[AcceptedRollouts])
+async def accepted_rollouts(
+    signed: Signed,
+    ledger: LedgerDep,
+    run: Annotated[str, Query(max_length=64)],
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> list[AcceptedRollouts]:
+    """Accepted submissions of ``run`` after cursor ``after``, in acceptance order."""
+    return await ledger.run_signed(signed, training.accepted_after, run, after, limit)
+
+
+@router.get("/submissions/{submission_id}/file", responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}})
+async def accepted_file(submission_id: str, request: Request, signed: Signed, ledger: LedgerDep) -> Response:
+    key = await ledger.run_signed(signed, training.accepted_file_key, submission_id)
+    return Response(request.app.state.blobs.get(key), media_type="application/octet-stream")
+
+
+@router.post("/metrics", status_code=204, responses={404: {"model": ErrorBody}})
+async def post_metrics(body: TrainerMetricsRequest, signed: Signed, ledger: LedgerDep) -> None:
+    """One policy step's summary (loss, rewards, lengths, clip fractions...) for the leaderboard."""
+    await ledger.run_signed(signed, training.record_metrics, body, datetime.now(UTC))

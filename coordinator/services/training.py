@@ -1,0 +1,56 @@
+"""What the trainer (role ``trainer``) reads and writes: accepted rollouts by cursor, step metrics.
+
+The cursor is the id of the submission's credit entry: assigned once, when a validator
+accepts it, and increasing, so a trainer that remembers the last one it used reads every
+accepted submission exactly once, across restarts. Rejected or pending work never appears.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from coordinator.errors import ApiError
+from coordinator.models import ContributionEntry, Run, Submission, Task, TrainerMetrics
+from coordinator.services import roles
+from shared.schemas import AcceptedRollouts, ErrorCode, RoleName, TrainerMetricsRequest
+
+
+def accepted_after(session: Session, signer: str, run_id: str, after: int, limit: int) -> list[AcceptedRollouts]:
+    roles.require(session, signer, RoleName.trainer)
+    query = (
+        select(ContributionEntry.id, Submission.id, Submission.task_id, Task.policy_step)
+        .join(Submission, Submission.id == ContributionEntry.submission_id)
+        .join(Task, Task.id == Submission.task_id)
+        .where(ContributionEntry.kind == "credit", ContributionEntry.id > after, Submission.run_id == run_id)
+        .order_by(ContributionEntry.id)
+        .limit(limit)
+    )
+    return [AcceptedRollouts(cursor=c, submission_id=s, task_id=t, policy_step=p) for c, s, t, p in session.execute(query)]
+
+
+def accepted_file_key(session: Session, signer: str, submission_id: str) -> str:
+    roles.require(session, signer, RoleName.trainer)
+    submission = session.get(Submission, submission_id)
+    if submission is None or submission.status != "accepted":
+        raise ApiError(404, ErrorCode.not_found, f"No accepted submission {submission_id}.")
+    return submission.blob_key
+
+
+def record_metrics(session: Session, signer: str, body: TrainerMetricsRequest, now: datetime) -> TrainerMetrics:
+    roles.require(session, signer, RoleName.trainer)
+    if session.get(Run, body.run_id) is None:
+        raise ApiError(404, ErrorCode.not_found, f"No run {body.run_id}.")
+    row = session.scalar(select(TrainerMetrics).where(TrainerMetrics.run_id == body.run_id, TrainerMetrics.step == body.step))
+    if row is None:
+        row = TrainerMetrics(run_id=body.run_id, step=body.step, metrics=body.metrics, created_at=now)
+        session.add(row)
+    else:
+        row.metrics = body.metrics  # a restarted trainer reposting its step
+    return row
+
+
+def metrics_of(session: Session, run_id: str) -> list[TrainerMetrics]:
+    return list(session.scalars(select(TrainerMetrics).where(TrainerMetrics.run_id == run_id).order_by(TrainerMetrics.step)))

@@ -1,0 +1,88 @@
+"""The trainer against a real coordinator: it reads accepted rollouts exactly once through its
+cursor (across a restart too), drops stale and flat groups, publishes each step as a signed
+manifest the coordinator accepts, and posts metrics. Nodes here speak the API by hand with
+the node's own code; the validator is the real one."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+from eth_account import Account
+from rich.console import Console
+from sqlalchemy import select
+
+from coordinator.db import make_sessionmaker
+from coordinator.models import Run, TrainerMetrics
+from coordinator.settings import CoordinatorSettings
+from devnet.processes import start_relay
+from node.work import finish, generate
+from shared.schemas import SamplingParams
+from shared.shardcast.origin import step_dir
+from shared.wallet import create_wallet
+from tests.conftest import admin_token, serve
+from tests.helpers import make_run
+from tests.test_validation import grant, joined, lease, upload
+from trainer.loop import Trainer
+from trainer.settings import TrainerSettings
+from validator.worker import Validator
+
+
+def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000)
+    with serve(settings) as served:
+        run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=2, samples=4)
+        token = admin_token(served)
+        trainer_key, validator_key = Account.create(), Account.create()
+        grant(served, token, trainer_key.address, "trainer")
+        grant(served, token, validator_key.address, "validator")
+        validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=16)
+        origin = tmp_path / "origin"
+        origin_wallet = tmp_path / "origin.json"
+        grant(served, token, create_wallet(origin_wallet, "pw"), "relay")
+        origin_server = start_relay(tmp_path, "origin", origin_wallet, "pw", served.url, origin=True)  # the validator fetches steps from it
+
+        try:
+            def produce(count: int) -> None:
+                """Nodes generate with the policy step their task names (read from the origin's directory) and the validator checks."""
+                node = joined(served)
+                for _ in range(count):
+                    task = lease(served, node)
+                    model = str(step_dir(origin, run_id, task.policy_step)) if task.policy_step else task.model
+                    upload(served, node, task, finish(generate(task.model_copy(update={"model": model}))).data)
+                validator.run(threading.Event(), max_submissions=validator.checked + count)
+
+            used: list[tuple[str, str]] = []
+            steps: list[tuple[int, dict]] = []
+
+            def on_step(step: int, metrics: dict, batch) -> None:  # type: ignore[no-untyped-def]
+                used.extend(g.key for g in batch.groups)
+                steps.append((step, metrics))
+
+            config = TrainerSettings(groups_per_step=3, chunk_size=1 << 20)
+            produce(4)
+            trainer = Trainer(served.url, trainer_key, run_id, origin, tmp_path / "ckpt", config)
+            assert trainer.run(threading.Event(), steps=1, on_step=on_step) == 1
+            trainer.close()
+
+            # A new trainer process resumes from the checkpoint: step 1's model, the cursor, the optimizer.
+            produce(4)
+            resumed = Trainer(served.url, trainer_key, run_id, origin, tmp_path / "ckpt", config)
+            assert resumed.state.step == 1 and resumed.state.cursor > 0
+            assert resumed.run(threading.Event(), steps=2, on_step=on_step) == 2
+            resumed.close()
+            validator.close()
+        finally:
+            origin_server.stop()
+
+        assert len(used) == len(set(used)), "a group was trained on twice"
+        with make_sessionmaker(served.engine)() as session:
+            assert session.get_one(Run, run_id).policy_step == 2
+            posted = {m.step: m.metrics for m in session.scalars(select(TrainerMetrics))}
+        assert sorted(posted) == [1, 2]
+        for step, metrics in steps:
+            assert posted[step]["groups"] >= 3 and set(metrics) >= {"loss", "entropy", "clip_low", "clip_high", "grad_norm", "staleness"}
+        latest = httpx.get(f"{served.url}/v1/manifests/{run_id}/latest").json()
+        assert latest["step"] == 2 and latest["signed"]["signer"] == trainer_key.address
+        assert (step_dir(origin, run_id, 2) / "model.safetensors").exists()

@@ -1,0 +1,64 @@
+"""``intellect-trainer``: learn from validated rollouts and publish every policy step."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+
+from shared.wallet import WalletError, load_wallet, read_password
+
+app = typer.Typer(help="Run the GRPO trainer of one run (the address needs the trainer role).", no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+
+@app.callback()
+def main() -> None:
+    """Run the GRPO trainer of one run (the address needs the trainer role)."""
+
+
+@app.command()
+def run(
+    wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore; its password from INTELLECT_WALLET_PASSWORD or a prompt.")],
+    run_id: Annotated[str, typer.Option("--run", help="The run to train.")],
+    origin_dir: Annotated[Path, typer.Option(help="The shardcast origin's data directory: steps are written there.")],
+    coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
+    checkpoint_dir: Annotated[Path | None, typer.Option(help="Trainer state (step, cursor, optimizer); default ORIGIN_DIR/../trainer.")] = None,
+    steps: Annotated[int, typer.Option(min=0, help="Stop after publishing this policy step; 0: run until Ctrl-C.")] = 0,
+) -> None:
+    """Pull accepted rollouts, take GRPO steps, publish each policy step through shardcast, until Ctrl-C."""
+    from trainer.loop import Trainer  # torch loads only for the command that needs it
+
+    try:
+        account = load_wallet(wallet_file, read_password())
+    except WalletError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        trainer = Trainer(coordinator, account, run_id, origin_dir, checkpoint_dir or origin_dir.parent / "trainer")
+    except httpx.HTTPError as e:
+        err.print(f"[red]Cannot start: {e}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"Training {run_id} from step {trainer.state.step} as {account.address}; Ctrl-C to stop.")
+
+    def report(step: int, metrics: dict[str, float], _batch: object) -> None:
+        console.print(
+            f"step {step}: loss {metrics['loss']:.4f}, task reward {metrics['task_reward']:.3f}, "
+            f"length {metrics['length']:.1f}, clip {metrics['clip_low'] + metrics['clip_high']:.3f}, {metrics['step_s']:.1f} s"
+        )
+
+    try:
+        trainer.run(stop, steps or None, on_step=report)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        trainer.close()
+    console.print(f"Stopped at policy step {trainer.state.step}.")

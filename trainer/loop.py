@@ -1,0 +1,205 @@
+"""The trainer's loop: accepted rollouts in, a GRPO update, policy step N + 1 out.
+
+Per policy version: read accepted submissions after the cursor until ``groups_per_step``
+groups with a learning signal are in hand (stale and flat groups dropped and counted), take
+``optimizer_steps`` AdamW steps on the token-level GRPO loss against the logprobs the nodes
+recorded, write the model into the origin's directory, save the checkpoint (step, cursor,
+optimizer, the signed manifest), then register the manifest with the coordinator and post the
+step's metrics.
+
+The checkpoint is written before the manifest is registered, so a trainer killed at any
+moment restarts at a consistent (step, cursor): no accepted rollout is used twice or lost,
+and a step whose manifest was not registered yet is registered on restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import torch
+from eth_account.signers.local import LocalAccount
+from pydantic import BaseModel
+
+from shared.models import load_model
+from shared.schemas import PublicStatus, RunInfo, TrainerMetricsRequest
+from shared.shardcast.manifest import SignedManifest
+from shared.shardcast.origin import post_manifest, publish_step, step_dir
+from shared.signing import SignedAuth
+from trainer.data import Batch, add_submission, fetch_accepted
+from trainer.loss import group_advantages, grpo_loss
+from trainer.settings import TrainerSettings
+
+log = logging.getLogger("intellect.trainer")
+CHECKPOINT = "trainer-state.pt"
+
+
+class Checkpoint(BaseModel):
+    step: int
+    cursor: int
+    optimizer_steps: int
+    manifest: str | None = None
+    """The signed manifest of ``step`` (JSON), registered again on restart if need be."""
+
+
+def sequence_logprobs(
+    model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probabilities ``[B, T]`` of each completion token under ``model`` (logits / T, as the
+    node sampled), the per-position entropy ``[B, T]`` and the token mask ``[B, T]``."""
+    rows = [p + c[:-1] for p, c in zip(prompts, completions)]
+    width = max(map(len, rows))
+    longest = max(map(len, completions))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+    logits = model(input_ids=ids, use_cache=False).logits.float() / (temperature or 1.0)  # [B, width, vocab]
+    index = torch.zeros(len(rows), longest, dtype=torch.long)
+    tokens = torch.zeros(len(rows), longest, dtype=torch.long)
+    mask = torch.zeros(len(rows), longest, dtype=torch.bool)
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        n = len(completion)
+        index[i, :n] = torch.arange(len(prompt) - 1, len(prompt) - 1 + n)
+        tokens[i, :n] = torch.tensor(completion)
+        mask[i, :n] = True
+    chosen = logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[-1]))  # [B, T, vocab]
+    logp_all = chosen.log_softmax(-1)
+    logp = logp_all.gather(-1, tokens[:, :, None])[:, :, 0]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy, mask
+
+
+class Trainer:
+    def __init__(
+        self,
+        coordinator: str,
+        account: LocalAccount,
+        run_id: str,
+        origin_dir: Path,
+        checkpoint_dir: Path,
+        settings: TrainerSettings | None = None,
+    ) -> None:
+        self.settings = settings or TrainerSettings()
+        self.coordinator = coordinator.rstrip("/")
+        self.account = account
+        self.run_id = run_id
+        self.origin_dir = origin_dir
+        self.checkpoint_dir = checkpoint_dir
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        status = httpx.get(f"{self.coordinator}/v1/public/status", timeout=30).raise_for_status().json()
+        self.audience = PublicStatus.model_validate(status).audience
+        self.http = httpx.Client(base_url=self.coordinator, timeout=60.0, auth=SignedAuth(account, self.audience))
+        self.run_info = RunInfo.model_validate(httpx.get(f"{self.coordinator}/v1/public/runs/{run_id}", timeout=30).raise_for_status().json())
+
+        path = checkpoint_dir / CHECKPOINT
+        saved = torch.load(path, weights_only=False) if path.exists() else None
+        self.state = Checkpoint.model_validate(saved["state"]) if saved else Checkpoint(step=0, cursor=0, optimizer_steps=0)
+        source = str(step_dir(origin_dir, run_id, self.state.step)) if self.state.step > 0 else self.run_info.model
+        self.model, self.tokenizer = load_model(source)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+        if saved:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        if self.state.manifest is not None:
+            self._register(SignedManifest.model_validate_json(self.state.manifest))
+
+    def close(self) -> None:
+        self.http.close()
+
+    def collect(self, stop: threading.Event) -> Batch | None:
+        """Groups for the next policy version, or None if ``stop`` came first."""
+        oldest = self.state.step + 1 - self.run_info.async_level
+        batch = Batch(cursor=self.state.cursor)
+        while len(batch.groups) < self.settings.groups_per_step:
+            entries = fetch_accepted(self.http, self.run_id, batch.cursor)
+            if not entries:
+                if stop.wait(self.settings.poll_interval_s):
+                    return None
+                continue
+            for entry, rollouts in entries:
+                add_submission(batch, rollouts, oldest)
+                batch.cursor = entry.cursor
+                if len(batch.groups) >= self.settings.groups_per_step:
+                    break
+        return batch
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """The optimizer steps of one policy version; returns its metrics."""
+        rollouts = [r for g in batch.groups for r in g.rollouts]
+        group_ids = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g.rollouts])
+        advantages = group_advantages(torch.tensor([r.reward for r in rollouts]), group_ids, self.settings.loss.advantage_eps)
+        longest = max(len(r.completion_tokens) for r in rollouts)
+        behaviour = torch.zeros(len(rollouts), longest)
+        for i, r in enumerate(rollouts):
+            behaviour[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
+        prompts, completions = [r.prompt_tokens for r in rollouts], [r.completion_tokens for r in rollouts]
+        metrics: dict[str, float] = {}
+        for _ in range(self.settings.optimizer_steps):
+            self._set_lr()
+            # Node logprobs are log_softmax(logits / T) at the run's temperature: the ratio must use the same T.
+            logp, entropy, mask = sequence_logprobs(self.model, prompts, completions, self.run_info.sampling.temperature)
+            loss, stats = grpo_loss(logp, behaviour, advantages, mask, self.settings.loss, entropy=entropy)
+            self.optimizer.zero_grad()
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm))
+            self.optimizer.step()
+            self.state.optimizer_steps += 1
+            metrics = {
+                "loss": stats.loss, "clip_low": stats.clip_low, "clip_high": stats.clip_high, "clip_delta": stats.clip_delta,
+                "ratio_mean": stats.ratio_mean, "entropy": stats.entropy, "grad_norm": grad_norm,
+            }  # fmt: skip
+        step = self.state.step + 1
+        metrics |= {
+            "reward": sum(r.reward for r in rollouts) / len(rollouts),
+            "task_reward": sum(r.task_reward for r in rollouts) / len(rollouts),
+            "length": sum(len(r.completion_tokens) for r in rollouts) / len(rollouts),
+            "staleness": sum(step - 1 - g.policy_step for g in batch.groups) / len(batch.groups),
+            "groups": float(len(batch.groups)),
+            "dropped_stale": float(batch.stale),
+            "dropped_flat": float(batch.flat),
+        }
+        return metrics
+
+    def _set_lr(self) -> None:
+        warm = self.settings.warmup_steps
+        scale = min(1.0, (self.state.optimizer_steps + 1) / warm) if warm else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.settings.lr * scale
+
+    def publish(self, batch: Batch, metrics: dict[str, float]) -> SignedManifest:
+        step = self.state.step + 1
+        directory = step_dir(self.origin_dir, self.run_id, step)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=self.settings.chunk_size)
+        self.state = Checkpoint(step=step, cursor=batch.cursor, optimizer_steps=self.state.optimizer_steps, manifest=signed.model_dump_json())
+        tmp = self.checkpoint_dir / f".{CHECKPOINT}.tmp"
+        torch.save({"state": self.state.model_dump(), "optimizer": self.optimizer.state_dict()}, tmp)
+        tmp.replace(self.checkpoint_dir / CHECKPOINT)
+        self._register(signed)
+        body = TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
+        self.http.post("/v1/trainer/metrics", content=body.model_dump_json(), headers={"content-type": "application/json"}).raise_for_status()
+        return signed
+
+    def _register(self, signed: SignedManifest) -> None:
+        post_manifest(self.coordinator, self.account, signed, self.audience)
+
+    def run(self, stop: threading.Event, steps: int | None = None, on_step=None) -> int:  # type: ignore[no-untyped-def]
+        """Train until ``stop`` (or until policy step ``steps`` is published); returns the step reached."""
+        torch.set_num_threads(1)
+        while not stop.is_set() and (steps is None or self.state.step < steps):
+            started = time.perf_counter()
+            batch = self.collect(stop)
+            if batch is None:
+                break
+            metrics = self.train_step(batch)
+            metrics["step_s"] = time.perf_counter() - started
+            self.publish(batch, metrics)
+            log.info("published step %d: %s", self.state.step, metrics)
+            if on_step is not None:
+                on_step(self.state.step, metrics, batch)
+        return self.state.step

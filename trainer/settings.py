@@ -1,0 +1,38 @@
+"""Trainer settings: ``INTELLECT_TRAINER_*`` env vars or ``intellect-trainer.toml``, below CLI flags.
+
+Defaults follow INTELLECT-2 where it states one; learning rate and batch sizes suit the tiny model on CPU.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from shared.settings import RoleSettings
+from trainer.loss import LossSettings
+
+
+class TrainerSettings(RoleSettings):
+    model_config = SettingsConfigDict(env_prefix="INTELLECT_TRAINER_", toml_file="intellect-trainer.toml", extra="ignore")
+
+    loss: LossSettings = LossSettings()
+    """Clipping, entropy, KL and normaliser coefficients."""
+    lr: float = Field(2e-4, gt=0)
+    """AdamW learning rate after warmup."""
+    warmup_steps: int = Field(2, ge=0)
+    """Optimizer steps of linear warmup."""
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient-norm clipping."""
+    optimizer_steps: int = Field(2, ge=1)
+    """Optimizer steps per policy version (each over the whole batch)."""
+    groups_per_step: int = Field(8, ge=1)
+    """Prompt groups (all samples of one prompt in one task) with a learning signal per policy version."""
+    pass_rate_min: float = Field(0.0, ge=0, le=1)
+    """Offline filter: keep prompts whose dataset pass rate is at least this (INTELLECT-2: 0.1), when known."""
+    pass_rate_max: float = Field(1.0, ge=0, le=1)
+    """... and at most this (INTELLECT-2: 0.8)."""
+    poll_interval_s: float = Field(1.0, gt=0)
+    """Wait between polls for accepted rollouts when there are not enough yet."""
+    chunk_size: int = Field(32 << 20, ge=4096)
+    """Shardcast chunk size of published steps."""
