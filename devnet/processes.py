@@ -126,10 +126,10 @@ def admin_token(database_url: str, name: str = "devnet", scope: str = "admin") -
     return coordinator_command(args).splitlines()[-1]
 
 
-def create_run(database_url: str, name: str, log_path: Path) -> str:
-    """An arithmetic run on the shipped tiny model; returns its id."""
+def create_run(database_url: str, name: str, log_path: Path, options: list[str] = ()) -> str:  # type: ignore[assignment]
+    """An arithmetic run on the shipped tiny model (``options``: more ``run create`` flags); returns its id."""
     return coordinator_command(
-        ["run", "create", "--name", name, "--environment", "arithmetic", "--database-url", database_url], log_path
+        ["run", "create", "--name", name, "--environment", "arithmetic", "--database-url", database_url, *options], log_path
     )
 
 

@@ -17,7 +17,7 @@ class TrainerSettings(RoleSettings):
 
     loss: LossSettings = LossSettings()
     """Clipping, entropy, KL and normaliser coefficients."""
-    lr: float = Field(2e-4, gt=0)
+    lr: float = Field(1e-4, gt=0)
     """AdamW learning rate after warmup."""
     warmup_steps: int = Field(2, ge=0)
     """Optimizer steps of linear warmup."""
@@ -26,12 +26,8 @@ class TrainerSettings(RoleSettings):
     """Gradient-norm clipping."""
     optimizer_steps: int = Field(2, ge=1)
     """Optimizer steps per policy version (each over the whole batch)."""
-    groups_per_step: int = Field(8, ge=1)
+    groups_per_step: int = Field(16, ge=1)
     """Prompt groups (all samples of one prompt in one task) with a learning signal per policy version."""
-    pass_rate_min: float = Field(0.0, ge=0, le=1)
-    """Offline filter: keep prompts whose dataset pass rate is at least this (INTELLECT-2: 0.1), when known."""
-    pass_rate_max: float = Field(1.0, ge=0, le=1)
-    """... and at most this (INTELLECT-2: 0.8)."""
     poll_interval_s: float = Field(1.0, gt=0)
     """Wait between polls for accepted rollouts when there are not enough yet."""
     chunk_size: int = Field(32 << 20, ge=4096)

@@ -1,0 +1,112 @@
+"""A whole network on loopback, one process per role, with fresh wallets and granted roles:
+the coordinator, the trainer's shardcast origin, a relay, a validator, the trainer and N nodes.
+
+Used by ``intellect-devnet`` and by the tests that prove the network learns.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from devnet.processes import (
+    Process,
+    admin_token,
+    create_run,
+    migrate,
+    script,
+    spawn,
+    start_coordinator,
+    start_node,
+    start_relay,
+)
+from shared.wallet import create_wallet
+
+
+@dataclass
+class Network:
+    workdir: Path
+    database_url: str
+    token: str
+    run_id: str
+    password: str
+    processes: list[Process] = field(default_factory=list)
+
+    @property
+    def coordinator(self) -> Process:
+        return self.processes[0]
+
+    def by_name(self, name: str) -> Process:
+        return next(p for p in self.processes if p.name == name)
+
+    def wallet(self, name: str) -> tuple[Path, str]:
+        path = self.workdir / "wallets" / f"{name}.json"
+        return path, create_wallet(path, self.password)
+
+    def grant(self, address: str, role: str) -> None:
+        reply = httpx.post(
+            f"{self.coordinator.url}/v1/admin/roles",
+            json={"address": address, "role": role},
+            headers={"authorization": f"Bearer {self.token}"},
+            timeout=30,
+        )
+        reply.raise_for_status()
+
+    def stop(self) -> dict[str, int | None]:
+        return {p.name: p.stop() for p in reversed(self.processes)}
+
+
+def start_network(
+    workdir: Path,
+    *,
+    nodes: int = 2,
+    database_url: str | None = None,
+    run_options: list[str] = (),  # type: ignore[assignment]
+    coordinator_env: dict[str, str] | None = None,
+    trainer_env: dict[str, str] | None = None,
+    steps: int = 0,
+) -> Network:
+    """Start every role; on a failure, stop what started and raise :class:`StartError` naming the process."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    database_url = database_url or f"sqlite:///{workdir / 'ledger.db'}"
+    migrate(database_url, workdir / "logs" / "migrate.log")
+    token = admin_token(database_url)
+    (workdir / "admin-token").write_text(token + "\n")
+    run_id = create_run(database_url, "devnet-arithmetic", workdir / "logs" / "run.log", run_options)
+    password = secrets.token_urlsafe(16)
+    (workdir / "wallet-password").write_text(password + "\n")
+    net = Network(workdir, database_url, token, run_id, password)
+    try:
+        env = {"INTELLECT_BLOB_DIR": str(workdir / "blobs"), **(coordinator_env or {})}
+        net.processes.append(start_coordinator(workdir, database_url, env=env))
+        url = net.coordinator.url
+        assert url is not None
+
+        origin_wallet, origin_address = net.wallet("origin")
+        relay_wallet, relay_address = net.wallet("relay")
+        validator_wallet, validator_address = net.wallet("validator")
+        trainer_wallet, trainer_address = net.wallet("trainer")
+        grants = {origin_address: "relay", relay_address: "relay", validator_address: "validator", trainer_address: "trainer"}
+        for address, role in grants.items():
+            net.grant(address, role)
+
+        net.processes.append(start_relay(workdir, "origin", origin_wallet, password, url, origin=True))
+        net.processes.append(start_relay(workdir, "relay", relay_wallet, password, url, upstreams=[net.by_name("origin").url]))  # type: ignore[list-item]
+        secret = {"INTELLECT_WALLET_PASSWORD": password}
+        validator = [*script("intellect-validator"), "run", "--wallet", str(validator_wallet), "--coordinator", url]
+        validator += ["--state-dir", str(workdir / "state" / "validator")]
+        net.processes.append(spawn("validator", validator, workdir / "logs" / "validator.log", secret))
+        trainer = [*script("intellect-trainer"), "run", "--wallet", str(trainer_wallet), "--coordinator", url, "--run", run_id]
+        trainer += ["--origin-dir", str(workdir / "origin"), "--checkpoint-dir", str(workdir / "trainer"), "--steps", str(steps)]
+        trainer_log = workdir / "logs" / "trainer.log"
+        net.processes.append(spawn("trainer", trainer, trainer_log, {**secret, **(trainer_env or {})}))
+        for i in range(nodes):
+            wallet, _ = net.wallet(f"node-{i}")
+            net.processes.append(start_node(workdir, f"node-{i}", wallet, url, password))
+    except BaseException:
+        net.stop()
+        raise
+    return net
