@@ -143,6 +143,9 @@ def run_create(
         float, typer.Option(min=0, help="Thinking-budget penalty per token off target; 0 disables it.")
     ] = 0.0,
     target_length: Annotated[int, typer.Option(min=1, help="Thinking-budget target length, in tokens.")] = 1024,
+    async_level: Annotated[
+        int, typer.Option(min=0, max=64, help="Accept rollouts of policies at most this many steps old (0: synchronous).")
+    ] = 2,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an active run that nodes can lease tasks of."""
@@ -163,6 +166,7 @@ def run_create(
                 samples_per_prompt,
                 LengthBudget(alpha=length_alpha, target_tokens=target_length),
                 datetime.now(UTC),
+                async_level,
             )
     except ValueError as e:
         err.print(f"[red]{e}[/red]")

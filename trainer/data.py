@@ -7,6 +7,7 @@ task rewards do not vary (no signal: the length penalty alone would make advanta
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -36,23 +37,39 @@ class Batch:
     groups: list[Group] = field(default_factory=list)
     cursor: int = 0
     stale: int = 0
-    """Groups dropped because their policy was too old."""
+    """Groups (or, unread, whole submissions) dropped because their policy was too old."""
     flat: int = 0
     """Groups dropped because their task rewards did not vary."""
 
 
-def fetch_accepted(http: httpx.Client, run_id: str, after: int, limit: int = 100) -> list[tuple[AcceptedRollouts, list[Rollout]]]:
-    reply = http.get("/v1/trainer/rollouts", params={"run": run_id, "after": after, "limit": limit})
-    reply.raise_for_status()
-    out = []
-    for entry in (AcceptedRollouts.model_validate(e) for e in reply.json()):
-        data = http.get(f"/v1/trainer/submissions/{entry.submission_id}/file")
-        data.raise_for_status()
-        out.append((entry, read_rollouts(data.content)))
+def _get(http: httpx.Client, path: str, **params: object) -> httpx.Response:
+    """GET, waiting out the coordinator's rate limit (429) or a brief unavailability (503) as it asks."""
+    for _ in range(30):
+        reply = http.get(path, params=params or None)
+        if reply.status_code not in (429, 503):
+            return reply.raise_for_status()
+        time.sleep(min(float(reply.headers.get("retry-after", "1")), 10.0))
+    return reply.raise_for_status()
+
+
+def fetch_accepted(
+    http: httpx.Client, run_id: str, after: int, oldest_step: int, limit: int = 100
+) -> list[tuple[AcceptedRollouts, list[Rollout] | None]]:
+    """Accepted submissions after cursor ``after``; the files of those whose policy is not
+    older than ``oldest_step`` (stale ones are only counted, so they are not downloaded)."""
+    out: list[tuple[AcceptedRollouts, list[Rollout] | None]] = []
+    for entry in (AcceptedRollouts.model_validate(e) for e in _get(http, "/v1/trainer/rollouts", run=run_id, after=after, limit=limit).json()):
+        if entry.policy_step < oldest_step:
+            out.append((entry, None))
+        else:
+            out.append((entry, read_rollouts(_get(http, f"/v1/trainer/submissions/{entry.submission_id}/file").content)))
     return out
 
 
-def add_submission(batch: Batch, rollouts: list[Rollout], oldest_step: int) -> None:
+def add_submission(batch: Batch, rollouts: list[Rollout] | None, oldest_step: int) -> None:
+    if rollouts is None:
+        batch.stale += 1
+        return
     by_prompt: dict[tuple[str, str], list[Rollout]] = defaultdict(list)
     for r in rollouts:
         by_prompt[(r.task_id, r.prompt_id)].append(r)

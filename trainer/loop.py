@@ -43,6 +43,8 @@ class Checkpoint(BaseModel):
     optimizer_steps: int
     manifest: str | None = None
     """The signed manifest of ``step`` (JSON), registered again on restart if need be."""
+    consumed: list[tuple[int, int, int]] = []
+    """(step, cursor before, cursor after) per policy step: the ranges must tile the cursor line."""
 
 
 def sequence_logprobs(
@@ -114,7 +116,7 @@ class Trainer:
         oldest = self.state.step + 1 - self.run_info.async_level
         batch = Batch(cursor=self.state.cursor)
         while len(batch.groups) < self.settings.groups_per_step:
-            entries = fetch_accepted(self.http, self.run_id, batch.cursor)
+            entries = fetch_accepted(self.http, self.run_id, batch.cursor, oldest)
             if not entries:
                 if stop.wait(self.settings.poll_interval_s):
                     return None
@@ -176,7 +178,13 @@ class Trainer:
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
         signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=self.settings.chunk_size)
-        self.state = Checkpoint(step=step, cursor=batch.cursor, optimizer_steps=self.state.optimizer_steps, manifest=signed.model_dump_json())
+        self.state = Checkpoint(
+            step=step,
+            cursor=batch.cursor,
+            optimizer_steps=self.state.optimizer_steps,
+            manifest=signed.model_dump_json(),
+            consumed=[*self.state.consumed, (step, self.state.cursor, batch.cursor)],
+        )
         tmp = self.checkpoint_dir / f".{CHECKPOINT}.tmp"
         torch.save({"state": self.state.model_dump(), "optimizer": self.optimizer.state_dict()}, tmp)
         tmp.replace(self.checkpoint_dir / CHECKPOINT)

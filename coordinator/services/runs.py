@@ -38,6 +38,7 @@ def create_run(
     samples_per_prompt: int,
     budget: LengthBudget,
     now: datetime,
+    async_level: int = 2,
 ) -> Run:
     if environment not in ENVIRONMENTS:
         raise ValueError(f"unknown environment {environment!r}; choose one of {', '.join(ENVIRONMENTS)}")
@@ -56,6 +57,7 @@ def create_run(
         next_prompt=0,
         status="active",
         created_at=now,
+        async_level=async_level,
     )
     session.add(run)
     return run
