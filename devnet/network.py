@@ -68,8 +68,13 @@ def start_network(
     coordinator_env: dict[str, str] | None = None,
     trainer_env: dict[str, str] | None = None,
     steps: int = 0,
+    keep_steps: int = 2,
 ) -> Network:
-    """Start every role; on a failure, stop what started and raise :class:`StartError` naming the process."""
+    """Start every role; on a failure, stop what started and raise :class:`StartError` naming the process.
+
+    ``steps``: the trainer stops after publishing this policy step (0: never); ``keep_steps``:
+    how many policy steps the origin and relay keep (more to evaluate a whole run afterwards).
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     database_url = database_url or f"sqlite:///{workdir / 'ledger.db'}"
     migrate(database_url, workdir / "logs" / "migrate.log")
@@ -93,8 +98,10 @@ def start_network(
         for address, role in grants.items():
             net.grant(address, role)
 
-        net.processes.append(start_relay(workdir, "origin", origin_wallet, password, url, origin=True))
-        net.processes.append(start_relay(workdir, "relay", relay_wallet, password, url, upstreams=[net.by_name("origin").url]))  # type: ignore[list-item]
+        keep = ["--keep", str(keep_steps)]
+        net.processes.append(start_relay(workdir, "origin", origin_wallet, password, url, origin=True, extra=keep))
+        origin_url = net.by_name("origin").url
+        net.processes.append(start_relay(workdir, "relay", relay_wallet, password, url, upstreams=[origin_url], extra=keep))  # type: ignore[list-item]
         secret = {"INTELLECT_WALLET_PASSWORD": password}
         validator = [*script("intellect-validator"), "run", "--wallet", str(validator_wallet), "--coordinator", url]
         validator += ["--state-dir", str(workdir / "state" / "validator")]

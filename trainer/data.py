@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -40,6 +41,8 @@ class Batch:
     """Groups (or, unread, whole submissions) dropped because their policy was too old."""
     flat: int = 0
     """Groups dropped because their task rewards did not vary."""
+    off_range: int = 0
+    """Groups dropped by the offline filter: their prompt's dataset pass rate is outside the range."""
 
 
 def _get(http: httpx.Client, path: str, **params: object) -> httpx.Response:
@@ -66,7 +69,9 @@ def fetch_accepted(
     return out
 
 
-def add_submission(batch: Batch, rollouts: list[Rollout] | None, oldest_step: int) -> None:
+def add_submission(
+    batch: Batch, rollouts: list[Rollout] | None, oldest_step: int, keep_prompt: Callable[[str], bool] = lambda _: True
+) -> None:
     if rollouts is None:
         batch.stale += 1
         return
@@ -77,6 +82,8 @@ def add_submission(batch: Batch, rollouts: list[Rollout] | None, oldest_step: in
         group = Group(key, members)
         if group.policy_step < oldest_step:
             batch.stale += 1
+        elif not keep_prompt(key[1]):
+            batch.off_range += 1
         elif not group.has_signal:
             batch.flat += 1
         else:

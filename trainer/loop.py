@@ -24,12 +24,14 @@ import torch
 from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
+from shared.environments.registry import get_environment
 from shared.models import load_model
 from shared.schemas import PublicStatus, RunInfo, TrainerMetricsRequest
 from shared.shardcast.manifest import SignedManifest
 from shared.shardcast.origin import post_manifest, publish_step, step_dir
 from shared.signing import SignedAuth
 from trainer.data import Batch, add_submission, fetch_accepted
+from trainer.distributed import full_state_dict, placement, shard
 from trainer.loss import group_advantages, grpo_loss
 from trainer.settings import TrainerSettings
 
@@ -58,7 +60,8 @@ def sequence_logprobs(
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.tensor(row)
-    logits = model(input_ids=ids, use_cache=False).logits.float() / (temperature or 1.0)  # [B, width, vocab]
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device), use_cache=False).logits.float().cpu() / (temperature or 1.0)  # [B, width, vocab]
     index = torch.zeros(len(rows), longest, dtype=torch.long)
     tokens = torch.zeros(len(rows), longest, dtype=torch.long)
     mask = torch.zeros(len(rows), longest, dtype=torch.bool)
@@ -102,10 +105,16 @@ class Trainer:
         source = str(step_dir(origin_dir, run_id, self.state.step)) if self.state.step > 0 else self.run_info.model
         self.model, self.tokenizer = load_model(source)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+        if self.settings.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.problems = {p.id: p for p in get_environment(self.run_info.environment).problems()}
+        self.where = placement()
+        self.module = shard(self.model, self.where)
+        """What the loss runs through: the model itself, or its FSDP wrapper under torchrun."""
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay)
         if saved:
             self.optimizer.load_state_dict(saved["optimizer"])
-        if self.state.manifest is not None:
+        if self.state.manifest is not None and self.where.leader:
             self._register(SignedManifest.model_validate_json(self.state.manifest))
 
     def close(self) -> None:
@@ -122,17 +131,24 @@ class Trainer:
                     return None
                 continue
             for entry, rollouts in entries:
-                add_submission(batch, rollouts, oldest)
+                add_submission(batch, rollouts, oldest, self._in_pass_range)
                 batch.cursor = entry.cursor
                 if len(batch.groups) >= self.settings.groups_per_step:
                     break
         return batch
 
+    def _in_pass_range(self, prompt_id: str) -> bool:
+        rate = self.problems[prompt_id].pass_rate if prompt_id in self.problems else None
+        return rate is None or self.settings.pass_rate_min <= rate <= self.settings.pass_rate_max
+
     def train_step(self, batch: Batch) -> dict[str, float]:
         """The optimizer steps of one policy version; returns its metrics."""
-        rollouts = [r for g in batch.groups for r in g.rollouts]
+        everything = [r for g in batch.groups for r in g.rollouts]
         group_ids = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g.rollouts])
-        advantages = group_advantages(torch.tensor([r.reward for r in rollouts]), group_ids, self.settings.loss.advantage_eps)
+        all_advantages = group_advantages(torch.tensor([r.reward for r in everything]), group_ids, self.settings.loss.advantage_eps)
+        # Data parallel under FSDP: each rank takes every world_size-th sequence of the batch.
+        rank, world = self.where.rank, self.where.world_size
+        rollouts, advantages = everything[rank::world], all_advantages[rank::world]
         longest = max(len(r.completion_tokens) for r in rollouts)
         behaviour = torch.zeros(len(rollouts), longest)
         for i, r in enumerate(rollouts):
@@ -142,11 +158,11 @@ class Trainer:
         for _ in range(self.settings.optimizer_steps):
             self._set_lr()
             # Node logprobs are log_softmax(logits / T) at the run's temperature: the ratio must use the same T.
-            logp, entropy, mask = sequence_logprobs(self.model, prompts, completions, self.run_info.sampling.temperature)
+            logp, entropy, mask = sequence_logprobs(self.module, prompts, completions, self.run_info.sampling.temperature)
             loss, stats = grpo_loss(logp, behaviour, advantages, mask, self.settings.loss, entropy=entropy)
             self.optimizer.zero_grad()
             loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.settings.max_grad_norm))
             self.optimizer.step()
             self.state.optimizer_steps += 1
             metrics = {
@@ -155,13 +171,14 @@ class Trainer:
             }  # fmt: skip
         step = self.state.step + 1
         metrics |= {
-            "reward": sum(r.reward for r in rollouts) / len(rollouts),
-            "task_reward": sum(r.task_reward for r in rollouts) / len(rollouts),
-            "length": sum(len(r.completion_tokens) for r in rollouts) / len(rollouts),
+            "reward": sum(r.reward for r in everything) / len(everything),
+            "task_reward": sum(r.task_reward for r in everything) / len(everything),
+            "length": sum(len(r.completion_tokens) for r in everything) / len(everything),
             "staleness": sum(step - 1 - g.policy_step for g in batch.groups) / len(batch.groups),
             "groups": float(len(batch.groups)),
             "dropped_stale": float(batch.stale),
             "dropped_flat": float(batch.flat),
+            "dropped_off_range": float(batch.off_range),
         }
         return metrics
 
@@ -171,11 +188,16 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.settings.lr * scale
 
-    def publish(self, batch: Batch, metrics: dict[str, float]) -> SignedManifest:
+    def publish(self, batch: Batch, metrics: dict[str, float]) -> SignedManifest | None:
+        """Write step N + 1, checkpoint, register it (the leader; other ranks only advance)."""
         step = self.state.step + 1
         directory = step_dir(self.origin_dir, self.run_id, step)
+        gathered = full_state_dict(self.module, self.where)
+        if not self.where.leader:
+            self.state = self.state.model_copy(update={"step": step, "cursor": batch.cursor})
+            return None
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
+        self.model.save_pretrained(directory, state_dict=gathered)
         self.tokenizer.save_pretrained(directory)
         signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=self.settings.chunk_size)
         self.state = Checkpoint(
@@ -201,7 +223,11 @@ class Trainer:
         torch.set_num_threads(1)
         while not stop.is_set() and (steps is None or self.state.step < steps):
             started = time.perf_counter()
-            batch = self.collect(stop)
+            batch = self.collect(stop) if self.where.leader else None
+            if self.where.world_size > 1:
+                shared = [batch]
+                torch.distributed.broadcast_object_list(shared, src=0)  # every rank trains on the leader's batch
+                batch = shared[0]
             if batch is None:
                 break
             metrics = self.train_step(batch)

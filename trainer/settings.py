@@ -28,6 +28,12 @@ class TrainerSettings(RoleSettings):
     """Optimizer steps per policy version (each over the whole batch)."""
     groups_per_step: int = Field(16, ge=1)
     """Prompt groups (all samples of one prompt in one task) with a learning signal per policy version."""
+    pass_rate_min: float = Field(0.0, ge=0, le=1)
+    """Offline filter: train on prompts whose dataset pass rate is at least this (INTELLECT-2: 0.1), when one is given."""
+    pass_rate_max: float = Field(1.0, ge=0, le=1)
+    """... and at most this (INTELLECT-2: 0.8)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (real models on GPU)."""
     poll_interval_s: float = Field(1.0, gt=0)
     """Wait between polls for accepted rollouts when there are not enough yet."""
     chunk_size: int = Field(32 << 20, ge=4096)

@@ -23,6 +23,8 @@ class Problem(BaseModel):
     prompt: str
     answer: str | None = None
     tests: list[str] | None = None
+    pass_rate: float | None = None
+    """How often a reference model solves it, when the dataset says (for the trainer's offline filter)."""
 
 
 class Environment(Protocol):

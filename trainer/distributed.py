@@ -1,0 +1,70 @@
+"""The trainer's scale path: the same loop on one process (CPU or one GPU) or sharded over
+several GPUs with FSDP under ``torchrun``.
+
+One process (no ``WORLD_SIZE`` or ``WORLD_SIZE=1``): the model is used as it is. Several:
+``init_process_group`` (NCCL on GPUs, Gloo otherwise), one device per local rank, and each
+decoder layer wrapped as an FSDP unit with full-state saving on rank 0 only, so the published
+safetensors are the whole model. Only rank 0 talks to the coordinator and publishes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
+def placement() -> Placement:
+    """This process's place, initialising the process group when launched by ``torchrun``."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Placement(dist.get_rank() if dist.is_initialized() else 0, world_size, device)
+
+
+def shard(model: torch.nn.Module, where: Placement) -> torch.nn.Module:
+    """``model`` on this process's device: as it is alone, FSDP-wrapped per decoder layer with others."""
+    model = model.to(where.device)
+    if where.world_size == 1:
+        return model
+    from functools import partial
+
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    layer_types = {type(layer) for layer in getattr(getattr(model, "model", model), "layers", [])}
+    precision = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if where.device.type == "cuda" else None
+    return FullyShardedDataParallel(
+        model,
+        auto_wrap_policy=partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_types),
+        mixed_precision=precision,
+        device_id=where.device if where.device.type == "cuda" else None,
+    )
+
+
+def full_state_dict(model: torch.nn.Module, where: Placement) -> dict[str, torch.Tensor] | None:
+    """The whole model's weights on the leader (None elsewhere), gathered from the shards if sharded."""
+    if where.world_size == 1:
+        return None  # the caller saves the unwrapped model directly
+    from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+
+    with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+        state = model.state_dict()
+    return state if where.leader else None
