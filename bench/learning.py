@@ -45,7 +45,8 @@ def curve(async_level: int, seconds: float, evals: int, held_out: list[tuple[str
                         raise RuntimeError(f"{process.name} exited:\n{process.tail()}")
                 time.sleep(1)
             url = net.coordinator.url
-            latest = httpx.get(f"{url}/v1/manifests/{net.run_id}/latest").json()["step"] if url else 0
+            reply = httpx.get(f"{url}/v1/manifests/{net.run_id}/latest")
+            latest = reply.json()["step"] if reply.status_code == 200 else 0
             published = {}
             for step in range(1, latest + 1):
                 created = httpx.get(f"{url}/v1/manifests/{net.run_id}/{step}").json()["created_at"]
@@ -62,7 +63,7 @@ def curve(async_level: int, seconds: float, evals: int, held_out: list[tuple[str
 
 
 def time_to(points: list[tuple[float, int, float]], accuracy: float) -> float:
-    return next(t for t, _, a in points if a >= accuracy)
+    return next((t for t, _, a in points if a >= accuracy), float("inf"))
 
 
 def main() -> None:

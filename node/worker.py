@@ -74,6 +74,9 @@ class Heartbeats(threading.Thread):
                     raise NodeError(
                         f"The coordinator's operator banned this node ({beat.reason}). Contact them to appeal.", EXIT_BANNED
                     )
+                if self.weights is not None:
+                    for run_id, step in beat.policy_steps.items():
+                        self.weights.prefetch(run_id, step)
                 if beat.status != self.session.last_status:
                     self.console.print(f"Status: [bold]{beat.status}[/bold]")
                 self.session.last_status = beat.status

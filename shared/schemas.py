@@ -125,8 +125,8 @@ class HeartbeatResponse(BaseModel):
     status: NodeStatus
     reason: str | None = None
     heartbeat_interval_s: float
-    policy_step: int | None = None
-    """Newest policy step the trainer published; None until a trainer exists."""
+    policy_steps: dict[str, int] = Field(default_factory=dict)
+    """Newest published policy step of each active run: nodes fetch it before their tasks need it."""
     server_time: float
 
 

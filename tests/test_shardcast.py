@@ -347,6 +347,14 @@ def test_a_node_downloads_the_published_step_and_generates_with_it(net: Net) -> 
     signed = publish_step(net.workdir / "origin", net.run_id, 1, net.trainer, chunk_size=CHUNK)
     post_manifest(net.served.url, net.trainer, signed, net.served.audience)
 
+    # Heartbeats tell every node the newest step of each active run, so it can fetch ahead.
+    from tests.helpers import heartbeat_body, register_body
+
+    listener = Account.create()
+    signed_post(net.served.url, "/v1/nodes/register", listener, net.served.audience, register_body(listener))
+    beat = signed_post(net.served.url, "/v1/nodes/heartbeat", listener, net.served.audience, heartbeat_body(listener)).json()
+    assert beat["policy_steps"] == {net.run_id: 1}
+
     wallet = net.workdir / "node.json"
     create_wallet(wallet, "pw")
     node = start_node(net.workdir, "node-1", wallet, net.served.url, "pw")

@@ -122,7 +122,8 @@ class Trainer:
 
     def collect(self, stop: threading.Event) -> Batch | None:
         """Groups for the next policy version, or None if ``stop`` came first."""
-        oldest = self.state.step + 1 - self.run_info.async_level
+        # Step N + 1 learns from the current policy N and at most async_level steps older (0: on-policy only).
+        oldest = self.state.step - self.run_info.async_level
         batch = Batch(cursor=self.state.cursor)
         while len(batch.groups) < self.settings.groups_per_step:
             entries = fetch_accepted(self.http, self.run_id, batch.cursor, oldest)

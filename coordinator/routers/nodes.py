@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from coordinator.deps import LedgerDep, Settings, Signed
-from coordinator.services import nodes
+from coordinator.services import nodes, runs
 from shared.schemas import (
     ErrorBody,
     HeartbeatRequest,
@@ -33,7 +33,9 @@ async def register(body: RegisterRequest, signed: Signed, ledger: LedgerDep, set
 
 
 @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {"model": ErrorBody}, 426: {"model": ErrorBody}})
-async def heartbeat(body: HeartbeatRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> HeartbeatResponse:
+async def heartbeat(
+    body: HeartbeatRequest, request: Request, signed: Signed, ledger: LedgerDep, settings: Settings
+) -> HeartbeatResponse:
     status, ban_reason = await ledger.run_signed(signed, nodes.heartbeat, body, settings, datetime.now(UTC))
     banned = status == NodeStatus.banned
     return HeartbeatResponse(
@@ -41,5 +43,15 @@ async def heartbeat(body: HeartbeatRequest, signed: Signed, ledger: LedgerDep, s
         status=status,
         reason=ban_reason if banned else None,
         heartbeat_interval_s=settings.heartbeat_interval_s,
+        policy_steps={} if banned else await _policy_steps(request, ledger),
         server_time=time.time(),
     )
+
+
+async def _policy_steps(request: Request, ledger: LedgerDep) -> dict[str, int]:
+    """Active runs' policy steps, read at most once a second: heartbeats are the hottest path."""
+    cached = getattr(request.app.state, "policy_steps", None)
+    if cached is None or time.monotonic() - cached[0] > 1.0:
+        cached = (time.monotonic(), await ledger.run(runs.policy_steps))
+        request.app.state.policy_steps = cached
+    return cached[1]

@@ -131,3 +131,8 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
     task.leased_to = signer
     task.lease_expires_at = now + timedelta(seconds=settings.task_lease_s)
     return spec(run, task)
+
+
+def policy_steps(session: Session) -> dict[str, int]:
+    """The current policy step of every active run."""
+    return dict(session.execute(select(Run.id, Run.policy_step).where(Run.status == "active")).all())  # type: ignore[arg-type]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from shared.schemas import TaskSpec
 from shared.shardcast.client import download_step
@@ -30,32 +30,51 @@ class Weights:
         self.lock = threading.Lock()
         self.held: dict[str, int] = {}
         """Per run, the newest step held: what heartbeats report."""
+        self.runs: set[str] = set()
+        """Runs this process has worked on: the ones worth prefetching new steps of."""
+        self.fetching: set[tuple[str, int]] = set()
         for run_dir in directory.glob("*"):
             steps = [int(p.parent.name) for p in run_dir.glob(f"*/{MANIFEST_FILE}") if p.parent.name.isdigit()]
             if steps:
                 self.held[run_dir.name] = max(steps)
 
     def model_for(self, task: TaskSpec) -> str:
-        """The model directory for the task's policy step, downloading it first if needed."""
-        if task.policy_step == 0:
-            return task.model
-        dest = self.directory / task.run_id / str(task.policy_step)
+        """The model directory for the task's policy step, downloading it first if it is not here yet."""
+        self.runs.add(task.run_id)
+        return task.model if task.policy_step == 0 else str(self.ensure(task.run_id, task.policy_step))
+
+    def ensure(self, run_id: str, step: int) -> Path:
+        dest = self.directory / run_id / str(step)
         with self.lock:
             if not (dest / MANIFEST_FILE).exists():
-                self._download(task.run_id, task.policy_step, dest)
-            self.held[task.run_id] = max(self.held.get(task.run_id, 0), task.policy_step)
-            self._prune(task.run_id)
-        return str(dest)
+                self._download(run_id, step, dest)
+            self.held[run_id] = max(self.held.get(run_id, 0), step)
+            self._prune(run_id)
+        return dest
+
+    def prefetch(self, run_id: str, step: int) -> None:
+        """Fetch ``step`` in the background (once), so the task that needs it finds it ready and
+        generation never waits for a download; only for runs this process works on."""
+        if run_id not in self.runs or step <= self.held.get(run_id, 0) or (run_id, step) in self.fetching:
+            return
+        self.fetching.add((run_id, step))
+
+        def fetch() -> None:
+            try:
+                self.ensure(run_id, step)
+            except Exception as e:  # the task that needs the step fetches it again and reports the failure
+                self.console.print(f"[yellow]Prefetching policy step {step} of {run_id} failed: {e}[/yellow]")
+            finally:
+                self.fetching.discard((run_id, step))
+
+        threading.Thread(target=fetch, name=f"prefetch-{step}", daemon=True).start()
 
     def _download(self, run_id: str, step: int, dest: Path) -> None:
-        columns = (*Progress.get_default_columns()[:2], BarColumn(), DownloadColumn(), TransferSpeedColumn())
-        with Progress(*columns, console=self.console, transient=True, disable=not self.console.is_terminal) as progress:
-            bar = progress.add_task(f"policy step {step}", total=None)
-            download_step(
-                self.coordinator, run_id, step, dest, account=self.account,
-                on_progress=lambda done, total: progress.update(bar, completed=done, total=total),
-            )  # fmt: skip
-        self.console.print(f"Holding policy step {step} of {run_id} (verified).")
+        # Plain lines, not a progress bar: downloads run beside the node's own live status line.
+        started = time.monotonic()
+        manifest = download_step(self.coordinator, run_id, step, dest, account=self.account)
+        rate = manifest.total_bytes / 2**20 / max(time.monotonic() - started, 1e-6)
+        self.console.print(f"Holding policy step {step} of {run_id} ({manifest.total_bytes / 2**20:.1f} MiB verified, {rate:.0f} MiB/s).")
 
     def _prune(self, run_id: str) -> None:
         steps = sorted((int(p.name) for p in (self.directory / run_id).glob("*") if p.name.isdigit()), reverse=True)
