@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +9,7 @@ import httpx
 import typer
 from rich.console import Console
 
-from shared.wallet import WalletError, load_wallet, read_password
+from shared.cli import WalletOption, stop_on_sigterm, unlock
 
 app = typer.Typer(help="Run the GRPO trainer of one run (the address needs the trainer role).", no_args_is_help=True)
 console = Console()
@@ -25,7 +23,7 @@ def main() -> None:
 
 @app.command()
 def run(
-    wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore; its password from INTELLECT_WALLET_PASSWORD or a prompt.")],
+    wallet_file: WalletOption,
     run_id: Annotated[str, typer.Option("--run", help="The run to train.")],
     origin_dir: Annotated[Path, typer.Option(help="The shardcast origin's data directory: steps are written there.")],
     coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
@@ -35,13 +33,8 @@ def run(
     """Pull accepted rollouts, take GRPO steps, publish each policy step through shardcast, until Ctrl-C."""
     from trainer.loop import Trainer  # torch loads only for the command that needs it
 
-    try:
-        account = load_wallet(wallet_file, read_password())
-    except WalletError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(1) from None
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    account = unlock(wallet_file, err)
+    stop = stop_on_sigterm()
     try:
         trainer = Trainer(coordinator, account, run_id, origin_dir, checkpoint_dir or origin_dir.parent / "trainer")
     except httpx.HTTPError as e:

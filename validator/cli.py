@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +9,7 @@ import httpx
 import typer
 from rich.console import Console
 
-from shared.wallet import WalletError, load_wallet, read_password
+from shared.cli import WalletOption, stop_on_sigterm, unlock
 
 app = typer.Typer(help="Run an Intellect Protocol validator (the address needs the validator role).", no_args_is_help=True)
 console = Console()
@@ -25,7 +23,7 @@ def main() -> None:
 
 @app.command()
 def run(
-    wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore; its password from INTELLECT_WALLET_PASSWORD or a prompt.")],
+    wallet_file: WalletOption,
     coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
     state_dir: Annotated[Path, typer.Option(help="Where policy weights are kept.")] = Path.home() / ".intellect" / "validator",
     batch: Annotated[int, typer.Option(min=1, max=64, help="Submissions claimed at once.")] = 8,
@@ -33,13 +31,8 @@ def run(
     """Claim pending submissions, run every check on each, and post the verdicts, until Ctrl-C."""
     from validator.worker import Validator  # torch loads only for the command that needs it
 
-    try:
-        account = load_wallet(wallet_file, read_password())
-    except WalletError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(1) from None
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    account = unlock(wallet_file, err)
+    stop = stop_on_sigterm()
     try:
         validator = Validator(coordinator, account, state_dir / account.address.lower(), console, batch=batch)
     except httpx.HTTPError as e:

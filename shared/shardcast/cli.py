@@ -12,11 +12,11 @@ import typer
 import uvicorn
 from rich.console import Console
 
+from shared.cli import unlock
 from shared.logs import configure
 from shared.shardcast.relay import RelayWorker
 from shared.shardcast.server import create_server
 from shared.shardcast.store import StepStore
-from shared.wallet import WalletError, load_wallet, read_password
 
 err = Console(stderr=True)
 app = typer.Typer(add_completion=False)
@@ -45,11 +45,7 @@ def main(
     if origin == bool(upstream):
         err.print("[red]Give --upstream (a relay) or --origin (the trainer's origin), not both or neither.[/red]")
         raise typer.Exit(2)
-    try:
-        account = load_wallet(wallet_file, read_password())
-    except WalletError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(1) from None
+    account = unlock(wallet_file, err)
     configure()
     store = StepStore(data_dir, keep=keep, grace_s=grace_s, complete_on_disk=origin)
     worker = RelayWorker(
