@@ -1,44 +1,71 @@
-"""``intellect-devnet``: a whole network on this machine, one process per role, on loopback.
+"""``intellect-devnet``: the whole network on this machine, one process per role, on loopback.
 
-For now: the coordinator (SQLite by default) with an arithmetic run on the shipped tiny
-model, and N nodes with fresh wallets that lease its tasks, generate, prove and upload.
-Later roles (shardcast origin and relay, validator, trainer) join the same process table.
+The coordinator (SQLite by default) with an arithmetic run on the shipped tiny model, the
+trainer's shardcast origin, a relay, a validator, the trainer and N nodes, all with fresh
+wallets and the roles they need; a live dashboard while the run learns; a summary at the end.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
+import random
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Annotated
 
 import httpx
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from devnet.processes import (
-    Process,
-    StartError,
-    admin_token,
-    create_run,
-    migrate,
-    start_coordinator,
-    start_node,
-)
-from shared.wallet import create_wallet
+from devnet.network import Network, start_network
+from devnet.processes import StartError
 
 app = typer.Typer(help=__doc__, no_args_is_help=False, add_completion=False)
 console = Console(soft_wrap=True)
+RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", "64"]
+
+
+class Accuracy(threading.Thread):
+    """Held-out greedy accuracy of each newly published policy step, measured beside the run."""
+
+    def __init__(self, network: Network, stop: threading.Event) -> None:
+        super().__init__(name="accuracy", daemon=True)
+        self.network, self.stop_event = network, stop
+        self.by_step: dict[int, float] = {}
+
+    def run(self) -> None:
+        import torch
+
+        from shared.environments.arithmetic import make_problem
+        from shared.models import load_model
+        from shared.shardcast.origin import step_dir
+        from shared.tiny_model import greedy_accuracy
+
+        torch.set_num_threads(1)
+        rng = random.Random(2024)
+        held_out = [make_problem(rng) for _ in range(100)]
+        base, tokenizer = load_model("tiny-arith")
+        self.by_step[0] = greedy_accuracy(base, tokenizer, held_out)
+        while not self.stop_event.wait(2):
+            url = f"{self.network.coordinator.url}/v1/manifests/{self.network.run_id}/latest"
+            reply = httpx.get(url, timeout=10)
+            step = reply.json()["step"] if reply.status_code == 200 else 0
+            if step and step not in self.by_step:
+                try:
+                    model, _ = load_model(step_dir(self.network.workdir / "origin", self.network.run_id, step))
+                except OSError:
+                    continue  # retired by the origin between the two reads; the next step comes soon
+                self.by_step[step] = greedy_accuracy(model, tokenizer, held_out)
 
 
 @app.command()
 def main(
-    nodes: Annotated[int, typer.Option(min=1, max=32, help="Nodes to start, each with a fresh wallet.")] = 1,
-    duration: Annotated[float, typer.Option(min=0, help="Seconds to run before stopping by itself; 0 runs until Ctrl-C.")] = 60,
+    nodes: Annotated[int, typer.Option(min=1, max=32, help="Nodes to start, each with a fresh wallet.")] = 2,
+    steps: Annotated[int, typer.Option(min=0, help="Stop after the trainer publishes this policy step; 0 runs until Ctrl-C.")] = 5,
     workdir: Annotated[
         Path | None, typer.Option(help="Where logs, wallets, the ledger and the summary go; default: a new temp dir.")
     ] = None,
@@ -47,79 +74,93 @@ def main(
     ] = None,
     heartbeat_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between node heartbeats.")] = 2.0,
 ) -> None:
-    """Start a coordinator and NODES nodes on loopback and show them live."""
+    """Start every role on loopback, watch the run learn, stop after STEPS policy steps."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="intellect-devnet-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    database_url = database_url or f"sqlite:///{workdir / 'ledger.db'}"
     console.print(f"Devnet workdir: {workdir}")
-    processes: list[Process] = []
     started = time.monotonic()
+    network: Network | None = None
+    stop = threading.Event()
+    accuracy: Accuracy | None = None
+    codes: dict[str, int | None] = {}
     try:
-        migrate(database_url, workdir / "logs" / "migrate.log")
-        token = admin_token(database_url)
-        create_run(database_url, "devnet-arithmetic", workdir / "logs" / "run.log")
-        (workdir / "admin-token").write_text(token + "\n")
-        coordinator = start_coordinator(
-            workdir,
-            database_url,
-            env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval), "INTELLECT_BLOB_DIR": str(workdir / "blobs")},
-        )
-        processes.append(coordinator)
-        console.print(f"Coordinator: {coordinator.url}  (admin token in {workdir / 'admin-token'})")
-
-        # Wallets are encrypted like real ones; the devnet's shared password is in its workdir.
-        password = secrets.token_urlsafe(16)
-        (workdir / "wallet-password").write_text(password + "\n")
-        for i in range(nodes):
-            wallet = workdir / "wallets" / f"node-{i}.json"
-            if not wallet.exists():
-                create_wallet(wallet, password)
-            processes.append(start_node(workdir, f"node-{i}", wallet, coordinator.url, password))
-
-        _watch(coordinator, token, processes, duration)
+        network = start_network(
+            workdir, nodes=nodes, database_url=database_url, run_options=RUN, steps=steps,
+            coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
+        )  # fmt: skip
+        console.print(f"Coordinator: {network.coordinator.url}  (admin token in {workdir / 'admin-token'}); run {network.run_id}")
+        accuracy = Accuracy(network, stop)
+        accuracy.start()
+        _watch(network, accuracy, steps)
     except StartError as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(1) from None
     finally:
-        codes = {p.name: p.stop() for p in reversed(processes)}
-        summary = {"workdir": str(workdir), "wall_time_s": round(time.monotonic() - started, 1), "exit_codes": codes}
+        stop.set()
+        summary: dict[str, object] = {"workdir": str(workdir), "wall_time_s": round(time.monotonic() - started, 1)}
+        if network is not None:
+            summary |= _progress_summary(network, accuracy)
+            codes = network.stop()
+        summary["exit_codes"] = codes
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         console.print(f"Stopped. Logs, ledger and summary.json are in {workdir}")
+        if "accuracy_before" in summary:
+            console.print(f"Held-out accuracy {summary['accuracy_before']:.2f} -> {summary['accuracy_after']:.2f} over {summary['policy_step']} policy steps.")
 
 
-def _watch(coordinator: Process, token: str, processes: list[Process], duration: float) -> None:
-    deadline = time.monotonic() + duration if duration else float("inf")
-    headers = {"authorization": f"Bearer {token}"}
+def _progress(network: Network) -> dict:
+    return httpx.get(f"{network.coordinator.url}/v1/public/runs/{network.run_id}/progress", timeout=10).json()
+
+
+def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, object]:
+    try:
+        progress = _progress(network)
+    except httpx.HTTPError:
+        return {}
+    measured = dict(sorted((accuracy.by_step if accuracy else {}).items()))
+    out: dict[str, object] = {
+        "policy_step": progress["steps"][-1]["step"] if progress["steps"] else 0,
+        "rollout_files": progress["submissions"],
+        "tokens_accepted": progress["submissions"]["accepted_tokens"],
+        "accuracy_by_step": measured,
+    }
+    if measured:
+        out["accuracy_before"], out["accuracy_after"] = measured[min(measured)], measured[max(measured)]
+    return out
+
+
+def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
+    headers = {"authorization": f"Bearer {network.token}"}
     with Live(console=console, refresh_per_second=2) as live:
         try:
-            while time.monotonic() < deadline:
-                for p in processes:
-                    if p.popen.poll() is not None:
+            while True:
+                for p in network.processes:
+                    if p.popen.poll() is not None and not (p.name == "trainer" and p.popen.returncode == 0):
                         raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
-                listing = httpx.get(f"{coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()
-                live.update(_table(listing, duration, deadline))
+                progress = _progress(network)
+                listing = httpx.get(f"{network.coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()
+                live.update(_dashboard(network, progress, listing, accuracy.by_step, steps))
+                step = progress["steps"][-1]["step"] if progress["steps"] else 0
+                if steps and step >= steps and max(accuracy.by_step, default=0) >= steps:
+                    return
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass
 
 
-def _table(listing: dict, duration: float, deadline: float) -> Table:
-    left = f"{max(0.0, deadline - time.monotonic()):.0f} s left" if duration else "Ctrl-C to stop"
-    counts = ", ".join(f"{k} {v}" for k, v in listing["counts"].items() if v)
-    table = Table(
-        "node",
-        "status",
-        "activity",
-        "tasks done",
-        "tokens/s",
-        "last reward",
-        title=f"Intellect devnet — {counts or 'no nodes yet'} — {left}",
-    )
+def _dashboard(network: Network, progress: dict, listing: dict, accuracy: dict[int, float], steps: int) -> Group:
+    latest = progress["steps"][-1] if progress["steps"] else {}
+    subs = progress["submissions"]
+    measured = f"{accuracy[max(accuracy)]:.2f} at step {max(accuracy)} (from {accuracy[0]:.2f})" if 0 in accuracy else "measuring..."
+    run = Table.grid(padding=(0, 2))
+    run.add_row("policy step", f"{latest.get('step', 0)}" + (f" / {steps}" if steps else ""), "held-out accuracy", measured)
+    run.add_row("rollout files", f"{subs['accepted']} accepted, {subs['rejected']} rejected", "validation backlog", str(subs["pending"]))
+    run.add_row("task reward (last step)", f"{latest.get('task_reward', 0):.3f}", "API", f"{network.coordinator.url}/docs")
+    nodes = Table("node", "status", "activity", "tasks done", "tokens/s", "last reward", title="Nodes")
     for node in listing["nodes"]:
         beat = node.get("last_heartbeat") or {}
         metrics = beat.get("metrics", {})
-        table.add_row(
+        nodes.add_row(
             node["address"], node["status"], beat.get("activity", "-"),
             *(f"{metrics[k]:g}" if k in metrics else "-" for k in ("tasks_done", "tokens_per_s", "last_reward")),
         )  # fmt: skip
-    return table
+    return Group(run, nodes)

@@ -324,6 +324,13 @@ class RunInfo(BaseModel):
     created_at: datetime
 
 
+class RunProgress(BaseModel):
+    submissions: dict[str, int]
+    """Counts by status (pending, accepted, rejected, invalidated) and ``accepted_tokens``."""
+    steps: list[dict[str, float]]
+    """Per policy step, the trainer's metrics (``step``, loss, reward, task_reward, length, ...)."""
+
+
 class Credit(BaseModel):
     address: str
     pending: float

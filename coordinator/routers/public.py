@@ -11,8 +11,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
 from coordinator.errors import ApiError
 from coordinator.models import Run
-from coordinator.services import credit, nodes, validation
-from shared.schemas import Address, Credit, ErrorBody, ErrorCode, PublicReceipt, PublicStatus, RunInfo
+from coordinator.services import credit, nodes, training, validation
+from shared.schemas import Address, Credit, ErrorBody, ErrorCode, PublicReceipt, PublicStatus, RunInfo, RunProgress
 from shared.version import __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])
@@ -63,5 +63,18 @@ async def run_info(run_id: str, ledger: LedgerDep) -> RunInfo:
         if run is None:
             raise ApiError(404, ErrorCode.not_found, f"No run {run_id}.")
         return RunInfo.model_validate(run, from_attributes=True)
+
+    return await ledger.run(read)
+
+
+@router.get("/runs/{run_id}/progress", response_model=RunProgress, responses={404: {"model": ErrorBody}})
+async def run_progress(run_id: str, ledger: LedgerDep) -> RunProgress:
+    """A run's submissions by status and every policy step's training metrics (for dashboards and charts)."""
+
+    def read(session) -> RunProgress:  # type: ignore[no-untyped-def]
+        if session.get(Run, run_id) is None:
+            raise ApiError(404, ErrorCode.not_found, f"No run {run_id}.")
+        steps = [{"step": m.step, **m.metrics} for m in training.metrics_of(session, run_id)]
+        return RunProgress(submissions=training.run_stats(session, run_id), steps=steps)
 
     return await ledger.run(read)

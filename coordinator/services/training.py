@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
@@ -54,3 +54,11 @@ def record_metrics(session: Session, signer: str, body: TrainerMetricsRequest, n
 
 def metrics_of(session: Session, run_id: str) -> list[TrainerMetrics]:
     return list(session.scalars(select(TrainerMetrics).where(TrainerMetrics.run_id == run_id).order_by(TrainerMetrics.step)))
+
+
+def run_stats(session: Session, run_id: str) -> dict[str, int]:
+    """Submissions of a run by status, and the tokens of the accepted ones."""
+    counts = dict(session.execute(select(Submission.status, func.count()).where(Submission.run_id == run_id).group_by(Submission.status)).all())
+    tokens = session.scalar(select(func.coalesce(func.sum(Submission.tokens), 0)).where(Submission.run_id == run_id, Submission.status == "accepted"))
+    return {"pending": counts.get("pending", 0), "accepted": counts.get("accepted", 0), "rejected": counts.get("rejected", 0),
+            "invalidated": counts.get("invalidated", 0), "accepted_tokens": int(tokens or 0)}  # fmt: skip
