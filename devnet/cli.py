@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import tempfile
 import threading
 import time
@@ -22,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 
 from devnet.network import Network, start_network
-from devnet.processes import StartError
+from devnet.processes import StartError, spawn
 
 app = typer.Typer(help=__doc__, no_args_is_help=False, add_completion=False)
 console = Console(soft_wrap=True)
@@ -73,6 +74,7 @@ def main(
         str | None, typer.Option(help="Ledger URL (e.g. postgresql://...); default: SQLite in the workdir.")
     ] = None,
     heartbeat_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between node heartbeats.")] = 2.0,
+    adversary: Annotated[bool, typer.Option("--adversary", help="Add a node that uploads forged rollouts, to watch it caught and banned.")] = False,
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="intellect-devnet-"))
@@ -88,6 +90,12 @@ def main(
             coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
         )  # fmt: skip
         console.print(f"Coordinator: {network.coordinator.url}  (admin token in {workdir / 'admin-token'}); run {network.run_id}")
+        if adversary:
+            wallet, _ = network.wallet("adversary")
+            command = [sys.executable, "-m", "devnet.adversary", "--wallet", str(wallet), "--coordinator", network.coordinator.url]
+            command += ["--state-dir", str(workdir / "state" / "adversary")]
+            secret = {"INTELLECT_WALLET_PASSWORD": network.password}
+            network.processes.append(spawn("adversary", command, workdir / "logs" / "adversary.log", secret))  # type: ignore[arg-type]
         accuracy = Accuracy(network, stop)
         accuracy.start()
         _watch(network, accuracy, steps)
@@ -118,7 +126,7 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
         return {}
     measured = dict(sorted((accuracy.by_step if accuracy else {}).items()))
     out: dict[str, object] = {
-        "policy_step": progress["steps"][-1]["step"] if progress["steps"] else 0,
+        "policy_step": int(progress["steps"][-1]["step"]) if progress["steps"] else 0,
         "rollout_files": progress["submissions"],
         "tokens_accepted": progress["submissions"]["accepted_tokens"],
         "accuracy_by_step": measured,
@@ -134,7 +142,8 @@ def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
         try:
             while True:
                 for p in network.processes:
-                    if p.popen.poll() is not None and not (p.name == "trainer" and p.popen.returncode == 0):
+                    # The trainer ends after its last step, the adversary once banned; anything else ending is a failure.
+                    if p.popen.poll() is not None and not (p.name in ("trainer", "adversary") and p.popen.returncode == 0):
                         raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
                 progress = _progress(network)
                 listing = httpx.get(f"{network.coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()

@@ -8,6 +8,7 @@ import random
 import torch
 from transformers import AutoModelForCausalLM
 
+from devnet.adversary import prove_with
 from node.work import finish, generate
 from shared.inference import prefill
 from shared.models import TINY_MODEL_DIR, load_model
@@ -20,11 +21,7 @@ MODEL, TOKENIZER = load_model("tiny-arith")
 
 def prove_with_real_model(r: Rollout, tokens: list[int]) -> None:
     """What a forger does: take tokens from anywhere, then prove them with one prefill of the real model."""
-    hidden, logits = prefill(MODEL, r.prompt_tokens, tokens)
-    r.completion_tokens = tokens
-    r.proofs = build_proofs(hidden)
-    r.logprobs = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
-    r.finish_reason = "stop" if tokens[-1] == TOKENIZER.eos_token_id else "length"
+    prove_with(MODEL, TOKENIZER.eos_token_id, r, tokens)
 
 
 def other_model() -> torch.nn.Module:
