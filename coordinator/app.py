@@ -21,7 +21,7 @@ from coordinator.errors import install_error_handlers
 from coordinator.ledger import Ledger
 from coordinator.loops import Loop
 from coordinator.metrics import Metrics, MetricsMiddleware
-from coordinator.routers import admin, health, nodes, public, shardcast, tasks, training, validation
+from coordinator.routers import admin, health, nodes, page, public, shardcast, tasks, training, validation
 from coordinator.services import nodes as node_service
 from coordinator.services.nonces import prune_nonces
 from coordinator.services.rate_limit import RateLimiter
@@ -82,7 +82,8 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, overrides={"/v1/submissions": settings.max_upload_bytes}
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    routers = (nodes, tasks, validation, training, shardcast, admin, public, health)
+    routers = (nodes, tasks, validation, training, shardcast, admin, public, health, page)
     for router in (module.router for module in routers):
         app.include_router(router)
+    app.mount("/static", page.static, name="static")
     return app

@@ -16,6 +16,7 @@ from coordinator.db import (
     make_engine,
     make_sessionmaker,
 )
+from coordinator.errors import ApiError
 from coordinator.services import admin_tokens
 from coordinator.settings import CoordinatorSettings
 from shared.logs import configure
@@ -168,7 +169,7 @@ def run_create(
                 datetime.now(UTC),
                 async_level,
             )
-    except ValueError as e:
-        err.print(f"[red]{e}[/red]")
+    except ApiError as e:
+        err.print(f"[red]{e.message}[/red]")
         raise typer.Exit(2) from None
     print(run.id)

@@ -133,6 +133,8 @@ class Run(Base):
     created_at: Mapped[datetime]
     async_level: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
     """Rollouts of a policy older than ``policy_step - async_level`` are refused."""
+    dispute_window_s: Mapped[float | None] = mapped_column(Float)
+    """How long this run's credit stays pending; None: the coordinator's default."""
 
 
 class Task(Base):
@@ -150,12 +152,16 @@ class Task(Base):
     leased_to: Mapped[str | None] = mapped_column(String(42))
     lease_expires_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
+    params: Mapped[dict[str, Any] | None]
+    """The run's sampling settings when the task was made, so a later run update never changes
+    what an outstanding task is checked against (None: tasks older than this column)."""
 
 
 class Submission(Base):
     """An uploaded rollout file awaiting validation; one per task."""
 
     __tablename__ = "submissions"
+    __table_args__ = (Index("ix_submissions_run_created", "run_id", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     task_id: Mapped[str] = mapped_column(String(64), ForeignKey("tasks.id"), unique=True)
@@ -255,7 +261,7 @@ class ContributionEntry(Base):
     """credit or clawback."""
     units: Mapped[float] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(index=True)
     final_at: Mapped[datetime]
 
 
@@ -270,3 +276,31 @@ class TrainerMetrics(Base):
     step: Mapped[int] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]]
     created_at: Mapped[datetime]
+
+
+class Evaluation(Base):
+    """An operator's evaluation of one policy step (e.g. held-out accuracy), shown beside the trainer's metrics."""
+
+    __tablename__ = "evaluations"
+    __table_args__ = (UniqueConstraint("run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(64), ForeignKey("runs.id"))
+    step: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+
+
+class AuditEntry(Base):
+    """One admin action: which token did what to what, and when; rows are only ever added."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    token_id: Mapped[int] = mapped_column(Integer)
+    token_name: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    """``router.verb``, e.g. ``nodes.ban`` or ``runs.update``."""
+    target: Mapped[str] = mapped_column(String(128))
+    detail: Mapped[dict[str, Any]]
+    at: Mapped[datetime] = mapped_column(index=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from eth_utils import is_address, to_checksum_address
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -56,6 +56,17 @@ class ErrorCode(enum.StrEnum):
     role_required = "role_required"
     manifest_invalid = "manifest_invalid"
     http_error = "http_error"
+
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class Scope(enum.StrEnum):
+    """Admin token scopes; each includes the ones before it."""
+
+    read = "read"
+    operate = "operate"
+    admin = "admin"
 
 
 class ErrorBody(BaseModel):
@@ -291,6 +302,18 @@ class PublicReceipt(BaseModel):
     validated_at: datetime | None
 
 
+class AdminReceipt(PublicReceipt):
+    """A receipt with what only operators see."""
+
+    sha256: str
+    blob_key: str
+    rows: int
+    tokens: int
+    prompt_tokens: int
+    claimed_by: str | None
+    claim_expires_at: datetime | None
+
+
 class AcceptedRollouts(BaseModel):
     """One accepted submission for the trainer; ``cursor`` orders them by acceptance."""
 
@@ -304,7 +327,7 @@ class TrainerMetricsRequest(Request):
     address: Address
     run_id: str = Field(max_length=64)
     step: int = Field(ge=1)
-    metrics: dict[Annotated[str, Field(max_length=64)], float] = Field(max_length=64)
+    metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(max_length=64)
 
 
 class RunInfo(BaseModel):
@@ -320,8 +343,50 @@ class RunInfo(BaseModel):
     policy_step: int
     async_level: int
     """Rollouts of a policy older than ``policy_step - async_level`` are refused (INTELLECT-2: 2)."""
+    length_budget: dict[str, Any]
+    dispute_window_s: float | None
+    """None: the coordinator's default."""
     status: str
+    """active or paused (a paused run leases no new tasks)."""
     created_at: datetime
+
+
+class RunSettings(BaseModel):
+    """A run's settings an operator may change while it runs; tasks made before a change keep the old ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, min_length=1, max_length=512)
+    """Model path or hub id the policy starts from."""
+    sampling: SamplingParams | None = None
+    """How nodes sample: temperature, top_p, max_tokens."""
+    prompts_per_task: int | None = Field(None, ge=1, le=1024)
+    """Prompts in one task."""
+    samples_per_prompt: int | None = Field(None, ge=1, le=256)
+    """Samples per prompt: the GRPO group size."""
+    length_alpha: float | None = Field(None, ge=0)
+    """Thinking-budget penalty per token off target; 0 disables it."""
+    target_length: int | None = Field(None, ge=1)
+    """Thinking-budget target length, in tokens."""
+    async_level: int | None = Field(None, ge=0, le=64)
+    """Accept rollouts of policies at most this many steps old (0: synchronous)."""
+    dispute_window_s: float | None = Field(None, ge=0)
+    """How long credit stays pending (clawback possible) before it is final."""
+
+
+class RunCreate(RunSettings):
+    """A new run; unset settings take the defaults of ``intellect-coordinator run create``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"name": "arith-1", "environment": "arithmetic", "samples_per_prompt": 8,
+                                         "sampling": {"temperature": 1.0, "max_tokens": 64}, "async_level": 2}]},
+    )  # fmt: skip
+
+    name: str = Field(min_length=1, max_length=128)
+    """Unique name."""
+    environment: str = Field("arithmetic", max_length=64)
+    """arithmetic, math or code."""
 
 
 class RunProgress(BaseModel):
@@ -329,6 +394,17 @@ class RunProgress(BaseModel):
     """Counts by status (pending, accepted, rejected, invalidated) and ``accepted_tokens``."""
     steps: list[dict[str, float]]
     """Per policy step, the trainer's metrics (``step``, loss, reward, task_reward, length, ...)."""
+    evaluations: list[dict[str, float]] = []
+    """Per policy step, operators' evaluations (``step``, e.g. ``heldout_accuracy``)."""
+
+
+class EvaluationRequest(BaseModel):
+    """An operator's evaluation of one policy step, e.g. held-out accuracy measured off the network."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"step": 3, "metrics": {"heldout_accuracy": 0.71}}]})
+
+    step: int = Field(ge=0)
+    metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(max_length=64)
 
 
 class Credit(BaseModel):
@@ -336,6 +412,62 @@ class Credit(BaseModel):
     pending: float
     """Units still inside the dispute window (they can be clawed back)."""
     final: float
+
+
+class LeaderboardRow(BaseModel):
+    """One node's standing: ranked by final credit, then pending."""
+
+    rank: int
+    address: str
+    status: NodeStatus
+    final_credit: float
+    pending_credit: float
+    """Still inside the dispute window: a clawback can cancel it."""
+    accepted_tokens: int
+    accepted: int
+    rejected: int
+    """Rejected or invalidated submissions."""
+    acceptance_rate: float | None
+    """accepted / (accepted + rejected); None before the first verdict."""
+    last_seen: datetime
+
+
+class NetworkStatus(BaseModel):
+    """The network at a glance, for the leaderboard page's status panel."""
+
+    run: RunInfo | None
+    """The newest active run, the one the numbers below are about (None: no run yet)."""
+    policy_step: int
+    nodes: dict[NodeStatus, int]
+    nodes_online: int
+    """Healthy nodes: they heartbeated within the last few intervals."""
+    rollouts_per_minute: float
+    """Sequences uploaded per minute, over the last five minutes."""
+    validation_backlog: int
+    """Submissions waiting for a validator."""
+    rejection_rate: float | None
+    """Share of verdicts that rejected (or later invalidated) the work; None before the first verdict."""
+    relays: int
+    """Relays seen recently."""
+    server_time: datetime
+
+
+class ThroughputBucket(BaseModel):
+    start: datetime
+    rollouts: int
+    """Sequences uploaded in this bucket."""
+    accepted_tokens: int
+    """Generated tokens of submissions uploaded in this bucket and accepted since."""
+
+
+class PublicNode(BaseModel):
+    address: str
+    status: NodeStatus
+    first_seen: datetime
+    last_seen: datetime
+    credit: Credit
+    submissions: dict[str, int]
+    """Counts by status."""
 
 
 def sequence_seed(task_seed: int, index: int) -> int:

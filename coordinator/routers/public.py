@@ -9,10 +9,20 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
-from coordinator.errors import ApiError
-from coordinator.models import Run
-from coordinator.services import credit, nodes, training, validation
-from shared.schemas import Address, Credit, ErrorBody, ErrorCode, PublicReceipt, PublicStatus, RunInfo, RunProgress
+from coordinator.services import credit, leaderboard, nodes, runs, training, validation
+from shared.schemas import (
+    Address,
+    Credit,
+    ErrorBody,
+    LeaderboardRow,
+    NetworkStatus,
+    PublicNode,
+    PublicReceipt,
+    PublicStatus,
+    RunInfo,
+    RunProgress,
+    ThroughputBucket,
+)
 from shared.version import __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])
@@ -58,13 +68,7 @@ async def node_credit(address: Address, ledger: LedgerDep) -> Credit:
 
 @router.get("/runs/{run_id}", response_model=RunInfo, responses={404: {"model": ErrorBody}})
 async def run_info(run_id: str, ledger: LedgerDep) -> RunInfo:
-    def read(session) -> RunInfo:  # type: ignore[no-untyped-def]
-        run = session.get(Run, run_id)
-        if run is None:
-            raise ApiError(404, ErrorCode.not_found, f"No run {run_id}.")
-        return RunInfo.model_validate(run, from_attributes=True)
-
-    return await ledger.run(read)
+    return RunInfo.model_validate(await ledger.run(runs.get_run, run_id), from_attributes=True)
 
 
 @router.get("/runs/{run_id}/progress", response_model=RunProgress, responses={404: {"model": ErrorBody}})
@@ -72,9 +76,49 @@ async def run_progress(run_id: str, ledger: LedgerDep) -> RunProgress:
     """A run's submissions by status and every policy step's training metrics (for dashboards and charts)."""
 
     def read(session) -> RunProgress:  # type: ignore[no-untyped-def]
-        if session.get(Run, run_id) is None:
-            raise ApiError(404, ErrorCode.not_found, f"No run {run_id}.")
+        runs.get_run(session, run_id)
         steps = [{"step": m.step, **m.metrics} for m in training.metrics_of(session, run_id)]
-        return RunProgress(submissions=training.run_stats(session, run_id), steps=steps)
+        evaluations = [{"step": e.step, **e.metrics} for e in training.evaluations_of(session, run_id)]
+        return RunProgress(submissions=training.run_stats(session, run_id), steps=steps, evaluations=evaluations)
 
     return await ledger.run(read)
+
+
+@router.get("/runs", response_model=list[RunInfo])
+async def list_runs(ledger: LedgerDep) -> list[RunInfo]:
+    """Every run, newest first."""
+    return [RunInfo.model_validate(r, from_attributes=True) for r in await ledger.run(runs.list_runs)]
+
+
+@router.get("/runs/{run_id}/throughput", response_model=list[ThroughputBucket], responses={404: {"model": ErrorBody}})
+async def run_throughput(
+    run_id: str,
+    ledger: LedgerDep,
+    minutes: Annotated[int, Query(ge=1, le=24 * 60)] = 60,
+    bucket_s: Annotated[int, Query(ge=10, le=3600)] = 60,
+) -> list[ThroughputBucket]:
+    """Rollouts uploaded and tokens accepted per time bucket, over the last ``minutes``."""
+
+    def read(session) -> list[ThroughputBucket]:  # type: ignore[no-untyped-def]
+        runs.get_run(session, run_id)
+        return leaderboard.throughput(session, run_id, datetime.now(UTC), minutes, bucket_s)
+
+    return await ledger.run(read)
+
+
+@router.get("/leaderboard", response_model=list[LeaderboardRow])
+async def ranking(ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> list[LeaderboardRow]:
+    """Nodes ranked by final credit, then pending credit."""
+    return await ledger.run(leaderboard.ranking, datetime.now(UTC), limit)
+
+
+@router.get("/network", response_model=NetworkStatus)
+async def network(ledger: LedgerDep, settings: Settings) -> NetworkStatus:
+    """Policy step, nodes online, rollouts per minute, validation backlog, rejection rate, relays."""
+    return await ledger.run(leaderboard.network, settings, datetime.now(UTC))
+
+
+@router.get("/nodes/{address}", response_model=PublicNode, responses={404: {"model": ErrorBody}})
+async def public_node(address: Address, ledger: LedgerDep) -> PublicNode:
+    """A node's status, credit and submission counts (its receipts: ``/v1/public/submissions?address=``)."""
+    return await ledger.run(leaderboard.public_node, address, datetime.now(UTC))

@@ -12,8 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator.models import AdminToken
+from shared.schemas import Scope
 
-SCOPES = ("read", "operate", "admin")
+SCOPES = tuple(Scope)
 """Each scope includes the ones before it."""
 TOKEN_PATTERN = re.compile(r"ipa_(\d{1,18})_([A-Za-z0-9_-]{43})")
 

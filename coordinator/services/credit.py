@@ -12,12 +12,14 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import ContributionEntry, Submission
+from coordinator.models import ContributionEntry, Run, Submission
 from coordinator.settings import CoordinatorSettings
 
 
 def credit(session: Session, submission: Submission, settings: CoordinatorSettings, now: datetime) -> ContributionEntry:
     units = submission.tokens + settings.prompt_token_weight * submission.prompt_tokens
+    window = session.get_one(Run, submission.run_id).dispute_window_s
+    window = settings.dispute_window_s if window is None else window
     entry = ContributionEntry(
         address=submission.address,
         submission_id=submission.id,
@@ -25,7 +27,7 @@ def credit(session: Session, submission: Submission, settings: CoordinatorSettin
         units=units,
         reason="accepted by a validator",
         created_at=now,
-        final_at=now + timedelta(seconds=settings.dispute_window_s),
+        final_at=now + timedelta(seconds=window),
     )
     session.add(entry)
     return entry
@@ -66,3 +68,13 @@ def balance(session: Session, address: str, now: datetime) -> tuple[float, float
     ).all()
     totals = {bool(is_final): float(units) for is_final, units in rows}
     return totals.get(False, 0.0), totals.get(True, 0.0)
+
+
+def entries_between(session: Session, since: datetime | None, until: datetime | None, limit: int) -> list[ContributionEntry]:
+    """Ledger entries created within [since, until), oldest first (for exports)."""
+    query = select(ContributionEntry).order_by(ContributionEntry.id).limit(limit)
+    if since is not None:
+        query = query.where(ContributionEntry.created_at >= since)
+    if until is not None:
+        query = query.where(ContributionEntry.created_at < until)
+    return list(session.scalars(query))

@@ -142,10 +142,12 @@ def recent_events(session: Session, address: str, limit: int) -> list[NodeStatus
     return list(session.scalars(query.limit(limit)))
 
 
-def list_nodes(session: Session, status: NodeStatus | None, limit: int, offset: int) -> list[Node]:
+def list_nodes(session: Session, status: NodeStatus | None, limit: int, offset: int, search: str | None = None) -> list[Node]:
     query = select(Node).order_by(Node.first_seen, Node.address)
     if status is not None:
         query = query.where(Node.status == status)
+    if search:
+        query = query.where(func.lower(Node.address).contains(search.lower(), autoescape=True))
     return list(session.scalars(query.limit(limit).offset(offset)))
 
 

@@ -11,12 +11,13 @@ import secrets
 import uuid
 from datetime import datetime, timedelta
 from functools import cache
+from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
-from coordinator.models import Node, Run, Task
+from coordinator.models import Evaluation, Node, Run, Task
 from coordinator.settings import CoordinatorSettings
 from shared.environments.length import LengthBudget
 from shared.environments.registry import ENVIRONMENTS, get_environment
@@ -39,11 +40,12 @@ def create_run(
     budget: LengthBudget,
     now: datetime,
     async_level: int = 2,
+    dispute_window_s: float | None = None,
 ) -> Run:
     if environment not in ENVIRONMENTS:
-        raise ValueError(f"unknown environment {environment!r}; choose one of {', '.join(ENVIRONMENTS)}")
+        raise ApiError(422, ErrorCode.validation_error, f"Unknown environment {environment!r}; choose one of {', '.join(ENVIRONMENTS)}.")
     if session.scalar(select(Run.id).where(Run.name == name)):
-        raise ValueError(f"a run named {name!r} exists already")
+        raise ApiError(409, ErrorCode.conflict, f"A run named {name!r} exists already.")
     run = Run(
         id=f"run-{uuid.uuid4().hex[:12]}",
         name=name,
@@ -58,23 +60,34 @@ def create_run(
         status="active",
         created_at=now,
         async_level=async_level,
+        dispute_window_s=dispute_window_s,
     )
     session.add(run)
     return run
 
 
+def task_params(run: Run) -> dict[str, Any]:
+    """What a new task pins of its run: later run updates apply to later tasks only."""
+    return {"model": run.model, "sampling": run.sampling, "samples_per_prompt": run.samples_per_prompt, "length_budget": run.length_budget}
+
+
+def params_of(run: Run, task: Task) -> dict[str, Any]:
+    return task.params or task_params(run)
+
+
 def spec(run: Run, task: Task) -> TaskSpec:
-    budget = LengthBudget(**run.length_budget)
+    params = params_of(run, task)
+    budget = LengthBudget(**params["length_budget"])
     return TaskSpec(
         task_id=task.id,
         run_id=run.id,
         environment=run.environment,
-        model=run.model,
+        model=params["model"],
         prompt_ids=task.prompt_ids["ids"],
-        samples_per_prompt=run.samples_per_prompt,
+        samples_per_prompt=params["samples_per_prompt"],
         seed=task.seed,
         policy_step=task.policy_step,
-        sampling=SamplingParams(**run.sampling),
+        sampling=SamplingParams(**params["sampling"]),
         length_alpha=budget.alpha,
         target_length=budget.target_tokens,
         length_over_only=budget.over_only,
@@ -125,6 +138,7 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
             seed=secrets.randbits(62),
             policy_step=run.policy_step,
             created_at=now,
+            params=task_params(run),
         )
         session.add(task)
     task.status = "leased"
@@ -136,3 +150,63 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
 def policy_steps(session: Session) -> dict[str, int]:
     """The current policy step of every active run."""
     return dict(session.execute(select(Run.id, Run.policy_step).where(Run.status == "active")).all())  # type: ignore[arg-type]
+
+
+def get_run(session: Session, run_id: str) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise ApiError(404, ErrorCode.not_found, f"No run {run_id}.")
+    return run
+
+
+def list_runs(session: Session) -> list[Run]:
+    return list(session.scalars(select(Run).order_by(Run.created_at.desc())))
+
+
+UPDATABLE = frozenset({"model", "sampling", "prompts_per_task", "samples_per_prompt", "length_budget", "async_level", "dispute_window_s"})
+
+
+def update_run(session: Session, run_id: str, changes: dict[str, Any]) -> Run:
+    """Apply ``changes`` (keys from :data:`UPDATABLE`); tasks made before keep the settings they were made with."""
+    assert set(changes) <= UPDATABLE, set(changes) - UPDATABLE
+    run = get_run(session, run_id)
+    for key, value in changes.items():
+        setattr(run, key, value)
+    return run
+
+
+def set_status(session: Session, run_id: str, status: str) -> Run:
+    """Pause (no new leases; leased work may still be submitted and validated) or resume a run."""
+    run = get_run(session, run_id)
+    if run.status == status:
+        raise ApiError(409, ErrorCode.conflict, f"Run {run_id} is already {status}.")
+    run.status = status
+    return run
+
+
+def list_tasks(session: Session, run_id: str | None, status: str | None, limit: int, offset: int) -> list[Task]:
+    query = select(Task).order_by(Task.created_at.desc(), Task.id)
+    if run_id is not None:
+        query = query.where(Task.run_id == run_id)
+    if status is not None:
+        query = query.where(Task.status == status)
+    return list(session.scalars(query.limit(limit).offset(offset)))
+
+
+def requeue(session: Session, task_id: str) -> Task:
+    """Take a leased task back from its node (e.g. a node known to be gone) and offer it to the next."""
+    task = session.get(Task, task_id, with_for_update=True)
+    if task is None:
+        raise ApiError(404, ErrorCode.not_found, f"No task {task_id}.")
+    if task.status != "leased":
+        raise ApiError(409, ErrorCode.conflict, f"Only leased tasks can be requeued; this one is {task.status}.")
+    task.status, task.leased_to, task.lease_expires_at = "open", None, None
+    return task
+
+
+def record_evaluation(session: Session, run_id: str, step: int, metrics: dict[str, float], now: datetime) -> None:
+    row = session.scalar(select(Evaluation).where(Evaluation.run_id == run_id, Evaluation.step == step))
+    if row is None:
+        session.add(Evaluation(run_id=run_id, step=step, metrics=metrics, created_at=now))
+    else:
+        row.metrics = metrics

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from coordinator.blobs import BlobStore
 from coordinator.errors import ApiError
 from coordinator.models import Run, Submission, Task
+from coordinator.services.runs import params_of
 from shared.rollout_file import RolloutFileError, read_rollouts
 from shared.schemas import ErrorCode, SubmissionReceipt, sequence_seed
 
@@ -49,11 +50,10 @@ def submit(session: Session, signer: str, task_id: str, data: bytes, blobs: Blob
         rollouts = read_rollouts(data)
     except RolloutFileError as e:
         raise ApiError(422, ErrorCode.rollout_invalid, f"The rollout file is invalid: {e}") from None
-    expected_prompts = [pid for pid in task.prompt_ids["ids"] for _ in range(run.samples_per_prompt)]
+    samples = params_of(run, task)["samples_per_prompt"]
+    expected_prompts = [pid for pid in task.prompt_ids["ids"] for _ in range(samples)]
     if [r.prompt_id for r in rollouts] != expected_prompts:
-        raise ApiError(
-            422, ErrorCode.rollout_invalid, f"Rows must be the task's prompts, {run.samples_per_prompt} samples each, in order."
-        )
+        raise ApiError(422, ErrorCode.rollout_invalid, f"Rows must be the task's prompts, {samples} samples each, in order.")
     for index, r in enumerate(rollouts):
         if (r.task_id, r.run_id, r.policy_step, r.seed) != (task.id, run.id, task.policy_step, sequence_seed(task.seed, index)):
             raise ApiError(422, ErrorCode.rollout_invalid, f"Row {index} names another task, run, policy step or seed.")

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
-from coordinator.models import ContributionEntry, Run, Submission, Task, TrainerMetrics
+from coordinator.models import ContributionEntry, Evaluation, Run, Submission, Task, TrainerMetrics
 from coordinator.services import roles
 from shared.schemas import AcceptedRollouts, ErrorCode, RoleName, TrainerMetricsRequest
 
@@ -54,6 +54,10 @@ def record_metrics(session: Session, signer: str, body: TrainerMetricsRequest, n
 
 def metrics_of(session: Session, run_id: str) -> list[TrainerMetrics]:
     return list(session.scalars(select(TrainerMetrics).where(TrainerMetrics.run_id == run_id).order_by(TrainerMetrics.step)))
+
+
+def evaluations_of(session: Session, run_id: str) -> list[Evaluation]:
+    return list(session.scalars(select(Evaluation).where(Evaluation.run_id == run_id).order_by(Evaluation.step)))
 
 
 def run_stats(session: Session, run_id: str) -> dict[str, int]:

@@ -11,6 +11,7 @@ bans the node after ``max_strikes``. An admin invalidating accepted work has the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select
@@ -21,7 +22,7 @@ from coordinator.models import Node, Run, Submission, Task
 from coordinator.services import credit, nodes, roles
 from coordinator.services.runs import spec
 from coordinator.settings import CoordinatorSettings
-from shared.schemas import Claim, ClaimRequest, ErrorCode, NodeStatus, PublicReceipt, RoleName, VerdictRequest
+from shared.schemas import AdminReceipt, Claim, ClaimRequest, ErrorCode, NodeStatus, PublicReceipt, RoleName, VerdictRequest
 
 
 def claim(session: Session, signer: str, body: ClaimRequest, settings: CoordinatorSettings, now: datetime) -> list[Claim]:
@@ -112,6 +113,43 @@ def receipts_of(session: Session, address: str, limit: int) -> list[PublicReceip
     """The newest receipts of one node."""
     query = select(Submission).where(Submission.address == address).order_by(Submission.created_at.desc()).limit(limit)
     return [_receipt(session, s) for s in session.scalars(query)]
+
+
+@dataclass(frozen=True)
+class SubmissionFilter:
+    run_id: str | None = None
+    status: str | None = None
+    address: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def admin_receipts(session: Session, where: SubmissionFilter, limit: int, offset: int) -> list[AdminReceipt]:
+    """Submissions matching ``where``, newest first."""
+    query = select(Submission).order_by(Submission.created_at.desc(), Submission.id)
+    for column, value in ((Submission.run_id, where.run_id), (Submission.status, where.status), (Submission.address, where.address)):
+        if value is not None:
+            query = query.where(column == value)
+    if where.since is not None:
+        query = query.where(Submission.created_at >= where.since)
+    if where.until is not None:
+        query = query.where(Submission.created_at < where.until)
+    return [_admin_receipt(session, s) for s in session.scalars(query.limit(limit).offset(offset))]
+
+
+def admin_receipt(session: Session, submission_id: str) -> AdminReceipt:
+    submission = session.get(Submission, submission_id)
+    if submission is None:
+        raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
+    return _admin_receipt(session, submission)
+
+
+def _admin_receipt(session: Session, submission: Submission) -> AdminReceipt:
+    return AdminReceipt(
+        **_receipt(session, submission).model_dump(),
+        sha256=submission.sha256, blob_key=submission.blob_key, rows=submission.rows, tokens=submission.tokens,
+        prompt_tokens=submission.prompt_tokens, claimed_by=submission.claimed_by, claim_expires_at=submission.claim_expires_at,
+    )  # fmt: skip
 
 
 def _receipt(session: Session, submission: Submission) -> PublicReceipt:

@@ -1,0 +1,41 @@
+"""What every admin router shares: the scoped token dependencies and the audited unit of work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends
+from sqlalchemy.orm import Session
+
+from coordinator.deps import require_admin
+from coordinator.ledger import Ledger
+from coordinator.models import AdminToken
+from coordinator.services import audit
+from shared.schemas import ErrorBody
+
+T = TypeVar("T")
+
+Reader = Depends(require_admin("read"))
+OperateToken = Annotated[AdminToken, Depends(require_admin("operate"))]
+AdminOnlyToken = Annotated[AdminToken, Depends(require_admin("admin"))]
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody}}
+CONFLICT: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
+
+
+def admin_router(tag: str) -> APIRouter:
+    return APIRouter(prefix="/v1/admin", tags=[f"admin: {tag}"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
+
+
+async def audited(
+    ledger: Ledger, token: AdminToken, action: str, target: str, work: Callable[[Session], T], **detail: Any
+) -> T:
+    """Run ``work`` and record who did ``action`` to ``target`` in one transaction; nothing is recorded if it fails."""
+
+    def run(session: Session) -> T:
+        result = work(session)
+        audit.record(session, token, action, target, detail, datetime.now(UTC))
+        return result
+
+    return await ledger.run(run)

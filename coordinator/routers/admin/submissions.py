@@ -1,0 +1,53 @@
+"""Admin: submissions (list with filters, detail, invalidate)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from fastapi import Query
+from sqlalchemy.orm import Session
+
+from coordinator.deps import LedgerDep, Settings
+from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
+from coordinator.routers.admin.nodes import Reason
+from coordinator.services import validation
+from shared.schemas import Address, AdminReceipt, PublicReceipt
+
+router = admin_router("submissions")
+
+
+@router.get("/submissions", response_model=list[AdminReceipt], dependencies=[Reader])
+async def list_submissions(
+    ledger: LedgerDep,
+    run_id: Annotated[str | None, Query(max_length=64)] = None,
+    status: Literal["pending", "accepted", "rejected", "invalidated"] | None = None,
+    address: Address | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[AdminReceipt]:
+    """Submissions, newest first, filtered by run, status, node and upload time [since, until)."""
+    filters = validation.SubmissionFilter(run_id=run_id, status=status, address=address, since=since, until=until)
+    return await ledger.run(validation.admin_receipts, filters, limit, offset)
+
+
+@router.get("/submissions/{submission_id}", response_model=AdminReceipt, dependencies=[Reader], responses=NOT_FOUND)
+async def get_submission(submission_id: str, ledger: LedgerDep) -> AdminReceipt:
+    """The public receipt plus what only operators see: the file's hash and blob key, sizes, the claim."""
+    return await ledger.run(validation.admin_receipt, submission_id)
+
+
+@router.post("/submissions/{submission_id}/invalidate", response_model=PublicReceipt, responses=CONFLICT)
+async def invalidate_submission(
+    submission_id: str, body: Reason, ledger: LedgerDep, settings: Settings, token: OperateToken
+) -> PublicReceipt:
+    """Find accepted work invalid after the fact: its credit (even final) is clawed back and the node takes a strike."""
+
+    def work(session: Session) -> PublicReceipt:
+        validation.invalidate(session, submission_id, body.reason, settings, datetime.now(UTC))
+        session.flush()
+        return validation.public_receipt(session, submission_id)
+
+    return await audited(ledger, token, "submissions.invalidate", submission_id, work, reason=body.reason)

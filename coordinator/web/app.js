@@ -1,0 +1,241 @@
+// The leaderboard page: plain DOM, no dependencies, every string set as text (node-supplied data is untrusted).
+const REFRESH_MS = 5000;
+const COLORS = ["#0b57d0", "#b3261e", "#146c2e", "#7d5260"];
+const state = { sort: { key: "rank", dir: "ascending" }, search: "", runId: null };
+
+function h(tag, attrs = {}, ...children) {
+  const el = tag === "svg" || attrs.svg ? document.createElementNS("http://www.w3.org/2000/svg", tag) : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "svg" || v === undefined || v === null) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v);
+  }
+  for (const c of children.flat()) if (c !== null && c !== undefined) el.append(c instanceof Node ? c : String(c));
+  return el;
+}
+const s = (tag, attrs = {}, ...children) => h(tag, { ...attrs, svg: true }, ...children);
+
+async function get(path) {
+  const reply = await fetch(path, { headers: { accept: "application/json" } });
+  if (!reply.ok) throw new Error(`${path}: ${reply.status}`);
+  return reply.json();
+}
+
+const fmt = {
+  num: (x, d = 0) => (x === null || x === undefined ? "–" : Number(x).toLocaleString("en", { maximumFractionDigits: d, minimumFractionDigits: d })),
+  pct: (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)} %`),
+  ago: (iso) => {
+    if (!iso) return "–";
+    const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+    return s < 90 ? `${s.toFixed(0)} s ago` : s < 5400 ? `${(s / 60).toFixed(0)} min ago` : `${(s / 3600).toFixed(1)} h ago`;
+  },
+  time: (iso) => (iso ? new Date(iso).toLocaleString() : "–"),
+  short: (id) => (id.length > 16 ? `${id.slice(0, 12)}…` : id),
+};
+
+// ---- charts -------------------------------------------------------------------------------------
+
+function lineChart(title, series, xLabel) {
+  const W = 360, H = 200, L = 44, R = 10, T = 10, B = 30;
+  const points = series.flatMap((sr) => sr.points);
+  const figure = h("figure", {}, h("figcaption", {}, title));
+  if (points.length === 0) {
+    figure.append(h("p", { class: "muted" }, "No data yet."));
+    return figure;
+  }
+  const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
+  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+  if (x0 === x1) { x0 -= 1; x1 += 1; }
+  if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
+  const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+  const Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  const described = series.map((sr) => `${sr.name}: ${sr.points.length} points, last ${fmt.num(sr.points.at(-1)?.[1], 3)}`).join("; ");
+  const svg = s("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `${title}. ${described}`, "data-points": points.length });
+  svg.append(
+    s("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#767676" }),
+    s("line", { x1: L, y1: T, x2: L, y2: H - B, stroke: "#767676" }),
+    s("text", { x: L - 4, y: T + 8, "text-anchor": "end" }, fmt.num(y1, 2)),
+    s("text", { x: L - 4, y: H - B, "text-anchor": "end" }, fmt.num(y0, 2)),
+    s("text", { x: L, y: H - B + 14 }, xLabel.format(x0)),
+    s("text", { x: W - R, y: H - B + 14, "text-anchor": "end" }, xLabel.format(x1)),
+    s("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" }, xLabel.name),
+  );
+  series.forEach((sr, i) => {
+    if (sr.points.length === 0) return;
+    const d = sr.points.map(([x, y], j) => `${j ? "L" : "M"}${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join(" ");
+    svg.append(s("path", { d, fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 2, class: "series" }));
+    for (const [x, y] of sr.points) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 2.5, fill: COLORS[i % COLORS.length] }));
+  });
+  const legend = h("ul", { class: "legend" }, series.map((sr, i) => h("li", {}, h("span", { style: `background:${COLORS[i % COLORS.length]}` }), sr.name)));
+  figure.append(svg, legend);
+  return figure;
+}
+
+const stepAxis = { name: "policy step", format: (x) => fmt.num(x) };
+const timeAxis = { name: "time", format: (x) => new Date(x).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }) };
+
+function charts(progress, throughput) {
+  const series = (rows, key) => rows.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
+  return h("div", { class: "charts" },
+    lineChart("Reward per policy step", [
+      { name: "reward", points: series(progress.steps, "reward") },
+      { name: "task reward", points: series(progress.steps, "task_reward") },
+    ], stepAxis),
+    lineChart("Held-out accuracy", [{ name: "held-out accuracy", points: series(progress.evaluations, "heldout_accuracy") }], stepAxis),
+    lineChart("Throughput", [
+      { name: "rollouts / min", points: throughput.map((b) => [Date.parse(b.start), b.rollouts]) },
+    ], timeAxis),
+  );
+}
+
+// ---- the leaderboard view ---------------------------------------------------------------------
+
+const COLUMNS = [
+  { key: "rank", label: "#", num: true },
+  { key: "address", label: "Node" },
+  { key: "status", label: "Status" },
+  { key: "final_credit", label: "Final credit", num: true },
+  { key: "pending_credit", label: "Pending credit", num: true, wide: true },
+  { key: "accepted_tokens", label: "Accepted tokens", num: true, wide: true },
+  { key: "acceptance_rate", label: "Acceptance", num: true },
+  { key: "last_seen", label: "Last seen", wide: true },
+];
+
+function statusPanel(net) {
+  const item = (label, value, id) => h("div", {}, h("dt", {}, label), h("dd", { id }, value));
+  return h("dl", { class: "stats" },
+    item("Policy step", fmt.num(net.policy_step), "stat-policy-step"),
+    item("Nodes online", fmt.num(net.nodes_online), "stat-nodes-online"),
+    item("Rollouts / min", fmt.num(net.rollouts_per_minute, 1), "stat-rollouts"),
+    item("Validation backlog", fmt.num(net.validation_backlog), "stat-backlog"),
+    item("Rejection rate", fmt.pct(net.rejection_rate), "stat-rejection"),
+    item("Relays", fmt.num(net.relays), "stat-relays"),
+  );
+}
+
+function sortedRows(rows) {
+  const { key, dir } = state.sort;
+  const sign = dir === "ascending" ? 1 : -1;
+  const needle = state.search.trim().toLowerCase();
+  return rows
+    .filter((r) => !needle || r.address.toLowerCase().includes(needle))
+    .sort((a, b) => {
+      const [x, y] = [a[key] ?? -Infinity, b[key] ?? -Infinity];
+      return (x < y ? -1 : x > y ? 1 : 0) * sign || a.rank - b.rank;
+    });
+}
+
+function leaderboardTable(rows) {
+  const head = h("tr", {}, COLUMNS.map((c) => {
+    const sorted = state.sort.key === c.key ? state.sort.dir : "none";
+    const toggle = () => {
+      const dir = state.sort.key === c.key && state.sort.dir === "descending" ? "ascending" : c.key === "rank" || c.key === "address" ? "ascending" : "descending";
+      state.sort = { key: c.key, dir: state.sort.key === c.key ? (state.sort.dir === "ascending" ? "descending" : "ascending") : dir };
+      renderTable();
+    };
+    return h("th", { scope: "col", class: [c.num ? "num" : "", c.wide ? "wide" : ""].join(" "), "aria-sort": sorted }, h("button", { type: "button", onclick: toggle }, c.label));
+  }));
+  const body = sortedRows(rows).map((r) => h("tr", { "data-address": r.address },
+    h("td", { class: "num" }, r.rank),
+    h("td", {}, h("a", { href: `#/node/${r.address}`, class: "address" }, fmt.short(r.address))),
+    h("td", { class: `status-${r.status}` }, r.status),
+    h("td", { class: "num" }, fmt.num(r.final_credit)),
+    h("td", { class: "num wide" }, fmt.num(r.pending_credit)),
+    h("td", { class: "num wide" }, fmt.num(r.accepted_tokens)),
+    h("td", { class: "num" }, fmt.pct(r.acceptance_rate)),
+    h("td", { class: "wide" }, fmt.ago(r.last_seen)),
+  ));
+  return h("table", { id: "leaderboard" },
+    h("caption", {}, `${body.length} node${body.length === 1 ? "" : "s"}, ranked by final credit, then pending credit`),
+    h("thead", {}, head), h("tbody", {}, body.length ? body : h("tr", {}, h("td", { colspan: COLUMNS.length }, "No nodes match."))));
+}
+
+let lastRows = [];
+function renderTable() {
+  const wrap = document.getElementById("table-wrap");
+  if (wrap) wrap.replaceChildren(leaderboardTable(lastRows));
+}
+
+async function showLeaderboard(view) {
+  const [net, rows] = await Promise.all([get("/v1/public/network"), get("/v1/public/leaderboard")]);
+  lastRows = rows;
+  state.runId = net.run?.id ?? null;
+  document.getElementById("run-name").textContent = net.run ? `Run ${net.run.name} · ${net.run.environment} · ${net.run.model}` : "No active run";
+  const [progress, throughput] = state.runId
+    ? await Promise.all([get(`/v1/public/runs/${state.runId}/progress`), get(`/v1/public/runs/${state.runId}/throughput?minutes=60&bucket_s=60`)])
+    : [{ steps: [], evaluations: [] }, []];
+  const search = document.getElementById("search");
+  const focused = document.activeElement === search;
+  const input = h("input", { id: "search", type: "search", placeholder: "0x…", autocomplete: "off", value: state.search,
+    oninput: (e) => { state.search = e.target.value; renderTable(); } });
+  view.replaceChildren(
+    h("section", { "aria-labelledby": "status-title" }, h("h2", { id: "status-title" }, "Network status"), statusPanel(net)),
+    h("section", { "aria-labelledby": "charts-title" }, h("h2", { id: "charts-title" }, "Training"), charts(progress, throughput)),
+    h("section", { "aria-labelledby": "board-title" },
+      h("h2", { id: "board-title" }, "Leaderboard"),
+      h("label", { for: "search" }, "Search by address"), input,
+      h("div", { class: "table-wrap", id: "table-wrap" }, leaderboardTable(rows))),
+  );
+  if (focused) { input.focus(); input.setSelectionRange(input.value.length, input.value.length); }
+}
+
+// ---- a node's receipts ------------------------------------------------------------------------
+
+function checksCell(checks) {
+  if (!checks) return h("td", { class: "muted" }, "not checked yet");
+  const failed = checks.filter((c) => c.passed === false);
+  return h("td", {}, h("details", {},
+    h("summary", {}, failed.length ? `${failed.length} failed` : `all ${checks.length} passed`),
+    h("ul", {}, checks.map((c) => h("li", { class: c.passed === false ? "check-failed" : "" },
+      `${c.name}: ${c.passed === null ? "skipped" : c.passed ? "passed" : "failed"}${c.reason ? ` (${c.reason})` : ""}`)))));
+}
+
+async function showNode(view, address) {
+  const [node, receipts] = await Promise.all([
+    get(`/v1/public/nodes/${address}`), get(`/v1/public/submissions?address=${address}&limit=200`),
+  ]);
+  const stats = h("dl", { class: "stats" },
+    ...[["Status", node.status], ["Final credit", fmt.num(node.credit.final)], ["Pending credit", fmt.num(node.credit.pending)],
+      ["Accepted", fmt.num(node.submissions.accepted ?? 0)], ["Rejected", fmt.num((node.submissions.rejected ?? 0) + (node.submissions.invalidated ?? 0))],
+      ["Last seen", fmt.ago(node.last_seen)]].map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
+  const rows = receipts.map((r) => h("tr", {},
+    h("td", {}, h("a", { href: `/v1/public/submissions/${r.submission_id}`, class: "address" }, fmt.short(r.submission_id))),
+    h("td", { class: `status-${r.status}` }, r.status, r.hard ? " (hard)" : ""),
+    checksCell(r.checks),
+    h("td", { class: "num" }, fmt.num(r.credit)),
+    h("td", { class: "wide" }, fmt.time(r.created_at)),
+    h("td", { class: "wide" }, fmt.time(r.validated_at)),
+  ));
+  view.replaceChildren(
+    h("p", {}, h("a", { href: "#/" }, "← Leaderboard")),
+    h("h2", {}, "Node ", h("span", { class: "address" }, node.address)),
+    stats,
+    h("h2", {}, "Receipts"),
+    h("div", { class: "table-wrap" }, h("table", { id: "receipts" },
+      h("caption", {}, `The newest ${receipts.length} submissions with each check's result and reason`),
+      h("thead", {}, h("tr", {}, ["Submission", "Status", "Checks", "Credit", "Uploaded", "Validated"].map((t, i) =>
+        h("th", { scope: "col", class: i === 3 ? "num" : i > 3 ? "wide" : "" }, t)))),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 6 }, "No submissions yet."))))),
+  );
+}
+
+// ---- routing and refresh --------------------------------------------------------------------
+
+let showing = "";
+async function render() {
+  const view = document.getElementById("view");
+  const route = location.hash.replace(/^#/, "") || "/";
+  const match = route.match(/^\/node\/(0x[0-9a-fA-F]{40})$/);
+  try {
+    if (match) await showNode(view, match[1]);
+    else await showLeaderboard(view);
+    if (showing !== route) { showing = route; window.scrollTo(0, 0); }
+    document.getElementById("updated").textContent = new Date().toLocaleTimeString();
+  } catch (e) {
+    view.replaceChildren(h("p", { role: "alert" }, `Could not load: ${e.message}`));
+  }
+}
+
+window.addEventListener("hashchange", render);
+render();
+setInterval(() => { if (!document.hidden) render(); }, REFRESH_MS);
