@@ -31,7 +31,8 @@ RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", "
 
 
 class Accuracy(threading.Thread):
-    """Held-out greedy accuracy of each newly published policy step, measured beside the run."""
+    """Held-out greedy accuracy of each newly published policy step, measured beside the run and
+    posted to the coordinator as an operator's evaluation (the leaderboard charts it)."""
 
     def __init__(self, network: Network, stop: threading.Event) -> None:
         super().__init__(name="accuracy", daemon=True)
@@ -50,7 +51,7 @@ class Accuracy(threading.Thread):
         rng = random.Random(2024)
         held_out = [make_problem(rng) for _ in range(100)]
         base, tokenizer = load_model("tiny-arith")
-        self.by_step[0] = greedy_accuracy(base, tokenizer, held_out)
+        self._record(0, greedy_accuracy(base, tokenizer, held_out))
         while not self.stop_event.wait(2):
             url = f"{self.network.coordinator.url}/v1/manifests/{self.network.run_id}/latest"
             reply = httpx.get(url, timeout=10)
@@ -60,7 +61,16 @@ class Accuracy(threading.Thread):
                     model, _ = load_model(step_dir(self.network.workdir / "origin", self.network.run_id, step))
                 except OSError:
                     continue  # retired by the origin between the two reads; the next step comes soon
-                self.by_step[step] = greedy_accuracy(model, tokenizer, held_out)
+                self._record(step, greedy_accuracy(model, tokenizer, held_out))
+
+    def _record(self, step: int, accuracy: float) -> None:
+        self.by_step[step] = accuracy
+        httpx.post(
+            f"{self.network.coordinator.url}/v1/admin/runs/{self.network.run_id}/evaluations",
+            json={"step": step, "metrics": {"heldout_accuracy": accuracy}},
+            headers={"authorization": f"Bearer {self.network.token}"},
+            timeout=10,
+        ).raise_for_status()
 
 
 @app.command()
@@ -89,7 +99,7 @@ def main(
             workdir, nodes=nodes, database_url=database_url, run_options=RUN, steps=steps,
             coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
         )  # fmt: skip
-        console.print(f"Coordinator: {network.coordinator.url}  (admin token in {workdir / 'admin-token'}); run {network.run_id}")
+        console.print(f"Leaderboard: [bold]{network.coordinator.url}/[/bold]  (API: /docs; admin token in {workdir / 'admin-token'})")
         if adversary:
             wallet, _ = network.wallet("adversary")
             command = [sys.executable, "-m", "devnet.adversary", "--wallet", str(wallet), "--coordinator", network.coordinator.url]
@@ -163,7 +173,7 @@ def _dashboard(network: Network, progress: dict, listing: dict, accuracy: dict[i
     run = Table.grid(padding=(0, 2))
     run.add_row("policy step", f"{latest.get('step', 0)}" + (f" / {steps}" if steps else ""), "held-out accuracy", measured)
     run.add_row("rollout files", f"{subs['accepted']} accepted, {subs['rejected']} rejected", "validation backlog", str(subs["pending"]))
-    run.add_row("task reward (last step)", f"{latest.get('task_reward', 0):.3f}", "API", f"{network.coordinator.url}/docs")
+    run.add_row("task reward (last step)", f"{latest.get('task_reward', 0):.3f}", "leaderboard", f"{network.coordinator.url}/")
     nodes = Table("node", "status", "activity", "tasks done", "tokens/s", "last reward", title="Nodes")
     for node in listing["nodes"]:
         beat = node.get("last_heartbeat") or {}

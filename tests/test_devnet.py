@@ -1,39 +1,153 @@
-"""The README's main command: `intellect-devnet` brings up every role, the run learns for a few
-policy steps, and everything stops cleanly with a summary."""
+"""The README's main command: `intellect-devnet` brings up every role (here on PostgreSQL, with a
+cheating node), the run learns for a few policy steps, everything stops cleanly with a summary;
+then the public leaderboard page, served by a coordinator on that ledger, in a real browser."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, text
 
+from devnet.processes import start_coordinator
+from tests.conftest import _new_database
 
-def test_devnet_learns_for_a_few_steps_and_stops_by_itself(tmp_path: Path) -> None:
-    result = subprocess.run(
-        ["intellect-devnet", "--nodes", "1", "--steps", "3", "--heartbeat-interval", "0.5", "--workdir", str(tmp_path), "--adversary"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+
+@dataclass
+class Devnet:
+    workdir: Path
+    database_url: str
+    summary: dict
+    stdout: str
+
+    def address(self, wallet: str) -> str:
+        return "0x" + json.loads((self.workdir / "wallets" / f"{wallet}.json").read_text())["address"].lower()
+
+
+@pytest.fixture(scope="module")
+def devnet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Devnet:
+    workdir = tmp_path_factory.mktemp("devnet")
+    database_url = _new_database("postgres", request, workdir)
+    command = ["intellect-devnet", "--nodes", "1", "--steps", "3", "--heartbeat-interval", "0.5", "--adversary"]
+    command += ["--workdir", str(workdir), "--database-url", database_url]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    return Devnet(workdir, database_url, json.loads((workdir / "summary.json").read_text()), result.stdout)
+
+
+def test_devnet_learns_for_a_few_steps_and_stops_by_itself(devnet: Devnet) -> None:
+    summary = devnet.summary
     assert all(code == 0 for code in summary["exit_codes"].values()), summary["exit_codes"]
     assert set(summary["exit_codes"]) == {"coordinator", "origin", "relay", "validator", "trainer", "node-0", "adversary"}
-    assert summary["policy_step"] >= 2 and summary["rollout_files"]["accepted"] >= 1 and summary["tokens_accepted"] > 0
+    assert summary["policy_step"] >= 3 and summary["rollout_files"]["accepted"] >= 1 and summary["tokens_accepted"] > 0
     assert 0 < summary["accuracy_before"] <= 1 and 0 < summary["accuracy_after"] <= 1
-    assert "Held-out accuracy" in result.stdout
+    assert "Held-out accuracy" in devnet.stdout and "Leaderboard: http://127.0.0.1:" in devnet.stdout
     for name in ("coordinator", "origin", "relay", "validator", "trainer", "node-0"):
-        assert (tmp_path / "logs" / f"{name}.log").exists()
-    engine = create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+        assert (devnet.workdir / "logs" / f"{name}.log").exists()
+    engine = create_engine(devnet.database_url)
     with engine.connect() as connection:
         reached = connection.execute(text("SELECT DISTINCT address FROM node_status_events WHERE to_status = 'healthy'")).all()
         manifests = connection.execute(text("SELECT count(*) FROM manifests")).scalar()
-    assert len(reached) == 1 and manifests >= 3
-    # The cheating node uploaded forged work, and none of it was accepted.
-    adversary = json.loads((tmp_path / "wallets" / "adversary.json").read_text())["address"]
-    with engine.connect() as connection:
-        statuses = [s for (s,) in connection.execute(text("SELECT status FROM submissions WHERE lower(address) = :a"), {"a": "0x" + adversary.lower()})]
-    assert "uploaded forged rollouts" in (tmp_path / "logs" / "adversary.log").read_text()
+        evaluated = connection.execute(text("SELECT step FROM evaluations ORDER BY step")).scalars().all()
+        statuses = connection.execute(
+            text("SELECT status FROM submissions WHERE lower(address) = :a"), {"a": devnet.address("adversary")}
+        ).scalars().all()
+        accepted_credit = connection.execute(
+            text("SELECT count(*) FROM contributions c JOIN submissions s ON s.id = c.submission_id WHERE c.kind = 'credit' AND s.status = 'accepted'")
+        ).scalar()
+        accepted = connection.execute(text("SELECT count(*) FROM submissions WHERE status = 'accepted'")).scalar()
+    engine.dispose()
+    assert len(reached) >= 1 and manifests >= 3
+    assert evaluated[0] == 0 and sorted(map(int, summary["accuracy_by_step"])) == evaluated
+    # The cheating node uploaded forged work, and none of it was accepted or credited.
+    assert "uploaded forged rollouts" in (devnet.workdir / "logs" / "adversary.log").read_text()
     assert statuses and "accepted" not in statuses
+    # The summary is read while the validator still works, so the ledger may hold a few more.
+    assert accepted_credit == accepted >= summary["rollout_files"]["accepted"]
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing; .ci/run must install it (apt-get install chromium).")
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    return found
+
+
+@pytest.fixture
+def page_url(devnet: Devnet, tmp_path: Path) -> Iterator[str]:
+    (tmp_path / "logs").mkdir()
+    coordinator = start_coordinator(tmp_path, devnet.database_url, env={"INTELLECT_BLOB_DIR": str(devnet.workdir / "blobs")})
+    try:
+        yield f"{coordinator.url}/"
+    finally:
+        coordinator.stop()
+
+
+def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    shots = Path(os.environ.get("INTELLECT_ARTIFACTS", tmp_path)) / "leaderboard"
+    shots.mkdir(parents=True, exist_ok=True)
+    honest, cheat = devnet.address("node-0"), devnet.address("adversary")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        offline = browser.new_context(viewport={"width": 1280, "height": 900})
+        offline.route("**/*", lambda route: route.continue_() if route.request.url.startswith(page_url) else route.abort())
+        page = offline.new_page()
+        page.goto(page_url)
+
+        rows = page.locator("#leaderboard tbody tr")
+        expect(rows.first).to_be_visible()
+        addresses = [a.lower() for a in rows.evaluate_all("rows => rows.map(r => r.dataset.address)")]
+        assert addresses.index(honest) < addresses.index(cheat), "the honest node outranks the cheat"
+        assert rows.first.locator("td").nth(0).inner_text() == "1"
+        expect(page.locator("#stat-policy-step")).to_have_text("3")
+        cheat_row = page.locator(f'#leaderboard tr[data-address="{cheat}" i]')
+        expect(cheat_row.locator("td").nth(2)).to_have_text("banned")
+        expect(cheat_row.locator("td").nth(6)).to_have_text("0.0 %")
+
+        # Charts are drawn from the trainer's metrics and the devnet's evaluations.
+        reward_chart = page.locator("figure", has_text="Reward per policy step").locator("svg.chart")
+        expect(reward_chart).to_be_visible()
+        assert int(reward_chart.get_attribute("data-points") or 0) >= 6  # reward and task reward, 3 steps each
+        assert reward_chart.locator("path.series").count() == 2
+        accuracy_chart = page.locator("figure", has_text="Held-out accuracy").locator("svg.chart")
+        assert int(accuracy_chart.get_attribute("data-points") or 0) >= 2
+        page.screenshot(path=str(shots / "desktop.png"), full_page=True)
+
+        # Sorting and search.
+        page.get_by_role("button", name="Acceptance").click()
+        expect(page.locator("#leaderboard th", has_text="Acceptance")).to_have_attribute("aria-sort", "descending")
+        page.get_by_label("Search by address").fill(cheat[2:10])
+        expect(rows).to_have_count(1)
+        page.get_by_label("Search by address").fill("")
+
+        # A click opens a node's receipts, each check's result and reason.
+        page.locator(f'#leaderboard tr[data-address="{cheat}" i] a').click()
+        receipts = page.locator("#receipts tbody tr")
+        expect(receipts.first).to_be_visible()
+        expect(page.locator("h2", has_text="Node")).to_contain_text(cheat, ignore_case=True)
+        assert "rejected" in receipts.first.locator("td").nth(1).inner_text()
+        receipts.first.locator("summary").click()
+        expect(receipts.first.locator("li.check-failed").first).to_be_visible()
+        page.screenshot(path=str(shots / "receipts.png"), full_page=True)
+        offline.close()
+
+        # Phone width: nothing scrolls sideways.
+        phone = browser.new_context(viewport={"width": 375, "height": 740}, device_scale_factor=2, is_mobile=True)
+        small = phone.new_page()
+        small.goto(page_url)
+        expect(small.locator("#leaderboard tbody tr").first).to_be_visible()
+        expect(small.locator("svg.chart").first).to_be_visible()
+        width = small.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert width[0] <= width[1], f"horizontal scroll at phone width: {width}"
+        small.screenshot(path=str(shots / "phone.png"), full_page=True)
+        browser.close()

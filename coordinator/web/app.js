@@ -54,8 +54,8 @@ function lineChart(title, series, xLabel) {
   svg.append(
     s("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#767676" }),
     s("line", { x1: L, y1: T, x2: L, y2: H - B, stroke: "#767676" }),
-    s("text", { x: L - 4, y: T + 8, "text-anchor": "end" }, fmt.num(y1, 2)),
-    s("text", { x: L - 4, y: H - B, "text-anchor": "end" }, fmt.num(y0, 2)),
+    s("text", { x: L - 4, y: T + 8, "text-anchor": "end" }, fmt.num(y1, Math.abs(y1) >= 100 ? 0 : 2)),
+    s("text", { x: L - 4, y: H - B, "text-anchor": "end" }, fmt.num(y0, Math.abs(y1) >= 100 ? 0 : 2)),
     s("text", { x: L, y: H - B + 14 }, xLabel.format(x0)),
     s("text", { x: W - R, y: H - B + 14, "text-anchor": "end" }, xLabel.format(x1)),
     s("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" }, xLabel.name),
@@ -63,7 +63,8 @@ function lineChart(title, series, xLabel) {
   series.forEach((sr, i) => {
     if (sr.points.length === 0) return;
     const d = sr.points.map(([x, y], j) => `${j ? "L" : "M"}${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join(" ");
-    svg.append(s("path", { d, fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 2, class: "series" }));
+    // Later series are dashed, so one lying on top of another (reward = task reward without a length penalty) stays visible.
+    svg.append(s("path", { d, fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 2, "stroke-dasharray": i ? "6 4" : null, class: "series" }));
     for (const [x, y] of sr.points) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 2.5, fill: COLORS[i % COLORS.length] }));
   });
   const legend = h("ul", { class: "legend" }, series.map((sr, i) => h("li", {}, h("span", { style: `background:${COLORS[i % COLORS.length]}` }), sr.name)));
@@ -75,6 +76,8 @@ const stepAxis = { name: "policy step", format: (x) => fmt.num(x) };
 const timeAxis = { name: "time", format: (x) => new Date(x).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }) };
 
 function charts(progress, throughput) {
+  const first = throughput.findIndex((b) => b.rollouts > 0);
+  throughput = first > 0 ? throughput.slice(first - 1) : throughput; // the window opens just before the first upload
   const series = (rows, key) => rows.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
   return h("div", { class: "charts" },
     lineChart("Reward per policy step", [
@@ -129,8 +132,10 @@ function leaderboardTable(rows) {
   const head = h("tr", {}, COLUMNS.map((c) => {
     const sorted = state.sort.key === c.key ? state.sort.dir : "none";
     const toggle = () => {
-      const dir = state.sort.key === c.key && state.sort.dir === "descending" ? "ascending" : c.key === "rank" || c.key === "address" ? "ascending" : "descending";
-      state.sort = { key: c.key, dir: state.sort.key === c.key ? (state.sort.dir === "ascending" ? "descending" : "ascending") : dir };
+      // A new column sorts best-first (descending numbers, ascending rank and address); the same column flips.
+      const same = state.sort.key === c.key;
+      const dir = same ? (state.sort.dir === "ascending" ? "descending" : "ascending") : c.key === "rank" || c.key === "address" ? "ascending" : "descending";
+      state.sort = { key: c.key, dir };
       renderTable();
     };
     return h("th", { scope: "col", class: [c.num ? "num" : "", c.wide ? "wide" : ""].join(" "), "aria-sort": sorted }, h("button", { type: "button", onclick: toggle }, c.label));
@@ -181,14 +186,18 @@ async function showLeaderboard(view) {
 
 // ---- a node's receipts ------------------------------------------------------------------------
 
-function checksCell(checks) {
+function checksCell(id, checks) {
   if (!checks) return h("td", { class: "muted" }, "not checked yet");
   const failed = checks.filter((c) => c.passed === false);
-  return h("td", {}, h("details", {},
+  // Refreshes rebuild the table: remember which receipts the reader opened.
+  const toggled = (e) => (e.target.open ? openChecks.add(id) : openChecks.delete(id));
+  return h("td", {}, h("details", { open: openChecks.has(id) ? "" : null, ontoggle: toggled },
     h("summary", {}, failed.length ? `${failed.length} failed` : `all ${checks.length} passed`),
     h("ul", {}, checks.map((c) => h("li", { class: c.passed === false ? "check-failed" : "" },
       `${c.name}: ${c.passed === null ? "skipped" : c.passed ? "passed" : "failed"}${c.reason ? ` (${c.reason})` : ""}`)))));
 }
+
+const openChecks = new Set();
 
 async function showNode(view, address) {
   const [node, receipts] = await Promise.all([
@@ -201,7 +210,7 @@ async function showNode(view, address) {
   const rows = receipts.map((r) => h("tr", {},
     h("td", {}, h("a", { href: `/v1/public/submissions/${r.submission_id}`, class: "address" }, fmt.short(r.submission_id))),
     h("td", { class: `status-${r.status}` }, r.status, r.hard ? " (hard)" : ""),
-    checksCell(r.checks),
+    checksCell(r.submission_id, r.checks),
     h("td", { class: "num" }, fmt.num(r.credit)),
     h("td", { class: "wide" }, fmt.time(r.created_at)),
     h("td", { class: "wide" }, fmt.time(r.validated_at)),
