@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from fastapi import FastAPI
 
 from coordinator.blobs import LocalBlobStore
-from coordinator.body_limit import BodyLimitMiddleware
+from coordinator.body_limit import BodyLimitMiddleware, PerClientLimitMiddleware
 from coordinator.db import (
     make_engine,
     make_sessionmaker,
@@ -79,9 +79,14 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
 
     install_error_handlers(app)
     app.add_middleware(
-        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, overrides={"/v1/submissions": settings.max_upload_bytes}
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        overrides={"/v1/submissions": settings.max_upload_bytes},
+        idle_timeout_s=settings.body_idle_timeout_s,
+        deadline_s=settings.body_deadline_s,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(PerClientLimitMiddleware, max_in_flight=settings.max_requests_per_ip)
     routers = (nodes, tasks, validation, training, shardcast, admin, public, health, page)
     for router in (module.router for module in routers):
         app.include_router(router)

@@ -1,6 +1,10 @@
-"""Refuse request bodies above a size limit with 413, before or while they are read."""
+"""Bound what one request may cost before a handler sees it: its body's size (413), the time its
+body takes to arrive (408), and how many requests one client IP has in flight (429)."""
 
 from __future__ import annotations
+
+import asyncio
+from collections import Counter
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -8,16 +12,25 @@ from coordinator.errors import error_response
 from shared.schemas import ErrorCode
 
 
-class _TooLarge(Exception):
+class _Refused(Exception):
     pass
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int, overrides: dict[str, int] | None = None) -> None:
-        """``overrides``: a different limit for the exact paths named (rollout uploads)."""
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        overrides: dict[str, int] | None = None,
+        idle_timeout_s: float = 15.0,
+        deadline_s: float = 120.0,
+    ) -> None:
+        """``overrides``: a different size limit for the exact paths named (rollout uploads)."""
         self.app = app
         self.max_bytes = max_bytes
         self.overrides = overrides or {}
+        self.idle_timeout_s = idle_timeout_s
+        self.deadline_s = deadline_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -26,22 +39,35 @@ class BodyLimitMiddleware:
         limit = self.overrides.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await self._refuse(scope, receive, send, limit)
+            await _refuse(scope, send, 413, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
             return
 
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.deadline_s
         received = 0
-        started = refused = False
+        started = refused = body_done = False
 
         async def limited_receive() -> Message:
-            nonlocal received, refused
-            message = await receive()
+            nonlocal received, refused, body_done
+            if body_done:  # later reads only wait for the client to disconnect: no deadline on those
+                return await receive()
+            wait = min(self.idle_timeout_s, deadline - loop.time())
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(wait, 0.001))
+            except TimeoutError:
+                if started:  # the handler answered without reading the whole body: treat the sender as gone
+                    return {"type": "http.disconnect"}
+                refused = True
+                await _refuse(scope, send, 408, ErrorCode.request_timeout, "The request body arrived too slowly.", close=True)
+                raise _Refused from None
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit and not started:
                     # Answer now: the framework would turn an exception from here into a 400.
                     refused = True
-                    await self._refuse(scope, receive, send, limit)
-                    raise _TooLarge
+                    await _refuse(scope, send, 413, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
+                    raise _Refused
             return message
 
         async def guarded_send(message: Message) -> None:
@@ -53,9 +79,43 @@ class BodyLimitMiddleware:
 
         try:
             await self.app(scope, limited_receive, guarded_send)
-        except _TooLarge:
+        except _Refused:
             pass
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-        response = error_response(413, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
-        await response(scope, receive, send)
+
+class PerClientLimitMiddleware:
+    """At most ``max_in_flight`` requests per client IP at once; the rest get 429 at once."""
+
+    def __init__(self, app: ASGIApp, max_in_flight: int) -> None:
+        self.app = app
+        self.max_in_flight = max_in_flight
+        self.in_flight: Counter[str] = Counter()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        client = scope["client"][0] if scope.get("client") else "unknown"
+        if self.in_flight[client] >= self.max_in_flight:
+            message = f"This address already has {self.max_in_flight} requests in flight; retry when they finish."
+            await _refuse(scope, send, 429, ErrorCode.rate_limited, message, headers={"Retry-After": "1"})
+            return
+        self.in_flight[client] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight[client] -= 1
+            if not self.in_flight[client]:
+                del self.in_flight[client]
+
+
+async def _refuse(
+    scope: Scope, send: Send, status: int, code: ErrorCode, message: str, close: bool = False, headers: dict[str, str] | None = None
+) -> None:
+    headers = {**(headers or {}), **({"connection": "close"} if close else {})}
+    response = error_response(status, code, message, headers=headers or None)
+
+    async def no_body() -> Message:
+        return {"type": "http.disconnect"}
+
+    await response(scope, no_body, send)

@@ -52,6 +52,15 @@ class CoordinatorSettings(RoleSettings):
     max_upload_bytes: int = Field(64 << 20, ge=1024)
     """Largest rollout file a node may upload."""
 
+    body_idle_timeout_s: float = Field(15.0, gt=0)
+    """Longest pause between two parts of a request body; a slower sender gets 408."""
+
+    body_deadline_s: float = Field(120.0, gt=0)
+    """Longest a whole request body may take to arrive (a byte-at-a-time sender gets 408)."""
+
+    max_requests_per_ip: int = Field(256, ge=1)
+    """Requests one client IP may have in flight at once; more get 429 (slow-loris style floods)."""
+
     blob_dir: Path = Path("blobs")
     """Directory of the local blob store that keeps rollout files."""
 

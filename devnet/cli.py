@@ -41,6 +41,7 @@ class Accuracy(threading.Thread):
 
     def run(self) -> None:
         import torch
+        import transformers
 
         from shared.environments.arithmetic import make_problem
         from shared.models import load_model
@@ -48,6 +49,7 @@ class Accuracy(threading.Thread):
         from shared.tiny_model import greedy_accuracy
 
         torch.set_num_threads(1)
+        transformers.utils.logging.disable_progress_bar()  # its bars would tear the live dashboard
         rng = random.Random(2024)
         held_out = [make_problem(rng) for _ in range(100)]
         base, tokenizer = load_model("tiny-arith")

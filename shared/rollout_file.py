@@ -64,6 +64,8 @@ class ReadLimits:
     """Longest prompt or completion."""
     vocab_size: int = 1 << 20
     """Token ids must be below this (the run's model's vocabulary)."""
+    max_decoded_bytes: int = 1 << 30
+    """Largest size the file may decompress to (a few compressed MB can claim gigabytes)."""
 
 
 class RolloutFileError(ValueError):
@@ -89,7 +91,14 @@ def read_rollouts(data: bytes, limits: ReadLimits | None = None) -> list[Rollout
             raise RolloutFileError(f"columns or types differ from {VERSION}: got {schema.remove_metadata().to_string()}")
         if parquet.metadata.num_rows > limits.max_rows:
             raise RolloutFileError(f"{parquet.metadata.num_rows} rows, at most {limits.max_rows} allowed")
-        table = parquet.read()
+        # Decode a few rows at a time, so a small file that expands enormously is refused early.
+        batches, decoded = [], 0
+        for batch in parquet.iter_batches(batch_size=64):
+            decoded += batch.nbytes
+            if decoded > limits.max_decoded_bytes:
+                raise RolloutFileError(f"decompresses to over {limits.max_decoded_bytes} bytes")
+            batches.append(batch)
+        table = pa.Table.from_batches(batches, schema=parquet.schema_arrow)
     except RolloutFileError:
         raise
     except Exception as e:  # pyarrow raises many types for corrupt files

@@ -40,6 +40,7 @@ class ErrorCode(enum.StrEnum):
     nonce_reused = "nonce_reused"
     address_mismatch = "address_mismatch"
     rate_limited = "rate_limited"
+    request_timeout = "request_timeout"
     body_too_large = "body_too_large"
     validation_error = "validation_error"
     admin_unauthorized = "admin_unauthorized"
@@ -59,6 +60,8 @@ class ErrorCode(enum.StrEnum):
 
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+INT32_MAX = 2**31 - 1
+"""Largest value an integer column holds on every backend; bigger untrusted numbers get 422, not a 500."""
 
 
 class Scope(enum.StrEnum):
@@ -228,8 +231,8 @@ class RelayReportRequest(Request):
 
     relay_url: Annotated[str, Field(max_length=512)]
     run_id: Annotated[str, Field(max_length=64)]
-    step: int = Field(ge=0)
-    chunk: int = Field(ge=0)
+    step: int = Field(ge=0, le=INT32_MAX)
+    chunk: int = Field(ge=0, le=INT32_MAX)
     reason: Literal["hash_mismatch", "unavailable"]
 
 
@@ -326,7 +329,7 @@ class AcceptedRollouts(BaseModel):
 class TrainerMetricsRequest(Request):
     address: Address
     run_id: str = Field(max_length=64)
-    step: int = Field(ge=1)
+    step: int = Field(ge=1, le=INT32_MAX)
     metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(max_length=64)
 
 
@@ -364,13 +367,13 @@ class RunSettings(BaseModel):
     """Prompts in one task."""
     samples_per_prompt: int | None = Field(None, ge=1, le=256)
     """Samples per prompt: the GRPO group size."""
-    length_alpha: float | None = Field(None, ge=0)
+    length_alpha: float | None = Field(None, ge=0, le=1e3)
     """Thinking-budget penalty per token off target; 0 disables it."""
-    target_length: int | None = Field(None, ge=1)
+    target_length: int | None = Field(None, ge=1, le=1 << 20)
     """Thinking-budget target length, in tokens."""
     async_level: int | None = Field(None, ge=0, le=64)
     """Accept rollouts of policies at most this many steps old (0: synchronous)."""
-    dispute_window_s: float | None = Field(None, ge=0)
+    dispute_window_s: float | None = Field(None, ge=0, le=10 * 365 * 86400)
     """How long credit stays pending (clawback possible) before it is final."""
 
 
@@ -403,7 +406,7 @@ class EvaluationRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"step": 3, "metrics": {"heldout_accuracy": 0.71}}]})
 
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=INT32_MAX)
     metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(max_length=64)
 
 

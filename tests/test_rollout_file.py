@@ -104,3 +104,54 @@ def test_corrupted_files_never_crash(position: int, garbage: bytes) -> None:
         read_rollouts(bytes(data))
     except RolloutFileError:
         pass
+
+
+_VALUES = {
+    pa.int64(): st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    pa.int32(): st.integers(min_value=-(2**31), max_value=2**31 - 1),
+    pa.float64(): st.floats(allow_nan=True, allow_infinity=True),
+    pa.float32(): st.floats(width=32, allow_nan=True, allow_infinity=True),
+    pa.string(): st.text(max_size=20),
+    pa.binary(): st.binary(max_size=600),
+}
+
+
+def _value(kind: pa.DataType) -> st.SearchStrategy:
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return st.lists(_value(kind.value_type), max_size=40)
+    return _VALUES.get(kind, st.none())
+
+
+@st.composite
+def hostile_tables(draw: st.DrawFn) -> pa.Table:
+    """Tables in the rollout schema with any values its types allow (NaN, inf, negative, huge,
+    empty, mismatched lengths), or with a column's type swapped for another."""
+    schema = SCHEMA
+    if draw(st.booleans()):
+        index = draw(st.integers(0, len(schema) - 1))
+        other = draw(st.sampled_from([pa.int32(), pa.float32(), pa.string(), pa.list_(pa.float64()), pa.binary()]))
+        schema = schema.set(index, pa.field(schema.field(index).name, other))
+    rows = draw(st.integers(1, 4))
+    columns = {f.name: [draw(_value(f.type)) for _ in range(rows)] for f in schema}
+    return pa.Table.from_pydict(columns, schema=schema.with_metadata(SCHEMA.metadata))  # past the version check
+
+
+@settings(max_examples=150, deadline=None)
+@given(hostile_tables())
+def test_hostile_values_and_types_are_refused_cleanly(table: pa.Table) -> None:
+    try:
+        rollouts = read_rollouts(_parquet(table))
+    except RolloutFileError:
+        return
+    for r in rollouts:  # the rare table that passes must hold only sane values
+        assert r.prompt_tokens and r.completion_tokens and len(r.logprobs) == len(r.completion_tokens)
+        assert all(x <= 0 and x == x for x in r.logprobs) and r.policy_step >= 0
+
+
+def test_a_decompression_bomb_is_refused_before_it_is_read() -> None:
+    big = rollout(completion_tokens=[3] * 100_000, logprobs=[-0.5] * 100_000)
+    data = write_rollouts([big] * 8)
+    assert len(data) < 200_000  # compresses well...
+    with pytest.raises(RolloutFileError, match="decompresses to over"):
+        read_rollouts(data, ReadLimits(max_decoded_bytes=1 << 20))  # ...but would decode to about 5 MB
+    assert len(read_rollouts(data)) == 8

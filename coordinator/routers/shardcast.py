@@ -18,7 +18,7 @@ from coordinator.deps import LedgerDep, Settings, Signed, client_rate_limit
 from coordinator.errors import ApiError
 from coordinator.models import PolicyManifest
 from coordinator.services import roles, shardcast
-from shared.schemas import ErrorBody, ErrorCode, RelayInfo, RelayRegister, RelayReportRequest, RoleName
+from shared.schemas import INT32_MAX, ErrorBody, ErrorCode, RelayInfo, RelayRegister, RelayReportRequest, RoleName
 from shared.shardcast.manifest import SignedManifest
 
 router = APIRouter(prefix="/v1", tags=["shardcast"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
@@ -59,7 +59,7 @@ async def manifests_after(
     request: Request,
     ledger: LedgerDep,
     settings: Settings,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
     run: Annotated[str | None, Query(max_length=64)] = None,
     wait_s: Annotated[float, Query(ge=0, le=300)] = 0,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from coordinator.deps import LedgerDep, Signed
 from coordinator.services import training
-from shared.schemas import AcceptedRollouts, ErrorBody, TrainerMetricsRequest
+from shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
 
 router = APIRouter(
     prefix="/v1/trainer",
@@ -23,7 +23,7 @@ async def accepted_rollouts(
     signed: Signed,
     ledger: LedgerDep,
     run: Annotated[str, Query(max_length=64)],
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[AcceptedRollouts]:
     """Accepted submissions of ``run`` after cursor ``after``, in acceptance order."""

@@ -13,7 +13,7 @@ from coordinator.deps import LedgerDep
 from coordinator.models import Node
 from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
 from coordinator.services import nodes, validation
-from shared.schemas import Address, NodeStatus, PublicReceipt
+from shared.schemas import INT32_MAX, Address, NodeStatus, PublicReceipt
 
 router = admin_router("nodes")
 
@@ -77,7 +77,7 @@ async def list_nodes(
     status: NodeStatus | None = None,
     search: Annotated[str | None, Query(max_length=42, description="Part of the address, any case.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> NodeList:
     def read(session: Session) -> NodeList:
         found = nodes.list_nodes(session, status, limit, offset, search)

@@ -14,7 +14,7 @@ from coordinator.models import Run
 from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
 from coordinator.services import runs
 from shared.environments.length import LengthBudget
-from shared.schemas import DEFAULT_MODEL, ErrorBody, EvaluationRequest, RunCreate, RunInfo, RunSettings, SamplingParams
+from shared.schemas import DEFAULT_MODEL, INT32_MAX, ErrorBody, EvaluationRequest, RunCreate, RunInfo, RunSettings, SamplingParams
 
 router = admin_router("runs and tasks")
 
@@ -117,7 +117,7 @@ async def list_tasks(
     run_id: Annotated[str | None, Query(max_length=64)] = None,
     status: Literal["open", "leased", "submitted"] | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> list[TaskOut]:
     """Tasks, newest first."""
     return [TaskOut.model_validate(t) for t in await ledger.run(runs.list_tasks, run_id, status, limit, offset)]

@@ -12,7 +12,7 @@ from coordinator.deps import LedgerDep, Settings
 from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
 from coordinator.routers.admin.nodes import Reason
 from coordinator.services import validation
-from shared.schemas import Address, AdminReceipt, PublicReceipt
+from shared.schemas import INT32_MAX, Address, AdminReceipt, PublicReceipt
 
 router = admin_router("submissions")
 
@@ -26,7 +26,7 @@ async def list_submissions(
     since: datetime | None = None,
     until: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> list[AdminReceipt]:
     """Submissions, newest first, filtered by run, status, node and upload time [since, until)."""
     filters = validation.SubmissionFilter(run_id=run_id, status=status, address=address, since=since, until=until)

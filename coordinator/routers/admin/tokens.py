@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Annotated
 
+from fastapi import Path
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
@@ -11,7 +13,7 @@ from coordinator.deps import LedgerDep
 from coordinator.errors import ApiError
 from coordinator.routers.admin.common import CONFLICT, AdminOnlyToken, admin_router, audited
 from coordinator.services import admin_tokens
-from shared.schemas import ErrorCode, Scope
+from shared.schemas import INT32_MAX, ErrorCode, Scope
 
 router = admin_router("tokens")
 
@@ -54,7 +56,7 @@ async def create_token(body: TokenCreate, ledger: LedgerDep, token: AdminOnlyTok
 
 
 @router.delete("/tokens/{token_id}", response_model=TokenOut, responses=CONFLICT)
-async def revoke_token(token_id: int, ledger: LedgerDep, token: AdminOnlyToken) -> TokenOut:
+async def revoke_token(token_id: Annotated[int, Path(ge=1, le=INT32_MAX)], ledger: LedgerDep, token: AdminOnlyToken) -> TokenOut:
     """Revoke a token at once; requests carrying it are refused from now on."""
 
     def work(session: Session) -> TokenOut:

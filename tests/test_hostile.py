@@ -1,0 +1,126 @@
+"""Hostile clients: bodies that trickle in, floods of connections from one address, and
+signatures that are valid but come from the wrong party. Each gets a clear 4xx, records
+nothing, and leaves other nodes unaffected."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from eth_account import Account
+
+from coordinator.settings import CoordinatorSettings
+from shared.signing import sign_request
+from tests.conftest import Served, admin_token, serve
+from tests.helpers import heartbeat_body, make_run, register_body, signed_post
+
+
+def joined(served: Served, local_address: str | None = None):  # type: ignore[no-untyped-def]
+    account = Account.create()
+    assert signed_post(served.url, "/v1/nodes/register", account, served.audience, register_body(account)).status_code == 200
+    return account
+
+
+def trickle(served: Served, declared: int, pause_s: float, source: str = "127.0.0.1") -> tuple[int, float]:
+    """POST a body one byte per ``pause_s``; returns the status the server answered with and when."""
+    host, port = served.url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), source_address=(source, 0), timeout=30) as conn:
+        head = f"POST /v1/nodes/heartbeat HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
+        conn.sendall(head.encode())
+        conn.settimeout(pause_s)
+        reply = b""
+        for _ in range(declared):
+            try:
+                reply = conn.recv(4096)
+                break
+            except TimeoutError:
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    break
+        conn.settimeout(30)
+        reply = reply or conn.recv(4096)
+    return int(reply.split(b" ", 2)[1]), time.monotonic() - started
+
+
+@pytest.fixture
+def strict(sqlite_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
+        body_idle_timeout_s=0.5, body_deadline_s=2.0, max_requests_per_ip=6,
+    )  # fmt: skip
+    with serve(settings) as served:
+        yield served
+
+
+def test_a_body_that_trickles_in_gets_408_and_others_are_unaffected(strict: Served) -> None:
+    node = joined(strict)
+    before = strict.snapshot()
+    status, took = trickle(strict, declared=400, pause_s=0.2)  # a byte every 0.2 s: only the deadline catches it
+    assert status == 408 and 1.8 < took < 4
+    status, took = trickle(strict, declared=400, pause_s=5)  # headers, then silence: the idle timeout
+    assert status == 408 and took < 2
+    assert strict.snapshot() == before
+
+    # While one slow sender is held, a real node's heartbeat is answered at once.
+    slow = threading.Thread(target=trickle, args=(strict, 400, 0.2))
+    slow.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert signed_post(strict.url, "/v1/nodes/heartbeat", node, strict.audience, heartbeat_body(node)).status_code == 200
+    assert time.monotonic() - started < 1.0
+    slow.join()
+
+
+def test_a_flood_of_connections_from_one_address_gets_429_and_others_are_unaffected(strict: Served) -> None:
+    holders = [threading.Thread(target=trickle, args=(strict, 400, 0.2, "127.0.0.1")) for _ in range(6)]
+    for t in holders:
+        t.start()
+    time.sleep(0.5)  # all six are now in flight, each holding its request open
+    flooded = httpx.get(f"{strict.url}/v1/public/time")
+    assert flooded.status_code == 429 and flooded.json()["code"] == "rate_limited" and flooded.headers["retry-after"]
+    # Another address (loopback has a whole /8) is served as usual.
+    other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    assert other.get(f"{strict.url}/v1/public/time").status_code == 200
+    for t in holders:
+        t.join()
+    assert httpx.get(f"{strict.url}/v1/public/time").status_code == 200  # the slots are free again
+
+
+def test_valid_signatures_from_the_wrong_party_are_refused_and_record_nothing(coordinator: Served) -> None:
+    make_run(coordinator)
+    token = admin_token(coordinator)
+    cheat, stranger = joined(coordinator), Account.create()
+    banned = httpx.post(f"{coordinator.url}/v1/admin/nodes/{cheat.address}/ban", json={"reason": "forgery"}, headers={"authorization": f"Bearer {token}"})
+    assert banned.status_code == 200
+    before = coordinator.snapshot()
+
+    reply = signed_post(coordinator.url, "/v1/tasks/lease", cheat, coordinator.audience, {"address": cheat.address})
+    assert (reply.status_code, reply.json()["code"]) == (403, "node_banned")
+    reply = signed_post(coordinator.url, "/v1/tasks/lease", stranger, coordinator.audience, {"address": stranger.address})
+    assert (reply.status_code, reply.json()["code"]) == (404, "node_not_registered")
+    reply = signed_post(coordinator.url, "/v1/nodes/heartbeat", stranger, coordinator.audience, heartbeat_body(stranger))
+    assert (reply.status_code, reply.json()["code"]) == (404, "node_not_registered")
+    # Roles are granted by admins only: a node's valid signature opens no admin or role-holder endpoint.
+    path = f"/v1/admin/nodes/{cheat.address}/unban"
+    raw = b'{"reason": "let me back in"}'
+    signed = sign_request(cheat, "POST", path, "", raw, coordinator.audience)
+    reply = httpx.post(coordinator.url + path, content=raw, headers={"content-type": "application/json", **signed})
+    assert (reply.status_code, reply.json()["code"]) == (401, "admin_unauthorized")
+    reply = signed_post(coordinator.url, "/v1/validation/claim", stranger, coordinator.audience, {"address": stranger.address, "limit": 1})
+    assert (reply.status_code, reply.json()["code"]) == (403, "role_required")
+    metrics = {"address": stranger.address, "run_id": "run-x", "step": 1, "metrics": {"loss": 1.0}}
+    reply = signed_post(coordinator.url, "/v1/trainer/metrics", stranger, coordinator.audience, metrics)
+    assert (reply.status_code, reply.json()["code"]) == (403, "role_required")
+    # A signature made for another deployment, and one replayed after the window, are refused too.
+    reply = signed_post(coordinator.url, "/v1/nodes/heartbeat", cheat, "another-deployment", heartbeat_body(cheat))
+    assert (reply.status_code, reply.json()["code"]) == (401, "signature_invalid")
+    old = int(time.time()) - coordinator.settings.signature_window_s - 5
+    reply = signed_post(coordinator.url, "/v1/nodes/heartbeat", cheat, coordinator.audience, heartbeat_body(cheat), timestamp=old)
+    assert (reply.status_code, reply.json()["code"]) == (401, "timestamp_out_of_window")
+    assert coordinator.snapshot() == before
