@@ -1,5 +1,6 @@
 """Bound what one request may cost before a handler sees it: its body's size (413), the time its
-body takes to arrive (408), and how many requests one client IP has in flight (429)."""
+body takes to arrive (408), and how many requests one client IP has in flight (429); and refuse
+NUL characters in URLs and JSON bodies (422), which PostgreSQL cannot store in text."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.overrides.get(scope["path"], self.max_bytes)
+        if b"%00" in scope.get("raw_path", b"") or b"%00" in scope.get("query_string", b"") or "\x00" in scope["path"]:
+            await _refuse(scope, send, 422, ErrorCode.validation_error, "The URL holds a NUL character.")
+            return
+        json_body = dict(scope["headers"]).get(b"content-type", b"").startswith(b"application/json")
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await _refuse(scope, send, 413, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
@@ -63,6 +68,10 @@ class BodyLimitMiddleware:
             body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                if json_body and b"\\u0000" in message.get("body", b"") and not started:
+                    refused = True
+                    await _refuse(scope, send, 422, ErrorCode.validation_error, "The JSON body holds a NUL character.")
+                    raise _Refused
                 if received > limit and not started:
                     # Answer now: the framework would turn an exception from here into a 400.
                     refused = True

@@ -65,7 +65,7 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
     signature = headers.get(signing.HEADER_SIGNATURE)
     if not (address and timestamp_raw and nonce and signature):
         raise ApiError(401, ErrorCode.signature_missing, "This endpoint needs a signed request (x-intellect-* headers).")
-    if not (timestamp_raw.isdigit() and len(timestamp_raw) <= 12 and signing.NONCE_PATTERN.fullmatch(nonce)):
+    if not (timestamp_raw.isascii() and timestamp_raw.isdigit() and len(timestamp_raw) <= 12 and signing.NONCE_PATTERN.fullmatch(nonce)):
         raise ApiError(
             401, ErrorCode.signature_malformed, "The timestamp must be unix seconds and the nonce 16-64 hex characters."
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.schemas import ErrorCode
@@ -49,6 +50,13 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()[:20]]
         return error_response(422, ErrorCode.validation_error, "The request does not match the schema.", {"errors": errors})
+
+    # A value the database cannot store (a NUL byte in text on PostgreSQL, an integer wider than
+    # the column on SQLite) can only come from the request: the transaction is rolled back already.
+    @app.exception_handler(DataError)
+    @app.exception_handler(OverflowError)
+    async def _unstorable(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(422, ErrorCode.validation_error, "The request holds a value the ledger cannot store (a NUL byte, or a number too large).")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

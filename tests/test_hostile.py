@@ -124,3 +124,19 @@ def test_valid_signatures_from_the_wrong_party_are_refused_and_record_nothing(co
     reply = signed_post(coordinator.url, "/v1/nodes/heartbeat", cheat, coordinator.audience, heartbeat_body(cheat), timestamp=old)
     assert (reply.status_code, reply.json()["code"]) == (401, "timestamp_out_of_window")
     assert coordinator.snapshot() == before
+
+
+def test_inputs_the_fuzzer_found_get_4xx(coordinator: Served) -> None:
+    """Regressions from the schemathesis run: non-ASCII digits, NUL bytes (PostgreSQL refuses them in text)."""
+    node = joined(coordinator)
+    token = admin_token(coordinator, "operate")
+    before = coordinator.snapshot()
+    assert httpx.get(f"{coordinator.url}/v1/manifests/run-x/%C2%B9").status_code in (404, 422)
+    reply = signed_post(coordinator.url, "/v1/submissions", node, coordinator.audience, b"x", query="task=a%00b")
+    assert reply.status_code == 422 and reply.json()["code"] == "validation_error"
+    headers = {**sign_request(node, "POST", "/v1/nodes/heartbeat", "", b"{}", coordinator.audience), "x-intellect-timestamp": b"\xb9"}
+    reply = httpx.post(f"{coordinator.url}/v1/nodes/heartbeat", content=b"{}", headers=headers)
+    assert (reply.status_code, reply.json()["code"]) == (401, "signature_malformed")
+    reply = httpx.post(f"{coordinator.url}/v1/admin/nodes/{node.address}/ban", json={"reason": "a\x00b"}, headers={"authorization": f"Bearer {token}"})
+    assert reply.status_code == 422
+    assert coordinator.snapshot() == before

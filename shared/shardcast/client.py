@@ -149,7 +149,7 @@ def _prepare(signed: SignedManifest, dest: Path) -> set[int]:
     if not lines or lines[0] != manifest.digest():
         progress.write_text(manifest.digest() + "\n")
         return set()
-    return {int(x) for x in lines[1:] if x.isdigit() and int(x) < len(manifest.chunks)}
+    return {int(x) for x in lines[1:] if x.isascii() and x.isdigit() and int(x) < len(manifest.chunks)}
 
 
 def _fetch_all(

@@ -93,7 +93,7 @@ class StepStore:
             else:
                 held_path = manifest_path.parent / HELD_FILE
                 lines = held_path.read_text().split() if held_path.exists() else []
-                held = {int(x) for x in lines if x.isdigit() and int(x) < len(signed.manifest.chunks)}
+                held = {int(x) for x in lines if x.isascii() and x.isdigit() and int(x) < len(signed.manifest.chunks)}
             self.steps[key] = Step(manifest_path.parent, signed, held)
 
     def _dir(self, run_id: str, step: int) -> Path:

@@ -34,7 +34,7 @@ class Weights:
         """Runs this process has worked on: the ones worth prefetching new steps of."""
         self.fetching: set[tuple[str, int]] = set()
         for run_dir in directory.glob("*"):
-            steps = [int(p.parent.name) for p in run_dir.glob(f"*/{MANIFEST_FILE}") if p.parent.name.isdigit()]
+            steps = [int(p.parent.name) for p in run_dir.glob(f"*/{MANIFEST_FILE}") if p.parent.name.isascii() and p.parent.name.isdigit()]
             if steps:
                 self.held[run_dir.name] = max(steps)
 
@@ -77,6 +77,6 @@ class Weights:
         self.console.print(f"Holding policy step {step} of {run_id} ({manifest.total_bytes / 2**20:.1f} MiB verified, {rate:.0f} MiB/s).")
 
     def _prune(self, run_id: str) -> None:
-        steps = sorted((int(p.name) for p in (self.directory / run_id).glob("*") if p.name.isdigit()), reverse=True)
+        steps = sorted((int(p.name) for p in (self.directory / run_id).glob("*") if p.name.isascii() and p.name.isdigit()), reverse=True)
         for old in steps[KEEP:]:
             shutil.rmtree(self.directory / run_id / str(old), ignore_errors=True)
