@@ -44,6 +44,8 @@ class Process:
     log_path: Path
     url: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    """The environment it was started with beyond ours (to restart it the same way)."""
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -70,6 +72,13 @@ class Process:
         self.popen.kill()
         self.popen.wait()
 
+    def restart(self) -> None:
+        """Start the same command again (same port, same log); returns once a server answers again."""
+        again = spawn(self.name, list(self.popen.args), self.log_path, self.env)  # type: ignore[arg-type]
+        self.popen = again.popen
+        if self.url is not None:
+            wait_http(self, f"{self.url}/healthz")
+
 
 def spawn(name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> Process:
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +86,7 @@ def spawn(name: str, args: list[str], log_path: Path, env: dict[str, str] | None
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env)
     log.close()
-    return Process(name, popen, log_path)
+    return Process(name, popen, log_path, env=dict(env or {}))
 
 
 def wait_http(process: Process, url: str, timeout: float = 60) -> None:

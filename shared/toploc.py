@@ -77,7 +77,8 @@ def _chunks(hidden: torch.Tensor) -> list[torch.Tensor]:
     if hidden.dim() != 2:
         raise ValueError(f"hidden states must be [positions, hidden_size], got shape {tuple(hidden.shape)}")
     bf16 = hidden.detach().to("cpu", torch.bfloat16).contiguous()
-    return [chunk.reshape(-1) for chunk in bf16.split(CHUNK)]
+    # torch splits an empty tensor into one empty piece; no positions means no chunks (as chunk_sizes says).
+    return [chunk.reshape(-1) for chunk in bf16.split(CHUNK)] if bf16.shape[0] else []
 
 
 def _top_entries(chunks: list[torch.Tensor]) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -11,6 +11,7 @@ from shared.toploc import (
     PRIME,
     TOPK,
     build_proofs,
+    build_proofs_batch,
     chunk_sizes,
     rollout_passes,
     verify_proofs,
@@ -125,3 +126,11 @@ def test_modulus_steps_down_past_collisions() -> None:
     indices = np.array([[0, 65497, *range(1, 127)]], dtype=np.int64)
     assert _injective_moduli(indices).tolist() == [65370]
     assert _injective_moduli(np.arange(128, dtype=np.int64)[None, :] * 3).tolist() == [PRIME]
+
+
+def test_a_sequence_with_no_committed_positions_has_empty_proofs() -> None:
+    """A completion that is one EOS token commits no positions (found killing nodes in bench/chaos.py)."""
+    empty = torch.zeros(0, 64)
+    assert build_proofs(empty) == b"" and verify_proofs(empty, b"") == []
+    some = torch.randn(40, 64)
+    assert build_proofs_batch([empty, some, empty]) == [b"", build_proofs(some), b""]

@@ -25,6 +25,7 @@ from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
 from shared.environments.registry import get_environment
+from shared.http import coordinator_client
 from shared.models import load_model
 from shared.schemas import PublicStatus, RunInfo, TrainerMetricsRequest
 from shared.shardcast.manifest import SignedManifest
@@ -96,7 +97,7 @@ class Trainer:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         status = httpx.get(f"{self.coordinator}/v1/public/status", timeout=30).raise_for_status().json()
         self.audience = PublicStatus.model_validate(status).audience
-        self.http = httpx.Client(base_url=self.coordinator, timeout=60.0, auth=SignedAuth(account, self.audience))
+        self.http = coordinator_client(self.coordinator, 60.0, SignedAuth(account, self.audience))
         self.run_info = RunInfo.model_validate(httpx.get(f"{self.coordinator}/v1/public/runs/{run_id}", timeout=30).raise_for_status().json())
 
         path = checkpoint_dir / CHECKPOINT

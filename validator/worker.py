@@ -18,6 +18,7 @@ from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
 from shared.environments.registry import Environment, Problem, get_environment
+from shared.http import coordinator_client
 from shared.models import load_model
 from shared.schemas import CheckOutcome, Claim, ClaimRequest, PublicReceipt, PublicStatus, VerdictRequest
 from shared.shardcast.weights import Weights
@@ -49,7 +50,7 @@ class Validator:
         self.batch = batch
         self.settings = settings or CheckSettings()
         audience = PublicStatus.model_validate(httpx.get(f"{self.coordinator}/v1/public/status", timeout=30).raise_for_status().json()).audience
-        self.http = httpx.Client(base_url=self.coordinator, timeout=60.0, auth=SignedAuth(account, audience))
+        self.http = coordinator_client(self.coordinator, 60.0, SignedAuth(account, audience))
         self.weights = Weights(self.coordinator, account, state_dir / "weights", console)
         self.checked = 0
 
@@ -66,16 +67,24 @@ class Validator:
         """Check submissions until ``stop`` is set (or ``max_submissions`` are done); returns how many."""
         torch.set_num_threads(1)
         while not stop.is_set() and (max_submissions is None or self.checked < max_submissions):
-            claims = [Claim.model_validate(c) for c in self._post("/v1/validation/claim", ClaimRequest(address=self.account.address, limit=self.batch).model_dump_json()).json()]
-            if not claims:
+            try:
+                self._check_batch(stop, idle_wait)
+            except httpx.TransportError as e:
+                # The coordinator went away mid-request; our claims expire and return to the queue.
+                self.console.print(f"[yellow]Lost the coordinator ({type(e).__name__}: {e}); retrying.[/yellow]")
                 stop.wait(idle_wait)
-                continue
-            for claim in claims:
-                receipt = self.check(claim)
-                self.checked += 1
-                verdict = "accepted" if receipt.status == "accepted" else f"[red]{receipt.status}[/red] ({receipt.reason})"
-                self.console.print(f"{claim.submission_id[:16]}… from {receipt.address[:10]}…: {verdict}")
         return self.checked
+
+    def _check_batch(self, stop: threading.Event, idle_wait: float) -> None:
+        claims = [Claim.model_validate(c) for c in self._post("/v1/validation/claim", ClaimRequest(address=self.account.address, limit=self.batch).model_dump_json()).json()]
+        if not claims:
+            stop.wait(idle_wait)
+            return
+        for claim in claims:
+            receipt = self.check(claim)
+            self.checked += 1
+            verdict = "accepted" if receipt.status == "accepted" else f"[red]{receipt.status}[/red] ({receipt.reason})"
+            self.console.print(f"{claim.submission_id[:16]}… from {receipt.address[:10]}…: {verdict}")
 
     def check(self, claim: Claim) -> PublicReceipt:
         reply = self.http.get(f"/v1/validation/submissions/{claim.submission_id}/file")

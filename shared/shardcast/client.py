@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 from eth_account.signers.local import LocalAccount
 
+from shared.http import coordinator_client
 from shared.schemas import PublicStatus, RelayInfo, RelayReportRequest
 from shared.shardcast.manifest import Manifest, SignedManifest
 from shared.shardcast.store import MANIFEST_FILE, preallocate, write_atomic
@@ -116,7 +117,7 @@ def download_step(
     (from worker threads) as chunks are verified.
     """
     coordinator = coordinator.rstrip("/")
-    with httpx.Client(base_url=coordinator, timeout=30.0) as api:
+    with coordinator_client(coordinator, 30.0) as api:
         reply = api.get(f"/v1/manifests/{run_id}/{step}")
         if reply.status_code == 404:
             raise DownloadError(f"the coordinator has no manifest for step {step} of {run_id}")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 from eth_account.signers.local import LocalAccount
 
+from shared.http import coordinator_client
 from shared.shardcast.manifest import DEFAULT_CHUNK_SIZE, SignedManifest, build_manifest, sign_manifest
 from shared.shardcast.store import MANIFEST_FILE, write_atomic
 from shared.signing import SignedAuth
@@ -34,7 +34,7 @@ def publish_step(
 
 def post_manifest(coordinator: str, account: LocalAccount, signed: SignedManifest, audience: str) -> dict:
     """Register the manifest with the coordinator (the account must hold the trainer role)."""
-    with httpx.Client(base_url=coordinator.rstrip("/"), timeout=30.0, auth=SignedAuth(account, audience)) as http:
+    with coordinator_client(coordinator.rstrip("/"), 30.0, SignedAuth(account, audience)) as http:
         reply = http.post("/v1/manifests", content=signed.model_dump_json(), headers={"content-type": "application/json"})
     if reply.status_code not in (200, 201):
         raise RuntimeError(f"the coordinator refused the manifest of step {signed.manifest.step}: {reply.status_code} {reply.text}")

@@ -1,0 +1,41 @@
+"""An ``httpx`` client for role processes that talk to the coordinator: it rides out a coordinator
+restart by retrying requests that could not connect, with backoff.
+
+Only connection failures are retried: such a request never reached the server, so resending it
+(same signature, same nonce) cannot apply it twice. A request that reached the server and failed
+is the caller's to handle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+class RetryConnect(httpx.HTTPTransport):
+    def __init__(self, give_up_s: float = 240.0, first_wait_s: float = 0.5, max_wait_s: float = 8.0) -> None:
+        """``give_up_s`` stays under the coordinator's signature window (300 s), so a retried
+        signed request is still fresh when it finally arrives."""
+        super().__init__()
+        self.give_up_s, self.first_wait_s, self.max_wait_s = give_up_s, first_wait_s, max_wait_s
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        deadline = time.monotonic() + self.give_up_s
+        wait = self.first_wait_s
+        while True:
+            try:
+                return super().handle_request(request)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                if time.monotonic() + wait > deadline:
+                    raise
+                log.warning("cannot reach %s (%s); retrying in %.1f s", request.url.host, e, wait)
+                time.sleep(wait)
+                wait = min(wait * 2, self.max_wait_s)
+
+
+def coordinator_client(base_url: str, timeout: float, auth: httpx.Auth | None = None) -> httpx.Client:
+    return httpx.Client(base_url=base_url, timeout=timeout, auth=auth, transport=RetryConnect())

@@ -1,0 +1,35 @@
+"""Faults during a devnet run (short version of bench/chaos.py): roles SIGKILLed at chosen moments
+and restarted, one after another; the run still reaches its step, and the audit finds nothing
+lost, nothing counted twice, every submission finished and the ledger consistent."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from devnet.chaos import CHAOS_COORDINATOR_ENV, FAULTS, audit, drain, published, wait_until
+from devnet.network import start_network
+
+RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "4", "--max-tokens", "48"]
+
+
+@pytest.mark.timeout(900)
+def test_the_network_recovers_from_kills_and_loses_nothing(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    faults = ["node-generation", "validator-batch", "coordinator", "relay-broadcast", "trainer-step"]
+    target = 6
+    net = start_network(tmp_path, nodes=1, run_options=RUN, steps=target, coordinator_env=CHAOS_COORDINATOR_ENV)
+    try:
+        recoveries = [FAULTS[name](net, rng) for name in faults]
+        wait_until(lambda: published(net) >= target, 600, f"policy step {target}")
+        drain(net)
+    finally:
+        codes = net.stop()
+    for r in recoveries:
+        assert r.recovered, f"{r.fault}: no progress within {r.recover_s:.0f} s"
+    result = audit(net)
+    assert result.policy_step == target
+    assert (result.lost, result.duplicates, result.unfinished, result.ledger_errors) == (0, 0, 0, [])
+    assert codes["trainer"] == 0, codes
