@@ -58,16 +58,18 @@ async def closed_loop(
 
 
 async def open_loop(
-    host: str, port: int, requests: Sequence[bytes], rate_per_s: float, connections: int
+    host: str, port: int | Sequence[int], requests: Sequence[bytes], rate_per_s: float, connections: int
 ) -> tuple[float, list[float], dict[int, int]]:
-    """Send request i at ``i / rate_per_s`` whether or not earlier ones came back.
+    """Send request i at ``i / rate_per_s`` whether or not earlier ones came back (several
+    ``port``\s: the connections are spread over them, a simple round-robin balancer).
 
     Latency counts from the scheduled send time, so a server that falls behind is charged
     for the queue it builds (no coordinated omission).
     """
     pool: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
-    for _ in range(connections):
-        pool.put_nowait(await asyncio.open_connection(host, port))
+    ports = [port] if isinstance(port, int) else list(port)
+    for i in range(connections):
+        pool.put_nowait(await asyncio.open_connection(host, ports[i % len(ports)]))
     latencies: list[float] = []
     statuses: dict[int, int] = {}
 

@@ -3,10 +3,7 @@ coordinators served by uvicorn on loopback, real keys."""
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -20,69 +17,33 @@ import pytest
 import uvicorn
 from alembic import command
 from eth_account import Account
-from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from coordinator.app import create_app
 from coordinator.db import alembic_config, make_engine
 from coordinator.settings import CoordinatorSettings
+from devnet.postgres import create_database, pg_bin
+from devnet.postgres import postgres_server as postgres_server_at
 from devnet.processes import free_port
 
 os.environ.setdefault("INTELLECT_WALLET_PASSWORD", "test-password")
 
 
-def _pg_bin() -> Path | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if found:
-        return Path(found[-1]).parent
-    initdb = shutil.which("initdb")
-    return Path(initdb).parent if initdb else None
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """A PostgreSQL server of our own on a free loopback port; yields its admin URL."""
-    bin_dir = _pg_bin()
-    if bin_dir is None:
+    if pg_bin() is None:
         if os.environ.get("CI"):
             pytest.fail("PostgreSQL server binaries (initdb) are missing; .ci/run must install postgresql.")
         pytest.skip("PostgreSQL server binaries are not installed (apt-get install postgresql)")
-    root = Path(tempfile.mkdtemp(prefix="intellect-pg-"))
-    data, sockets = root / "data", root / "sock"
-    sockets.mkdir()
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # initdb refuses to run as root
-        shutil.chown(root, "postgres")
-        shutil.chown(sockets, "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    port = free_port()
-    subprocess.run(
-        [*as_user, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
-        check=True,
-        capture_output=True,
-    )
-    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-    subprocess.run(
-        [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
-    finally:
-        subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
+    with postgres_server_at(Path(tempfile.mkdtemp(prefix="intellect-pg-"))) as url:
+        yield url
 
 
 def _new_database(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'ledger.db'}"
-    server = request.getfixturevalue("postgres_server")
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return f"{server}/{name}"
+    return create_database(request.getfixturevalue("postgres_server"), f"t_{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
