@@ -31,7 +31,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=160)  # the table stays readable when the output is redirected
     table = Table("scenario", "recovered", "time to recover (s)", "rollouts lost", "duplicates", "unfinished", "ledger", "wall (s)")
     failures = 0
     for name in args.faults.split(","):
