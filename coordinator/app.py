@@ -84,6 +84,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
         overrides={"/v1/submissions": settings.max_upload_bytes},
         idle_timeout_s=settings.body_idle_timeout_s,
         deadline_s=settings.body_deadline_s,
+        budget_bytes=settings.max_body_bytes_in_flight,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(PerClientLimitMiddleware, max_in_flight=settings.max_requests_per_ip)

@@ -1,6 +1,7 @@
 """Bound what one request may cost before a handler sees it: its body's size (413), the time its
-body takes to arrive (408), and how many requests one client IP has in flight (429); and refuse
-NUL characters in URLs and JSON bodies (422), which PostgreSQL cannot store in text."""
+body takes to arrive (408), and how many requests one client IP has in flight (429); bound what
+all bodies being received at once may hold in memory (503 past the budget); and refuse NUL
+characters in URLs and JSON bodies (422), which PostgreSQL cannot store in text."""
 
 from __future__ import annotations
 
@@ -25,13 +26,18 @@ class BodyLimitMiddleware:
         overrides: dict[str, int] | None = None,
         idle_timeout_s: float = 15.0,
         deadline_s: float = 120.0,
+        budget_bytes: int | None = None,
     ) -> None:
-        """``overrides``: a different size limit for the exact paths named (rollout uploads)."""
+        """``overrides``: a different size limit for the exact paths named (rollout uploads).
+        ``budget_bytes``: most body bytes admitted at once over all requests, each counted at its
+        declared length (a chunked body at its path's limit) from arrival until its answer."""
         self.app = app
         self.max_bytes = max_bytes
         self.overrides = overrides or {}
         self.idle_timeout_s = idle_timeout_s
         self.deadline_s = deadline_s
+        self.budget_bytes = budget_bytes
+        self.admitted_bytes = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -41,12 +47,25 @@ class BodyLimitMiddleware:
         if b"%00" in scope.get("raw_path", b"") or b"%00" in scope.get("query_string", b"") or "\x00" in scope["path"]:
             await _refuse(scope, send, 422, ErrorCode.validation_error, "The URL holds a NUL character.")
             return
-        json_body = dict(scope["headers"]).get(b"content-type", b"").startswith(b"application/json")
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        json_body = headers.get(b"content-type", b"").startswith(b"application/json")
+        declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await _refuse(scope, send, 413, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
             return
 
+        reserve = int(declared) if declared is not None else limit if b"chunked" in headers.get(b"transfer-encoding", b"") else 0
+        if self.budget_bytes is not None and reserve and self.admitted_bytes + reserve > self.budget_bytes:
+            message = "The coordinator is receiving as much as it holds at once; retry shortly."
+            await _refuse(scope, send, 503, ErrorCode.overloaded, message, headers={"Retry-After": "2"})
+            return
+        self.admitted_bytes += reserve
+        try:
+            await self._limited(scope, receive, send, limit, json_body)
+        finally:
+            self.admitted_bytes -= reserve
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send, limit: int, json_body: bool) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.deadline_s
         received = 0

@@ -52,6 +52,12 @@ class CoordinatorSettings(RoleSettings):
     max_upload_bytes: int = Field(64 << 20, ge=1024)
     """Largest rollout file a node may upload."""
 
+    max_body_bytes_in_flight: int = Field(1 << 30, ge=1 << 20)
+    """Most request-body bytes the coordinator admits at once, over every client: a body counts at
+    its declared length (a chunked one at its limit) until its answer is sent, and a request that
+    would pass this gets 503 with Retry-After before a byte is read. Bounds memory under a flood of
+    large uploads from many addresses (buffered bodies cost about twice this at worst)."""
+
     body_idle_timeout_s: float = Field(15.0, gt=0)
     """Longest pause between two parts of a request body; a slower sender gets 408."""
 
@@ -87,6 +93,11 @@ class CoordinatorSettings(RoleSettings):
 
     max_leases_per_node: int = Field(3, ge=1, le=8)
     """Tasks one node may hold at once: one uploading, one generating, the next one lined up."""
+
+    max_validation_backlog: int = Field(256, ge=1)
+    """A run hands out new tasks only while its submissions awaiting validation plus its tasks in
+    progress number fewer than this: when validators fall behind, nodes wait instead of
+    generating rollouts that would go stale in the queue."""
 
     min_node_version: str = "0.1.0"
     """Oldest node client version allowed to register and heartbeat."""

@@ -8,7 +8,11 @@ overlap), every submission ends accepted or rejected, and credit exists only for
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,8 +23,9 @@ from sqlalchemy import create_engine, func, select
 from devnet.network import Network
 from devnet.processes import Process
 
-CHAOS_COORDINATOR_ENV = {"INTELLECT_VALIDATION_CLAIM_S": "10", "INTELLECT_TASK_LEASE_S": "20"}
-"""Short claims and leases, so work held by a killed role returns to the queue within seconds."""
+CHAOS_COORDINATOR_ENV = {"INTELLECT_VALIDATION_CLAIM_S": "10", "INTELLECT_TASK_LEASE_S": "20", "INTELLECT_MAX_VALIDATION_BACKLOG": "24"}
+"""Short claims and leases, so work held by a killed role returns to the queue within seconds; a
+short validation backlog, so the drain at the end takes seconds whatever the machine's speed."""
 
 
 @dataclass
@@ -28,7 +33,10 @@ class Recovery:
     fault: str
     recovered: bool
     recover_s: float
-    """From the kill until the run made progress again (a new verdict, or a new policy step for the trainer)."""
+    """From the kill until the run made progress again (a new verdict, or a new policy step for the
+    trainer); for a fault that is not a kill, from the fault's end (see each scenario)."""
+    detail: str = ""
+    """Why it did not recover, as far as the processes tell."""
 
 
 @dataclass
@@ -59,6 +67,10 @@ def _submissions(net: Network) -> dict[str, int]:
     return _get(net, f"/v1/public/runs/{net.run_id}/progress")["submissions"]  # type: ignore[index,return-value]
 
 
+def submitted(net: Network) -> int:
+    return sum(_submissions(net).values())
+
+
 def verdicts(net: Network) -> int:
     stats = _submissions(net)
     return stats["accepted"] + stats["rejected"]
@@ -85,6 +97,20 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def exited(net: Network) -> str:
+    """The processes that have ended, with exit code and log tail: what a failure message needs."""
+    gone = [p for p in net.processes if p.popen.poll() is not None]
+    return "".join(f"\n{p.name} exited with {p.popen.returncode}:\n{p.tail(15)}" for p in gone) or " (every process is running)"
+
+
+def _until(net: Network, progress: Callable[[], int], before: int, fault: str, since: float, timeout: float) -> Recovery:
+    try:
+        wait_until(lambda: progress() > before, timeout, f"progress after {fault}")
+    except TimeoutError:
+        return Recovery(fault, False, time.monotonic() - since, exited(net))
+    return Recovery(fault, True, time.monotonic() - since)
+
+
 def _kill_restart(net: Network, names: list[str], progress: Callable[[], int], fault: str, timeout: float) -> Recovery:
     before = progress()
     killed_at = time.monotonic()
@@ -94,11 +120,7 @@ def _kill_restart(net: Network, names: list[str], progress: Callable[[], int], f
     time.sleep(0.5)
     for p in processes:
         p.restart()
-    try:
-        wait_until(lambda: progress() > before, timeout, f"progress after {fault}")
-    except TimeoutError:
-        return Recovery(fault, False, time.monotonic() - killed_at)
-    return Recovery(fault, True, time.monotonic() - killed_at)
+    return _until(net, progress, before, fault, killed_at, timeout)
 
 
 def _node_activity(net: Network, name: str) -> str:
@@ -145,6 +167,109 @@ def trainer_mid_publish(net: Network, rng: random.Random) -> Recovery:
     return _kill_restart(net, ["trainer"], lambda: published(net), "trainer mid-publish", 300)
 
 
+def blob_store_outage(net: Network, rng: random.Random, outage_s: float = 8.0) -> Recovery:
+    """The coordinator's blob directory replaced by a file for ``outage_s`` (a lost mount: no
+    write or read succeeds); recovery counts from the store's return until new uploads land and
+    get verdicts again."""
+    blobs = net.workdir / "blobs"
+    away = blobs.with_name("blobs-away")
+    wait_until(lambda: _node_activity(net, "node-0") == "generating", 120, "node-0 generating")
+    blobs.rename(away)
+    try:
+        blobs.write_bytes(b"")
+        time.sleep(outage_s)
+    finally:
+        blobs.unlink(missing_ok=True)
+        away.rename(blobs)
+    restored = time.monotonic()
+    uploads, checked = submitted(net), verdicts(net)
+    uploaded = _until(net, lambda: submitted(net), uploads, "blob store unavailable", restored, 180)
+    if not uploaded.recovered:
+        return uploaded
+    return _until(net, lambda: verdicts(net), checked, f"blob store unavailable for {outage_s:.0f} s", restored, 180)
+
+
+def _holding(net: Network, name: str, step: int) -> bool:
+    return f"Holding policy step {step} " in net.by_name(name).log_path.read_text(errors="replace")
+
+
+def slow_relay(net: Network, rng: random.Random, stalled: float = 0.9, period: float = 1.0) -> Recovery:
+    """The relay frozen (SIGSTOP) for ``stalled`` of every ``period`` seconds, so it answers at a
+    tenth of its speed, until the node holds the next policy step; recovery counts from that
+    step's publication."""
+    relay = net.by_name("relay")
+    done = threading.Event()
+
+    def throttle() -> None:
+        while not done.is_set():
+            os.kill(relay.popen.pid, signal.SIGSTOP)
+            done.wait(stalled)
+            os.kill(relay.popen.pid, signal.SIGCONT)
+            done.wait(period - stalled)
+
+    throttler = threading.Thread(target=throttle, daemon=True)
+    throttler.start()
+    try:
+        step = published(net)
+        wait_until(lambda: published(net) > step, 300, "a new policy step")
+        since, step = time.monotonic(), published(net)
+        try:
+            wait_until(lambda: _holding(net, "node-0", step), 180, f"node-0 holding step {step}")
+        except TimeoutError:
+            return Recovery("relay answering at a tenth of its speed", False, time.monotonic() - since, exited(net))
+        return Recovery("relay answering at a tenth of its speed", True, time.monotonic() - since)
+    finally:
+        done.set()
+        throttler.join()
+        os.kill(relay.popen.pid, signal.SIGCONT)
+
+
+CLOCK_SHIFT = """\
+import os, time
+_time, _path = time.time, os.environ["INTELLECT_CLOCK_SHIFT_FILE"]
+def _shifted():
+    try:
+        with open(_path) as f:
+            return _time() + float(f.read() or 0)
+    except (OSError, ValueError):
+        return _time()
+time.time = _shifted
+"""
+"""A ``sitecustomize`` that shifts ``time.time()`` by the seconds written in a file, read on every call,
+so a running process's clock can be moved from outside."""
+
+
+def clock_skew(net: Network, rng: random.Random) -> Recovery:
+    """node-0's clock jumps past the signature window while it works: it must stop with exit code 2
+    and a clear message, having recorded nothing with the bad clock; its held tasks return to the
+    queue. Once the clock is right again it restarts; recovery counts from that restart until its
+    next upload lands."""
+    node = net.by_name("node-0")
+    shim = net.workdir / "clock-shift"
+    shim.mkdir(exist_ok=True)
+    (shim / "sitecustomize.py").write_text(CLOCK_SHIFT)
+    offset = shim / "offset-s"
+    offset.write_text("0")
+    path = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p)
+    node.stop()
+    node.env = {**node.env, "PYTHONPATH": path, "INTELLECT_CLOCK_SHIFT_FILE": str(offset)}
+    node.restart()
+    wait_until(lambda: _node_activity(net, "node-0") == "generating", 120, "node-0 generating")
+    window = httpx.get(f"{net.coordinator.url}/v1/public/status", timeout=10).json()["signature_window_s"]
+    offset.write_text(str(2 * window))
+    try:
+        node.popen.wait(120)
+    except subprocess.TimeoutExpired:
+        return Recovery("node clock off by twice the window", False, 120.0, exited(net))
+    log = node.tail(5)
+    if node.popen.returncode != 2 or "clock is" not in log:
+        raise AssertionError(f"node-0 exited with {node.popen.returncode}, expected 2 and a clock message:\n{log}")
+    offset.write_text("0")
+    before = submitted(net)
+    node.restart()
+    return _until(net, lambda: submitted(net), before, "node clock off by twice the window", time.monotonic(), 180)
+
+
 def coordinator_restart(net: Network, rng: random.Random) -> Recovery:
     time.sleep(rng.uniform(0, 2))
     return _kill_restart(net, ["coordinator"], lambda: verdicts(net), "coordinator killed, restarted on its database", 180)
@@ -165,15 +290,35 @@ FAULTS: dict[str, Callable[[Network, random.Random], Recovery]] = {
     "trainer-publish": trainer_mid_publish,
     "coordinator": coordinator_restart,
     "all-at-once": everything_at_once,
+    "blob-store": blob_store_outage,
+    "slow-relay": slow_relay,
+    "clock-skew": clock_skew,
 }
 
 
-def drain(net: Network, timeout: float = 180) -> None:
-    """Stop the nodes, then let the validator finish every pending submission."""
+def drain(net: Network, stall_s: float = 120) -> int:
+    """Stop the nodes, then let the validator finish every pending submission; returns the backlog it started with.
+
+    A long backlog on a slow machine is fine as long as verdicts keep coming: this fails only after
+    ``stall_s`` seconds without one, naming the backlog and showing the validator's log.
+    """
     for p in net.processes:
         if p.name.startswith("node-"):
             p.stop()
-    wait_until(lambda: pending(net) == 0, timeout, "the validation backlog to drain")
+    backlog = last = pending(net)
+    progress_at = time.monotonic()
+    while last > 0:
+        time.sleep(0.5)
+        now = pending(net)
+        if now < last:
+            last, progress_at = now, time.monotonic()
+        elif time.monotonic() - progress_at > stall_s:
+            validator = net.by_name("validator")
+            raise TimeoutError(
+                f"{now} of {backlog} submissions still pending, no verdict for {stall_s:.0f} s; "
+                f"validator log:\n{validator.tail()}{exited(net)}"
+            )
+    return backlog
 
 
 def audit(net: Network) -> Audit:

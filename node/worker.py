@@ -250,6 +250,10 @@ def work_loop(
             uploads.put((task, finishers.submit(finish, generate(task, backend))))
     except NotRegistered:
         stop.wait(idle_wait)  # the heartbeat thread registers again; the caller loops
+    except Stopped:
+        if not failure:
+            raise
+        # The uploader failed and set ``stop``; its error, raised below, is the one to report.
     finally:
         # A task leased ahead but never started stays held: the next lease hands it back, or its lease runs out.
         prefetcher.shutdown(wait=True)

@@ -37,5 +37,18 @@ class RetryConnect(httpx.HTTPTransport):
                 wait = min(wait * 2, self.max_wait_s)
 
 
+def get_waiting(http: httpx.Client, path: str, tries: int = 30, **params: object) -> httpx.Response:
+    """GET, waiting out the coordinator's rate limit (429) or a brief unavailability (503) as its
+    Retry-After asks (at most 10 s a time); raises :class:`httpx.HTTPStatusError` for any other
+    failure, or when it is still unavailable after ``tries``."""
+    for _ in range(tries - 1):
+        reply = http.get(path, params=params or None)
+        if reply.status_code not in (429, 503):
+            return reply.raise_for_status()
+        log.warning("%s answered %d; retrying", path, reply.status_code)
+        time.sleep(min(float(reply.headers.get("retry-after", "1")), 10.0))
+    return http.get(path, params=params or None).raise_for_status()
+
+
 def coordinator_client(base_url: str, timeout: float, auth: httpx.Auth | None = None) -> httpx.Client:
     return httpx.Client(base_url=base_url, timeout=timeout, auth=auth, transport=RetryConnect())

@@ -56,6 +56,8 @@ class ErrorCode(enum.StrEnum):
     conflict = "conflict"
     role_required = "role_required"
     manifest_invalid = "manifest_invalid"
+    storage_unavailable = "storage_unavailable"
+    overloaded = "overloaded"
     http_error = "http_error"
 
 

@@ -1,5 +1,5 @@
-"""Hostile clients: bodies that trickle in, floods of connections from one address, and
-signatures that are valid but come from the wrong party. Each gets a clear 4xx, records
+"""Hostile clients: bodies that trickle in, floods of connections from one address, more body
+bytes at once than the coordinator holds, and signatures that are valid but come from the wrong party. Each gets a clear 4xx, records
 nothing, and leaves other nodes unaffected."""
 
 from __future__ import annotations
@@ -90,6 +90,30 @@ def test_a_flood_of_connections_from_one_address_gets_429_and_others_are_unaffec
     for t in holders:
         t.join()
     assert httpx.get(f"{strict.url}/v1/public/time").status_code == 200  # the slots are free again
+
+
+def test_bodies_in_flight_stay_within_the_memory_budget(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", body_idle_timeout_s=0.5, body_deadline_s=2.0,
+        max_body_bytes_in_flight=2 << 20,
+    )  # fmt: skip
+    with serve(settings) as served:
+        node = joined(served)
+        # Two senders from two addresses each declare a megabyte and trickle it: the budget is nearly spent.
+        holders = [threading.Thread(target=trickle, args=(served, 1_000_000, 0.2, f"127.0.0.{i}")) for i in (3, 4)]
+        for t in holders:
+            t.start()
+        time.sleep(0.5)
+        third = trickle(served, 1_000_000, 0.2, "127.0.0.5")
+        assert third[0] == 503 and third[1] < 1  # refused before a byte of its body was read
+        busy = httpx.post(f"{served.url}/v1/nodes/heartbeat", content=b" " * 200_000, headers={"content-type": "application/json"})
+        assert busy.status_code == 503 and busy.json()["code"] == "overloaded" and busy.headers["retry-after"] == "2"
+        # A node's small request still fits beside them.
+        assert signed_post(served.url, "/v1/nodes/heartbeat", node, served.audience, heartbeat_body(node)).status_code == 200
+        for t in holders:
+            t.join()
+        # Their 408s gave the budget back.
+        assert trickle(served, 1_000_000, 0.2, "127.0.0.5")[0] == 408
 
 
 def test_valid_signatures_from_the_wrong_party_are_refused_and_record_nothing(coordinator: Served) -> None:

@@ -119,3 +119,39 @@ def test_node_rides_out_a_coordinator_restart(tmp_path: Path) -> None:
         node.stop()
         coordinator.stop()
         engine.dispose()
+
+
+def test_a_node_banned_while_working_stops_and_says_why(sqlite_url: str, tmp_path: Path) -> None:
+    """Whichever of the node's threads meets the ban first (lease, upload or heartbeat), the node
+    exits with the ban's code and reason, never silently with 0."""
+    import httpx
+
+    from tests.conftest import admin_token
+
+    # A slow heartbeat, so the ban is usually met by the lease or the upload thread first.
+    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", heartbeat_interval_s=60)
+    with serve(settings) as c:
+        sessions = make_sessionmaker(c.engine)
+        with sessions.begin() as session:
+            create_run(
+                session, "arith", "arithmetic", "tiny-arith", SamplingParams(temperature=1.0, max_tokens=48), 2, 4,
+                LengthBudget(), datetime.now(UTC),
+            )  # fmt: skip
+        wallet = tmp_path / "node.json"
+        address = create_wallet(wallet, "pw")
+        node = start_node(tmp_path, "node-1", wallet, c.url, "pw")
+        try:
+            deadline = time.monotonic() + 120
+            while "Task 1 " not in node.tail(100):
+                assert time.monotonic() < deadline and node.popen.poll() is None, node.tail()
+                time.sleep(0.2)
+            ban = httpx.post(
+                f"{c.url}/v1/admin/nodes/{address}/ban",
+                json={"reason": "caught forging proofs"},
+                headers={"authorization": f"Bearer {admin_token(c)}"},
+            )
+            assert ban.status_code == 200, ban.text
+            assert node.popen.wait(90) == 3, node.tail()
+            assert "banned this node (caught forging proofs)" in node.tail()
+        finally:
+            node.stop()

@@ -182,3 +182,41 @@ def test_a_node_holds_at_most_three_tasks(coordinator) -> None:  # type: ignore[
     assert {k: v for k, v in coordinator.snapshot().items() if k != "nonces"} == {
         k: v for k, v in before.items() if k != "nonces"
     }
+
+
+def test_an_unwritable_blob_store_gets_503_and_records_nothing(coordinator) -> None:  # type: ignore[no-untyped-def]
+    make_run(coordinator)
+    node = joined(coordinator)
+    task = lease(coordinator, node).json()
+    data = rollout_file(task)
+    blobs = coordinator.settings.blob_dir
+    blobs.mkdir(parents=True, exist_ok=True)
+    away = blobs.with_name("blobs-away")
+    blobs.rename(away)
+    blobs.write_bytes(b"")  # a file where the directory was: every write and read fails, as on a lost mount
+    query = f"task={task['task_id']}"
+    headers = {"content-type": "application/octet-stream", **sign_request(node, "POST", "/v1/submissions", query, data, coordinator.audience)}
+    before = coordinator.snapshot()
+    refused = httpx.post(f"{coordinator.url}/v1/submissions?{query}", content=data, headers=headers)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["code"] == "storage_unavailable" and refused.headers["retry-after"] == "5"
+    assert coordinator.snapshot() == before  # not even the nonce: the very same request may be sent again
+
+    blobs.unlink()
+    away.rename(blobs)
+    again = httpx.post(f"{coordinator.url}/v1/submissions?{query}", content=data, headers=headers)
+    assert again.status_code == 200, again.text
+    assert (blobs / task["run_id"] / task["task_id"] / f"{again.json()['sha256']}.parquet").read_bytes() == data
+
+
+def test_new_work_waits_while_the_validation_backlog_is_full(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "b", max_validation_backlog=2, rate_limit_burst=1000)
+    with serve(settings) as c:
+        make_run(c)
+        first, second, third = joined(c), joined(c), joined(c)
+        task = lease(c, first).json()
+        assert lease(c, second).status_code == 200  # two tasks in progress: the backlog is full
+        assert lease(c, third).status_code == 204
+        assert upload(c, first, task["task_id"], rollout_file(task)).status_code == 200
+        assert lease(c, third).status_code == 204  # a pending submission counts as much as a task in progress
+        assert lease(c, first).status_code == 204

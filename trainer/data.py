@@ -7,13 +7,13 @@ task rewards do not vary (no signal: the length penalty alone would make advanta
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 
+from shared.http import get_waiting
 from shared.rollout_file import Rollout, read_rollouts
 from shared.schemas import AcceptedRollouts
 
@@ -45,27 +45,17 @@ class Batch:
     """Groups dropped by the offline filter: their prompt's dataset pass rate is outside the range."""
 
 
-def _get(http: httpx.Client, path: str, **params: object) -> httpx.Response:
-    """GET, waiting out the coordinator's rate limit (429) or a brief unavailability (503) as it asks."""
-    for _ in range(30):
-        reply = http.get(path, params=params or None)
-        if reply.status_code not in (429, 503):
-            return reply.raise_for_status()
-        time.sleep(min(float(reply.headers.get("retry-after", "1")), 10.0))
-    return reply.raise_for_status()
-
-
 def fetch_accepted(
     http: httpx.Client, run_id: str, after: int, oldest_step: int, limit: int = 100
 ) -> list[tuple[AcceptedRollouts, list[Rollout] | None]]:
     """Accepted submissions after cursor ``after``; the files of those whose policy is not
     older than ``oldest_step`` (stale ones are only counted, so they are not downloaded)."""
     out: list[tuple[AcceptedRollouts, list[Rollout] | None]] = []
-    for entry in (AcceptedRollouts.model_validate(e) for e in _get(http, "/v1/trainer/rollouts", run=run_id, after=after, limit=limit).json()):
+    for entry in (AcceptedRollouts.model_validate(e) for e in get_waiting(http, "/v1/trainer/rollouts", run=run_id, after=after, limit=limit).json()):
         if entry.policy_step < oldest_step:
             out.append((entry, None))
         else:
-            out.append((entry, read_rollouts(_get(http, f"/v1/trainer/submissions/{entry.submission_id}/file").content)))
+            out.append((entry, read_rollouts(get_waiting(http, f"/v1/trainer/submissions/{entry.submission_id}/file").content)))
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime
 from functools import cache, lru_cache
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
 from shared.environments.registry import Environment, Problem, get_environment
-from shared.http import coordinator_client
+from shared.http import coordinator_client, get_waiting
 from shared.models import load_model
 from shared.schemas import CheckOutcome, Claim, ClaimRequest, PublicReceipt, PublicStatus, VerdictRequest
 from shared.shardcast.weights import Weights
@@ -37,6 +38,10 @@ def _model(path: str):  # type: ignore[no-untyped-def]
 def _environment(name: str) -> tuple[Environment, dict[str, Problem]]:
     environment = get_environment(name)
     return environment, {p.id: p for p in environment.problems()}
+
+
+class ClaimLost(Exception):
+    """The coordinator no longer holds this validator's claim on the submission."""
 
 
 class Validator:
@@ -59,6 +64,8 @@ class Validator:
 
     def _post(self, path: str, body: str) -> httpx.Response:
         reply = self.http.post(path, content=body, headers={"content-type": "application/json"})
+        if reply.status_code == 409:
+            raise ClaimLost(reply.text)
         if reply.status_code >= 400:
             raise RuntimeError(f"{path}: {reply.status_code} {reply.text}")
         return reply
@@ -73,6 +80,11 @@ class Validator:
                 # The coordinator went away mid-request; our claims expire and return to the queue.
                 self.console.print(f"[yellow]Lost the coordinator ({type(e).__name__}: {e}); retrying.[/yellow]")
                 stop.wait(idle_wait)
+            except httpx.HTTPStatusError as e:
+                if e.response.status_code < 500:
+                    raise
+                self.console.print(f"[yellow]The coordinator is unavailable ({e.response.status_code}); retrying.[/yellow]")
+                stop.wait(idle_wait)
         return self.checked
 
     def _check_batch(self, stop: threading.Event, idle_wait: float) -> None:
@@ -81,14 +93,28 @@ class Validator:
             stop.wait(idle_wait)
             return
         for claim in claims:
-            receipt = self.check(claim)
+            if claim.claim_expires_at <= datetime.now(UTC):
+                # Checking it now would be wasted work: it is back in the queue for whoever claims next.
+                self.console.print(f"[yellow]{claim.submission_id[:16]}…: claim expired before its turn; skipped.[/yellow]")
+                continue
+            try:
+                receipt = self.check(claim)
+            except ClaimLost:
+                self.console.print(f"[yellow]{claim.submission_id[:16]}…: claim expired while checking; its verdict was dropped.[/yellow]")
+                continue
             self.checked += 1
             verdict = "accepted" if receipt.status == "accepted" else f"[red]{receipt.status}[/red] ({receipt.reason})"
             self.console.print(f"{claim.submission_id[:16]}… from {receipt.address[:10]}…: {verdict}")
 
     def check(self, claim: Claim) -> PublicReceipt:
-        reply = self.http.get(f"/v1/validation/submissions/{claim.submission_id}/file")
-        reply.raise_for_status()
+        """Check one claimed submission and post the verdict; raises :class:`ClaimLost` if the claim
+        expired meanwhile (the coordinator refuses the verdict and the submission is checked again)."""
+        try:
+            reply = get_waiting(self.http, f"/v1/validation/submissions/{claim.submission_id}/file", tries=6)
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code == 409:  # the claim ran out while the file store was unavailable
+                raise ClaimLost(e.response.text) from None
+            raise
         task = claim.task.model_copy(update={"model": self.weights.model_for(claim.task)})
         model, tokenizer = _model(task.model)
         environment, problems = _environment(task.environment)

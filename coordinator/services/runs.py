@@ -13,11 +13,11 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
-from coordinator.models import Evaluation, Node, Run, Task
+from coordinator.models import Evaluation, Node, Run, Submission, Task
 from coordinator.settings import CoordinatorSettings
 from shared.environments.length import LengthBudget
 from shared.environments.registry import ENVIRONMENTS, get_environment
@@ -97,7 +97,8 @@ def spec(run: Run, task: Task) -> TaskSpec:
 
 def lease(session: Session, signer: str, request: LeaseRequest, settings: CoordinatorSettings, now: datetime) -> TaskSpec | None:
     """A task leased to ``signer``: one it holds but is not working on (it restarted), else an
-    open or expired one, else a new one; at most ``max_leases_per_node`` at a time."""
+    open or expired one, else a new one unless the run's validation backlog is full (None: wait);
+    at most ``max_leases_per_node`` at a time."""
     run_id = request.run_id
     node = session.get(Node, signer)
     if node is None:
@@ -128,6 +129,8 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
         .with_for_update(skip_locked=True)
     )
     if task is None:
+        if _backlog(session, run.id, now) >= settings.max_validation_backlog:
+            return None
         ids = problem_ids(run.environment)
         chosen = [ids[(run.next_prompt + i) % len(ids)] for i in range(run.prompts_per_task)]
         run.next_prompt = (run.next_prompt + run.prompts_per_task) % len(ids)
@@ -145,6 +148,15 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
     task.leased_to = signer
     task.lease_expires_at = now + timedelta(seconds=settings.task_lease_s)
     return spec(run, task)
+
+
+def _backlog(session: Session, run_id: str, now: datetime) -> int:
+    """Submissions awaiting a verdict plus tasks being worked on: what validators will have to check."""
+    pending = session.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == run_id, Submission.status == "pending"))
+    working = session.scalar(
+        select(func.count()).select_from(Task).where(Task.run_id == run_id, Task.status == "leased", Task.lease_expires_at > now)
+    )
+    return (pending or 0) + (working or 0)
 
 
 def policy_steps(session: Session) -> dict[str, int]:

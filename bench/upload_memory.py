@@ -1,0 +1,209 @@
+"""Memory under hostile uploads: one coordinator process, its resident memory sampled every 20 ms,
+while many clients at once send (a) large signed uploads at full speed, (b) bodies that trickle
+in, (c) bodies declared larger than the limit; a real node heartbeats from another address
+throughout. The large-upload flood runs twice: with the in-flight body budget
+(``max_body_bytes_in_flight``) as configured, and with the budget lifted (the baseline). Prints
+per phase: peak memory above idle, answers by status, and the node's heartbeat latency; the ratio
+of the two floods' peaks last.
+
+    python bench/upload_memory.py [--uploads 40] [--upload-mib 64] [--budget-mib 1024] [--slow 240]
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+from eth_account import Account
+
+sys.path.insert(0, str(Path(__file__).parent))
+from load import ENV, register  # noqa: E402
+
+from devnet.processes import Process, migrate, start_coordinator  # noqa: E402
+from shared.signing import SignedAuth, sign_request  # noqa: E402
+from shared.version import __version__  # noqa: E402
+
+
+class Sampler:
+    """Peak resident memory of ``pid`` between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self.done = pid, 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def rss(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            self.peak = max(self.peak, self.rss())
+            time.sleep(0.02)
+
+    def __enter__(self) -> Sampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+class Heartbeats:
+    """A registered node heartbeating from 127.0.0.2 every 0.1 s; latencies and statuses."""
+
+    def __init__(self, url: str, audience: str) -> None:
+        self.account = Account.create()
+        register(url, [self.account], audience)
+        self.client = httpx.Client(base_url=url, timeout=60, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+        self.auth = SignedAuth(self.account, audience)
+        self.latencies: list[float] = []
+        self.statuses: Counter[int] = Counter()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        body = {"address": self.account.address, "client_version": __version__, "activity": "generating", "metrics": {}, "weights": {}}
+        while not self.done.is_set():
+            started = time.perf_counter()
+            status = self.client.post("/v1/nodes/heartbeat", json=body, auth=self.auth).status_code
+            self.latencies.append(time.perf_counter() - started)
+            self.statuses[status] += 1
+            self.done.wait(0.1)
+
+    def __enter__(self) -> Heartbeats:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def summary(self) -> str:
+        lat = sorted(self.latencies)
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        return f"p50 {statistics.median(lat) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, {dict(self.statuses)}"
+
+
+def big_uploads(url: str, audience: str, count: int, size: int) -> Counter[int]:
+    """``count`` validly signed uploads of ``size`` bytes at once, from 16 addresses: each must be
+    read whole to check its signature (then it names no task: 404)."""
+    node = Account.create()
+    register(url, [node], audience)
+    data = bytes(size)
+    signed = [sign_request(node, "POST", "/v1/submissions", "task=task-none", data, audience) for _ in range(count)]
+    statuses: Counter[int] = Counter()
+    barrier = threading.Barrier(count)
+
+    def one(i: int) -> None:
+        transport = httpx.HTTPTransport(local_address=f"127.0.1.{i % 16 + 1}")
+        with httpx.Client(base_url=url, timeout=300, transport=transport) as client:
+            barrier.wait()
+            headers = {"content-type": "application/octet-stream", **signed[i]}
+            statuses[client.post("/v1/submissions?task=task-none", content=data, headers=headers).status_code] += 1
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
+def slow_bodies(url: str, count: int, declared: int, hold_s: float) -> Counter[int]:
+    """``count`` connections that each declare ``declared`` bytes and send one byte a second for ``hold_s``."""
+    host, port = url.removeprefix("http://").split(":")
+    statuses: Counter[int] = Counter()
+
+    def one(i: int) -> None:
+        with socket.create_connection((host, int(port)), source_address=(f"127.0.2.{i % 200 + 1}", 0), timeout=60) as conn:
+            conn.sendall(f"POST /v1/submissions?task=x HTTP/1.1\r\nhost: {host}\r\ncontent-length: {declared}\r\n\r\n".encode())
+            conn.settimeout(1.0)
+            deadline, reply = time.monotonic() + hold_s, b""
+            while time.monotonic() < deadline:
+                try:
+                    reply = conn.recv(4096)
+                    break
+                except TimeoutError:
+                    conn.sendall(b"x")
+            statuses[int(reply.split(b" ", 2)[1]) if reply else 0] += 1  # 0: still being received when we hung up
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
+def oversized(url: str, count: int) -> Counter[int]:
+    """``count`` requests declaring a terabyte each, sending nothing after their headers."""
+    host, port = url.removeprefix("http://").split(":")
+    statuses: Counter[int] = Counter()
+    for _ in range(count):
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            conn.sendall(f"POST /v1/submissions?task=x HTTP/1.1\r\nhost: {host}\r\ncontent-length: {1 << 40}\r\n\r\n".encode())
+            statuses[int(conn.recv(4096).split(b" ", 2)[1])] += 1
+    return statuses
+
+
+def coordinator(workdir: Path, budget: int) -> tuple[Process, str]:
+    url = f"sqlite:///{workdir / 'ledger.db'}"
+    migrate(url, workdir / "migrate.log")
+    env = {**ENV, "INTELLECT_BLOB_DIR": str(workdir / "blobs"), "INTELLECT_MAX_BODY_BYTES_IN_FLIGHT": str(budget)}
+    process = start_coordinator(workdir, url, env=env)
+    audience = httpx.get(f"{process.url}/v1/public/status").json()["audience"]
+    return process, audience
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--uploads", type=int, default=40, help="large uploads sent at once")
+    parser.add_argument("--upload-mib", type=int, default=64, help="size of each (the default upload limit)")
+    parser.add_argument("--budget-mib", type=int, default=1024, help="max_body_bytes_in_flight (the default)")
+    parser.add_argument("--slow", type=int, default=240, help="trickling connections (from 200 addresses)")
+    args = parser.parse_args()
+    size, budget = args.upload_mib << 20, args.budget_mib << 20
+    print(f"{args.uploads} uploads x {args.upload_mib} MiB = {args.uploads * args.upload_mib} MiB offered at once; budget {args.budget_mib} MiB")
+    peaks: dict[str, int] = {}
+    for label, limit in (("budget", budget), ("no budget", 1 << 50)):
+        workdir = Path(tempfile.mkdtemp(prefix="upload-memory-"))
+        process, audience = coordinator(workdir, limit)
+        try:
+            sampler = Sampler(process.popen.pid)
+            idle = sampler.rss()
+            phases = [("large uploads", lambda: big_uploads(process.url, audience, args.uploads, size))]  # type: ignore[arg-type]  # noqa: B023
+            if label == "budget":
+                phases += [
+                    ("trickling bodies", lambda: slow_bodies(process.url, args.slow, size, 8.0)),  # type: ignore[arg-type]  # noqa: B023
+                    ("declared 1 TiB", lambda: oversized(process.url, 200)),  # type: ignore[arg-type]  # noqa: B023
+                ]
+            for phase, attack in phases:
+                with Sampler(process.popen.pid) as sampled, Heartbeats(process.url, audience) as node:
+                    started = time.monotonic()
+                    statuses = attack()
+                    took = time.monotonic() - started
+                print(f"[{label}] {phase}: peak {(sampled.peak - idle) / 2**20:.0f} MiB above idle ({idle / 2**20:.0f} MiB), "
+                      f"answers {dict(statuses)}, {took:.1f} s; node heartbeats {node.summary()}", flush=True)  # fmt: skip
+                if phase == "large uploads":
+                    peaks[label] = sampled.peak - idle
+        finally:
+            process.stop()
+    print(f"peak memory above idle under the large-upload flood: {peaks['budget'] / 2**20:.0f} MiB with the budget, "
+          f"{peaks['no budget'] / 2**20:.0f} MiB without")  # fmt: skip
+    print(f"ratio without/with budget: {peaks['no budget'] / max(peaks['budget'], 1):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
