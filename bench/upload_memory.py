@@ -1,6 +1,6 @@
 """Memory under hostile uploads: one coordinator process, its resident memory sampled every 20 ms,
-while many clients at once send (a) large signed uploads at full speed, (b) bodies that trickle
-in, (c) bodies declared larger than the limit; a real node heartbeats from another address
+while many clients at once send (a) signed uploads that trickle in, (b) bodies declared larger
+than the limit, (c) large signed uploads at full speed; a real node heartbeats from another address
 throughout. The large-upload flood runs twice: with the in-flight body budget
 (``max_body_bytes_in_flight``) as configured, and with the budget lifted (the baseline). Prints
 per phase: peak memory above idle, answers by status, and the node's heartbeat latency; the ratio
@@ -12,6 +12,7 @@ of the two floods' peaks last.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import socket
 import statistics
 import sys
@@ -19,6 +20,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -32,12 +35,31 @@ from shared.signing import SignedAuth, sign_request  # noqa: E402
 from shared.version import __version__  # noqa: E402
 
 
-class Sampler:
-    """Peak resident memory of ``pid`` between :meth:`start` and :meth:`stop`."""
+class Background:
+    """``_run`` on a thread inside a ``with`` block; it should return once ``done`` is set."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+class Sampler(Background):
+    """Peak resident memory of ``pid`` while in the ``with`` block."""
 
     def __init__(self, pid: int) -> None:
-        self.pid, self.peak, self.done = pid, 0, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
+        self.pid, self.peak = pid, 0
 
     def rss(self) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
@@ -50,27 +72,18 @@ class Sampler:
             self.peak = max(self.peak, self.rss())
             time.sleep(0.02)
 
-    def __enter__(self) -> Sampler:
-        self.thread.start()
-        return self
 
-    def __exit__(self, *_: object) -> None:
-        self.done.set()
-        self.thread.join()
-
-
-class Heartbeats:
+class Heartbeats(Background):
     """A registered node heartbeating from 127.0.0.2 every 0.1 s; latencies and statuses."""
 
     def __init__(self, url: str, audience: str) -> None:
+        super().__init__()
         self.account = Account.create()
         register(url, [self.account], audience)
         self.client = httpx.Client(base_url=url, timeout=60, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
         self.auth = SignedAuth(self.account, audience)
         self.latencies: list[float] = []
         self.statuses: Counter[int] = Counter()
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         body = {"address": self.account.address, "client_version": __version__, "activity": "generating", "metrics": {}, "weights": {}}
@@ -81,14 +94,6 @@ class Heartbeats:
             self.statuses[status] += 1
             self.done.wait(0.1)
 
-    def __enter__(self) -> Heartbeats:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.done.set()
-        self.thread.join()
-
     def summary(self) -> str:
         lat = sorted(self.latencies)
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
@@ -96,21 +101,33 @@ class Heartbeats:
 
 
 def big_uploads(url: str, audience: str, count: int, size: int) -> Counter[int]:
-    """``count`` validly signed uploads of ``size`` bytes at once, from 16 addresses: each must be
-    read whole to check its signature (then it names no task: 404)."""
+    """``count`` validly signed uploads of ``size`` bytes, from 16 addresses, each sent at full speed
+    but its last byte, and all last bytes together: the worst case, every body in the coordinator's
+    memory at once. Each must be read whole to check its signature (then it names no task: 404)."""
     node = Account.create()
     register(url, [node], audience)
     data = bytes(size)
     signed = [sign_request(node, "POST", "/v1/submissions", "task=task-none", data, audience) for _ in range(count)]
+    host, port = url.removeprefix("http://").split(":")
     statuses: Counter[int] = Counter()
     barrier = threading.Barrier(count)
 
     def one(i: int) -> None:
-        transport = httpx.HTTPTransport(local_address=f"127.0.1.{i % 16 + 1}")
-        with httpx.Client(base_url=url, timeout=300, transport=transport) as client:
+        head = "".join(f"{k}: {v}\r\n" for k, v in signed[i].items())
+        with socket.create_connection((host, int(port)), source_address=(f"127.0.1.{i % 16 + 1}", 0), timeout=300) as conn:
+            conn.sendall(f"POST /v1/submissions?task=task-none HTTP/1.1\r\nhost: {host}\r\ncontent-length: {size}\r\n{head}\r\n".encode())
+            conn.settimeout(1.0)
+            try:
+                early = conn.recv(4096)  # refused on its headers alone (the budget)
+            except TimeoutError:
+                early = b""
+            conn.settimeout(300)
+            if not early:
+                conn.sendall(memoryview(data)[:-1])
             barrier.wait()
-            headers = {"content-type": "application/octet-stream", **signed[i]}
-            statuses[client.post("/v1/submissions?task=task-none", content=data, headers=headers).status_code] += 1
+            if not early:
+                conn.sendall(data[-1:])
+            statuses[int((early or conn.recv(4096)).split(b" ", 2)[1])] += 1
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
     for t in threads:
@@ -120,14 +137,19 @@ def big_uploads(url: str, audience: str, count: int, size: int) -> Counter[int]:
     return statuses
 
 
-def slow_bodies(url: str, count: int, declared: int, hold_s: float) -> Counter[int]:
-    """``count`` connections that each declare ``declared`` bytes and send one byte a second for ``hold_s``."""
+def slow_bodies(url: str, audience: str, count: int, declared: int, hold_s: float) -> Counter[int]:
+    """``count`` connections that each declare a signed upload of ``declared`` bytes (so the
+    coordinator must read it to check the signature) and send one byte a second for ``hold_s``."""
+    node = Account.create()
+    register(url, [node], audience)
+    signed = sign_request(node, "POST", "/v1/submissions", "task=x", bytes(declared), audience)
+    head = "".join(f"{k}: {v}\r\n" for k, v in signed.items())
     host, port = url.removeprefix("http://").split(":")
     statuses: Counter[int] = Counter()
 
     def one(i: int) -> None:
         with socket.create_connection((host, int(port)), source_address=(f"127.0.2.{i % 200 + 1}", 0), timeout=60) as conn:
-            conn.sendall(f"POST /v1/submissions?task=x HTTP/1.1\r\nhost: {host}\r\ncontent-length: {declared}\r\n\r\n".encode())
+            conn.sendall(f"POST /v1/submissions?task=x HTTP/1.1\r\nhost: {host}\r\ncontent-length: {declared}\r\n{head}\r\n".encode())
             conn.settimeout(1.0)
             deadline, reply = time.monotonic() + hold_s, b""
             while time.monotonic() < deadline:
@@ -180,19 +202,24 @@ def main() -> int:
         workdir = Path(tempfile.mkdtemp(prefix="upload-memory-"))
         process, audience = coordinator(workdir, limit)
         try:
-            sampler = Sampler(process.popen.pid)
-            idle = sampler.rss()
-            phases = [("large uploads", lambda: big_uploads(process.url, audience, args.uploads, size))]  # type: ignore[arg-type]  # noqa: B023
+            idle = Sampler(process.popen.pid).rss()
+            # Small attacks first: memory a process once took is not given back, so the flood of
+            # large uploads comes last. Each attack runs in its own process, so its threads do not
+            # starve the heartbeating node of this one's GIL.
+            phases: list[tuple[str, Callable[..., Counter[int]], tuple]] = []
             if label == "budget":
                 phases += [
-                    ("trickling bodies", lambda: slow_bodies(process.url, args.slow, size, 8.0)),  # type: ignore[arg-type]  # noqa: B023
-                    ("declared 1 TiB", lambda: oversized(process.url, 200)),  # type: ignore[arg-type]  # noqa: B023
+                    ("trickling signed uploads", slow_bodies, (process.url, audience, args.slow, size, 8.0)),
+                    ("declared 1 TiB", oversized, (process.url, 200)),
                 ]
-            for phase, attack in phases:
-                with Sampler(process.popen.pid) as sampled, Heartbeats(process.url, audience) as node:
-                    started = time.monotonic()
-                    statuses = attack()
-                    took = time.monotonic() - started
+            phases.append(("large uploads", big_uploads, (process.url, audience, args.uploads, size)))
+            for phase, attack, attack_args in phases:
+                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as attacker:
+                    attacker.submit(time.sleep, 0).result()  # the attacker process is up before the clock starts
+                    with Sampler(process.popen.pid) as sampled, Heartbeats(process.url, audience) as node:
+                        started = time.monotonic()
+                        statuses = attacker.submit(attack, *attack_args).result()
+                        took = time.monotonic() - started
                 print(f"[{label}] {phase}: peak {(sampled.peak - idle) / 2**20:.0f} MiB above idle ({idle / 2**20:.0f} MiB), "
                       f"answers {dict(statuses)}, {took:.1f} s; node heartbeats {node.summary()}", flush=True)  # fmt: skip
                 if phase == "large uploads":

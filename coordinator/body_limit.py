@@ -55,7 +55,10 @@ class BodyLimitMiddleware:
             return
 
         reserve = int(declared) if declared is not None else limit if b"chunked" in headers.get(b"transfer-encoding", b"") else 0
-        if self.budget_bytes is not None and reserve and self.admitted_bytes + reserve > self.budget_bytes:
+        # Bodies larger than a JSON request may use only 7/8 of the budget: a flood of uploads
+        # leaves room for the heartbeats and leases of nodes that are already working.
+        ceiling = None if self.budget_bytes is None else self.budget_bytes * 7 // 8 if reserve > self.max_bytes else self.budget_bytes
+        if ceiling is not None and reserve and self.admitted_bytes + reserve > ceiling:
             message = "The coordinator is receiving as much as it holds at once; retry shortly."
             await _refuse(scope, send, 503, ErrorCode.overloaded, message, headers={"Retry-After": "2"})
             return

@@ -25,12 +25,14 @@ def joined(served: Served, local_address: str | None = None):  # type: ignore[no
     return account
 
 
-def trickle(served: Served, declared: int, pause_s: float, source: str = "127.0.0.1") -> tuple[int, float]:
+def trickle(
+    served: Served, declared: int, pause_s: float, source: str = "127.0.0.1", path: str = "/v1/nodes/heartbeat"
+) -> tuple[int, float]:
     """POST a body one byte per ``pause_s``; returns the status the server answered with and when."""
     host, port = served.url.removeprefix("http://").split(":")
     started = time.monotonic()
     with socket.create_connection((host, int(port)), source_address=(source, 0), timeout=30) as conn:
-        head = f"POST /v1/nodes/heartbeat HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
+        head = f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
         conn.sendall(head.encode())
         conn.settimeout(pause_s)
         reply = b""
@@ -99,6 +101,10 @@ def test_bodies_in_flight_stay_within_the_memory_budget(sqlite_url: str, tmp_pat
     )  # fmt: skip
     with serve(settings) as served:
         node = joined(served)
+        # An upload (larger than any JSON body) may fill only 7/8 of the budget, even an empty one.
+        assert trickle(served, 1_900_000, 0.2, "127.0.0.6", "/v1/submissions?task=t")[0] == 503
+        # 7/8 of 2 MiB fits: admitted, then refused for carrying no signature.
+        assert trickle(served, 1_800_000, 0.2, "127.0.0.6", "/v1/submissions?task=t")[0] == 401
         # Two senders from two addresses each declare a megabyte and trickle it: the budget is nearly spent.
         holders = [threading.Thread(target=trickle, args=(served, 1_000_000, 0.2, f"127.0.0.{i}")) for i in (3, 4)]
         for t in holders:
