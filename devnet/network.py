@@ -68,12 +68,13 @@ def start_network(
     coordinator_env: dict[str, str] | None = None,
     trainer_env: dict[str, str] | None = None,
     steps: int = 0,
-    keep_steps: int = 2,
+    keep_steps: int = 3,
 ) -> Network:
     """Start every role; on a failure, stop what started and raise :class:`StartError` naming the process.
 
     ``steps``: the trainer stops after publishing this policy step (0: never); ``keep_steps``:
-    how many policy steps the origin and relay keep (more to evaluate a whole run afterwards).
+    how many policy steps the origin and relay keep: the default run's async level (2) + 1, so
+    every step a task may still use stays downloadable (more to evaluate a whole run afterwards).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     database_url = database_url or f"sqlite:///{workdir / 'ledger.db'}"

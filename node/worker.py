@@ -36,6 +36,7 @@ from node.client import (
 from node.hardware import probe
 from node.settings import BackendKind, NodeSettings
 from node.state import NodeSession, load_session, save_session
+from shared.shardcast.client import DownloadError
 from shared.shardcast.weights import Weights
 from shared.version import __version__
 
@@ -244,7 +245,16 @@ def work_loop(
             if weights is not None and task.policy_step > 0:
                 if beats is not None:
                     beats.activity = "downloading"
-                task = task.model_copy(update={"model": weights.model_for(task)})
+                try:
+                    task = task.model_copy(update={"model": weights.model_for(task)})
+                except DownloadError as e:
+                    # The step is gone from every relay (the run moved on) or none answers now: this
+                    # task is lost to us; its lease runs out and the coordinator decides what comes next.
+                    console.print(f"[yellow]Task {task.task_id} dropped: {e}.[/yellow]")
+                    working_on.discard(task.task_id)
+                    in_flight.release()
+                    stop.wait(idle_wait)
+                    continue
             if beats is not None:
                 beats.activity = "generating"
             uploads.put((task, finishers.submit(finish, generate(task, backend))))

@@ -220,3 +220,20 @@ def test_new_work_waits_while_the_validation_backlog_is_full(sqlite_url: str, tm
         assert upload(c, first, task["task_id"], rollout_file(task)).status_code == 200
         assert lease(c, third).status_code == 204  # a pending submission counts as much as a task in progress
         assert lease(c, first).status_code == 204
+
+
+def test_a_task_older_than_the_runs_window_is_never_handed_out_again(sqlite_url: str, tmp_path: Path) -> None:
+    from coordinator.db import make_sessionmaker
+    from coordinator.models import Run
+
+    with serve(CoordinatorSettings(database_url=sqlite_url, task_lease_s=0.5, blob_dir=tmp_path / "b")) as c:
+        run_id = make_run(c)
+        first, second = joined(c), joined(c)
+        old = lease(c, first).json()
+        assert old["policy_step"] == 0
+        time.sleep(0.6)  # its lease ran out while the run moved on past its window (async level 2)
+        with make_sessionmaker(c.engine).begin() as session:
+            session.get_one(Run, run_id).policy_step = 3
+        fresh = lease(c, second).json()
+        assert fresh["task_id"] != old["task_id"] and fresh["policy_step"] == 3
+        assert lease(c, first).json()["task_id"] not in {old["task_id"], fresh["task_id"]}

@@ -98,7 +98,7 @@ def spec(run: Run, task: Task) -> TaskSpec:
 def lease(session: Session, signer: str, request: LeaseRequest, settings: CoordinatorSettings, now: datetime) -> TaskSpec | None:
     """A task leased to ``signer``: one it holds but is not working on (it restarted), else an
     open or expired one, else a new one unless the run's validation backlog is full (None: wait);
-    at most ``max_leases_per_node`` at a time."""
+    never one older than the run's window; at most ``max_leases_per_node`` at a time."""
     run_id = request.run_id
     node = session.get(Node, signer)
     if node is None:
@@ -112,8 +112,12 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
             raise ApiError(404, ErrorCode.no_run, f"No active run {run_id}.")
         return None
 
+    # A task older than the run's window would only make rollouts the validator must reject.
+    oldest = max(0, run.policy_step - run.async_level)
     holding = select(Task).where(Task.status == "leased", Task.leased_to == signer, Task.lease_expires_at > now)
-    held = session.scalar(holding.where(Task.run_id == run.id, Task.id.not_in(request.working_on)).limit(1))
+    held = session.scalar(
+        holding.where(Task.run_id == run.id, Task.policy_step >= oldest, Task.id.not_in(request.working_on)).limit(1)
+    )
     if held is not None:
         return spec(run, held)
     if len(session.scalars(holding).all()) >= settings.max_leases_per_node:
@@ -123,7 +127,8 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
 
     task = session.scalar(
         select(Task)
-        .where(Task.run_id == run.id, or_(Task.status == "open", (Task.status == "leased") & (Task.lease_expires_at <= now)))
+        .where(Task.run_id == run.id, Task.policy_step >= oldest)
+        .where(or_(Task.status == "open", (Task.status == "leased") & (Task.lease_expires_at <= now)))
         .order_by(Task.created_at)
         .limit(1)
         .with_for_update(skip_locked=True)

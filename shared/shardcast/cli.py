@@ -36,7 +36,9 @@ def main(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8100,
     public_url: Annotated[str | None, typer.Option(help="URL clients reach this server at; default http://HOST:PORT.")] = None,
-    keep: Annotated[int, typer.Option(min=1, help="Newest steps of each run to keep.")] = 2,
+    keep: Annotated[
+        int, typer.Option(min=1, help="Newest steps of each run to keep: at least a run's async level + 1, so every step a task may still use stays downloadable.")
+    ] = 3,
     grace_s: Annotated[float, typer.Option(min=0, help="Seconds an older step stays after it is retired.")] = 60.0,
     concurrency: Annotated[int, typer.Option(min=1, max=64, help="Chunks fetched from upstreams at once.")] = 4,
 ) -> None:
