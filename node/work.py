@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -73,6 +75,14 @@ def finisher_pool() -> ProcessPoolExecutor:
 
 def _one_thread() -> None:
     torch.set_num_threads(1)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A node killed with SIGKILL cannot stop its finisher, which would wait for work forever."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def run_task(task: TaskSpec, backend: BackendKind = "torch") -> TaskResult:

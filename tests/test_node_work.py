@@ -26,6 +26,7 @@ from shared.schemas import SamplingParams
 from shared.toploc import rollout_passes, verify_proofs
 from shared.wallet import create_wallet
 from tests.conftest import FAST, serve
+from tests.helpers import make_run
 
 
 def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> None:
@@ -77,6 +78,34 @@ def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> Non
                 torch.tensor(r.logprobs),
                 atol=1e-4,
             )
+
+
+def _descendants(pid: int) -> set[int]:
+    try:
+        children = {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except FileNotFoundError:
+        return set()
+    return children.union(*(_descendants(c) for c in children))
+
+
+def test_a_killed_node_leaves_no_process_behind(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", **FAST)
+    with serve(settings) as c:
+        make_run(c)
+        wallet = tmp_path / "node.json"
+        create_wallet(wallet, "pw")
+        node = start_node(tmp_path, "node-1", wallet, c.url, "pw")
+        deadline = time.monotonic() + 120
+        while "Task 1 " not in node.tail(100):  # its finisher process has started and done work
+            assert time.monotonic() < deadline and node.popen.poll() is None, node.tail()
+            time.sleep(0.2)
+        helpers = _descendants(node.popen.pid)
+        assert helpers
+        node.kill()
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{p}").exists() for p in helpers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in helpers if Path(f"/proc/{p}").exists()], "the node's helper processes outlived it"
 
 
 def test_node_rides_out_a_coordinator_restart(tmp_path: Path) -> None:
