@@ -100,6 +100,14 @@ class Heartbeats(Background):
         return f"p50 {statistics.median(lat) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, {dict(self.statuses)}"
 
 
+def in_parallel(one: Callable[[int], None], count: int) -> None:
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def big_uploads(url: str, audience: str, count: int, size: int) -> Counter[int]:
     """``count`` validly signed uploads of ``size`` bytes, from 16 addresses, each sent at full speed
     but its last byte, and all last bytes together: the worst case, every body in the coordinator's
@@ -129,11 +137,7 @@ def big_uploads(url: str, audience: str, count: int, size: int) -> Counter[int]:
                 conn.sendall(data[-1:])
             statuses[int((early or conn.recv(4096)).split(b" ", 2)[1])] += 1
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_parallel(one, count)
     return statuses
 
 
@@ -160,11 +164,7 @@ def slow_bodies(url: str, audience: str, count: int, declared: int, hold_s: floa
                     conn.sendall(b"x")
             statuses[int(reply.split(b" ", 2)[1]) if reply else 0] += 1  # 0: still being received when we hung up
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_parallel(one, count)
     return statuses
 
 
