@@ -214,6 +214,9 @@ def work_loop(
                 return None
         try:
             task = client.lease(sorted(working_on))
+        except TaskLost as e:  # the coordinator counts more tasks held than this process knows of
+            console.print(f"[yellow]No task now: {e}[/yellow]")
+            task = None
         except BaseException:
             in_flight.release()
             raise

@@ -237,3 +237,21 @@ def test_a_task_older_than_the_runs_window_is_never_handed_out_again(sqlite_url:
         fresh = lease(c, second).json()
         assert fresh["task_id"] != old["task_id"] and fresh["policy_step"] == 3
         assert lease(c, first).json()["task_id"] not in {old["task_id"], fresh["task_id"]}
+
+
+def test_tasks_a_run_left_behind_do_not_count_against_a_nodes_limit(coordinator) -> None:  # type: ignore[no-untyped-def]
+    from coordinator.db import make_sessionmaker
+    from coordinator.models import Run
+
+    run_id = make_run(coordinator)
+    node = joined(coordinator)
+    held: list[str] = []
+    for _ in range(3):
+        body = {"address": node.address, "working_on": held}
+        held.append(signed_post(coordinator.url, "/v1/tasks/lease", node, coordinator.audience, body).json()["task_id"])
+    with make_sessionmaker(coordinator.engine).begin() as session:
+        session.get_one(Run, run_id).policy_step = 3  # all three are now older than the run's window
+    # Restarted, the node knows none of them: it gets new work, not "already holds 3 tasks".
+    fresh = lease(coordinator, node)
+    assert fresh.status_code == 200, fresh.text
+    assert fresh.json()["task_id"] not in held and fresh.json()["policy_step"] == 3

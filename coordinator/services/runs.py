@@ -120,7 +120,9 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
     )
     if held is not None:
         return spec(run, held)
-    if len(session.scalars(holding).all()) >= settings.max_leases_per_node:
+    # Held tasks this run has left behind are dead work: they do not count against the limit.
+    alive = holding.where(or_(Task.run_id != run.id, Task.policy_step >= oldest))
+    if len(session.scalars(alive).all()) >= settings.max_leases_per_node:
         raise ApiError(
             409, ErrorCode.conflict, f"This node already holds {settings.max_leases_per_node} tasks; submit them first."
         )
