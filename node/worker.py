@@ -196,6 +196,8 @@ def work_loop(
             finally:
                 working_on.discard(task.task_id)
                 in_flight.release()
+                if weights is not None:
+                    weights.unpin(task)
             done += 1
             if on_done is not None:
                 on_done(result)
@@ -249,7 +251,7 @@ def work_loop(
                 if beats is not None:
                     beats.activity = "downloading"
                 try:
-                    task = task.model_copy(update={"model": weights.model_for(task)})
+                    task = task.model_copy(update={"model": weights.model_for(task, pin=True)})
                 except DownloadError as e:
                     # The step is gone from every relay (the run moved on) or none answers now: this
                     # task is lost to us; its lease runs out and the coordinator decides what comes next.

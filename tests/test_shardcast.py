@@ -405,3 +405,34 @@ def test_servers_refuse_bad_ranges_and_unknown_paths(net: Net) -> None:
     for path in ("missing.bin", "..%2F..%2Fmanifest.json", "%2Fetc%2Fpasswd", ".held"):
         assert httpx.get(f"{base}/{path}").status_code == 404
     assert httpx.get(f"{origin.url}/v1/runs/{net.run_id}/steps/9/chunks").status_code == 404
+
+
+def test_a_step_in_use_is_kept_however_many_newer_steps_arrive(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from rich.console import Console
+
+    from shared.schemas import SamplingParams, TaskSpec
+    from shared.shardcast.store import MANIFEST_FILE
+    from shared.shardcast.weights import Weights
+
+    run = "run-1"
+    for step in range(1, 6):  # steps already verified on disk, so nothing is downloaded
+        (tmp_path / run / str(step)).mkdir(parents=True)
+        (tmp_path / run / str(step) / MANIFEST_FILE).write_text("{}")
+    weights = Weights("http://127.0.0.1:9", Account.create(), tmp_path, Console(file=open(os.devnull, "w")))
+
+    def task(step: int) -> TaskSpec:
+        return TaskSpec(
+            task_id="t", run_id=run, environment="arithmetic", model="tiny-arith", prompt_ids=["p"], samples_per_prompt=1,
+            seed=1, policy_step=step, sampling=SamplingParams(), length_alpha=0.0, target_length=0, length_over_only=False,
+            lease_expires_at=datetime.now(UTC),
+        )  # fmt: skip
+
+    in_use = weights.model_for(task(1), pin=True)
+    weights.ensure(run, 5)  # a prefetch prunes to the newest two, but not the step a task is using
+    assert sorted(p.name for p in (tmp_path / run).iterdir()) == ["1", "4", "5"]
+    assert Path(in_use, MANIFEST_FILE).exists()
+    weights.unpin(task(1))
+    weights.ensure(run, 5)
+    assert sorted(p.name for p in (tmp_path / run).iterdir()) == ["4", "5"]

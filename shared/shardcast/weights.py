@@ -2,13 +2,15 @@
 
 Step 0 is the run's base model; step N > 0 comes through shardcast into
 ``STATE_DIR/weights/RUN/N`` (verified chunk by chunk, resumable), and the directory is what
-the inference backend loads. The newest two steps of each run are kept."""
+the inference backend loads. The newest two steps of each run are kept, and any older one a
+task is still using."""
 
 from __future__ import annotations
 
 import shutil
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
@@ -33,21 +35,36 @@ class Weights:
         self.runs: set[str] = set()
         """Runs this process has worked on: the ones worth prefetching new steps of."""
         self.fetching: set[tuple[str, int]] = set()
+        self.pinned: Counter[tuple[str, int]] = Counter()
+        """(run, step) -> tasks using it now: never pruned."""
         for run_dir in directory.glob("*"):
             steps = [int(p.parent.name) for p in run_dir.glob(f"*/{MANIFEST_FILE}") if p.parent.name.isascii() and p.parent.name.isdigit()]
             if steps:
                 self.held[run_dir.name] = max(steps)
 
-    def model_for(self, task: TaskSpec) -> str:
-        """The model directory for the task's policy step, downloading it first if it is not here yet."""
-        self.runs.add(task.run_id)
-        return task.model if task.policy_step == 0 else str(self.ensure(task.run_id, task.policy_step))
+    def model_for(self, task: TaskSpec, *, pin: bool = False) -> str:
+        """The model directory for the task's policy step, downloading it first if it is not here yet.
 
-    def ensure(self, run_id: str, step: int) -> Path:
+        ``pin``: keep that step on disk, whatever newer steps arrive, until :meth:`unpin` for the
+        task (a node generates on one thread and finishes and uploads on others, while prefetches prune).
+        """
+        self.runs.add(task.run_id)
+        return task.model if task.policy_step == 0 else str(self.ensure(task.run_id, task.policy_step, pin=pin))
+
+    def unpin(self, task: TaskSpec) -> None:
+        if task.policy_step == 0:
+            return
+        with self.lock:
+            self.pinned[(task.run_id, task.policy_step)] -= 1
+            self.pinned += Counter()  # drops the zeros
+
+    def ensure(self, run_id: str, step: int, *, pin: bool = False) -> Path:
         dest = self.directory / run_id / str(step)
         with self.lock:
             if not (dest / MANIFEST_FILE).exists():
                 self._download(run_id, step, dest)
+            if pin:
+                self.pinned[(run_id, step)] += 1
             self.held[run_id] = max(self.held.get(run_id, 0), step)
             self._prune(run_id)
         return dest
@@ -79,4 +96,6 @@ class Weights:
     def _prune(self, run_id: str) -> None:
         steps = sorted((int(p.name) for p in (self.directory / run_id).glob("*") if p.name.isascii() and p.name.isdigit()), reverse=True)
         for old in steps[KEEP:]:
+            if (run_id, old) in self.pinned:
+                continue  # pruned by a later call, once its tasks are done
             shutil.rmtree(self.directory / run_id / str(old), ignore_errors=True)
