@@ -72,9 +72,11 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     app.state.ledger = ledger = Ledger(sessions, threads=0 if engine.dialect.name == "sqlite" else settings.db_threads)
     app.state.audience = audience
     app.state.metrics = metrics
-    app.state.blobs = LocalBlobStore(settings.blob_dir)
+    app.state.blobs = LocalBlobStore(settings.blob_root)
     app.state.loops = loops
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    hourly = settings.registrations_per_ip_per_hour
+    app.state.registration_limiter = RateLimiter(hourly / 3600, hourly)
     app.state.manifest_published = asyncio.Event()
 
     install_error_handlers(app)

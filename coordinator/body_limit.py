@@ -11,6 +11,7 @@ from collections import Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.errors import error_response
+from coordinator.media import is_json
 from shared.schemas import ErrorCode
 
 
@@ -48,7 +49,7 @@ class BodyLimitMiddleware:
             await _refuse(scope, send, 422, ErrorCode.validation_error, "The URL holds a NUL character.")
             return
         headers = dict(scope["headers"])
-        json_body = headers.get(b"content-type", b"").startswith(b"application/json")
+        json_body = is_json(headers.get(b"content-type"))
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await _refuse(scope, send, 413, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
@@ -72,10 +73,11 @@ class BodyLimitMiddleware:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.deadline_s
         received = 0
+        tail = b""  # the end of the previous part, so an escape split between two parts is still seen
         started = refused = body_done = False
 
         async def limited_receive() -> Message:
-            nonlocal received, refused, body_done
+            nonlocal received, refused, body_done, tail
             if body_done:  # later reads only wait for the client to disconnect: no deadline on those
                 return await receive()
             wait = min(self.idle_timeout_s, deadline - loop.time())
@@ -89,8 +91,11 @@ class BodyLimitMiddleware:
                 raise _Refused from None
             body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if json_body and b"\\u0000" in message.get("body", b"") and not started:
+                part = message.get("body", b"")
+                received += len(part)
+                escaped_nul = json_body and (b"\\u0000" in part or b"\\u0000" in tail + part[:5])
+                tail = part[-5:]
+                if escaped_nul and not started:
                     refused = True
                     await _refuse(scope, send, 422, ErrorCode.validation_error, "The JSON body holds a NUL character.")
                     raise _Refused

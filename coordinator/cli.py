@@ -67,6 +67,7 @@ def serve(
     import uvicorn
 
     from coordinator.app import create_app
+    from shared.serving import server_config
 
     configure(log_level)
     settings = _settings(database_url, heartbeat_interval_s=heartbeat_interval)
@@ -75,7 +76,7 @@ def serve(
     except NotMigratedError as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
-    uvicorn.run(api, host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.Server(server_config(api, host, port, settings.header_limits, log_level=log_level, access_log=False)).run()
 
 
 @tokens.command("create")

@@ -10,14 +10,17 @@ import asyncio
 import functools
 import json
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from coordinator.errors import ApiError
 from coordinator.ledger import Ledger
+from coordinator.media import is_json
 from coordinator.models import AdminToken
 from coordinator.services import admin_tokens
+from coordinator.services.rate_limit import RateLimiter
 from coordinator.settings import CoordinatorSettings
 from coordinator.signed import SignedRequest
 from shared import signing
@@ -41,21 +44,34 @@ async def get_ledger(request: Request) -> Ledger:
 LedgerDep = Annotated[Ledger, Depends(get_ledger)]
 
 
-def _rate_limit(request: Request, key: str) -> None:
-    wait = request.app.state.rate_limiter.acquire(key)
+def _rate_limit(request: Request, key: str, limiter: RateLimiter | None = None, what: str = "Too many requests") -> None:
+    wait = (limiter or request.app.state.rate_limiter).acquire(key)
     if wait > 0:
         raise ApiError(
             429,
             ErrorCode.rate_limited,
-            f"Too many requests; retry in {wait:.1f} s.",
+            f"{what}; retry in {wait:.1f} s.",
             {"retry_after_s": round(wait, 3)},
             headers={"Retry-After": str(max(1, round(wait)))},
         )
 
 
+def _client_ip(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
 async def client_rate_limit(request: Request) -> None:
     """Rate limit for unsigned endpoints, keyed by the client's IP."""
-    _rate_limit(request, f"ip:{request.client.host if request.client else 'unknown'}")
+    _rate_limit(request, f"ip:{_client_ip(request)}")
+
+
+async def registration_gate(request: Request) -> Callable[[], None]:
+    """What a registration calls before it creates a new node: raises 429 past the client IP's allowance."""
+    limiter = request.app.state.registration_limiter
+    return functools.partial(_rate_limit, request, _client_ip(request), limiter, "Too many new nodes from this address")
+
+
+RegistrationGate = Annotated[Callable[[], None], Depends(registration_gate)]
 
 
 async def signed_request(request: Request, settings: Settings) -> SignedRequest:
@@ -106,11 +122,11 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
 
     _rate_limit(request, signer_address)
 
-    if body and headers.get("content-type", "").startswith("application/json"):
+    if body and is_json(headers.get("content-type")):
         try:
             payload = json.loads(body)
-        except ValueError:
-            payload = None  # left for schema validation to reject with 422
+        except (ValueError, RecursionError):
+            payload = None  # left for the framework's parse to refuse
         if isinstance(payload, dict) and "address" in payload:
             named = payload["address"]
             if not isinstance(named, str) or named.lower() != signer_address.lower():

@@ -6,7 +6,9 @@ from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
+from sqlalchemy import make_url
 
+from shared.serving import HeaderLimits
 from shared.settings import RoleSettings
 
 
@@ -68,8 +70,18 @@ class CoordinatorSettings(RoleSettings):
     max_requests_per_ip: int = Field(256, ge=1)
     """Requests one client IP may have in flight at once; more get 429 (slow-loris style floods)."""
 
-    blob_dir: Path = Path("blobs")
-    """Directory of the local blob store that keeps rollout files."""
+    max_connections_per_ip: int = Field(256, ge=1)
+    """Connections one client IP may hold open at once, requests or not; the next is answered 429 and closed."""
+
+    header_timeout_s: float = Field(10.0, gt=0)
+    """Longest a request's line and headers may take to arrive; a slower client gets 408 and is closed."""
+
+    max_header_bytes: int = Field(32 << 10, ge=4096)
+    """Most bytes a request's line and headers may take; more get 431 and the connection is closed."""
+
+    blob_dir: Path | None = None
+    """Directory of the local blob store that keeps rollout files; by default ``blobs/`` beside the
+    SQLite ledger, or ``~/.intellect/blobs`` with PostgreSQL."""
 
     relay_ttl_s: float = Field(90.0, gt=0)
     """A relay not heard from for this long drops out of the list clients download from."""
@@ -87,7 +99,19 @@ class CoordinatorSettings(RoleSettings):
     """Work units per prompt token; each generated token is one unit."""
 
     max_strikes: int = Field(3, ge=1)
-    """Hard rejections (forged or corrupted work) after which a node is banned."""
+    """Strikes after which a node is banned: each hard rejection (forged or corrupted work) is one."""
+
+    soft_rejections_per_strike: int = Field(5, ge=1)
+    """Soft rejections (wrong rewards, cut completions, other prompts: no forgery, but each costs a
+    validator a model pass) within ``soft_rejection_window_s`` that cost a node one strike. Work
+    the network made stale before it was checked is *expired*, never counted."""
+
+    soft_rejection_window_s: float = Field(3600.0, gt=0)
+    """The window in which soft rejections add up to a strike."""
+
+    registrations_per_ip_per_hour: int = Field(20, ge=1)
+    """New node addresses one client IP may register per hour (a burst of this many, then evenly
+    spread): a banned cheater's next wallet costs it time. Registering an address again is free."""
 
     task_lease_s: float = Field(600.0, gt=0)
     """How long a node holds a task before it returns to the pool."""
@@ -102,6 +126,19 @@ class CoordinatorSettings(RoleSettings):
 
     min_node_version: str = "0.1.0"
     """Oldest node client version allowed to register and heartbeat."""
+
+    @property
+    def blob_root(self) -> Path:
+        if self.blob_dir is not None:
+            return self.blob_dir
+        url = make_url(self.database_url)
+        if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+            return Path(url.database).expanduser().resolve().parent / "blobs"
+        return Path.home() / ".intellect" / "blobs"
+
+    @property
+    def header_limits(self) -> HeaderLimits:
+        return HeaderLimits(self.header_timeout_s, self.max_header_bytes, self.max_connections_per_ip)
 
     @property
     def nonce_keep_s(self) -> int:

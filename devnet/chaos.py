@@ -73,7 +73,7 @@ def submitted(net: Network) -> int:
 
 def verdicts(net: Network) -> int:
     stats = _submissions(net)
-    return stats["accepted"] + stats["rejected"]
+    return stats["accepted"] + stats["rejected"] + stats["expired"]
 
 
 def pending(net: Network) -> int:

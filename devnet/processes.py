@@ -160,7 +160,7 @@ def start_coordinator(workdir: Path, database_url: str, port: int | None = None,
             "warning",
         ],
         workdir / "logs" / "coordinator.log",
-        env,
+        {"INTELLECT_BLOB_DIR": str(workdir / "blobs"), **(env or {})},  # run output stays in the run's workdir
     )
     return answering(process, port)
 

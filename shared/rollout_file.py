@@ -13,7 +13,10 @@ import math
 from dataclasses import dataclass, fields
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from shared.parquet_pages import PageHeaderError, column_pages
 
 VERSION = "rollout-v1"
 FINISH_REASONS = ("stop", "length")
@@ -57,15 +60,55 @@ class Rollout:
     proofs: bytes
 
 
+PROOF_BYTES_PER_CHUNK = 258
+ID_CHARS = 128
+
+
 @dataclass(frozen=True)
 class ReadLimits:
+    """What a file may hold. Every size is checked against what the file's page headers declare
+    before anything is decoded, so a small file that claims a huge one costs only its header walk."""
+
     max_rows: int = 4096
     max_tokens: int = 1 << 17
-    """Longest prompt or completion."""
+    """Longest completion."""
+    max_prompt_tokens: int = 1 << 15
+    """Longest prompt."""
     vocab_size: int = 1 << 20
     """Token ids must be below this (the run's model's vocabulary)."""
-    max_decoded_bytes: int = 1 << 30
-    """Largest size the file may decompress to (a few compressed MB can claim gigabytes)."""
+    max_decoded_bytes: int = 512 << 20
+    """Largest size the file may decode to, declared or actual (a few compressed KB can claim gigabytes)."""
+
+    @classmethod
+    def for_task(cls, rows: int, max_tokens: int) -> ReadLimits:
+        """Exactly ``rows`` rows of completions of at most ``max_tokens``: the tightest bound for one task's file."""
+        return cls(max_rows=rows, max_tokens=max_tokens, max_decoded_bytes=min(cls.max_decoded_bytes, worst_case_bytes(rows, max_tokens)))
+
+
+def worst_case_bytes(rows: int, max_tokens: int) -> int:
+    """Decoded size of the largest valid file of ``rows`` rows (values, offsets and levels)."""
+    tokens = ReadLimits.max_prompt_tokens + 2 * max_tokens  # prompt and completion ids, one logprob per completion token
+    per_row = 8 * tokens + proof_bytes(max_tokens) + 4 * ID_CHARS + 256
+    return rows * per_row
+
+
+def proof_bytes(max_tokens: int) -> int:
+    return PROOF_BYTES_PER_CHUNK * (max_tokens // 32 + 1)
+
+
+def shape_error(rows: int, max_tokens: int) -> str | None:
+    """Why a task of ``rows`` rows of up to ``max_tokens`` could never be submitted, or None."""
+    limits = ReadLimits()
+    if rows > limits.max_rows:
+        return f"a task would hold {rows} rows (prompts x samples); a rollout file holds at most {limits.max_rows}"
+    if max_tokens > limits.max_tokens:
+        return f"completions of {max_tokens} tokens exceed the rollout file's {limits.max_tokens}"
+    if worst_case_bytes(rows, max_tokens) > limits.max_decoded_bytes:
+        return (
+            f"a task's file could decode to {worst_case_bytes(rows, max_tokens) >> 20} MiB, over the "
+            f"{limits.max_decoded_bytes >> 20} MiB a rollout file may hold: fewer prompts, samples or tokens per task"
+        )
+    return None
 
 
 class RolloutFileError(ValueError):
@@ -77,6 +120,9 @@ def write_rollouts(rollouts: list[Rollout]) -> bytes:
     buffer = io.BytesIO()
     pq.write_table(pa.Table.from_pydict(columns, schema=SCHEMA), buffer, compression="zstd")
     return buffer.getvalue()
+
+
+TEXT_COLUMNS = ("task_id", "run_id", "prompt_id", "finish_reason", "proofs")
 
 
 def read_rollouts(data: bytes, limits: ReadLimits | None = None) -> list[Rollout]:
@@ -91,14 +137,18 @@ def read_rollouts(data: bytes, limits: ReadLimits | None = None) -> list[Rollout
             raise RolloutFileError(f"columns or types differ from {VERSION}: got {schema.remove_metadata().to_string()}")
         if parquet.metadata.num_rows > limits.max_rows:
             raise RolloutFileError(f"{parquet.metadata.num_rows} rows, at most {limits.max_rows} allowed")
-        # Decode a few rows at a time, so a small file that expands enormously is refused early.
+        _check_declared(data, parquet.metadata, limits)
+        # Text columns stay dictionary-encoded until their entries' lengths are checked: one long
+        # entry repeated on every row would otherwise expand before any check sees it.
+        parquet = pq.ParquetFile(io.BytesIO(data), read_dictionary=list(TEXT_COLUMNS))
         batches, decoded = [], 0
         for batch in parquet.iter_batches(batch_size=64):
+            batch = _expanded(batch, limits)
             decoded += batch.nbytes
             if decoded > limits.max_decoded_bytes:
                 raise RolloutFileError(f"decompresses to over {limits.max_decoded_bytes} bytes")
             batches.append(batch)
-        table = pa.Table.from_batches(batches, schema=parquet.schema_arrow)
+        table = pa.Table.from_batches(batches, schema=SCHEMA)
     except RolloutFileError:
         raise
     except Exception as e:  # pyarrow raises many types for corrupt files
@@ -114,13 +164,51 @@ def read_rollouts(data: bytes, limits: ReadLimits | None = None) -> list[Rollout
     return rollouts
 
 
+def _check_declared(data: bytes, metadata: pq.FileMetaData, limits: ReadLimits) -> None:
+    """Refuse a file whose page headers declare more values or bytes than ``limits`` allow."""
+    try:
+        columns = column_pages(data, metadata)
+    except PageHeaderError as e:
+        raise RolloutFileError(f"unreadable page headers: {e}") from None
+    rows = metadata.num_rows
+    per_row = {"prompt_tokens": limits.max_prompt_tokens, "completion_tokens": limits.max_tokens, "logprobs": limits.max_tokens}
+    declared = 0
+    for column in columns:
+        name = column.path.split(".", 1)[0]
+        # Dictionary pages repeat at most what the data pages hold, hence the factor 2.
+        most = 2 * rows * (per_row.get(name, 0) + 1) + 2
+        if column.values > most:
+            raise RolloutFileError(f"column {name} declares {column.values} values; {rows} rows allow at most {most}")
+        declared += 8 * column.values + column.uncompressed_bytes
+    if declared > limits.max_decoded_bytes:
+        raise RolloutFileError(f"declares over {limits.max_decoded_bytes} decoded bytes")
+
+
+def _expanded(batch: pa.RecordBatch, limits: ReadLimits) -> pa.RecordBatch:
+    """``batch`` with its dictionary-encoded text columns expanded, once no entry is too long."""
+    longest = {name: ID_CHARS for name in TEXT_COLUMNS} | {"proofs": proof_bytes(limits.max_tokens)}
+    columns = []
+    for name in SCHEMA.names:
+        column = batch.column(name)
+        if name in TEXT_COLUMNS:
+            lengths = pc.binary_length(column.dictionary)
+            if len(lengths) and pc.max(lengths).as_py() > longest[name]:
+                raise RolloutFileError(f"column {name} holds a value over {longest[name]} bytes")
+            column = column.dictionary_decode()
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+
+
 def _check(r: Rollout, row: int, limits: ReadLimits) -> None:
     def fail(why: str) -> RolloutFileError:
         return RolloutFileError(f"row {row}: {why}")
 
-    for name, tokens in (("prompt_tokens", r.prompt_tokens), ("completion_tokens", r.completion_tokens)):
-        if not 1 <= len(tokens) <= limits.max_tokens:
-            raise fail(f"{name} has {len(tokens)} tokens (1..{limits.max_tokens} allowed)")
+    for name, tokens, most in (
+        ("prompt_tokens", r.prompt_tokens, limits.max_prompt_tokens),
+        ("completion_tokens", r.completion_tokens, limits.max_tokens),
+    ):
+        if not 1 <= len(tokens) <= most:
+            raise fail(f"{name} has {len(tokens)} tokens (1..{most} allowed)")
         if min(tokens) < 0 or max(tokens) >= limits.vocab_size:
             raise fail(f"{name} has a token id outside 0..{limits.vocab_size - 1}")
     if len(r.logprobs) != len(r.completion_tokens):
@@ -136,7 +224,7 @@ def _check(r: Rollout, row: int, limits: ReadLimits) -> None:
         raise fail("reward must equal task_reward - length_penalty, with a penalty >= 0")
     if r.policy_step < 0 or r.target_length < 0 or r.seed < 0:
         raise fail("policy_step, target_length and seed must be >= 0")
-    if len(r.proofs) % 2 or len(r.proofs) > 258 * (len(r.completion_tokens) // 32 + 1):
+    if len(r.proofs) % 2 or len(r.proofs) > proof_bytes(len(r.completion_tokens)):
         raise fail(f"proofs are {len(r.proofs)} bytes, not a whole number of chunks for this completion")
-    if not (r.task_id and r.run_id and r.prompt_id) or max(len(r.task_id), len(r.run_id), len(r.prompt_id)) > 128:
+    if not (r.task_id and r.run_id and r.prompt_id) or max(len(r.task_id), len(r.run_id), len(r.prompt_id)) > ID_CHARS:
         raise fail("task_id, run_id and prompt_id must be 1..128 characters")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from eth_utils import is_address, to_checksum_address
@@ -25,6 +25,20 @@ def checksum_address(value: str) -> str:
 
 
 Address = Annotated[str, AfterValidator(checksum_address)]
+
+
+def in_utc(value: datetime) -> datetime:
+    """An aware time as UTC; one whose UTC equivalent falls outside years 1-9999 is refused (a 422
+    at the API) rather than left to overflow later inside the database driver."""
+    if value.tzinfo is None:
+        return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the time is outside years 1-9999 once converted to UTC") from None
+
+
+UtcTime = Annotated[datetime, AfterValidator(in_utc)]
 """An Ethereum address, normalised to its checksummed form."""
 
 ShortText = Annotated[str, Field(max_length=256)]

@@ -25,6 +25,7 @@ from coordinator.settings import CoordinatorSettings
 from devnet.postgres import create_database, pg_bin
 from devnet.postgres import postgres_server as postgres_server_at
 from devnet.processes import free_port
+from shared.serving import server_config
 
 os.environ.setdefault("INTELLECT_WALLET_PASSWORD", "test-password")
 
@@ -88,7 +89,7 @@ def serve(settings: CoordinatorSettings) -> Iterator[Served]:
     """A real coordinator: uvicorn on a free loopback port, in a thread of this process."""
     app = create_app(settings)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port, settings.header_limits, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from shared.environments import arithmetic
+from shared.environments.code import UnsupportedTest, parse_test
 from shared.environments.code import reward as code_reward
 from shared.environments.datasets import DatasetError, load_rows
 from shared.environments.length import LengthBudget, length_penalty, with_target
@@ -93,6 +94,46 @@ def test_hostile_code_scores_zero_within_the_limit(hostile: str) -> None:
     start = time.monotonic()
     assert code_reward(f"```python\n{hostile}\n```", ADD_TESTS[:1], Limits(wall_s=2, cpu_s=2)) == 0.0
     assert time.monotonic() - start < 10
+
+
+INTROSPECTION = """\
+import sys
+frame = sys._getframe()
+while frame is not None:  # every name in every frame above the solution, the harness's included
+    for value in list(frame.f_globals.values()) + list(frame.f_locals.values()):
+        if isinstance(value, str) and len(value) == 32:
+            print("\\n" + value)
+    frame = frame.f_back
+sys.stdout.flush()
+import os
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        INTROSPECTION,  # passed every test under the old harness, which kept its pass marker in reach
+        "import sys\nprint(sys.stdin.read() if not sys.stdin.closed else '')\nprint('\\n3')",
+        "import os\nprint('\\n3', flush=True)\nos._exit(0)",  # a constant, then out before the probe runs
+        "import builtins\nbuiltins.repr = lambda v: '3'\ndef add(a, b): return 0",  # hooks the harness's repr
+    ],
+)
+def test_code_cannot_forge_a_pass_from_inside_the_sandbox(forgery: str) -> None:
+    assert code_reward(f"```python\n{forgery}\n```", ADD_TESTS) < 1.0
+    assert code_reward(f"```python\n{forgery}\n```", ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]) < 1.0
+
+
+def test_tests_are_judged_outside_the_sandbox() -> None:
+    assert parse_test("assert add(1, 2) == 3").probe == "add(1, 2)"
+    assert parse_test("assert 10**12 + 1 == add(10**12, 1)").passes(10**12 + 1)
+    assert parse_test("assert not is_palindrome('python')").passes(False)
+    assert parse_test("assert second_largest([2]) is None").passes(None)
+    assert not parse_test("assert second_largest([2]) is None").passes(0)
+    assert parse_test("assert f(3) in [1, 2, 3]").passes(3)
+    for unsupported in ("assert f(1) == f(2)", "x = 1", "assert f(1), 'message'", "assert f(1)\nassert f(2)", "assert f(1) == 2 ** 99999"):
+        with pytest.raises(UnsupportedTest):
+            parse_test(unsupported)
 
 
 def test_code_cannot_touch_files_outside_its_dir(tmp_path: Path) -> None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import io
-from dataclasses import replace
+import resource
+import time
+from dataclasses import fields, replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.rollout_file import SCHEMA, ReadLimits, Rollout, RolloutFileError, read_rollouts, write_rollouts
+from shared.rollout_file import SCHEMA, ReadLimits, Rollout, RolloutFileError, read_rollouts, shape_error, write_rollouts
 
 
 def rollout(**changes: object) -> Rollout:
@@ -152,6 +155,71 @@ def test_a_decompression_bomb_is_refused_before_it_is_read() -> None:
     big = rollout(completion_tokens=[3] * 100_000, logprobs=[-0.5] * 100_000)
     data = write_rollouts([big] * 8)
     assert len(data) < 200_000  # compresses well...
-    with pytest.raises(RolloutFileError, match="decompresses to over"):
+    with pytest.raises(RolloutFileError, match="declares over"):
         read_rollouts(data, ReadLimits(max_decoded_bytes=1 << 20))  # ...but would decode to about 5 MB
     assert len(read_rollouts(data)) == 8
+
+
+def _zero_tokens_file(tokens: int) -> bytes:
+    """One row whose completion is ``tokens`` zeros: a few KB of Parquet, ``4 * tokens`` bytes decoded."""
+    columns = {f.name: pa.array([getattr(rollout(), f.name)], f.type) for f in SCHEMA}
+    columns["completion_tokens"] = pa.ListArray.from_arrays(pa.array([0, tokens], pa.int32()), pa.array(np.zeros(tokens, np.int32)))
+    buffer = io.BytesIO()
+    pq.write_table(pa.table(columns, schema=SCHEMA), buffer, compression="zstd")
+    return buffer.getvalue()
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        if not n:
+            return out + bytes([byte])
+        out += bytes([byte | 0x80])
+
+
+def test_a_token_bomb_is_refused_from_its_page_headers_even_when_the_footer_lies() -> None:
+    tokens = 20_000_000
+    data = _zero_tokens_file(tokens)
+    assert len(data) < 10_000
+    # The footer's num_values for the completion column (a zigzag varint) rewritten to 5, padded to
+    # the same length: pyarrow would still decode every value the page header declares.
+    honest = _varint(2 * tokens)
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    at = data.index(honest, footer)
+    lie = bytes([_varint(10)[0] | 0x80]) + b"\x80" * (len(honest) - 2) + b"\x00"
+    lying = data[:at] + lie + data[at + len(honest) :]
+    assert 5 in [pq.ParquetFile(io.BytesIO(lying)).metadata.row_group(0).column(i).num_values for i in range(len(SCHEMA))]
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for bomb in (data, lying):
+        started = time.monotonic()
+        with pytest.raises(RolloutFileError, match="completion_tokens declares 20000001 values"):
+            read_rollouts(bomb)
+        assert time.monotonic() - started < 0.5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 50_000  # KiB: nothing was decoded
+
+
+def test_a_long_text_entry_repeated_on_every_row_is_refused_before_it_expands() -> None:
+    rows = [rollout(prompt_id="p" * 100_000) for _ in range(64)]  # 6.4 MB of ids from one dictionary entry
+    columns = {f.name: [getattr(r, f.name) for r in rows] for f in fields(Rollout)}
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pydict(columns, schema=SCHEMA), buffer, compression="zstd")
+    with pytest.raises(RolloutFileError, match="prompt_id holds a value over 128 bytes"):
+        read_rollouts(buffer.getvalue())
+
+
+def test_task_limits_bound_a_file_to_what_its_task_can_hold() -> None:
+    data = write_rollouts([rollout(), rollout()])
+    assert len(read_rollouts(data, ReadLimits.for_task(rows=2, max_tokens=3))) == 2
+    with pytest.raises(RolloutFileError, match="2 rows, at most 1"):
+        read_rollouts(data, ReadLimits.for_task(rows=1, max_tokens=3))
+    with pytest.raises(RolloutFileError, match="completion_tokens has 3 tokens"):
+        read_rollouts(data, ReadLimits.for_task(rows=2, max_tokens=2))
+
+
+def test_impossible_task_shapes_are_named() -> None:
+    assert shape_error(rows=64, max_tokens=1024) is None
+    assert "at most 4096" in (shape_error(rows=1024 * 256, max_tokens=128) or "")
+    assert "exceed" in (shape_error(rows=8, max_tokens=1 << 18) or "")
+    assert "MiB" in (shape_error(rows=4096, max_tokens=1 << 16) or "")

@@ -134,3 +134,23 @@ def test_a_sequence_with_no_committed_positions_has_empty_proofs() -> None:
     assert build_proofs(empty) == b"" and verify_proofs(empty, b"") == []
     some = torch.randn(40, 64)
     assert build_proofs_batch([empty, some, empty]) == [b"", build_proofs(some), b""]
+
+
+def split_error_chunk() -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk and a perturbed copy whose 128 top entries keep their exponents and differ in
+    mantissa by 7 (half of them) and 9 (the other half): mean 8, middle pair (7, 9)."""
+    hidden = torch.full((32, 256), 0.01)
+    flat = hidden.view(-1)
+    positions = torch.randperm(flat.numel(), generator=torch.Generator().manual_seed(3))[:TOPK]
+    flat[positions] = 2.0 + torch.arange(TOPK) % 60 / 64  # exponent of 2.0, mantissas 0..59 (room for +9)
+    hidden = hidden.to(torch.bfloat16)
+    bits = hidden.view(-1).view(torch.int16).clone()
+    bits[positions] += torch.where(torch.arange(TOPK) % 2 == 0, 7, 9).to(torch.int16)
+    return hidden, bits.view(torch.bfloat16).view(32, 256)
+
+
+def test_the_median_is_the_reference_upper_middle_element() -> None:
+    hidden, perturbed = split_error_chunk()
+    [result] = verify_proofs(perturbed, build_proofs(hidden))
+    assert result.exp_mismatches == 0 and result.mant_err_mean == 8.0
+    assert result.mant_err_median == 9.0 and not result.ok  # np.median would say 8.0 and accept

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from shared.toploc import build_proofs, chunk_sizes, rollout_passes, verify_proofs
+from tests.test_toploc import split_error_chunk
 
 reference = pytest.importorskip("toploc.poly", reason="the reference toploc package could not be built here")
 
@@ -40,3 +41,14 @@ def test_same_bytes_and_mutual_verification(positions: int, width: int) -> None:
         assert a.exp_mismatches == b.exp_mismatches
         assert a.mant_err_mean == pytest.approx(b.mant_err_mean)
         assert a.mant_err_median == pytest.approx(b.mant_err_median)
+
+
+def test_an_even_split_of_errors_is_judged_as_the_reference_judges_it() -> None:
+    hidden, perturbed = split_error_chunk()
+    proofs = build_proofs(hidden)
+    [theirs] = reference.verify_proofs_bytes(
+        _as_reference_activations(perturbed), [proofs], decode_batching_size=32, topk=128, skip_prefill=True
+    )
+    [ours] = verify_proofs(perturbed, proofs)
+    assert (ours.exp_mismatches, ours.mant_err_mean, ours.mant_err_median) == (theirs.exp_mismatches, theirs.mant_err_mean, theirs.mant_err_median)
+    assert ours.mant_err_median == 9.0 and not ours.ok

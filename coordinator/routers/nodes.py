@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request
 
-from coordinator.deps import LedgerDep, Settings, Signed
+from coordinator.deps import LedgerDep, RegistrationGate, Settings, Signed
 from coordinator.services import nodes, runs
 from shared.schemas import (
     ErrorBody,
@@ -22,8 +22,8 @@ router = APIRouter(prefix="/v1/nodes", tags=["nodes"], responses={401: {"model":
 
 
 @router.post("/register", response_model=RegisterResponse, responses={403: {"model": ErrorBody}, 426: {"model": ErrorBody}})
-async def register(body: RegisterRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> RegisterResponse:
-    node = await ledger.run_signed(signed, nodes.register, body, settings, datetime.now(UTC))
+async def register(body: RegisterRequest, signed: Signed, ledger: LedgerDep, settings: Settings, gate: RegistrationGate) -> RegisterResponse:
+    node = await ledger.run_signed(signed, nodes.register, body, settings, datetime.now(UTC), gate)
     return RegisterResponse(
         address=node.address,
         status=NodeStatus(node.status),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -40,4 +42,10 @@ async def submit(
 ) -> SubmissionReceipt:
     """Upload a rollout file (Parquet, the raw body) for a leased task; the signature covers its hash."""
     data = await request.body()
-    return await ledger.run_signed(signed, submissions.submit, task, data, request.app.state.blobs, datetime.now(UTC))
+    digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
+    expected = await ledger.run(submissions.expected_file, signed.address, task, digest, datetime.now(UTC))
+    rollouts = None
+    if expected is not None:
+        rollouts = await asyncio.to_thread(submissions.parse, data, expected)
+        await asyncio.to_thread(request.app.state.blobs.put, expected.blob_key, data)
+    return await ledger.run_signed(signed, submissions.record, task, digest, rollouts, datetime.now(UTC))

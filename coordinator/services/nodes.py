@@ -13,6 +13,7 @@ Every transition writes a :class:`NodeStatusEvent` row in the same transaction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from packaging.version import Version
@@ -55,13 +56,17 @@ def check_version(client_version: str, settings: CoordinatorSettings) -> None:
         )
 
 
-def register(session: Session, signer: str, body: RegisterRequest, settings: CoordinatorSettings, now: datetime) -> Node:
-    """Create the node, or refresh its specs when it registers again (idempotent per address)."""
+def register(
+    session: Session, signer: str, body: RegisterRequest, settings: CoordinatorSettings, now: datetime, admit_new: Callable[[], None]
+) -> Node:
+    """Create the node, or refresh its specs when it registers again (idempotent per address).
+    ``admit_new`` is called before a new address is created, and raises to refuse it."""
     check_version(body.client_version, settings)
     node = session.get(Node, signer)
     if node is not None and node.status == S.banned:
         raise ApiError(403, ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
     if node is None:
+        admit_new()
         node = Node(address=signer, first_seen=now, status=None)
         session.add(node)
         transition(session, node, S.registered, "registered", now)

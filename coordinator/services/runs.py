@@ -21,6 +21,7 @@ from coordinator.models import Evaluation, Node, Run, Submission, Task
 from coordinator.settings import CoordinatorSettings
 from shared.environments.length import LengthBudget
 from shared.environments.registry import ENVIRONMENTS, get_environment
+from shared.rollout_file import shape_error
 from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec
 
 
@@ -46,6 +47,7 @@ def create_run(
         raise ApiError(422, ErrorCode.validation_error, f"Unknown environment {environment!r}; choose one of {', '.join(ENVIRONMENTS)}.")
     if session.scalar(select(Run.id).where(Run.name == name)):
         raise ApiError(409, ErrorCode.conflict, f"A run named {name!r} exists already.")
+    _require_submittable(prompts_per_task, samples_per_prompt, sampling.max_tokens)
     run = Run(
         id=f"run-{uuid.uuid4().hex[:12]}",
         name=name,
@@ -191,7 +193,18 @@ def update_run(session: Session, run_id: str, changes: dict[str, Any]) -> Run:
     run = get_run(session, run_id)
     for key, value in changes.items():
         setattr(run, key, value)
+    _require_submittable(run.prompts_per_task, run.samples_per_prompt, run.sampling["max_tokens"])
     return run
+
+
+def _require_submittable(prompts_per_task: int, samples_per_prompt: int, max_tokens: int) -> None:
+    """Refuse a run whose tasks' rollout files could never be uploaded (422: nothing is created or changed)."""
+    why = shape_error(prompts_per_task * samples_per_prompt, max_tokens)
+    if why is not None:
+        raise ApiError(
+            422, ErrorCode.validation_error,
+            f"{prompts_per_task} prompts x {samples_per_prompt} samples of up to {max_tokens} tokens can never be submitted: {why}.",
+        )  # fmt: skip
 
 
 def set_status(session: Session, run_id: str, status: str) -> Run:

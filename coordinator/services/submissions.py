@@ -1,19 +1,24 @@
-"""Rollout uploads: checked against the lease and the task, stored, recorded as pending."""
+"""Rollout uploads: checked against the lease and the task, stored, recorded as pending.
+
+An upload passes through four steps so that nothing large happens on the event loop or inside
+a transaction: what the task allows is read (:func:`expected_file`), the file is parsed within
+that on a thread (:func:`parse`), the blob is written, and only then is it recorded in one short
+transaction that checks the lease again (:func:`record`). A blob whose record then fails is
+an orphan under a content-addressed key, never a ledger row without its file."""
 
 from __future__ import annotations
 
-import hashlib
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator.blobs import BlobStore
 from coordinator.errors import ApiError
 from coordinator.models import Run, Submission, Task
 from coordinator.services.runs import params_of
-from shared.rollout_file import RolloutFileError, read_rollouts
+from shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
 from shared.schemas import ErrorCode, SubmissionReceipt, sequence_seed
 
 
@@ -29,44 +34,72 @@ def receipt(submission: Submission) -> SubmissionReceipt:
     )
 
 
-def submit(session: Session, signer: str, task_id: str, data: bytes, blobs: BlobStore, now: datetime) -> SubmissionReceipt:
-    """Store the rollout file for a task leased to ``signer``; the same file again gets the same receipt."""
-    digest = hashlib.sha256(data).hexdigest()
+@dataclass(frozen=True)
+class ExpectedFile:
+    limits: ReadLimits
+    """What the file may hold."""
+    blob_key: str
+    """Where it is stored."""
+    rows: list[tuple[str, str, str, int, int]]
+    """Each row's (prompt id, task id, run id, policy step, seed)."""
+    samples: int
+
+
+def expected_file(session: Session, signer: str, task_id: str, digest: str, now: datetime) -> ExpectedFile | None:
+    """What the file for a task leased to ``signer`` may hold; None when this very file is stored already.
+
+    Read before the upload is parsed, so a file is decoded only within what its task can hold."""
     task = session.get(Task, task_id)
     if task is None:
         raise ApiError(404, ErrorCode.not_found, f"No task {task_id}.")
     existing = session.scalar(select(Submission).where(Submission.task_id == task_id))
     if existing is not None:
         if existing.sha256 == digest and existing.address == signer:
-            return receipt(existing)
+            return None
         raise ApiError(409, ErrorCode.conflict, "A different file was already submitted for this task.")
     if task.leased_to != signer or task.status != "leased":
         raise ApiError(403, ErrorCode.task_not_leased, "This task is not leased to you.")
     if task.lease_expires_at is None or task.lease_expires_at <= now:
         raise ApiError(409, ErrorCode.lease_expired, "The lease on this task expired; lease a new task.")
+    params = params_of(session.get_one(Run, task.run_id), task)
+    samples = params["samples_per_prompt"]
+    prompts = [pid for pid in task.prompt_ids["ids"] for _ in range(samples)]
+    rows = [(pid, task.id, task.run_id, task.policy_step, sequence_seed(task.seed, i)) for i, pid in enumerate(prompts)]
+    limits = ReadLimits.for_task(len(rows), params["sampling"]["max_tokens"])
+    return ExpectedFile(limits, f"{task.run_id}/{task.id}/{digest}.parquet", rows, samples)
 
-    run = session.get_one(Run, task.run_id)
+
+def parse(data: bytes, expected: ExpectedFile) -> list[Rollout]:
+    """The upload's rows, if they are its task's (call off the event loop: this decodes up to the task's limits)."""
     try:
-        rollouts = read_rollouts(data)
+        rollouts = read_rollouts(data, expected.limits)
     except RolloutFileError as e:
         raise ApiError(422, ErrorCode.rollout_invalid, f"The rollout file is invalid: {e}") from None
-    samples = params_of(run, task)["samples_per_prompt"]
-    expected_prompts = [pid for pid in task.prompt_ids["ids"] for _ in range(samples)]
-    if [r.prompt_id for r in rollouts] != expected_prompts:
-        raise ApiError(422, ErrorCode.rollout_invalid, f"Rows must be the task's prompts, {samples} samples each, in order.")
-    for index, r in enumerate(rollouts):
-        if (r.task_id, r.run_id, r.policy_step, r.seed) != (task.id, run.id, task.policy_step, sequence_seed(task.seed, index)):
+    if [r.prompt_id for r in rollouts] != [row[0] for row in expected.rows]:
+        raise ApiError(422, ErrorCode.rollout_invalid, f"Rows must be the task's prompts, {expected.samples} samples each, in order.")
+    for index, (r, row) in enumerate(zip(rollouts, expected.rows)):
+        if (r.prompt_id, r.task_id, r.run_id, r.policy_step, r.seed) != row:
             raise ApiError(422, ErrorCode.rollout_invalid, f"Row {index} names another task, run, policy step or seed.")
+    return rollouts
 
-    key = f"{run.id}/{task.id}/{digest}.parquet"
-    blobs.put(key, data)
+
+def record(session: Session, signer: str, task_id: str, digest: str, rollouts: list[Rollout] | None, now: datetime) -> SubmissionReceipt:
+    """Record a stored file, parsed by :func:`parse`, for a task leased to ``signer`` (the lease is
+    checked again: it may have ended meanwhile); the same file again gets the same receipt."""
+    expected = expected_file(session, signer, task_id, digest, now)
+    if expected is None or rollouts is None:
+        existing = session.scalar(select(Submission).where(Submission.task_id == task_id))
+        if existing is None:
+            raise ApiError(409, ErrorCode.conflict, "The task changed while its file was uploaded; upload it again.")
+        return receipt(existing)
+    task = session.get_one(Task, task_id)
     submission = Submission(
         id=f"sub-{uuid.uuid4().hex}",
         task_id=task.id,
-        run_id=run.id,
+        run_id=task.run_id,
         address=signer,
         sha256=digest,
-        blob_key=key,
+        blob_key=expected.blob_key,
         rows=len(rollouts),
         tokens=sum(len(r.completion_tokens) for r in rollouts),
         prompt_tokens=sum(len(r.prompt_tokens) for r in rollouts),

@@ -65,4 +65,4 @@ def run_stats(session: Session, run_id: str) -> dict[str, int]:
     counts = dict(session.execute(select(Submission.status, func.count()).where(Submission.run_id == run_id).group_by(Submission.status)).all())
     tokens = session.scalar(select(func.coalesce(func.sum(Submission.tokens), 0)).where(Submission.run_id == run_id, Submission.status == "accepted"))
     return {"pending": counts.get("pending", 0), "accepted": counts.get("accepted", 0), "rejected": counts.get("rejected", 0),
-            "invalidated": counts.get("invalidated", 0), "accepted_tokens": int(tokens or 0)}  # fmt: skip
+            "expired": counts.get("expired", 0), "invalidated": counts.get("invalidated", 0), "accepted_tokens": int(tokens or 0)}  # fmt: skip

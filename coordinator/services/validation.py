@@ -7,6 +7,10 @@ two coordinator replicas from handing one submission to two validators.
 A verdict needs a live claim. Accepted: credit, pending for the dispute window. Rejected:
 no credit; a hard rejection also claws back the node's pending credit, adds a strike, and
 bans the node after ``max_strikes``. An admin invalidating accepted work has the same effects.
+A soft rejection costs nothing alone, but every ``soft_rejections_per_strike`` of them within
+``soft_rejection_window_s`` add a strike. A soft rejection of work whose policy step fell out of
+the run's window before it was checked is recorded as *expired*: the network made it stale, so
+it is no mark against the node.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
@@ -65,7 +69,7 @@ def claimed(session: Session, signer: str, submission_id: str, now: datetime) ->
 
 def record_verdict(session: Session, signer: str, body: VerdictRequest, settings: CoordinatorSettings, now: datetime) -> Submission:
     submission = claimed(session, signer, body.submission_id, now)
-    submission.status = "accepted" if body.accepted else "rejected"
+    submission.status = "accepted" if body.accepted else "expired" if not body.hard and _stale(session, submission) else "rejected"
     submission.validator = signer
     submission.checks = [c.model_dump() for c in body.checks]
     submission.hard = body.hard
@@ -75,7 +79,28 @@ def record_verdict(session: Session, signer: str, body: VerdictRequest, settings
         credit.credit(session, submission, settings, now)
     elif body.hard:
         _penalise(session, submission.address, f"hard rejection of {submission.id}: {submission.reason}", settings, now)
+    elif submission.status == "rejected":
+        _charge_soft_rejection(session, submission, settings, now)
     return submission
+
+
+def _stale(session: Session, submission: Submission) -> bool:
+    task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
+    return task.policy_step < run.policy_step - run.async_level
+
+
+def _charge_soft_rejection(session: Session, submission: Submission, settings: CoordinatorSettings, now: datetime) -> None:
+    since = now - timedelta(seconds=settings.soft_rejection_window_s)
+    session.flush()
+    count = session.scalar(
+        select(func.count()).where(
+            Submission.address == submission.address, Submission.status == "rejected",
+            Submission.hard.is_not(True), Submission.validated_at >= since,
+        )
+    )  # fmt: skip
+    if count and count % settings.soft_rejections_per_strike == 0:
+        submission.reason += f"; a strike: {count} soft rejections within {settings.soft_rejection_window_s:.0f} s"
+        _strike(session, submission.address, settings, now)
 
 
 def invalidate(session: Session, submission_id: str, reason: str, settings: CoordinatorSettings, now: datetime) -> Submission:
@@ -94,12 +119,16 @@ def invalidate(session: Session, submission_id: str, reason: str, settings: Coor
 
 def _penalise(session: Session, address: str, reason: str, settings: CoordinatorSettings, now: datetime) -> None:
     credit.claw_back(session, address, reason, now)
+    _strike(session, address, settings, now)
+
+
+def _strike(session: Session, address: str, settings: CoordinatorSettings, now: datetime) -> None:
     node = session.get(Node, address)
     if node is None:
         return
     node.strikes += 1
     if node.strikes >= settings.max_strikes and node.status != NodeStatus.banned:
-        nodes.ban(session, address, f"{node.strikes} hard rejections (forged or corrupted work)", now)
+        nodes.ban(session, address, f"{node.strikes} strikes (forged or corrupted work, or repeated wrong work)", now)
 
 
 def public_receipt(session: Session, submission_id: str) -> PublicReceipt:

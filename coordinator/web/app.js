@@ -206,6 +206,7 @@ async function showNode(view, address) {
   const stats = h("dl", { class: "stats" },
     ...[["Status", node.status], ["Final credit", fmt.num(node.credit.final)], ["Pending credit", fmt.num(node.credit.pending)],
       ["Accepted", fmt.num(node.submissions.accepted ?? 0)], ["Rejected", fmt.num((node.submissions.rejected ?? 0) + (node.submissions.invalidated ?? 0))],
+      ["Expired (stale before checked, no penalty)", fmt.num(node.submissions.expired ?? 0)],
       ["Last seen", fmt.ago(node.last_seen)]].map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
   const rows = receipts.map((r) => h("tr", {},
     h("td", {}, h("a", { href: `/v1/public/submissions/${r.submission_id}`, class: "address" }, fmt.short(r.submission_id))),

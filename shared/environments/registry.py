@@ -13,7 +13,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from shared.environments import arithmetic, code
-from shared.environments.datasets import SAMPLES, load_rows
+from shared.environments.datasets import SAMPLES, DatasetError, load_rows
 from shared.environments.length import LengthBudget, length_penalty
 from shared.environments.math import MathVerifier
 
@@ -74,7 +74,14 @@ class Code:
     name = "code"
 
     def __init__(self, dataset: Path | None = None) -> None:
-        self._problems = [Problem(**row) for row in load_rows(dataset or SAMPLES / "code_sample.jsonl", ("prompt", "tests"))]
+        path = dataset or SAMPLES / "code_sample.jsonl"
+        self._problems = [Problem(**row) for row in load_rows(path, ("prompt", "tests"))]
+        for problem in self._problems:
+            for test in problem.tests or []:
+                try:
+                    code.parse_test(test)
+                except code.UnsupportedTest as e:
+                    raise DatasetError(f"{path}: problem {problem.id}: test {test!r}: {e}") from None
 
     def problems(self) -> list[Problem]:
         return self._problems

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from shared.cli import unlock
 from shared.logs import configure
+from shared.serving import server_config
 from shared.shardcast.relay import RelayWorker
 from shared.shardcast.server import create_server
 from shared.shardcast.store import StepStore
@@ -53,7 +54,7 @@ def main(
     worker = RelayWorker(
         store, coordinator, account, public_url or f"http://{host}:{port}", upstreams=upstream or (), concurrency=concurrency
     )
-    server = uvicorn.Server(uvicorn.Config(create_server(store), host=host, port=port, log_level="warning", access_log=False))
+    server = uvicorn.Server(server_config(create_server(store), host, port, log_level="warning", access_log=False))
     try:
         asyncio.run(_serve(server, worker))
     except RuntimeError as e:

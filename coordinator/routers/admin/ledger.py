@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from coordinator.deps import LedgerDep
 from coordinator.routers.admin.common import Reader, admin_router
 from coordinator.services import audit, credit
+from shared.schemas import UtcTime
 
 router = admin_router("ledger and audit")
 MAX_EXPORT = 100_000
@@ -54,8 +55,8 @@ class AuditOut(BaseModel):
 )
 async def export_ledger(
     ledger: LedgerDep,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: UtcTime | None = None,
+    until: UtcTime | None = None,
     format: Literal["json", "csv"] = "json",
     limit: Annotated[int, Query(ge=1, le=MAX_EXPORT)] = MAX_EXPORT,
 ) -> Any:
@@ -74,8 +75,8 @@ async def export_ledger(
 @router.get("/audit", response_model=list[AuditOut], dependencies=[Reader])
 async def audit_log(
     ledger: LedgerDep,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: UtcTime | None = None,
+    until: UtcTime | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
 ) -> list[AuditOut]:
     """Every admin action that changed something (which token, what, to what, when), newest first."""

@@ -12,7 +12,7 @@ from coordinator.deps import LedgerDep, Settings
 from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
 from coordinator.routers.admin.nodes import Reason
 from coordinator.services import validation
-from shared.schemas import INT32_MAX, Address, AdminReceipt, PublicReceipt
+from shared.schemas import INT32_MAX, Address, AdminReceipt, PublicReceipt, UtcTime
 
 router = admin_router("submissions")
 
@@ -21,10 +21,10 @@ router = admin_router("submissions")
 async def list_submissions(
     ledger: LedgerDep,
     run_id: Annotated[str | None, Query(max_length=64)] = None,
-    status: Literal["pending", "accepted", "rejected", "invalidated"] | None = None,
+    status: Literal["pending", "accepted", "rejected", "expired", "invalidated"] | None = None,
     address: Address | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: UtcTime | None = None,
+    until: UtcTime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> list[AdminReceipt]:
