@@ -1,7 +1,9 @@
 """Memory under hostile uploads: one coordinator process, its resident memory sampled every 20 ms,
 while many clients at once send (a) signed uploads that trickle in, (b) bodies declared larger
-than the limit, (c) large signed uploads at full speed; a real node heartbeats from another address
-throughout. The large-upload flood runs twice: with the in-flight body budget
+than the limit, (c) deeply nested JSON (which once crashed the process), (d) a rollout file of a
+few KB declaring 150 M tokens for a real leased task (its baseline: what reading the same file
+with plain pyarrow holds, measured in its own process), (e) large signed uploads at full speed;
+a real node heartbeats from another address throughout. The large-upload flood runs twice: with the in-flight body budget
 (``max_body_bytes_in_flight``) as configured, and with the budget lifted (the baseline). Prints
 per phase: peak memory above idle, answers by status, and the node's heartbeat latency; the ratio
 of the two floods' peaks last.
@@ -12,9 +14,11 @@ of the two floods' peaks last.
 from __future__ import annotations
 
 import argparse
+import io
 import multiprocessing
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -25,12 +29,17 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from eth_account import Account
 
 sys.path.insert(0, str(Path(__file__).parent))
 from load import ENV, register  # noqa: E402
 
-from devnet.processes import Process, migrate, start_coordinator  # noqa: E402
+from devnet.processes import Process, admin_token, migrate, start_coordinator  # noqa: E402
+from shared.rollout_file import SCHEMA  # noqa: E402
+from shared.schemas import sequence_seed  # noqa: E402
 from shared.signing import SignedAuth, sign_request  # noqa: E402
 from shared.version import __version__  # noqa: E402
 
@@ -179,12 +188,59 @@ def oversized(url: str, count: int) -> Counter[int]:
     return statuses
 
 
+def deep_json(url: str, audience: str, rounds: int) -> Counter[int]:
+    """Nested arrays, 120,000 deep to an admin endpoint and 200,000 deep to the heartbeat (unsigned and signed)."""
+    node = Account.create()
+    register(url, [node], audience)
+    statuses: Counter[int] = Counter()
+    for _ in range(rounds):
+        for path, depth, signed in (("/v1/admin/roles", 120_000, False), ("/v1/nodes/heartbeat", 200_000, False), ("/v1/nodes/heartbeat", 200_000, True)):
+            body = b"[" * depth + b"]" * depth
+            headers = {"content-type": "application/json", **(sign_request(node, "POST", path, "", body, audience) if signed else {})}
+            statuses[httpx.post(url + path, content=body, headers=headers, timeout=60).status_code] += 1
+    return statuses
+
+
+def token_bomb(url: str, audience: str, tokens: int) -> Counter[int | str]:
+    """A fresh node leases a task and uploads its rows with the first completion ``tokens`` zeros."""
+    node = Account.create()
+    register(url, [node], audience)
+    task = httpx.post(f"{url}/v1/tasks/lease", json={"address": node.address}, auth=SignedAuth(node, audience), timeout=60).json()
+    rows = [(pid, sequence_seed(task["seed"], i)) for i, pid in enumerate(p for p in task["prompt_ids"] for _ in range(task["samples_per_prompt"]))]
+    columns = {
+        "task_id": [task["task_id"]] * len(rows), "run_id": [task["run_id"]] * len(rows), "policy_step": [task["policy_step"]] * len(rows),
+        "prompt_id": [pid for pid, _ in rows], "prompt_tokens": [[1, 2]] * len(rows), "logprobs": [[-0.5]] * len(rows),
+        "finish_reason": ["length"] * len(rows), "reward": [0.0] * len(rows), "task_reward": [0.0] * len(rows),
+        "length_penalty": [0.0] * len(rows), "target_length": [0] * len(rows), "seed": [seed for _, seed in rows], "proofs": [b""] * len(rows),
+    }  # fmt: skip
+    lengths = [tokens] + [1] * (len(rows) - 1)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    columns["completion_tokens"] = pa.ListArray.from_arrays(offsets, np.zeros(offsets[-1], np.int32))
+    buffer = io.BytesIO()
+    pq.write_table(pa.table(columns).select(SCHEMA.names).cast(SCHEMA), buffer, compression="zstd")
+    bomb = buffer.getvalue()
+    query = f"task={task['task_id']}"
+    headers = {"content-type": "application/octet-stream", **sign_request(node, "POST", "/v1/submissions", query, bomb, audience)}
+    started = time.monotonic()
+    reply = httpx.post(f"{url}/v1/submissions?{query}", content=bomb, headers=headers, timeout=120)
+    answer_ms = (time.monotonic() - started) * 1000
+    plain = subprocess.run(  # the baseline: the same bytes read by pyarrow without our limits
+        [sys.executable, "-c", "import io, resource, sys, pyarrow.parquet as pq; pq.read_table(io.BytesIO(sys.stdin.buffer.read())); "
+         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
+        input=bomb, capture_output=True, check=True,
+    )  # fmt: skip
+    return Counter({reply.status_code: 1, "file_kib": len(bomb) // 1024, "answer_ms": round(answer_ms), "plain_pyarrow_peak_mib": int(plain.stdout) // 1024})
+
+
 def coordinator(workdir: Path, budget: int) -> tuple[Process, str]:
     url = f"sqlite:///{workdir / 'ledger.db'}"
     migrate(url, workdir / "migrate.log")
     env = {**ENV, "INTELLECT_BLOB_DIR": str(workdir / "blobs"), "INTELLECT_MAX_BODY_BYTES_IN_FLIGHT": str(budget)}
     process = start_coordinator(workdir, url, env=env)
     audience = httpx.get(f"{process.url}/v1/public/status").json()["audience"]
+    token = admin_token(url)
+    run = {"name": "bench", "prompts_per_task": 4, "samples_per_prompt": 4, "sampling": {"max_tokens": 4096}}
+    httpx.post(f"{process.url}/v1/admin/runs", json=run, headers={"authorization": f"Bearer {token}"}).raise_for_status()
     return process, audience
 
 
@@ -211,6 +267,8 @@ def main() -> int:
                 phases += [
                     ("trickling signed uploads", slow_bodies, (process.url, audience, args.slow, size, 8.0)),
                     ("declared 1 TiB", oversized, (process.url, 200)),
+                    ("deeply nested JSON", deep_json, (process.url, audience, 10)),
+                    ("150 M-token rollout file", token_bomb, (process.url, audience, 150_000_000)),
                 ]
             phases.append(("large uploads", big_uploads, (process.url, audience, args.uploads, size)))
             for phase, attack, attack_args in phases:
@@ -220,8 +278,9 @@ def main() -> int:
                         started = time.monotonic()
                         statuses = attacker.submit(attack, *attack_args).result()
                         took = time.monotonic() - started
+                alive = "alive" if process.popen.poll() is None else f"DEAD (exit {process.popen.returncode})"
                 print(f"[{label}] {phase}: peak {(sampled.peak - idle) / 2**20:.0f} MiB above idle ({idle / 2**20:.0f} MiB), "
-                      f"answers {dict(statuses)}, {took:.1f} s; node heartbeats {node.summary()}", flush=True)  # fmt: skip
+                      f"answers {dict(statuses)}, {took:.1f} s; coordinator {alive}; node heartbeats {node.summary()}", flush=True)  # fmt: skip
                 if phase == "large uploads":
                     peaks[label] = sampled.peak - idle
         finally:

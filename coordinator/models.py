@@ -172,7 +172,8 @@ class Submission(Base):
     rows: Mapped[int] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), index=True)
-    """pending (awaiting a validator), accepted, rejected, or invalidated (by an admin, after acceptance)."""
+    """pending (awaiting a validator), accepted, rejected, expired (stale before it was checked: no
+    penalty), or invalidated (by an admin, after acceptance)."""
     created_at: Mapped[datetime]
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     claimed_by: Mapped[str | None] = mapped_column(String(42))
@@ -182,6 +183,8 @@ class Submission(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     hard: Mapped[bool | None]
     validated_at: Mapped[datetime | None]
+    untrained_rows: Mapped[list[int] | None] = mapped_column(JSON)
+    """Rows of accepted work the trainer leaves out: a disagreement numerics explain decided a token."""
 
 
 class Role(Base):

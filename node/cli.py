@@ -78,6 +78,9 @@ def join(
     backend: Annotated[
         str | None, typer.Option(help="Inference backend: torch (default; CPU or GPU) or vllm (GPU, the [vllm] extra).")
     ] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="Compute dtype of the torch backend: float32 (default), bfloat16 or float16 (GPUs).")
+    ] = None,
 ) -> None:
     """Register this machine with a coordinator and keep it working until Ctrl-C."""
     from node.worker import join as run_join
@@ -90,7 +93,7 @@ def join(
         account = load_wallet(wallet_file, read_password())
     except WalletError as e:
         raise _fail(str(e), 1) from None
-    overrides = {"state_dir": state_dir, "backend": backend}
+    overrides = {"state_dir": state_dir, "backend": backend, "dtype": dtype}
     try:
         settings = NodeSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:

@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 from shared.settings import RoleSettings
 
 BackendKind = Literal["torch", "vllm"]
+Dtype = Literal["float32", "bfloat16", "float16"]
 
 
 class NodeSettings(RoleSettings):
@@ -30,3 +31,7 @@ class NodeSettings(RoleSettings):
 
     backend: BackendKind = "torch"
     """Inference backend: ``torch`` (transformers, CPU or GPU) or ``vllm`` (GPU nodes, the ``[vllm]`` extra)."""
+
+    dtype: Dtype = "float32"
+    """Compute dtype of the torch backend (vLLM runs bfloat16). Declared in every rollout file:
+    validators recompute in the same dtype and allow for its rounding, so bf16 work is not punished."""

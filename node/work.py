@@ -16,11 +16,12 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from node.inference.torch_backend import TorchBackend
-from node.settings import BackendKind
+from node.settings import BackendKind, Dtype
 from shared.environments.length import LengthBudget
 from shared.environments.registry import Environment, Problem, get_environment, reward
 from shared.inference import Completion, InferenceBackend
 from shared.models import load_model, load_tokenizer, resolve_model
+from shared.numerics import DTYPES, Numerics
 from shared.rollout_file import Rollout, write_rollouts
 from shared.schemas import TaskSpec
 from shared.tasks import AssignedRow, assigned_rows, budget_of
@@ -37,14 +38,14 @@ class TaskResult:
 
 
 @lru_cache(maxsize=2)  # the current policy step and the one before, while tasks of both finish
-def backend_for(model: str, kind: BackendKind = "torch") -> tuple[InferenceBackend, PreTrainedTokenizerBase]:
+def backend_for(model: str, kind: BackendKind = "torch", dtype: Dtype = "float32") -> tuple[InferenceBackend, PreTrainedTokenizerBase]:
     """The process's one backend per model (loading is the expensive part) and its tokenizer."""
     if kind == "vllm":
         from node.inference.vllm_backend import VllmBackend
 
         tokenizer = load_tokenizer(model)
         return VllmBackend(resolve_model(model), tokenizer.eos_token_id), tokenizer
-    loaded, tokenizer = load_model(model)
+    loaded, tokenizer = load_model(model, dtype=DTYPES[dtype])
     return TorchBackend(loaded, tokenizer.eos_token_id, tokenizer.pad_token_id), tokenizer
 
 
@@ -65,6 +66,7 @@ class Generated:
     completions: list[Completion]
     budget: LengthBudget
     generate_s: float
+    numerics: Numerics
 
 
 def finisher_pool() -> ProcessPoolExecutor:
@@ -89,12 +91,12 @@ def run_task(task: TaskSpec, backend: BackendKind = "torch") -> TaskResult:
     return finish(generate(task, backend))
 
 
-def generate(task: TaskSpec, backend_kind: BackendKind = "torch") -> Generated:
-    backend, tokenizer = backend_for(task.model, backend_kind)
+def generate(task: TaskSpec, backend_kind: BackendKind = "torch", dtype: Dtype = "float32") -> Generated:
+    backend, tokenizer = backend_for(task.model, backend_kind, dtype)
     rows = assigned_rows(task, problems_for(task.environment), tokenizer)
     start = time.perf_counter()
     completions = backend.generate([r.prompt_tokens for r in rows], [r.seed for r in rows], task.sampling)
-    return Generated(task, rows, completions, budget_of(task), time.perf_counter() - start)
+    return Generated(task, rows, completions, budget_of(task), time.perf_counter() - start, backend.numerics)
 
 
 def finish(generated: Generated) -> TaskResult:
@@ -126,7 +128,7 @@ def finish(generated: Generated) -> TaskResult:
             )
         )
     return TaskResult(
-        data=write_rollouts(rollouts),
+        data=write_rollouts(rollouts, generated.numerics),
         rollouts=len(rollouts),
         tokens=sum(len(r.completion_tokens) for r in rollouts),
         mean_reward=sum(r.reward for r in rollouts) / len(rollouts),

@@ -34,7 +34,7 @@ from node.client import (
     version_error,
 )
 from node.hardware import probe
-from node.settings import BackendKind, NodeSettings
+from node.settings import BackendKind, Dtype, NodeSettings
 from node.state import NodeSession, load_session, save_session
 from shared.shardcast.client import DownloadError
 from shared.shardcast.weights import Weights
@@ -138,7 +138,7 @@ def join(
             while not stop.is_set():
                 work_loop(
                     client, console, stop, beats, status.heartbeat_interval_s,
-                    on_done=on_done, backend=settings.backend, finishers=finishers, weights=weights,
+                    on_done=on_done, backend=settings.backend, dtype=settings.dtype, finishers=finishers, weights=weights,
                 )  # fmt: skip
     except Stopped:
         pass
@@ -160,6 +160,7 @@ def work_loop(
     max_tasks: int | None = None,
     on_done: Callable[[TaskResult], None] | None = None,
     backend: BackendKind = "torch",
+    dtype: Dtype = "float32",
     finishers: Executor | None = None,
     weights: Weights | None = None,
 ) -> int:
@@ -262,7 +263,7 @@ def work_loop(
                     continue
             if beats is not None:
                 beats.activity = "generating"
-            uploads.put((task, finishers.submit(finish, generate(task, backend))))
+            uploads.put((task, finishers.submit(finish, generate(task, backend, dtype))))
     except NotRegistered:
         stop.wait(idle_wait)  # the heartbeat thread registers again; the caller loops
     except Stopped:

@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from shared.models import final_norm_outputs
+from shared.numerics import Numerics
 from shared.schemas import SamplingParams
 
 
@@ -37,6 +38,9 @@ class Completion:
 
 
 class InferenceBackend(Protocol):
+    numerics: Numerics
+    """How it computes, declared in every rollout file it produces."""
+
     def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]: ...
 
 

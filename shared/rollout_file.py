@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from shared.numerics import METADATA_KEY, Numerics
 from shared.parquet_pages import PageHeaderError, column_pages
 
 VERSION = "rollout-v1"
@@ -115,11 +116,24 @@ class RolloutFileError(ValueError):
     """A rollout file that is not one; the message says what is wrong."""
 
 
-def write_rollouts(rollouts: list[Rollout]) -> bytes:
+def write_rollouts(rollouts: list[Rollout], numerics: Numerics | None = None) -> bytes:
+    """The file for ``rollouts``, declaring how they were computed (default ``torch/float32``)."""
     columns = {f.name: [getattr(r, f.name) for r in rollouts] for f in fields(Rollout)}
+    schema = SCHEMA.with_metadata({**SCHEMA.metadata, METADATA_KEY.encode(): str(numerics or Numerics()).encode()})
     buffer = io.BytesIO()
-    pq.write_table(pa.Table.from_pydict(columns, schema=SCHEMA), buffer, compression="zstd")
+    pq.write_table(pa.Table.from_pydict(columns, schema=schema), buffer, compression="zstd")
     return buffer.getvalue()
+
+
+def read_numerics(data: bytes) -> Numerics:
+    """The numerics a file declares (``torch/float32`` when it declares none), or :class:`RolloutFileError`."""
+    try:
+        declared = (pq.ParquetFile(io.BytesIO(data)).schema_arrow.metadata or {}).get(METADATA_KEY.encode())
+        return Numerics.parse(declared.decode()) if declared is not None else Numerics()
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RolloutFileError(f"declared numerics: {e}") from None
+    except Exception as e:  # pyarrow raises many types for corrupt files
+        raise RolloutFileError(f"not a readable Parquet file ({type(e).__name__}: {e})") from None
 
 
 TEXT_COLUMNS = ("task_id", "run_id", "prompt_id", "finish_reason", "proofs")

@@ -281,12 +281,18 @@ class CheckOutcome(BaseModel):
     passed: bool | None
     """None: not run because an earlier check failed."""
     reason: str = Field(max_length=2000)
+    explained: bool = False
+    """A failure that numerics can explain (an honest node computing in another way could make it):
+    no credit for the file, but never a strike, whatever check it is."""
 
 
 class VerdictRequest(Request):
     address: Address
     submission_id: str = Field(max_length=64)
     checks: list[CheckOutcome] = Field(min_length=len(CHECKS), max_length=len(CHECKS))
+    untrained_rows: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] = Field(default_factory=list, max_length=4096)
+    """Rows of an accepted file the trainer must leave out: a token in them was decided by a
+    disagreement that numerics explain, where a node could have chosen (near-tie cherry-picking)."""
 
     @model_validator(mode="after")
     def _every_check_once_in_order(self) -> VerdictRequest:
@@ -300,7 +306,12 @@ class VerdictRequest(Request):
 
     @property
     def hard(self) -> bool:
-        return any(c.passed is False and c.name in HARD_CHECKS for c in self.checks)
+        return any(c.passed is False and c.name in HARD_CHECKS and not c.explained for c in self.checks)
+
+    @property
+    def explained(self) -> bool:
+        """Rejected only by failures that numerics explain."""
+        return all(c.passed is not False or c.explained for c in self.checks)
 
 
 class PublicReceipt(BaseModel):
@@ -319,6 +330,8 @@ class PublicReceipt(BaseModel):
     validator: str | None
     created_at: datetime
     validated_at: datetime | None
+    untrained_rows: list[int] = []
+    """Rows of accepted work left out of training: a disagreement numerics explain decided a token."""
 
 
 class AdminReceipt(PublicReceipt):
@@ -340,6 +353,8 @@ class AcceptedRollouts(BaseModel):
     submission_id: str
     task_id: str
     policy_step: int
+    untrained_rows: list[int] = []
+    """Rows to leave out of training (see :class:`VerdictRequest`)."""
 
 
 class TrainerMetricsRequest(Request):

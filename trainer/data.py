@@ -43,6 +43,8 @@ class Batch:
     """Groups dropped because their task rewards did not vary."""
     off_range: int = 0
     """Groups dropped by the offline filter: their prompt's dataset pass rate is outside the range."""
+    untrained: int = 0
+    """Rows left out because their validator named them (a token decided by a disagreement numerics explain)."""
 
 
 def fetch_accepted(
@@ -55,7 +57,8 @@ def fetch_accepted(
         if entry.policy_step < oldest_step:
             out.append((entry, None))
         else:
-            out.append((entry, read_rollouts(get_waiting(http, f"/v1/trainer/submissions/{entry.submission_id}/file").content)))
+            rollouts = read_rollouts(get_waiting(http, f"/v1/trainer/submissions/{entry.submission_id}/file").content)
+            out.append((entry, [r for i, r in enumerate(rollouts) if i not in set(entry.untrained_rows)]))
     return out
 
 

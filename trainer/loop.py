@@ -15,6 +15,7 @@ and a step whose manifest was not registered yet is registered on restart.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from pathlib import Path
@@ -134,6 +135,7 @@ class Trainer:
                 continue
             for entry, rollouts in entries:
                 add_submission(batch, rollouts, oldest, self._in_pass_range)
+                batch.untrained += len(entry.untrained_rows) if rollouts is not None else 0
                 batch.cursor = entry.cursor
                 if len(batch.groups) >= self.settings.groups_per_step:
                     break
@@ -157,6 +159,7 @@ class Trainer:
             behaviour[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
         prompts, completions = [r.prompt_tokens for r in rollouts], [r.completion_tokens for r in rollouts]
         metrics: dict[str, float] = {}
+        skipped = 0
         for _ in range(self.settings.optimizer_steps):
             self._set_lr()
             # Node logprobs are log_softmax(logits / T) at the run's temperature: the ratio must use the same T.
@@ -165,6 +168,12 @@ class Trainer:
             self.optimizer.zero_grad()
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.settings.max_grad_norm))
+            if not math.isfinite(grad_norm):
+                # One non-finite value would poison every weight; the norm is global under FSDP, so
+                # every rank skips the same step.
+                self.optimizer.zero_grad()
+                skipped += 1
+                continue
             self.optimizer.step()
             self.state.optimizer_steps += 1
             metrics = {
@@ -181,6 +190,8 @@ class Trainer:
             "dropped_stale": float(batch.stale),
             "dropped_flat": float(batch.flat),
             "dropped_off_range": float(batch.off_range),
+            "dropped_untrained_rows": float(batch.untrained),
+            "skipped_nonfinite": float(skipped),
         }
         return metrics
 

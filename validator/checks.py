@@ -13,20 +13,47 @@ ones pass, so garbage costs a validator almost nothing:
    limit (``length``), with no EOS before its end.
 4. ``toploc``: the proofs verify chunk by chunk against the validator's own hidden states.
 5. ``sampling``: each token is the argmax of ``logits / T + noise(seed, position)`` under the
-   validator's logits, allowing near-ties (a margin) and a small fraction of numerical
-   disagreement; claimed logprobs match the recomputed ones.
+   validator's logits, and each claimed logprob is the recomputed one, both within what the
+   file's declared numerics explain (below).
 6. ``rewards``: task reward, length penalty and reward recomputed and equal to the claimed ones.
 
 Failures of integrity, toploc or sampling are *hard* (the node forged or corrupted work);
 the others are *soft* (wrong or sloppy work, no credit for this submission only).
+
+Numerics. A node and its validator rarely compute identically, so the prefill runs in the dtype
+the file declares (:mod:`shared.numerics`: recomputing bf16 work in fp32 moved some logits by
+7-10) and the sampling check is a test, not an equality:
+
+- A token that is not the validator's argmax is a *deviation*. Its gap (best score minus the
+  claimed token's, over the position's logit scale) decides what it can be: beyond the dtype's
+  ``max_gap`` numerics cannot explain it, so it is forged (hard). Within it, it is explainable.
+- Honest deviations happen only at near-ties, at a known rate: a position whose top two scores
+  are ``g`` apart flips with chance ``exp(-g / s) / 2``. Summed over the file that predicts how
+  many an honest node makes; seeing more than the Poisson tail allows at ``numerics_alpha``
+  (1e-6) fails the file *explained*: no credit, never a strike. This catches a node that picks
+  many near-ties (or sampled with another seed or temperature where the model was unsure).
+- A forger that picks only a few near-ties, towards the higher reward, stays inside that test,
+  so every row with a deviation is left out of training (``untrained_rows``): its reward never
+  reaches the trainer, whichever way numerics or a forger decided it. The node keeps the
+  credit for the tokens; only the learning signal of rows a node could have steered is lost.
+- Logprobs are bounded per token (``logprob_abs + logprob_rel * |logprob|``: the trainer's
+  ratios use them, and one token 89 nats off is a NaN gradient) and per row in their signed
+  mean (honest errors cancel; a forger's shift of every token does not).
+
+The trade-off: a looser tolerance rejects fewer honest files and lets a forger steer more
+tokens (all of them then untrained); a tighter one the reverse. With the measured tolerances,
+``bench/verification.py`` prints both sides: honest rows rejected, forged files accepted, and
+what a cherry-picker gains in reward that reaches the trainer.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from pydantic import BaseModel, Field
@@ -34,8 +61,9 @@ from transformers import PreTrainedTokenizerBase
 
 from shared.environments.registry import Environment, Problem, reward
 from shared.inference import prefill_batch
-from shared.rollout_file import Rollout, RolloutFileError, read_rollouts
-from shared.sampling import sampling_scores, token_logprobs
+from shared.numerics import DTYPES, TOLERANCES, Numerics, Tolerance
+from shared.rollout_file import Rollout, RolloutFileError, read_numerics, read_rollouts
+from shared.sampling import nucleus_mask, sampling_scores, token_logprobs
 from shared.schemas import TaskSpec
 from shared.tasks import assigned_rows, budget_of
 from shared.toploc import ToplocThresholds, rollout_passes, verify_proofs
@@ -47,14 +75,9 @@ ORDER = ("integrity", "assignment", "termination", "toploc", "sampling", "reward
 class CheckSettings(BaseModel):
     toploc: ToplocThresholds = ToplocThresholds()
     """When a proof chunk fails (the run's thresholds)."""
-    sampling_margin: float = Field(0.05, ge=0)
-    """A claimed token whose score is within this of the best one counts as a near-tie, not a mismatch."""
-    sampling_mismatch_fraction: float = Field(0.0, ge=0, le=1)
-    """Largest fraction of a completion's tokens that may disagree beyond the margin. 0 by default:
-    each allowed disagreement is a token a forger may choose freely; raise it only for nodes whose
-    numerics differ from the validator's (e.g. bf16 GPUs checked in fp32)."""
-    logprob_tolerance: float = Field(0.02, ge=0)
-    """Largest mean absolute difference between claimed and recomputed token logprobs."""
+    numerics_alpha: float = Field(1e-6, gt=0, lt=1)
+    """Chance that an honest file fails the deviation-count test (more near-tie deviations than its
+    numerics predict); lower accepts more steered near-ties, all of them kept out of training."""
     reward_tolerance: float = Field(1e-6, ge=0)
     """Largest difference between a claimed and a recomputed reward, task reward or penalty."""
     prefill_batch: int = Field(16, ge=1)
@@ -72,11 +95,15 @@ class CheckResult:
     passed: bool | None
     """None: not run, because an earlier check failed."""
     reason: str
+    explained: bool = False
+    """A failure numerics can explain: no credit, never a strike."""
 
 
 @dataclass(frozen=True)
 class Verdict:
     checks: list[CheckResult]
+    untrained_rows: list[int]
+    """Rows with an explainable deviation: accepted, but kept out of training."""
 
     @property
     def accepted(self) -> bool:
@@ -84,7 +111,7 @@ class Verdict:
 
     @property
     def hard(self) -> bool:
-        return any(c.passed is False and c.name in HARD for c in self.checks)
+        return any(c.passed is False and c.name in HARD and not c.explained for c in self.checks)
 
     @property
     def reason(self) -> str:
@@ -111,31 +138,37 @@ def validate(data: bytes, ctx: Context, settings: CheckSettings | None = None) -
     settings = settings or CheckSettings()
     results: list[CheckResult] = []
 
-    def record(name: str, failures: list[str], ok_reason: str) -> bool:
+    def record(name: str, failures: list[str], ok_reason: str, explained: bool = False) -> bool:
         passed = not failures
         reason = ok_reason if passed else "; ".join(failures[:3]) + (f" (and {len(failures) - 3} more)" if len(failures) > 3 else "")
-        results.append(CheckResult(name, passed, reason))
+        results.append(CheckResult(name, passed, reason, explained=explained and not passed))
         return passed
 
     rollouts: list[Rollout] = []
+    numerics = Numerics()
     if hashlib.sha256(data).hexdigest() != ctx.sha256:
         ok = record("integrity", ["the file's sha256 differs from the one stored at upload"], "")
     else:
         try:
-            rollouts = read_rollouts(data)
-            ok = record("integrity", [], f"{len(rollouts)} rows parse under the rollout schema")
+            rollouts, numerics = read_rollouts(data), read_numerics(data)
+            ok = record("integrity", [], f"{len(rollouts)} rows parse under the rollout schema; computed as {numerics}")
         except RolloutFileError as e:
             ok = record("integrity", [str(e)], "")
     ok = ok and record("assignment", _assignment(rollouts, ctx), "rows, prompts, seeds and policy step as assigned")
     ok = ok and record("termination", _termination(rollouts, ctx), "every completion ends with EOS or at the token limit")
+    untrained: list[int] = []
     if ok:
-        toploc, sampling = _prefill_checks(rollouts, ctx, settings)
-        ok = record("toploc", toploc, "every proof chunk verifies")
-        ok = record("sampling", sampling, "every token is the seeded sampler's draw") and ok
+        prefill = _prefill_checks(rollouts, ctx, settings, numerics)
+        ok = record("toploc", prefill.toploc, "every proof chunk verifies")
+        if prefill.forged:
+            ok = record("sampling", prefill.forged, "") and ok
+        else:
+            ok = record("sampling", prefill.too_many, prefill.summary, explained=True) and ok
+        untrained = prefill.deviating_rows
     ok = ok and record("rewards", _rewards(rollouts, ctx, settings), "rewards recompute")
     done = {c.name for c in results}
     results += [CheckResult(name, None, "not run: an earlier check failed") for name in ORDER if name not in done]
-    return Verdict(results)
+    return Verdict(results, untrained if all(c.passed for c in results) else [])
 
 
 def _assignment(rollouts: list[Rollout], ctx: Context) -> list[str]:
@@ -185,33 +218,101 @@ def _termination(rollouts: list[Rollout], ctx: Context) -> list[str]:
     return failures
 
 
-def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettings) -> tuple[list[str], list[str]]:
-    params = ctx.task.sampling
-    toploc, sampling = [], []
+@dataclass(frozen=True)
+class PrefillFindings:
+    toploc: list[str]
+    forged: list[str]
+    """Tokens or logprobs numerics cannot explain."""
+    too_many: list[str]
+    """More explainable deviations than numerics predict, if so."""
+    deviating_rows: list[int]
+    summary: str
+
+
+@lru_cache(maxsize=4)
+def in_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    """``model`` computing in ``dtype``: the model itself, or a converted copy kept for the next file."""
+    if next(model.parameters()).dtype == DTYPES[dtype]:
+        return model
+    return copy.deepcopy(model).to(DTYPES[dtype])
+
+
+def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettings, numerics: Numerics) -> PrefillFindings:
+    params, tolerance = ctx.task.sampling, TOLERANCES[numerics.dtype]
+    model = in_dtype(ctx.model, numerics.dtype)
+    toploc, forged, deviating_rows = [], [], []
+    deviations, expected = 0, 0.0
     for start in range(0, len(rollouts), settings.prefill_batch):
         batch = rollouts[start : start + settings.prefill_batch]
-        states = prefill_batch(
-            ctx.model, [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch], chunk=settings.prefill_chunk
-        )
+        states = prefill_batch(model, [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch], chunk=settings.prefill_chunk)
         for i, (r, (hidden, logits)) in enumerate(zip(batch, states), start):
             if not rollout_passes(chunks := verify_proofs(hidden, r.proofs, settings.toploc)):
                 first = next(c for n, c in enumerate(chunks) if not c.ok)
                 toploc.append(f"row {i}: proof chunk {chunks.index(first)} fails ({first.reason})")
-            tokens = torch.tensor(r.completion_tokens)
-            n = len(tokens)
-            scores = sampling_scores(
-                logits, torch.full((n,), r.seed, dtype=torch.int64), torch.arange(n), params.temperature, params.top_p
-            )
-            claimed = scores.gather(-1, tokens[:, None])[:, 0]
-            disagree = int((~(claimed >= scores.max(-1).values - settings.sampling_margin)).sum())
-            allowed = math.floor(settings.sampling_mismatch_fraction * n)
-            if disagree > allowed:
-                sampling.append(f"row {i}: {disagree} of {n} tokens are not the seeded draw (allowed {allowed})")
-                continue
-            drift = float((token_logprobs(logits, tokens, params.temperature) - torch.tensor(r.logprobs)).abs().mean())
-            if not drift <= settings.logprob_tolerance:
-                sampling.append(f"row {i}: logprobs differ by {drift:.4f} on average (allowed {settings.logprob_tolerance})")
-    return toploc, sampling
+            row = _row_sampling(r, logits.float(), params.temperature, params.top_p, tolerance)
+            if row.forged:
+                forged.append(f"row {i}: {row.forged}")
+            elif row.deviations:
+                deviating_rows.append(i)
+            deviations += row.deviations
+            expected += row.expected
+    too_many = []
+    chance = float(torch.special.gammainc(torch.tensor(float(deviations), dtype=torch.float64), torch.tensor(expected, dtype=torch.float64))) if deviations else 1.0
+    if chance < settings.numerics_alpha:
+        too_many.append(
+            f"{deviations} near-tie tokens differ from the seeded draw where {numerics} numerics predict {expected:.2f} "
+            f"(chance {chance:.1e} for honest work): the file is not credited, and this is no strike"
+        )
+    summary = f"every token is the seeded sampler's draw under {numerics} numerics"
+    if deviations:
+        summary += f" ({deviations} near-ties decided by numerics, {expected:.2f} expected; rows {deviating_rows[:8]} not trained)"
+    return PrefillFindings(toploc, forged, too_many, deviating_rows, summary)
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    forged: str | None
+    deviations: int
+    expected: float
+    """Deviations numerics would make in this row on average."""
+
+
+def _row_sampling(r: Rollout, logits: torch.Tensor, temperature: float, top_p: float, tolerance: Tolerance) -> RowSampling:
+    """Judge one row's tokens and logprobs against ``logits [n, vocab]`` (fp32) computed in the node's dtype."""
+    tokens = torch.tensor(r.completion_tokens)
+    n = len(tokens)
+    seeds, positions = torch.full((n,), r.seed, dtype=torch.int64), torch.arange(n)
+    scores = sampling_scores(logits, seeds, positions, temperature, top_p)
+    scale = (logits.abs().amax(-1) / (temperature or 1.0)).clamp(min=1e-6)
+    top2 = scores.topk(2, dim=-1).values
+    claimed = scores.gather(-1, tokens[:, None])[:, 0]
+    if top_p < 1:
+        # A token just outside the validator's nucleus may be just inside the node's: judge it on
+        # its score if the mass ranked above it is within numerics of top_p.
+        scaled = logits / (temperature or 1.0)
+        probs = scaled.softmax(-1)
+        mine = probs.gather(-1, tokens[:, None])
+        above = (probs * (probs > mine)).sum(-1)
+        near = ~nucleus_mask(scaled, top_p).gather(-1, tokens[:, None])[:, 0] & (above < top_p + tolerance.nucleus_mass)
+        unmasked = sampling_scores(logits, seeds, positions, temperature).gather(-1, tokens[:, None])[:, 0]
+        claimed = torch.where(near, unmasked, claimed)
+    gap = (top2[:, 0] - claimed) / scale
+    if (beyond := gap > tolerance.max_gap).any():
+        t = int(beyond.nonzero()[0])
+        return RowSampling(f"token {t} is not the seeded draw ({float(gap[t]):.3g} of the logit scale below it; numerics explain {tolerance.max_gap:g})", 0, 0.0)
+
+    recomputed = token_logprobs(logits, tokens, temperature)
+    error = torch.tensor(r.logprobs) - recomputed
+    bound = tolerance.logprob_abs + tolerance.logprob_rel * recomputed.abs()
+    if (off := error.abs() > bound).any():
+        t = int(off.nonzero()[0])
+        return RowSampling(f"logprob {t} is off by {float(error[t]):+.3g} nats (numerics explain {float(bound[t]):.3g})", 0, 0.0)
+    spread = float(error.std()) / math.sqrt(n) if n > 1 else 0.0
+    if abs(float(error.mean())) > tolerance.logprob_bias + 4 * spread:
+        return RowSampling(f"logprobs are shifted by {float(error.mean()):+.3g} nats on average (numerics explain {tolerance.logprob_bias:g})", 0, 0.0)
+
+    runner_up = ((top2[:, 0] - top2[:, 1]) / scale).nan_to_num(nan=float("inf"))
+    return RowSampling(None, int((gap > 0).sum()), float((torch.exp(-runner_up / tolerance.flip_scale) / 2).sum()))
 
 
 def _rewards(rollouts: list[Rollout], ctx: Context, settings: CheckSettings) -> list[str]:

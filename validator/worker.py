@@ -123,6 +123,7 @@ class Validator:
         body = VerdictRequest(
             address=self.account.address,
             submission_id=claim.submission_id,
-            checks=[CheckOutcome(name=c.name, passed=c.passed, reason=c.reason[:2000]) for c in verdict.checks],  # type: ignore[arg-type]
+            checks=[CheckOutcome(name=c.name, passed=c.passed, reason=c.reason[:2000], explained=c.explained) for c in verdict.checks],  # type: ignore[arg-type]
+            untrained_rows=verdict.untrained_rows,
         )
         return PublicReceipt.model_validate(self._post("/v1/validation/verdicts", body.model_dump_json()).json())

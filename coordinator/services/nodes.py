@@ -57,16 +57,23 @@ def check_version(client_version: str, settings: CoordinatorSettings) -> None:
 
 
 def register(
-    session: Session, signer: str, body: RegisterRequest, settings: CoordinatorSettings, now: datetime, admit_new: Callable[[], None]
+    session: Session,
+    signer: str,
+    body: RegisterRequest,
+    settings: CoordinatorSettings,
+    now: datetime,
+    admit_new: Callable[[], None] | None = None,
 ) -> Node:
     """Create the node, or refresh its specs when it registers again (idempotent per address).
-    ``admit_new`` is called before a new address is created, and raises to refuse it."""
+    ``admit_new``, when given, is called before a new address is created and raises to refuse it
+    (the API passes the client IP's registration allowance)."""
     check_version(body.client_version, settings)
     node = session.get(Node, signer)
     if node is not None and node.status == S.banned:
         raise ApiError(403, ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
     if node is None:
-        admit_new()
+        if admit_new is not None:
+            admit_new()
         node = Node(address=signer, first_seen=now, status=None)
         session.add(node)
         transition(session, node, S.registered, "registered", now)

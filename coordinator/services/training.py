@@ -21,14 +21,17 @@ from shared.schemas import AcceptedRollouts, ErrorCode, RoleName, TrainerMetrics
 def accepted_after(session: Session, signer: str, run_id: str, after: int, limit: int) -> list[AcceptedRollouts]:
     roles.require(session, signer, RoleName.trainer)
     query = (
-        select(ContributionEntry.id, Submission.id, Submission.task_id, Task.policy_step)
+        select(ContributionEntry.id, Submission.id, Submission.task_id, Task.policy_step, Submission.untrained_rows)
         .join(Submission, Submission.id == ContributionEntry.submission_id)
         .join(Task, Task.id == Submission.task_id)
         .where(ContributionEntry.kind == "credit", ContributionEntry.id > after, Submission.run_id == run_id)
         .order_by(ContributionEntry.id)
         .limit(limit)
     )
-    return [AcceptedRollouts(cursor=c, submission_id=s, task_id=t, policy_step=p) for c, s, t, p in session.execute(query)]
+    return [
+        AcceptedRollouts(cursor=c, submission_id=s, task_id=t, policy_step=p, untrained_rows=u or [])
+        for c, s, t, p, u in session.execute(query)
+    ]
 
 
 def accepted_file_key(session: Session, signer: str, submission_id: str) -> str:

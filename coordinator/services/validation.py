@@ -73,13 +73,16 @@ def record_verdict(session: Session, signer: str, body: VerdictRequest, settings
     submission.validator = signer
     submission.checks = [c.model_dump() for c in body.checks]
     submission.hard = body.hard
-    submission.reason = "; ".join(f"{c.name}: {c.reason}" for c in body.checks if c.passed is False) or "all checks passed"
+    submission.reason = "; ".join(
+        f"{c.name}: {c.reason}" + (" (numerics explain it: no strike)" if c.explained else "") for c in body.checks if c.passed is False
+    ) or "all checks passed"
     submission.validated_at = now
+    submission.untrained_rows = sorted(set(body.untrained_rows)) if body.accepted and body.untrained_rows else None
     if body.accepted:
         credit.credit(session, submission, settings, now)
     elif body.hard:
         _penalise(session, submission.address, f"hard rejection of {submission.id}: {submission.reason}", settings, now)
-    elif submission.status == "rejected":
+    elif submission.status == "rejected" and not body.explained:
         _charge_soft_rejection(session, submission, settings, now)
     return submission
 
@@ -195,4 +198,5 @@ def _receipt(session: Session, submission: Submission) -> PublicReceipt:
         validator=submission.validator,
         created_at=submission.created_at,
         validated_at=submission.validated_at,
+        untrained_rows=submission.untrained_rows or [],
     )

@@ -12,6 +12,7 @@ from transformers import DynamicCache
 
 from shared.inference import Completion
 from shared.models import final_norm_outputs
+from shared.numerics import Numerics
 from shared.sampling import sample
 from shared.schemas import SamplingParams
 
@@ -26,6 +27,7 @@ class TorchBackend:
         self.eos = eos_token_id
         self.pad = pad_token_id
         self.device = next(model.parameters()).device
+        self.numerics = Numerics.of(model)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from shared.inference import Completion
+from shared.numerics import Numerics
 from shared.sampling import sampling_scores, token_logprobs
 from shared.schemas import SamplingParams
 
@@ -119,6 +120,7 @@ class VllmBackend:
             raise ImportError("the vLLM backend needs the [vllm] extra: pip install 'intellect-protocol[vllm]'") from error
         self._vllm = vllm
         self.eos = eos_token_id
+        self.numerics = Numerics("vllm", "bfloat16")
         self.llm = vllm.LLM(
             model=model_path,
             dtype="bfloat16",
