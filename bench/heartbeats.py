@@ -79,7 +79,9 @@ def main() -> None:
         migrate(url, workdir / "logs" / "migrate.log")
         # The limiter is per address; lift it so the bench measures the server, not the policy.
         coordinator = start_coordinator(
-            workdir, url, env={"INTELLECT_RATE_LIMIT_PER_S": "1000000", "INTELLECT_RATE_LIMIT_BURST": "1000000"}
+            workdir, url, env={"INTELLECT_RATE_LIMIT_PER_S": "1000000", "INTELLECT_RATE_LIMIT_BURST": "1000000",
+                               # every simulated node registers from loopback: one client IP to the coordinator
+                               "INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "1000000", "INTELLECT_MAX_CONNECTIONS_PER_IP": "100000"}
         )
         try:
             host = coordinator.url.removeprefix("http://")

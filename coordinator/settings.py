@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 from sqlalchemy import make_url
 
+from shared.schemas import Address
 from shared.serving import HeaderLimits
 from shared.settings import RoleSettings
 
@@ -108,6 +109,10 @@ class CoordinatorSettings(RoleSettings):
 
     soft_rejection_window_s: float = Field(3600.0, gt=0)
     """The window in which soft rejections add up to a strike."""
+
+    linked_addresses: list[list[Address]] = []
+    """Groups of addresses one party controls: a validator never checks work from an address in a
+    group with its own (nodes it operates, and nodes of its own operator, are linked already)."""
 
     registrations_per_ip_per_hour: int = Field(20, ge=1)
     """New node addresses one client IP may register per hour (a burst of this many, then evenly

@@ -68,6 +68,7 @@ class ErrorCode(enum.StrEnum):
     lease_expired = "lease_expired"
     rollout_invalid = "rollout_invalid"
     conflict = "conflict"
+    own_work = "own_work"
     role_required = "role_required"
     manifest_invalid = "manifest_invalid"
     storage_unavailable = "storage_unavailable"

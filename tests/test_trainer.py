@@ -5,10 +5,12 @@ the node's own code; the validator is the real one."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
 import httpx
+import torch
 from eth_account import Account
 from rich.console import Console
 from sqlalchemy import select
@@ -18,12 +20,14 @@ from coordinator.models import Run, TrainerMetrics
 from coordinator.settings import CoordinatorSettings
 from devnet.processes import start_relay
 from node.work import finish, generate
+from shared.rollout_file import read_rollouts
 from shared.schemas import SamplingParams
 from shared.shardcast.origin import step_dir
 from shared.wallet import create_wallet
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run
 from tests.test_validation import grant, joined, lease, upload
+from trainer.data import Batch, Group
 from trainer.loop import Trainer
 from trainer.settings import TrainerSettings
 from validator.worker import Validator
@@ -86,3 +90,28 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
         latest = httpx.get(f"{served.url}/v1/manifests/{run_id}/latest").json()
         assert latest["step"] == 2 and latest["signed"]["signer"] == trainer_key.address
         assert (step_dir(origin, run_id, 2) / "model.safetensors").exists()
+
+
+def test_a_step_whose_gradient_is_not_finite_is_skipped_and_counted(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")
+    with serve(settings) as served:
+        run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=1, samples=4)
+        trainer = Trainer(served.url, Account.create(), run_id, tmp_path / "origin", tmp_path / "ckpt", TrainerSettings(optimizer_steps=2))
+        node = joined(served)
+        task = lease(served, node)
+        rollouts = read_rollouts(finish(generate(task)).data)
+        for r, reward_value in zip(rollouts, (1.0, 0.0, 1.0, 0.0)):
+            r.reward = r.task_reward = reward_value
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+
+        poisoned = [dataclasses.replace(r) for r in rollouts]
+        poisoned[1].logprobs = [*poisoned[1].logprobs[:-1], poisoned[1].logprobs[-1] - 89.0]  # finite in the file, inf as a ratio
+        metrics = trainer.train_step(Batch(groups=[Group((task.task_id, rollouts[0].prompt_id), poisoned)]))
+        assert metrics["skipped_nonfinite"] == 2
+        assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+        metrics = trainer.train_step(Batch(groups=[Group((task.task_id, rollouts[0].prompt_id), rollouts)]))
+        assert metrics["skipped_nonfinite"] == 0
+        assert not all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+        assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+        trainer.close()

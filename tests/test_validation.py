@@ -270,3 +270,30 @@ def test_the_validator_command_checks_until_stopped(network, tmp_path: Path) -> 
         assert process.stop() == 0, process.tail()
     assert httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()["status"] == "accepted"
     assert "Stopped after 1 submissions." in process.tail()
+
+
+def test_a_validator_never_gets_work_of_its_own_or_linked_addresses(sqlite_url: str, tmp_path: Path) -> None:
+    insider, partner, stranger = Account.create(), Account.create(), Account.create()
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
+        linked_addresses=[[insider.address, partner.address]],
+    )  # fmt: skip
+    with serve(settings) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=48), prompts=1, samples=2)
+        token = admin_token(served)
+        for validator in (insider, stranger):
+            grant(served, token, validator.address, "validator")
+
+        def claim(validator: LocalAccount) -> list[str]:
+            body = {"address": validator.address, "limit": 8}
+            return [c["submission_id"] for c in signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()]
+
+        def work_of(node: LocalAccount, **register: object) -> str:
+            assert signed_post(served.url, "/v1/nodes/register", node, served.audience, register_body(node, **register)).status_code == 200
+            return upload(served, node, (task := lease(served, node)), finish(generate(task)).data)
+
+        own = work_of(insider)  # the validator's address also runs a node
+        operated = work_of(Account.create(), operator_address=insider.address)  # a node the validator operates
+        grouped = work_of(partner)  # linked by the operator's setting
+        assert claim(insider) == []
+        assert sorted(claim(stranger)) == sorted([own, operated, grouped])

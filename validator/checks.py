@@ -231,10 +231,16 @@ class PrefillFindings:
 
 @lru_cache(maxsize=4)
 def in_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
-    """``model`` computing in ``dtype``: the model itself, or a converted copy kept for the next file."""
+    """``model`` computing in ``dtype`` as a node that loaded it in that dtype does: the model
+    itself, or a copy (kept for the next file) whose parameters, and only those, are converted.
+    ``Module.to`` would convert buffers too: rotary frequencies in bf16 move logits by whole units,
+    and honest bf16 work failed against such a copy."""
     if next(model.parameters()).dtype == DTYPES[dtype]:
         return model
-    return copy.deepcopy(model).to(DTYPES[dtype])
+    converted = copy.deepcopy(model)
+    for parameter in converted.parameters():
+        parameter.data = parameter.data.to(DTYPES[dtype])
+    return converted
 
 
 def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettings, numerics: Numerics) -> PrefillFindings:
@@ -242,6 +248,7 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
     model = in_dtype(ctx.model, numerics.dtype)
     toploc, forged, deviating_rows = [], [], []
     deviations, expected = 0, 0.0
+    errors: list[torch.Tensor] = []
     for start in range(0, len(rollouts), settings.prefill_batch):
         batch = rollouts[start : start + settings.prefill_batch]
         states = prefill_batch(model, [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch], chunk=settings.prefill_chunk)
@@ -250,12 +257,15 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
                 first = next(c for n, c in enumerate(chunks) if not c.ok)
                 toploc.append(f"row {i}: proof chunk {chunks.index(first)} fails ({first.reason})")
             row = _row_sampling(r, logits.float(), params.temperature, params.top_p, tolerance)
+            errors.append(row.logprob_errors)
             if row.forged:
                 forged.append(f"row {i}: {row.forged}")
             elif row.deviations:
                 deviating_rows.append(i)
             deviations += row.deviations
             expected += row.expected
+    if not forged and (bias := _shift(torch.cat(errors), tolerance)):
+        forged.append(f"the file's {bias}")
     too_many = []
     chance = float(torch.special.gammainc(torch.tensor(float(deviations), dtype=torch.float64), torch.tensor(expected, dtype=torch.float64))) if deviations else 1.0
     if chance < settings.numerics_alpha:
@@ -275,6 +285,17 @@ class RowSampling:
     deviations: int
     expected: float
     """Deviations numerics would make in this row on average."""
+    logprob_errors: torch.Tensor
+    """Claimed minus recomputed logprob per token."""
+
+
+def _shift(errors: torch.Tensor, tolerance: Tolerance) -> str | None:
+    """Whether logprob errors are shifted one way beyond what numerics (and chance, at 4 standard errors) explain."""
+    n = len(errors)
+    spread = float(errors.std()) / math.sqrt(n) if n > 1 else 0.0
+    if abs(mean := float(errors.mean())) > tolerance.logprob_bias + 4 * spread:
+        return f"logprobs are shifted by {mean:+.3g} nats on average over {n} tokens (numerics explain {tolerance.logprob_bias:g})"
+    return None
 
 
 def _row_sampling(r: Rollout, logits: torch.Tensor, temperature: float, top_p: float, tolerance: Tolerance) -> RowSampling:
@@ -299,20 +320,20 @@ def _row_sampling(r: Rollout, logits: torch.Tensor, temperature: float, top_p: f
     gap = (top2[:, 0] - claimed) / scale
     if (beyond := gap > tolerance.max_gap).any():
         t = int(beyond.nonzero()[0])
-        return RowSampling(f"token {t} is not the seeded draw ({float(gap[t]):.3g} of the logit scale below it; numerics explain {tolerance.max_gap:g})", 0, 0.0)
-
     recomputed = token_logprobs(logits, tokens, temperature)
     error = torch.tensor(r.logprobs) - recomputed
-    bound = tolerance.logprob_abs + tolerance.logprob_rel * recomputed.abs()
+    if (beyond := gap > tolerance.max_gap).any():
+        t = int(beyond.nonzero()[0])
+        return RowSampling(f"token {t} is not the seeded draw ({float(gap[t]):.3g} of the logit scale below it; numerics explain {tolerance.max_gap:g})", 0, 0.0, error)
+    # Logits are divided by T before the softmax: below T = 1 their rounding grows with 1 / T.
+    bound = tolerance.logprob_abs / min(1.0, temperature or 1.0) + tolerance.logprob_rel * recomputed.abs()
     if (off := error.abs() > bound).any():
         t = int(off.nonzero()[0])
-        return RowSampling(f"logprob {t} is off by {float(error[t]):+.3g} nats (numerics explain {float(bound[t]):.3g})", 0, 0.0)
-    spread = float(error.std()) / math.sqrt(n) if n > 1 else 0.0
-    if abs(float(error.mean())) > tolerance.logprob_bias + 4 * spread:
-        return RowSampling(f"logprobs are shifted by {float(error.mean()):+.3g} nats on average (numerics explain {tolerance.logprob_bias:g})", 0, 0.0)
-
+        return RowSampling(f"logprob {t} is off by {float(error[t]):+.3g} nats (numerics explain {float(bound[t]):.3g})", 0, 0.0, error)
+    if shift := _shift(error, tolerance):
+        return RowSampling(shift, 0, 0.0, error)
     runner_up = ((top2[:, 0] - top2[:, 1]) / scale).nan_to_num(nan=float("inf"))
-    return RowSampling(None, int((gap > 0).sum()), float((torch.exp(-runner_up / tolerance.flip_scale) / 2).sum()))
+    return RowSampling(None, int((gap > 0).sum()), float((torch.exp(-runner_up / tolerance.flip_scale) / 2).sum()), error)
 
 
 def _rewards(rollouts: list[Rollout], ctx: Context, settings: CheckSettings) -> list[str]:

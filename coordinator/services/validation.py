@@ -26,14 +26,38 @@ from coordinator.models import Node, Run, Submission, Task
 from coordinator.services import credit, nodes, roles
 from coordinator.services.runs import spec
 from coordinator.settings import CoordinatorSettings
-from shared.schemas import AdminReceipt, Claim, ClaimRequest, ErrorCode, NodeStatus, PublicReceipt, RoleName, VerdictRequest
+from shared.schemas import (
+    AdminReceipt,
+    Claim,
+    ClaimRequest,
+    ErrorCode,
+    NodeStatus,
+    PublicReceipt,
+    RoleName,
+    VerdictRequest,
+)
+
+
+def linked(session: Session, address: str, settings: CoordinatorSettings) -> set[str]:
+    """Addresses whose work ``address`` may not judge: itself, the nodes it operates, its operator
+    and that operator's other nodes, and any group of ``settings.linked_addresses`` it is in."""
+    node = session.get(Node, address)
+    operators = {address} | ({node.operator_address} if node is not None and node.operator_address else set())
+    out = operators | set(session.scalars(select(Node.address).where(Node.operator_address.in_(operators))))
+    for group in settings.linked_addresses:
+        if address in group:
+            out |= set(group)
+    return out
 
 
 def claim(session: Session, signer: str, body: ClaimRequest, settings: CoordinatorSettings, now: datetime) -> list[Claim]:
+    """Up to ``body.limit`` pending submissions for ``signer`` to check, never work of its own or of
+    addresses linked to it."""
     roles.require(session, signer, RoleName.validator)
     query = (
         select(Submission)
         .where(Submission.status == "pending", or_(Submission.claimed_by.is_(None), Submission.claim_expires_at <= now))
+        .where(Submission.address.not_in(linked(session, signer, settings)))
         .order_by(Submission.created_at)
         .limit(body.limit)
         .with_for_update(skip_locked=True)
@@ -69,6 +93,8 @@ def claimed(session: Session, signer: str, submission_id: str, now: datetime) ->
 
 def record_verdict(session: Session, signer: str, body: VerdictRequest, settings: CoordinatorSettings, now: datetime) -> Submission:
     submission = claimed(session, signer, body.submission_id, now)
+    if submission.address in linked(session, signer, settings):
+        raise ApiError(403, ErrorCode.own_work, "A validator may not judge work of its own or of addresses linked to it.")
     submission.status = "accepted" if body.accepted else "expired" if not body.hard and _stale(session, submission) else "rejected"
     submission.validator = signer
     submission.checks = [c.model_dump() for c in body.checks]

@@ -1,0 +1,182 @@
+"""False rejects and forgers' gain of the validator's checks under real numerics.
+
+Honest nodes (the node's own code, torch backend, fp32 and bf16) generate 16-row tasks at
+several temperatures up to the run's token limit; the real validator checks every file, with
+prefill batch sizes cycling through 1, 4, 16 and 64. Forgers then rewrite honest generations:
+near-tie cherry-picking (the first improving near-tie, or every one), logprobs moved (+0.019 on
+every token, +0.8 or -89 on one), rows sampled with another seed or temperature. The same run
+measures the previous check as the baseline: an fp32 validator with a fixed 0.05 score margin and
+a 0.02 mean logprob bound.
+
+Prints, per configuration: honest rows and tasks rejected (goal 0 of >= 5,000 rows) and rows kept
+out of training; per forgery: files accepted, files whose forged rows reached training (goal 0);
+and for the cherry-pickers the reward per 1,000 rows that reached the trainer beyond an honest
+node's on the same tasks (goal: not above 0). The last line compares honest bf16 rows rejected
+by the previous check and by this one.
+
+    python bench/verification.py [--rows 5000] [--forged-tasks 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs  # noqa: E402
+from node.work import Generated, backend_for, finish, generate  # noqa: E402
+from shared.environments.registry import get_environment  # noqa: E402
+from shared.inference import prefill_batch  # noqa: E402
+from shared.models import load_model  # noqa: E402
+from shared.rollout_file import read_rollouts  # noqa: E402
+from shared.sampling import sampling_scores, token_logprobs  # noqa: E402
+from shared.schemas import SamplingParams, TaskSpec  # noqa: E402
+from validator.checks import CheckSettings, Context, Verdict, validate  # noqa: E402
+
+torch.set_num_threads(1)
+MODEL, TOKENIZER = load_model()
+ENVIRONMENT = get_environment("arithmetic")
+PROBLEMS = {p.id: p for p in ENVIRONMENT.problems()}
+BATCHES = (1, 4, 16, 64)
+
+
+def make_task(seed: int, temperature: float, max_tokens: int) -> TaskSpec:
+    ids = sorted(PROBLEMS)
+    return TaskSpec(
+        task_id=f"task-{seed}", run_id="run-bench", environment="arithmetic", model="tiny-arith",
+        prompt_ids=[ids[(seed * 4 + i) % len(ids)] for i in range(4)], samples_per_prompt=4, seed=seed, policy_step=0,
+        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), length_alpha=0.0, target_length=1024,
+        length_over_only=False, lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
+    )  # fmt: skip
+
+
+def check(data: bytes, task: TaskSpec, batch: int) -> Verdict:
+    ctx = Context(task, hashlib.sha256(data).hexdigest(), 0, 0, MODEL, TOKENIZER, ENVIRONMENT, PROBLEMS)
+    return validate(data, ctx, CheckSettings(prefill_batch=batch))
+
+
+def previous_check(data: bytes, task: TaskSpec) -> bool:
+    """The check before this one: fp32 prefill, a fixed 0.05 margin, a 0.02 mean logprob bound."""
+    rollouts = read_rollouts(data)
+    params = task.sampling
+    states = prefill_batch(MODEL, [r.prompt_tokens for r in rollouts], [r.completion_tokens for r in rollouts])
+    for r, (_, logits) in zip(rollouts, states):
+        tokens = torch.tensor(r.completion_tokens)
+        n = len(tokens)
+        scores = sampling_scores(logits, torch.full((n,), r.seed), torch.arange(n), params.temperature, params.top_p)
+        if (scores.gather(-1, tokens[:, None])[:, 0] < scores.max(-1).values - 0.05).any():
+            return False
+        if float((token_logprobs(logits, tokens, params.temperature) - torch.tensor(r.logprobs)).abs().mean()) > 0.02:
+            return False
+    return True
+
+
+def trained_reward(data: bytes, verdict: Verdict) -> float:
+    if not verdict.accepted:
+        return 0.0
+    return sum(r.reward for i, r in enumerate(read_rollouts(data)) if i not in set(verdict.untrained_rows))
+
+
+def honest(dtype: str, temperature: float, rows: int, max_tokens: int, first_seed: int) -> dict[str, float]:
+    tasks = rejected_rows = rejected_tasks = untrained = previous_rejected = 0
+    started = time.perf_counter()
+    while tasks * 16 < rows:
+        task = make_task(first_seed + tasks, temperature, max_tokens)
+        data = finish(generate(task, "torch", dtype)).data
+        verdict = check(data, task, BATCHES[tasks % len(BATCHES)])
+        if not verdict.accepted:
+            rejected_tasks += 1
+            rejected_rows += 16
+            print(f"    rejected: {verdict.reason[:200]}", flush=True)
+        untrained += len(verdict.untrained_rows)
+        previous_rejected += 0 if previous_check(data, task) else 16
+        tasks += 1
+    return {"rows": tasks * 16, "tasks": tasks, "rejected_rows": rejected_rows, "rejected_tasks": rejected_tasks,
+            "untrained": untrained, "previous_rejected_rows": previous_rejected, "s": time.perf_counter() - started}  # fmt: skip
+
+
+def forgeries(dtype: str) -> dict[str, Callable[[Generated], bytes]]:
+    model, eos = backend_for("tiny-arith", "torch", dtype)[0].model, TOKENIZER.eos_token_id  # type: ignore[attr-defined]
+    return {
+        "cherry-pick (first improving near-tie)": lambda g: cherry_pick(g, model, eos)[0],
+        "cherry-pick (every near-tie toward higher reward)": lambda g: cherry_pick(g, model, eos, every=True)[0],
+        "logprobs +0.019 on every token": lambda g: shifted_logprobs(g, 0.019, every_token=True),
+        "logprob +0.8 on one token a row": lambda g: shifted_logprobs(g, 0.8, every_token=False),
+        "logprob -89 on one token a row": lambda g: shifted_logprobs(g, -89.0, every_token=False),
+        "another seed": lambda g: resampled(g, model, eos, seed_offset=7),
+        "another temperature (1.3 for 1.0)": lambda g: resampled(g, model, eos, temperature=1.3),
+    }
+
+
+def forged_rows(data: bytes, honest_data: bytes) -> set[int]:
+    """Rows whose tokens or logprobs differ from the honest generation's."""
+    pairs = zip(read_rollouts(data), read_rollouts(honest_data))
+    return {i for i, (a, b) in enumerate(pairs) if a.completion_tokens != b.completion_tokens or max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) > 1e-6}
+
+
+def forged(dtype: str, tasks: int, max_tokens: int) -> None:
+    for name, forge in forgeries(dtype).items():
+        accepted = leaked = files = rows = 0
+        gain = steered_gain = 0.0
+        for i in range(tasks):
+            task = make_task(50_000 + i, 1.0, max_tokens)
+            generated = generate(task, "torch", dtype)
+            honest_data = finish(generated).data
+            data = forge(generated)
+            changed = forged_rows(data, honest_data)
+            if not changed:
+                continue  # nothing to forge in this task (no near-tie improved the reward)
+            files += 1
+            rows += 16
+            verdict = check(data, task, BATCHES[i % len(BATCHES)])
+            accepted += verdict.accepted
+            leaked += bool(verdict.accepted and changed - set(verdict.untrained_rows))
+            if name.startswith("cherry"):
+                gain += trained_reward(data, verdict) - trained_reward(honest_data, check(honest_data, task, 16))
+                steered_gain += sum(r.reward for r in read_rollouts(data)) - sum(r.reward for r in read_rollouts(honest_data))
+        line = f"  {dtype:8s} {name:52s} files {files:3d}  accepted {accepted:3d}  forged rows trained in {leaked:3d}"
+        if name.startswith("cherry") and rows:
+            line += f"  reward gain per 1,000 rows: {1000 * gain / rows:+.1f} reaching the trainer ({1000 * steered_gain / rows:+.1f} claimed)"
+        print(line, flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=5000, help="honest rows per configuration")
+    parser.add_argument("--forged-tasks", type=int, default=40, help="16-row tasks per forgery")
+    parser.add_argument("--max-tokens", type=int, default=96, help="the run's completion limit")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.5, 0.8, 1.2])
+    args = parser.parse_args()
+
+    print(f"honest nodes: {args.rows} rows per configuration, 16-row tasks, validator batches {BATCHES}, limit {args.max_tokens} tokens")
+    previous = {"bfloat16": [0, 0], "float32": [0, 0]}
+    current = {"bfloat16": 0, "float32": 0}
+    for dtype in ("float32", "bfloat16"):
+        for n, temperature in enumerate(args.temperatures):
+            r = honest(dtype, temperature, args.rows, args.max_tokens, first_seed=10_000 * (n + 1))
+            print(f"  {dtype:8s} T={temperature:<4} rows {r['rows']:5.0f}  rejected rows {r['rejected_rows']:3.0f} "
+                  f"(tasks {r['rejected_tasks']:.0f}/{r['tasks']:.0f})  untrained rows {r['untrained']:3.0f}  "
+                  f"previous check rejected rows {r['previous_rejected_rows']:4.0f}  {r['s']:.0f} s", flush=True)  # fmt: skip
+            current[dtype] += int(r["rejected_rows"])
+            previous[dtype][0] += int(r["previous_rejected_rows"])
+            previous[dtype][1] += int(r["rows"])
+
+    print(f"forgeries: {args.forged_tasks} tasks each at T=1.0, declared as each dtype")
+    for dtype in ("bfloat16", "float32"):
+        forged(dtype, args.forged_tasks, args.max_tokens)
+
+    rows = previous["bfloat16"][1]
+    print(f"honest bf16 rows rejected: previous check {previous['bfloat16'][0]} of {rows}, this check {current['bfloat16']} of {rows} "
+          f"(ratio previous/now: {previous['bfloat16'][0] / max(current['bfloat16'], 1):.0f}x, now {'0' if not current['bfloat16'] else current['bfloat16']})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Verification under real numerics (fast versions of ``bench/verification.py``): honest bf16
+nodes are not punished, forgers that hide in the tolerance gain nothing the trainer sees, and a
+disagreement numerics explain is never a strike, through the real API down to the trainer."""
+
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+import pytest
+import torch
+from eth_account import Account
+
+from coordinator.db import make_sessionmaker
+from coordinator.models import Node
+from coordinator.settings import CoordinatorSettings
+from devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs
+from node.work import backend_for, finish, generate
+from shared.numerics import Numerics
+from shared.rollout_file import read_numerics, read_rollouts
+from shared.schemas import CHECKS, SamplingParams
+from shared.signing import SignedAuth
+from tests.adversary import MODEL, TOKENIZER
+from tests.conftest import admin_token, serve
+from tests.helpers import make_run, signed_post
+from tests.test_validation import grant, joined, lease, upload
+from tests.test_validator_checks import ENVIRONMENT, PROBLEMS, make_task
+from trainer.data import fetch_accepted
+from validator.checks import CheckSettings, Context, Verdict, in_dtype, validate
+
+torch.set_num_threads(1)
+EOS = TOKENIZER.eos_token_id
+
+
+def check(data: bytes, task, batch: int = 16) -> Verdict:  # type: ignore[no-untyped-def]
+    ctx = Context(task, hashlib.sha256(data).hexdigest(), 0, 0, MODEL, TOKENIZER, ENVIRONMENT, PROBLEMS)
+    return validate(data, ctx, CheckSettings(prefill_batch=batch))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_honest_nodes_pass_in_their_own_numerics(dtype: str) -> None:
+    rows = 0
+    for i in range(8):
+        task = make_task(900 + i, prompts=4, samples=4, temperature=(0.5, 1.0, 1.2)[i % 3], max_tokens=96)
+        data = finish(generate(task, "torch", dtype)).data
+        assert read_numerics(data) == Numerics("torch", dtype)
+        verdict = check(data, task, batch=(1, 16, 64)[i % 3])
+        assert verdict.accepted, verdict.reason
+        rows += len(read_rollouts(data))
+        assert len(verdict.untrained_rows) <= 2  # a near-tie decided by numerics now and then, no more
+    assert rows == 128
+
+
+def test_near_tie_cherry_picking_never_reaches_training() -> None:
+    model = backend_for("tiny-arith", "torch", "bfloat16")[0].model
+    changed_total = 0
+    for i in range(4):
+        task = make_task(950 + i, prompts=4, samples=4, temperature=1.0, max_tokens=96)
+        data, changed = cherry_pick(generate(task, "torch", "bfloat16"), model, EOS, every=True)
+        verdict = check(data, task)
+        changed_total += len(changed)
+        assert not verdict.hard, verdict.reason  # steering near-ties is not provable forgery...
+        if verdict.accepted:
+            assert changed <= set(verdict.untrained_rows)  # ...but no steered row is trained on
+    assert changed_total > 0  # the forger found near-ties to steer
+
+
+@pytest.mark.parametrize(
+    "forgery,dtype",
+    [
+        (lambda g: shifted_logprobs(g, -89.0, every_token=False), "bfloat16"),  # a NaN gradient once
+        (lambda g: shifted_logprobs(g, -89.0, every_token=False), "float32"),
+        (lambda g: shifted_logprobs(g, 0.8, every_token=False), "float32"),
+        (lambda g: shifted_logprobs(g, 0.019, every_token=True), "float32"),
+        (lambda g: resampled(g, backend_for("tiny-arith", "torch", g.numerics.dtype)[0].model, EOS, seed_offset=1), "bfloat16"),
+        (lambda g: resampled(g, backend_for("tiny-arith", "torch", g.numerics.dtype)[0].model, EOS, temperature=1.4), "bfloat16"),
+    ],
+    ids=["logprob-89-bf16", "logprob-89-fp32", "logprob+0.8-fp32", "logprob+0.019-all-fp32", "other-seed-bf16", "other-temperature-bf16"],
+)
+def test_forgeries_beyond_numerics_are_hard_rejections(forgery, dtype: str) -> None:  # type: ignore[no-untyped-def]
+    task = make_task(990, prompts=4, samples=4, temperature=1.0, max_tokens=96)
+    verdict = check(forgery(generate(task, "torch", dtype)), task)
+    assert not verdict.accepted and verdict.hard, verdict.reason
+    assert "sampling" in {c.name for c in verdict.checks if c.passed is False}
+
+
+def _verdict(validator, submission_id: str, **extra: object) -> dict:  # type: ignore[no-untyped-def]
+    checks = [{"name": name, "passed": True, "reason": "ok"} for name in CHECKS]
+    return {"address": validator.address, "submission_id": submission_id, "checks": checks, **extra}
+
+
+def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_training(sqlite_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
+        soft_rejections_per_strike=1, max_leases_per_node=8,
+    )  # fmt: skip
+    with serve(settings) as served:
+        run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=1, samples=4)
+        token = admin_token(served)
+        validator, trainer = Account.create(), Account.create()
+        grant(served, token, validator.address, "validator")
+        grant(served, token, trainer.address, "trainer")
+        node = joined(served)
+
+        def judged(**extra: object) -> dict:
+            task = lease(served, node)
+            upload(served, node, task, finish(generate(task)).data)
+            [claim] = signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
+            reply = signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, _verdict(validator, claim["submission_id"], **extra))
+            assert reply.status_code == 200, reply.text
+            return reply.json()
+
+        for _ in range(3):  # one soft rejection a strike, yet explained ones cost nothing
+            body = _verdict(validator, "x")["checks"]
+            body[4] = {"name": "sampling", "passed": False, "reason": "3 near-ties, 0.2 expected", "explained": True}
+            body[5] = {"name": "rewards", "passed": None, "reason": "not run"}
+            receipt = judged(checks=body)
+            assert receipt["status"] == "rejected" and receipt["hard"] is False and "no strike" in receipt["reason"]
+        with make_sessionmaker(served.engine)() as session:
+            assert session.get_one(Node, node.address).strikes == 0
+
+        accepted = judged(untrained_rows=[2, 0])
+        assert accepted["status"] == "accepted" and accepted["untrained_rows"] == [0, 2]
+        with httpx.Client(base_url=served.url, auth=SignedAuth(trainer, served.audience)) as http:
+            [(entry, rows)] = fetch_accepted(http, run_id, 0, 0)
+        assert entry.untrained_rows == [0, 2] and rows is not None and len(rows) == 2
+
+
+def test_the_validators_bf16_copy_computes_what_a_bf16_node_computes() -> None:
+    node_model = backend_for("tiny-arith", "torch", "bfloat16")[0].model  # loaded in bf16, as a node does
+    tokens = torch.randint(3, MODEL.config.vocab_size, (1, 90), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert torch.equal(in_dtype(MODEL, "bfloat16")(tokens).logits, node_model(tokens).logits)
+    assert in_dtype(MODEL, "float32") is MODEL
