@@ -184,6 +184,8 @@ class Submission(Base):
     hard: Mapped[bool | None]
     validated_at: Mapped[datetime | None]
     untrained_rows: Mapped[list[int] | None] = mapped_column(JSON)
+    verdict_signature: Mapped[str | None] = mapped_column(String(132))
+    """The validator's signature over its verdict (:mod:`shared.verdicts`)."""
     """Rows of accepted work the trainer leaves out: a disagreement numerics explain decided a token."""
 
 

@@ -19,7 +19,9 @@ vs bf16 prefill at batch 1, 16 and 32):
   0.12 below 1, 0.38 below 3 in one run, 0.95 at |lp| near 2 in another; mean 0.0006. fp32
   against fp32: at most 0.0002 nats, no flips. A bf16 logprob is therefore only loosely checked:
   a shift of one token's logprob by under a nat is indistinguishable from bf16 rounding (the
-  trainer's two-sided ratio clipping bounds what it can do); a shift of every token is not.
+  trainer's two-sided ratio clipping bounds what it can do); a shift of every token is not:
+  over 90 honest bf16 files the signed mean error stayed within 0.0007 nats (2.7 standard
+  errors), while claiming +0.019 on every token (capped at 0) shifts a file's mean by 0.003.
 
 A tolerance is a model of that disagreement; :mod:`validator.checks` says how it is used.
 """
@@ -78,7 +80,7 @@ TOLERANCES = {
     # 50x the fp32 disagreement measured; a declared fp32 node has almost no room.
     "float32": Tolerance(max_gap=1e-3, flip_scale=1e-5, logprob_abs=0.005, logprob_rel=0.01, logprob_bias=1e-3, nucleus_mass=1e-4),
     # About 2x the largest bf16 disagreement measured, per quantity.
-    "bfloat16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.25, logprob_rel=0.6, logprob_bias=0.01, nucleus_mass=0.02),
+    "bfloat16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.25, logprob_rel=0.6, logprob_bias=0.0015, nucleus_mass=0.02),
     # fp16 keeps 3 more mantissa bits than bf16: bf16's tolerance covers it.
-    "float16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.25, logprob_rel=0.6, logprob_bias=0.01, nucleus_mass=0.02),
+    "float16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.25, logprob_rel=0.6, logprob_bias=0.0015, nucleus_mass=0.02),
 }

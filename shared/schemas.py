@@ -294,6 +294,8 @@ class VerdictRequest(Request):
     untrained_rows: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] = Field(default_factory=list, max_length=4096)
     """Rows of an accepted file the trainer must leave out: a token in them was decided by a
     disagreement that numerics explain, where a node could have chosen (near-tie cherry-picking)."""
+    signature: str = Field(pattern=r"^0x[0-9a-fA-F]{130}$")
+    """The validator's EIP-191 signature over the verdict (:func:`shared.verdicts.verdict_text`)."""
 
     @model_validator(mode="after")
     def _every_check_once_in_order(self) -> VerdictRequest:
@@ -333,12 +335,15 @@ class PublicReceipt(BaseModel):
     validated_at: datetime | None
     untrained_rows: list[int] = []
     """Rows of accepted work left out of training: a disagreement numerics explain decided a token."""
+    sha256: str
+    """Of the judged file."""
+    verdict_signature: str | None = None
+    """The validator's signature over this verdict (check it with :func:`shared.verdicts.verdict_signer`)."""
 
 
 class AdminReceipt(PublicReceipt):
     """A receipt with what only operators see."""
 
-    sha256: str
     blob_key: str
     rows: int
     tokens: int

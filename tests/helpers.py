@@ -12,8 +12,9 @@ from eth_account.signers.local import LocalAccount
 from coordinator.db import make_sessionmaker
 from coordinator.services.runs import create_run
 from shared.environments.length import LengthBudget
-from shared.schemas import SamplingParams
+from shared.schemas import CheckOutcome, SamplingParams
 from shared.signing import sign_request
+from shared.verdicts import sign_verdict
 from shared.version import __version__
 
 SPECS = {"cpu_cores": 2, "ram_bytes": 8 << 30, "disk_free_bytes": 100 << 30}
@@ -59,3 +60,11 @@ def make_run(served, **kw) -> str:  # type: ignore[no-untyped-def]
             datetime.now(UTC),
         )
         return run.id
+
+
+def verdict_body(audience: str, validator: LocalAccount, claim: dict[str, Any], checks: list[dict[str, Any]], untrained_rows: list[int] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    """A verdict on a claimed submission, signed over its file and checks as a validator must."""
+    rows = list(untrained_rows)
+    outcomes = [CheckOutcome.model_validate(c) for c in checks]
+    signature = sign_verdict(validator, audience, claim["submission_id"], claim["sha256"], outcomes, rows)
+    return {"address": validator.address, "submission_id": claim["submission_id"], "checks": checks, "untrained_rows": rows, "signature": signature}

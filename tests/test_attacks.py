@@ -27,7 +27,7 @@ from shared.rollout_file import SCHEMA
 from shared.schemas import CHECKS
 from shared.signing import sign_request
 from tests.conftest import Served, admin_token, serve
-from tests.helpers import heartbeat_body, make_run, register_body, signed_post
+from tests.helpers import heartbeat_body, make_run, register_body, signed_post, verdict_body
 from tests.test_hostile import joined
 from tests.test_tasks_and_uploads import lease, rollout_file, upload
 
@@ -204,12 +204,12 @@ def test_new_wallets_per_address_are_rate_limited(sqlite_url: str, tmp_path: Pat
         assert again.status_code == 200  # an address registering again costs nothing
 
 
-def _verdict(served: Served, validator, submission_id: str, failed: str) -> httpx.Response:  # type: ignore[no-untyped-def]
+def _verdict(served: Served, validator, claim: dict, failed: str) -> httpx.Response:  # type: ignore[no-untyped-def]
     checks, seen = [], False
     for name in CHECKS:
         seen = seen or name == failed
         checks.append({"name": name, "passed": None if seen and name != failed else name != failed, "reason": f"{name} wrong" if name == failed else ""})
-    body = {"address": validator.address, "submission_id": submission_id, "checks": checks}
+    body = verdict_body(served.audience, validator, claim, checks)
     return signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, body)
 
 
@@ -231,7 +231,7 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
             task = lease(served, node).json()
             assert upload(served, node, task["task_id"], rollout_file(task)).status_code == 200
             claims = signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
-            reply = _verdict(served, validator, claims[0]["submission_id"], failed)
+            reply = _verdict(served, validator, claims[0], failed)
             assert reply.status_code == 200, reply.text
             return reply.json()
 
@@ -246,7 +246,7 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
             with sessions.begin() as session:
                 session.execute(update(Run).where(Run.id == run_id).values(policy_step=Run.policy_step + 3))
             claims = signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
-            assert _verdict(served, validator, claims[0]["submission_id"], "assignment").json()["status"] == "expired"
+            assert _verdict(served, validator, claims[0], "assignment").json()["status"] == "expired"
         assert strikes() == 0
 
         assert [submit_and_judge("rewards")["status"] for _ in range(2)] == ["rejected", "rejected"]

@@ -22,7 +22,7 @@ from shared.schemas import CHECKS, SamplingParams
 from shared.signing import SignedAuth
 from tests.adversary import MODEL, TOKENIZER
 from tests.conftest import admin_token, serve
-from tests.helpers import make_run, signed_post
+from tests.helpers import make_run, signed_post, verdict_body
 from tests.test_validation import grant, joined, lease, upload
 from tests.test_validator_checks import ENVIRONMENT, PROBLEMS, make_task
 from trainer.data import fetch_accepted
@@ -84,9 +84,7 @@ def test_forgeries_beyond_numerics_are_hard_rejections(forgery, dtype: str) -> N
     assert "sampling" in {c.name for c in verdict.checks if c.passed is False}
 
 
-def _verdict(validator, submission_id: str, **extra: object) -> dict:  # type: ignore[no-untyped-def]
-    checks = [{"name": name, "passed": True, "reason": "ok"} for name in CHECKS]
-    return {"address": validator.address, "submission_id": submission_id, "checks": checks, **extra}
+PASSED = [{"name": name, "passed": True, "reason": "ok"} for name in CHECKS]
 
 
 def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_training(sqlite_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -102,19 +100,19 @@ def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_train
         grant(served, token, trainer.address, "trainer")
         node = joined(served)
 
-        def judged(**extra: object) -> dict:
+        def judged(checks: list[dict] = PASSED, untrained_rows: list[int] = ()) -> dict:  # type: ignore[assignment]
             task = lease(served, node)
             upload(served, node, task, finish(generate(task)).data)
             [claim] = signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
-            reply = signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, _verdict(validator, claim["submission_id"], **extra))
+            body = verdict_body(served.audience, validator, claim, checks, untrained_rows)
+            reply = signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, body)
             assert reply.status_code == 200, reply.text
             return reply.json()
 
         for _ in range(3):  # one soft rejection a strike, yet explained ones cost nothing
-            body = _verdict(validator, "x")["checks"]
-            body[4] = {"name": "sampling", "passed": False, "reason": "3 near-ties, 0.2 expected", "explained": True}
-            body[5] = {"name": "rewards", "passed": None, "reason": "not run"}
-            receipt = judged(checks=body)
+            checks = [*PASSED[:4], {"name": "sampling", "passed": False, "reason": "3 near-ties, 0.2 expected", "explained": True},
+                      {"name": "rewards", "passed": None, "reason": "not run"}]  # fmt: skip
+            receipt = judged(checks)
             assert receipt["status"] == "rejected" and receipt["hard"] is False and "no strike" in receipt["reason"]
         with make_sessionmaker(served.engine)() as session:
             assert session.get_one(Node, node.address).strikes == 0

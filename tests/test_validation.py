@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -23,10 +24,11 @@ from coordinator.models import ContributionEntry, Node, Submission
 from coordinator.settings import CoordinatorSettings
 from node.work import finish, generate
 from shared.rollout_file import read_rollouts, write_rollouts
-from shared.schemas import CHECKS, SamplingParams, TaskSpec
+from shared.schemas import CHECKS, PublicReceipt, SamplingParams, TaskSpec
+from shared.verdicts import verdict_signer
 from tests.adversary import ATTACKS, random_tokens
 from tests.conftest import Served, admin_token, serve
-from tests.helpers import make_run, register_body, signed_post
+from tests.helpers import make_run, register_body, signed_post, verdict_body
 from validator.worker import Validator
 
 
@@ -297,3 +299,32 @@ def test_a_validator_never_gets_work_of_its_own_or_linked_addresses(sqlite_url: 
         grouped = work_of(partner)  # linked by the operator's setting
         assert claim(insider) == []
         assert sorted(claim(stranger)) == sorted([own, operated, grouped])
+
+
+def test_verdicts_are_signed_and_anyone_can_check_who_judged(network, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    served, token = network
+    validator_key = Account.create()
+    grant(served, token, validator_key.address, "validator")
+    node = joined(served)
+    submission = upload(served, node, (task := lease(served, node)), finish(generate(task)).data)
+
+    # A verdict signed over other checks than it posts is refused, whoever signs the request.
+    [claim] = signed_post(served.url, "/v1/validation/claim", validator_key, served.audience, {"address": validator_key.address, "limit": 1}).json()
+    passed = [{"name": n, "passed": True, "reason": "ok"} for n in CHECKS]
+    forged = verdict_body(served.audience, validator_key, claim, [{**c, "reason": "other"} for c in passed]) | {"checks": passed}
+    before = served.snapshot()
+    reply = signed_post(served.url, "/v1/validation/verdicts", validator_key, served.audience, forged)
+    assert reply.status_code == 422 and reply.json()["code"] == "signature_invalid"
+    assert {k: v for k, v in served.snapshot().items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
+    with make_sessionmaker(served.engine).begin() as session:  # the claim ends; the real validator takes it
+        session.get_one(Submission, submission).claim_expires_at = datetime.now(UTC) - timedelta(seconds=1)
+
+    validator = Validator(served.url, validator_key, tmp_path / "v", Console(quiet=True))
+    validator.run(threading.Event(), max_submissions=1)
+    validator.close()
+    receipt = PublicReceipt.model_validate(httpx.get(f"{served.url}/v1/public/submissions/{submission}").json())
+    assert receipt.status == "accepted" and receipt.verdict_signature
+    signer = verdict_signer(receipt.verdict_signature, served.audience, submission, receipt.sha256, receipt.checks or [], receipt.untrained_rows)
+    assert signer == validator_key.address == receipt.validator
+    other_audience = verdict_signer(receipt.verdict_signature, "another-deployment", submission, receipt.sha256, receipt.checks or [], receipt.untrained_rows)
+    assert other_audience != validator_key.address

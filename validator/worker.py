@@ -24,6 +24,7 @@ from shared.models import load_model
 from shared.schemas import CheckOutcome, Claim, ClaimRequest, PublicReceipt, PublicStatus, VerdictRequest
 from shared.shardcast.weights import Weights
 from shared.signing import SignedAuth
+from shared.verdicts import sign_verdict
 from validator.checks import CheckSettings, Context, validate
 
 log = logging.getLogger("intellect.validator")
@@ -54,8 +55,8 @@ class Validator:
         self.console = console
         self.batch = batch
         self.settings = settings or CheckSettings()
-        audience = PublicStatus.model_validate(httpx.get(f"{self.coordinator}/v1/public/status", timeout=30).raise_for_status().json()).audience
-        self.http = coordinator_client(self.coordinator, 60.0, SignedAuth(account, audience))
+        self.audience = PublicStatus.model_validate(httpx.get(f"{self.coordinator}/v1/public/status", timeout=30).raise_for_status().json()).audience
+        self.http = coordinator_client(self.coordinator, 60.0, SignedAuth(account, self.audience))
         self.weights = Weights(self.coordinator, account, state_dir / "weights", console)
         self.checked = 0
 
@@ -120,10 +121,10 @@ class Validator:
         environment, problems = _environment(task.environment)
         ctx = Context(task, claim.sha256, claim.oldest_step, claim.newest_step, model, tokenizer, environment, problems)
         verdict = validate(reply.content, ctx, self.settings)
+        checks = [CheckOutcome(name=c.name, passed=c.passed, reason=c.reason[:2000], explained=c.explained) for c in verdict.checks]  # type: ignore[arg-type]
+        signature = sign_verdict(self.account, self.audience, claim.submission_id, claim.sha256, checks, verdict.untrained_rows)
         body = VerdictRequest(
-            address=self.account.address,
-            submission_id=claim.submission_id,
-            checks=[CheckOutcome(name=c.name, passed=c.passed, reason=c.reason[:2000], explained=c.explained) for c in verdict.checks],  # type: ignore[arg-type]
-            untrained_rows=verdict.untrained_rows,
-        )
+            address=self.account.address, submission_id=claim.submission_id, checks=checks,
+            untrained_rows=verdict.untrained_rows, signature=signature,
+        )  # fmt: skip
         return PublicReceipt.model_validate(self._post("/v1/validation/verdicts", body.model_dump_json()).json())

@@ -34,11 +34,13 @@ async def submission_file(submission_id: str, request: Request, signed: Signed, 
 
 
 @router.post("/verdicts", response_model=PublicReceipt, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
-async def verdict(body: VerdictRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> PublicReceipt:
-    """Record every check's result for a claimed submission; credit or penalty follow at once."""
+async def verdict(body: VerdictRequest, request: Request, signed: Signed, ledger: LedgerDep, settings: Settings) -> PublicReceipt:
+    """Record every check's result for a claimed submission, signed by the validator (see
+    :mod:`shared.verdicts`); credit or penalty follow at once."""
+    audience = request.app.state.audience
 
     def work(session, signer: str) -> PublicReceipt:  # type: ignore[no-untyped-def]
-        submission = validation.record_verdict(session, signer, body, settings, datetime.now(UTC))
+        submission = validation.record_verdict(session, signer, body, settings, datetime.now(UTC), audience)
         session.flush()
         return validation.public_receipt(session, submission.id)
 

@@ -36,6 +36,7 @@ from shared.schemas import (
     RoleName,
     VerdictRequest,
 )
+from shared.verdicts import verdict_signer
 
 
 def linked(session: Session, address: str, settings: CoordinatorSettings) -> set[str]:
@@ -91,10 +92,19 @@ def claimed(session: Session, signer: str, submission_id: str, now: datetime) ->
     return submission
 
 
-def record_verdict(session: Session, signer: str, body: VerdictRequest, settings: CoordinatorSettings, now: datetime) -> Submission:
+def record_verdict(
+    session: Session, signer: str, body: VerdictRequest, settings: CoordinatorSettings, now: datetime, audience: str
+) -> Submission:
     submission = claimed(session, signer, body.submission_id, now)
     if submission.address in linked(session, signer, settings):
         raise ApiError(403, ErrorCode.own_work, "A validator may not judge work of its own or of addresses linked to it.")
+    try:
+        verdict_by = verdict_signer(body.signature, audience, submission.id, submission.sha256, body.checks, body.untrained_rows)
+    except ValueError:
+        verdict_by = None
+    if verdict_by != signer:
+        raise ApiError(422, ErrorCode.signature_invalid, "The verdict's signature is not yours over this submission's file, checks and untrained rows.")
+    submission.verdict_signature = body.signature
     submission.status = "accepted" if body.accepted else "expired" if not body.hard and _stale(session, submission) else "rejected"
     submission.validator = signer
     submission.checks = [c.model_dump() for c in body.checks]
@@ -205,7 +215,7 @@ def admin_receipt(session: Session, submission_id: str) -> AdminReceipt:
 def _admin_receipt(session: Session, submission: Submission) -> AdminReceipt:
     return AdminReceipt(
         **_receipt(session, submission).model_dump(),
-        sha256=submission.sha256, blob_key=submission.blob_key, rows=submission.rows, tokens=submission.tokens,
+        blob_key=submission.blob_key, rows=submission.rows, tokens=submission.tokens,
         prompt_tokens=submission.prompt_tokens, claimed_by=submission.claimed_by, claim_expires_at=submission.claim_expires_at,
     )  # fmt: skip
 
@@ -225,4 +235,6 @@ def _receipt(session: Session, submission: Submission) -> PublicReceipt:
         created_at=submission.created_at,
         validated_at=submission.validated_at,
         untrained_rows=submission.untrained_rows or [],
+        sha256=submission.sha256,
+        verdict_signature=submission.verdict_signature,
     )
