@@ -155,7 +155,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=5000, help="honest rows per configuration")
     parser.add_argument("--forged-tasks", type=int, default=40, help="16-row tasks per forgery")
     parser.add_argument("--max-tokens", type=int, default=96, help="the run's completion limit")
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.5, 0.8, 1.2])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.5, 0.8, 1.0, 1.2])
     args = parser.parse_args()
 
     print(f"honest nodes: {args.rows} rows per configuration, 16-row tasks, validator batches {BATCHES}, limit {args.max_tokens} tokens")

@@ -16,8 +16,8 @@ vs bf16 prefill at batch 1, 16 and 32):
   run). The chance of such a flip at gap g fits ``exp(-g / s) / 2`` with s = 0.001 (16
   predicted, 20 seen); the tolerance uses s = 0.002, which predicts 34.
 - logprobs: error grows with the token's improbability: at most 0.03 nats where |lp| < 0.1,
-  0.12 below 1, 0.38 below 3 in one run, 0.95 at |lp| near 2 in another; mean 0.0006. fp32
-  against fp32: at most 0.0002 nats, no flips. A bf16 logprob is therefore only loosely checked:
+  0.12 below 1, 0.38 below 3 in one run, 0.95 at |lp| near 2 and 0.51 at |lp| = 0.34 in others;
+  mean 0.0006. fp32 against fp32: at most 0.0002 nats, no flips. A bf16 logprob is therefore only loosely checked:
   a shift of one token's logprob by under a nat is indistinguishable from bf16 rounding (the
   trainer's two-sided ratio clipping bounds what it can do); a shift of every token is not:
   over 90 honest bf16 files the signed mean error stayed within 0.0007 nats (2.7 standard
@@ -79,8 +79,9 @@ class Tolerance:
 TOLERANCES = {
     # 50x the fp32 disagreement measured; a declared fp32 node has almost no room.
     "float32": Tolerance(max_gap=1e-3, flip_scale=1e-5, logprob_abs=0.005, logprob_rel=0.01, logprob_bias=1e-3, nucleus_mass=1e-4),
-    # About 2x the largest bf16 disagreement measured, per quantity.
-    "bfloat16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.25, logprob_rel=0.6, logprob_bias=0.0015, nucleus_mass=0.02),
+    # About 2x the largest bf16 disagreement measured, per quantity (the per-token logprob bound
+    # only stops gross lies such as one token 89 nats off; the bias bounds catch systematic shifts).
+    "bfloat16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02),
     # fp16 keeps 3 more mantissa bits than bf16: bf16's tolerance covers it.
-    "float16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.25, logprob_rel=0.6, logprob_bias=0.0015, nucleus_mass=0.02),
+    "float16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02),
 }
