@@ -74,14 +74,18 @@ class Tolerance:
     """Largest mean signed logprob difference over a row (honest errors cancel; a shift does not)."""
     nucleus_mass: float
     """How near the top-p boundary a token outside the validator's nucleus may lie."""
+    outliers: int
+    """Tokens per file that may lie beyond ``max_gap`` (their logprobs unchecked, their rows untrained):
+    bf16 decode and prefill, at rare positions, disagree by far more than rounding elsewhere
+    (one token 0.57 of the logit scale off in 20,032 honest bf16 rows; none in fp32)."""
 
 
 TOLERANCES = {
     # 50x the fp32 disagreement measured; a declared fp32 node has almost no room.
-    "float32": Tolerance(max_gap=1e-3, flip_scale=1e-5, logprob_abs=0.005, logprob_rel=0.01, logprob_bias=1e-3, nucleus_mass=1e-4),
+    "float32": Tolerance(max_gap=1e-3, flip_scale=1e-5, logprob_abs=0.005, logprob_rel=0.01, logprob_bias=1e-3, nucleus_mass=1e-4, outliers=0),
     # About 2x the largest bf16 disagreement measured, per quantity (the per-token logprob bound
     # only stops gross lies such as one token 89 nats off; the bias bounds catch systematic shifts).
-    "bfloat16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02),
+    "bfloat16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02, outliers=1),
     # fp16 keeps 3 more mantissa bits than bf16: bf16's tolerance covers it.
-    "float16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02),
+    "float16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02, outliers=1),
 }

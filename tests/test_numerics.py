@@ -4,6 +4,7 @@ disagreement numerics explain is never a strike, through the real API down to th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import httpx
@@ -16,8 +17,9 @@ from coordinator.models import Node
 from coordinator.settings import CoordinatorSettings
 from devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs
 from node.work import backend_for, finish, generate
-from shared.numerics import Numerics
-from shared.rollout_file import read_numerics, read_rollouts
+from shared.numerics import TOLERANCES, Numerics
+from shared.rollout_file import Rollout, read_numerics, read_rollouts
+from shared.sampling import token_logprobs
 from shared.schemas import CHECKS, SamplingParams
 from shared.signing import SignedAuth
 from tests.adversary import MODEL, TOKENIZER
@@ -130,3 +132,22 @@ def test_the_validators_bf16_copy_computes_what_a_bf16_node_computes() -> None:
     with torch.inference_mode():
         assert torch.equal(in_dtype(MODEL, "bfloat16")(tokens).logits, node_model(tokens).logits)
     assert in_dtype(MODEL, "float32") is MODEL
+
+
+def test_one_far_token_a_bf16_file_is_an_outlier_two_are_forgery() -> None:
+    from validator.checks import _row_sampling
+
+    logits = torch.zeros(6, 8)
+    logits[:, 0] = 10.0  # token 0 wins every position by far, whatever the noise
+    honest = Rollout(
+        task_id="t", run_id="r", policy_step=0, prompt_id="p", prompt_tokens=[1], completion_tokens=[0] * 6,
+        logprobs=token_logprobs(logits, torch.zeros(6, dtype=torch.long), 1.0).tolist(), finish_reason="length",
+        reward=0.0, task_reward=0.0, length_penalty=0.0, target_length=0, seed=3, proofs=b"",
+    )  # fmt: skip
+    one = dataclasses.replace(honest, completion_tokens=[0, 0, 5, 0, 0, 0])
+    two = dataclasses.replace(honest, completion_tokens=[0, 5, 0, 0, 5, 0])
+    assert _row_sampling(honest, logits, 1.0, 1.0, TOLERANCES["bfloat16"]).forged is None
+    row = _row_sampling(one, logits, 1.0, 1.0, TOLERANCES["bfloat16"])
+    assert row.forged is None and row.outliers == 1 and row.deviations == 1
+    assert _row_sampling(two, logits, 1.0, 1.0, TOLERANCES["bfloat16"]).forged
+    assert _row_sampling(one, logits, 1.0, 1.0, TOLERANCES["float32"]).forged

@@ -26,7 +26,9 @@ the file declares (:mod:`shared.numerics`: recomputing bf16 work in fp32 moved s
 
 - A token that is not the validator's argmax is a *deviation*. Its gap (best score minus the
   claimed token's, over the position's logit scale) decides what it can be: beyond the dtype's
-  ``max_gap`` numerics cannot explain it, so it is forged (hard). Within it, it is explainable.
+  ``max_gap`` numerics cannot explain it, so it is forged (hard), except for the one outlier a
+  bf16 file may hold (bf16 decode and prefill disagree wildly at rare positions: once in 20,032
+  honest rows); within it, it is explainable.
 - Honest deviations happen only at near-ties, at a known rate: a position whose top two scores
   are ``g`` apart flips with chance ``exp(-g / s) / 2``. Summed over the file that predicts how
   many an honest node makes; seeing more than the Poisson tail allows at ``numerics_alpha``
@@ -247,7 +249,7 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
     params, tolerance = ctx.task.sampling, TOLERANCES[numerics.dtype]
     model = in_dtype(ctx.model, numerics.dtype)
     toploc, forged, deviating_rows = [], [], []
-    deviations, expected = 0, 0.0
+    deviations, expected, outliers = 0, 0.0, 0
     errors: list[torch.Tensor] = []
     for start in range(0, len(rollouts), settings.prefill_batch):
         batch = rollouts[start : start + settings.prefill_batch]
@@ -264,6 +266,9 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
                 deviating_rows.append(i)
             deviations += row.deviations
             expected += row.expected
+            outliers += row.outliers
+    if not forged and outliers > tolerance.outliers:
+        forged.append(f"{outliers} tokens are not the seeded draw beyond what {numerics} numerics explain (at most {tolerance.outliers} a file)")
     if not forged and (bias := _shift(torch.cat(errors), tolerance)):
         forged.append(f"the file's {bias}")
     too_many = []
@@ -287,6 +292,8 @@ class RowSampling:
     """Deviations numerics would make in this row on average."""
     logprob_errors: torch.Tensor
     """Claimed minus recomputed logprob per token."""
+    outliers: int = 0
+    """Tokens beyond the dtype's gap bound (allowed up to ``Tolerance.outliers`` a file)."""
 
 
 def _shift(errors: torch.Tensor, tolerance: Tolerance) -> str | None:
@@ -318,22 +325,24 @@ def _row_sampling(r: Rollout, logits: torch.Tensor, temperature: float, top_p: f
         unmasked = sampling_scores(logits, seeds, positions, temperature).gather(-1, tokens[:, None])[:, 0]
         claimed = torch.where(near, unmasked, claimed)
     gap = (top2[:, 0] - claimed) / scale
-    if (beyond := gap > tolerance.max_gap).any():
+    beyond = gap > tolerance.max_gap
+    if int(beyond.sum()) > tolerance.outliers:
         t = int(beyond.nonzero()[0])
-    recomputed = token_logprobs(logits, tokens, temperature)
-    error = torch.tensor(r.logprobs) - recomputed
-    if (beyond := gap > tolerance.max_gap).any():
-        t = int(beyond.nonzero()[0])
-        return RowSampling(f"token {t} is not the seeded draw ({float(gap[t]):.3g} of the logit scale below it; numerics explain {tolerance.max_gap:g})", 0, 0.0, error)
+        return RowSampling(f"token {t} is not the seeded draw ({float(gap[t]):.3g} of the logit scale below it; numerics explain {tolerance.max_gap:g})", 0, 0.0, torch.zeros(0))
+
+    # Where the logits themselves disagree beyond rounding (an allowed outlier), so may their logprobs.
+    recomputed = token_logprobs(logits, tokens, temperature)[~beyond]
+    error = torch.tensor(r.logprobs)[~beyond] - recomputed
     # Logits are divided by T before the softmax: below T = 1 their rounding grows with 1 / T.
     bound = tolerance.logprob_abs / min(1.0, temperature or 1.0) + tolerance.logprob_rel * recomputed.abs()
     if (off := error.abs() > bound).any():
         t = int(off.nonzero()[0])
-        return RowSampling(f"logprob {t} is off by {float(error[t]):+.3g} nats (numerics explain {float(bound[t]):.3g})", 0, 0.0, error)
+        return RowSampling(f"a logprob is off by {float(error[t]):+.3g} nats (numerics explain {float(bound[t]):.3g})", 0, 0.0, error)
     if shift := _shift(error, tolerance):
         return RowSampling(shift, 0, 0.0, error)
     runner_up = ((top2[:, 0] - top2[:, 1]) / scale).nan_to_num(nan=float("inf"))
-    return RowSampling(None, int((gap > 0).sum()), float((torch.exp(-runner_up / tolerance.flip_scale) / 2).sum()), error)
+    expected = float((torch.exp(-runner_up / tolerance.flip_scale) / 2).sum())
+    return RowSampling(None, int((gap > 0).sum()), expected, error, outliers=int(beyond.sum()))
 
 
 def _rewards(rollouts: list[Rollout], ctx: Context, settings: CheckSettings) -> list[str]:
