@@ -135,6 +135,8 @@ class Run(Base):
     """Rollouts of a policy older than ``policy_step - async_level`` are refused."""
     dispute_window_s: Mapped[float | None] = mapped_column(Float)
     """How long this run's credit stays pending; None: the coordinator's default."""
+    audit: Mapped[dict[str, Any] | None]
+    """The run's :class:`shared.committee.AuditPolicy`; None: its defaults."""
 
 
 class Task(Base):
@@ -172,21 +174,96 @@ class Submission(Base):
     rows: Mapped[int] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), index=True)
-    """pending (awaiting a validator), accepted, rejected, expired (stale before it was checked: no
-    penalty), or invalidated (by an admin, after acceptance)."""
+    """pending (awaiting its validators' verdicts), accepted, rejected, expired (stale before it was
+    checked: no penalty), or invalidated (by an admin, after acceptance)."""
     created_at: Mapped[datetime]
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    claimed_by: Mapped[str | None] = mapped_column(String(42))
-    claim_expires_at: Mapped[datetime | None]
+    outcome: Mapped[str | None] = mapped_column(String(8))
+    """What its validators last decided (accept, soft or hard; None before any decision): kept while
+    a decision is reopened, so the new one changes only what differs."""
     validator: Mapped[str | None] = mapped_column(String(42))
     checks: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     reason: Mapped[str | None] = mapped_column(Text)
     hard: Mapped[bool | None]
     validated_at: Mapped[datetime | None]
     untrained_rows: Mapped[list[int] | None] = mapped_column(JSON)
-    verdict_signature: Mapped[str | None] = mapped_column(String(132))
-    """The validator's signature over its verdict (:mod:`shared.verdicts`)."""
     """Rows of accepted work the trainer leaves out: a disagreement numerics explain decided a token."""
+    verdict_signature: Mapped[str | None] = mapped_column(String(132))
+    """The deciding validator's signature over its verdict (:mod:`shared.verdicts`)."""
+
+
+class Review(Base):
+    """One validator's assignment to judge one submission, and its verdict once given.
+
+    The coordinator opens a review when a submission needs another verdict (first look, audit,
+    second opinion, tie-break, appeal, re-check) and assigns it to a validator drawn at random;
+    an assignment not answered by ``expires_at`` is drawn again. A verdict of a validator later
+    revoked is *voided*, never deleted."""
+
+    __tablename__ = "reviews"
+    __table_args__ = (Index("ix_reviews_open", "outcome", "validator"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    submission_id: Mapped[str] = mapped_column(String(64), ForeignKey("submissions.id"), index=True)
+    purpose: Mapped[str] = mapped_column(String(16))
+    """first, audit, second_opinion, tiebreak, appeal or recheck."""
+    appeal_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("appeals.id"))
+    opened_at: Mapped[datetime]
+    validator: Mapped[str | None] = mapped_column(String(42), index=True)
+    expires_at: Mapped[datetime | None]
+    claimed_at: Mapped[datetime | None]
+    """When the assigned validator fetched the assignment."""
+    outcome: Mapped[str | None] = mapped_column(String(8))
+    """accept, soft or hard; None until the verdict."""
+    checks: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    untrained_rows: Mapped[list[int] | None] = mapped_column(JSON)
+    signature: Mapped[str | None] = mapped_column(String(132))
+    judged_at: Mapped[datetime | None]
+    agreed: Mapped[bool | None]
+    """Whether the verdict matched its committee's decision; None when nobody else judged."""
+    voided_at: Mapped[datetime | None]
+    void_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class Appeal(Base):
+    """A node's appeal of a rejection, heard by validators that had not judged the work."""
+
+    __tablename__ = "appeals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    submission_id: Mapped[str] = mapped_column(String(64), ForeignKey("submissions.id"), unique=True)
+    address: Mapped[str] = mapped_column(String(42), index=True)
+    reason: Mapped[str] = mapped_column(Text)
+    prior_outcome: Mapped[str] = mapped_column(String(8))
+    status: Mapped[str] = mapped_column(String(16))
+    """open, upheld (the rejection stands) or overturned."""
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    decided_at: Mapped[datetime | None]
+
+
+class NodeStrike(Base):
+    """One strike given to (+1) or taken back from (-1) a node; ``Node.strikes`` is their sum."""
+
+    __tablename__ = "node_strikes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(42), index=True)
+    submission_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    units: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime]
+
+
+class ValidatorStrike(Base):
+    """A validator outvoted by the majority on one submission; enough of them revoke its role."""
+
+    __tablename__ = "validator_strikes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    validator: Mapped[str] = mapped_column(String(42), index=True)
+    submission_id: Mapped[str] = mapped_column(String(64), ForeignKey("submissions.id"))
+    reason: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime]
 
 
 class Role(Base):
@@ -204,6 +281,9 @@ class Role(Base):
     granted_by: Mapped[str] = mapped_column(String(128))
     granted_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+    revoke_reason: Mapped[str | None] = mapped_column(Text)
+    last_seen: Mapped[datetime | None]
+    """A validator's last claim: only validators seen within ``validator_live_s`` are assigned work."""
 
 
 class PolicyManifest(Base):
@@ -263,11 +343,13 @@ class ContributionEntry(Base):
     address: Mapped[str] = mapped_column(String(42), index=True)
     submission_id: Mapped[str] = mapped_column(String(64), ForeignKey("submissions.id"), index=True)
     kind: Mapped[str] = mapped_column(String(16))
-    """credit or clawback."""
+    """credit (first acceptance: the trainer reads these), clawback, or restore (credit given back)."""
     units: Mapped[float] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(index=True)
     final_at: Mapped[datetime]
+    cause_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    """For a clawback, the submission whose rejection caused it (a restore undoes it if that rejection is overturned)."""
 
 
 class TrainerMetrics(Base):

@@ -91,7 +91,21 @@ class CoordinatorSettings(RoleSettings):
     """Longest a long-poll for new manifests may hold its request open."""
 
     validation_claim_s: float = Field(300.0, gt=0)
-    """How long a validator holds a claimed submission before it returns to the queue."""
+    """How long a validator has to answer an assignment before it is drawn again."""
+
+    validator_live_s: float = Field(120.0, gt=0)
+    """Work is assigned only to validators that asked for work within this long. Long enough to
+    cover an honest validator's busiest batch: a validator that asks more often gets no more of it."""
+
+    validator_max_strikes: int = Field(3, ge=1)
+    """Times a validator may be outvoted by the majority (since it was granted the role) before the
+    role is revoked and its recent verdicts are checked again."""
+
+    recheck_window_s: float = Field(86400.0, ge=0)
+    """How far back a revoked validator's verdicts are voided and their submissions judged again."""
+
+    appeals_per_day: int = Field(3, ge=0)
+    """Appeals one node may file per 24 hours (each costs validators at least two model passes)."""
 
     dispute_window_s: float = Field(86400.0, ge=0)
     """How long credit stays pending (and can be clawed back) before it is final."""

@@ -317,41 +317,6 @@ class VerdictRequest(Request):
         return all(c.passed is not False or c.explained for c in self.checks)
 
 
-class PublicReceipt(BaseModel):
-    """Everything public about one submission: anyone may see why work was accepted or rejected."""
-
-    submission_id: str
-    task_id: str
-    run_id: str
-    address: str
-    status: str
-    checks: list[CheckOutcome] | None
-    reason: str | None
-    hard: bool | None
-    credit: float
-    """Net units this submission earned (credit less any clawback)."""
-    validator: str | None
-    created_at: datetime
-    validated_at: datetime | None
-    untrained_rows: list[int] = []
-    """Rows of accepted work left out of training: a disagreement numerics explain decided a token."""
-    sha256: str
-    """Of the judged file."""
-    verdict_signature: str | None = None
-    """The validator's signature over this verdict (check it with :func:`shared.verdicts.verdict_signer`)."""
-
-
-class AdminReceipt(PublicReceipt):
-    """A receipt with what only operators see."""
-
-    blob_key: str
-    rows: int
-    tokens: int
-    prompt_tokens: int
-    claimed_by: str | None
-    claim_expires_at: datetime | None
-
-
 class AcceptedRollouts(BaseModel):
     """One accepted submission for the trainer; ``cursor`` orders them by acceptance."""
 

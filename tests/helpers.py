@@ -68,3 +68,15 @@ def verdict_body(audience: str, validator: LocalAccount, claim: dict[str, Any], 
     outcomes = [CheckOutcome.model_validate(c) for c in checks]
     signature = sign_verdict(validator, audience, claim["submission_id"], claim["sha256"], outcomes, rows)
     return {"address": validator.address, "submission_id": claim["submission_id"], "checks": checks, "untrained_rows": rows, "signature": signature}
+
+
+def expire_assignments(served, submission_id: str) -> None:  # type: ignore[no-untyped-def]
+    """End every open assignment to judge ``submission_id`` now, as if its validator had gone silent."""
+    from sqlalchemy import update
+
+    from coordinator.models import Review
+
+    with make_sessionmaker(served.engine).begin() as session:
+        session.execute(
+            update(Review).where(Review.submission_id == submission_id, Review.outcome.is_(None)).values(expires_at=datetime(2000, 1, 1, tzinfo=UTC))
+        )

@@ -17,18 +17,19 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from coordinator.db import make_sessionmaker
-from coordinator.models import ContributionEntry, Node, Submission
+from coordinator.models import ContributionEntry, Node, Role, Submission
 from coordinator.settings import CoordinatorSettings
 from node.work import finish, generate
 from shared.rollout_file import read_rollouts, write_rollouts
-from shared.schemas import CHECKS, PublicReceipt, SamplingParams, TaskSpec
+from shared.committee import PublicReceipt
+from shared.schemas import CHECKS, SamplingParams, TaskSpec
 from shared.verdicts import verdict_signer
 from tests.adversary import ATTACKS, random_tokens
 from tests.conftest import Served, admin_token, serve
-from tests.helpers import make_run, register_body, signed_post, verdict_body
+from tests.helpers import expire_assignments, make_run, register_body, signed_post, verdict_body
 from validator.worker import Validator
 
 
@@ -148,50 +149,51 @@ def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(networ
     assert "sampling" in shown.stdout
 
 
-def test_claims_are_exclusive_expire_and_refuse_strangers(network) -> None:  # type: ignore[no-untyped-def]
+def test_work_is_drawn_for_live_validators_who_cannot_choose_and_lapses_are_drawn_again(network) -> None:  # type: ignore[no-untyped-def]
     served, token = network
     first, second, stranger = Account.create(), Account.create(), Account.create()
     grant(served, token, first.address, "validator")
     grant(served, token, second.address, "validator")
-    node = joined(served)
-    ids = {upload(served, node, t, finish(generate(t)).data) for t in (lease(served, node) for _ in range(3))}
 
-    def claim(account: LocalAccount, limit: int = 2) -> httpx.Response:
+    def claim(account: LocalAccount, limit: int = 8) -> httpx.Response:
         return signed_post(served.url, "/v1/validation/claim", account, served.audience, {"address": account.address, "limit": limit})
+
+    assert claim(first).json() == [] and claim(second).json() == []  # both are live now
+    node = joined(served)
+    ids = {upload(served, node, t, finish(generate(t)).data) for t in (lease(served, node) for _ in range(6))}
 
     before = served.snapshot()
     assert claim(stranger).status_code == 403 and claim(stranger).json()["code"] == "role_required"
     assert served.snapshot() == before
     a = {c["submission_id"] for c in claim(first).json()}
     b = {c["submission_id"] for c in claim(second).json()}
-    assert len(a) == 2 and len(b) == 1 and a.isdisjoint(b) and a | b == ids
-    assert claim(second).json() == []
+    assert a.isdisjoint(b) and a | b == ids  # every one drawn for one of them, whoever asked first
+    assert claim(first).json() == [] and claim(second).json() == []  # asking again chooses nothing
 
-    # Only the claimer may read the file or post the verdict; a malformed verdict changes nothing.
-    held = sorted(a)[0]
+    # Only the assigned validator may read the file or post the verdict; a malformed verdict changes nothing.
+    held, theirs = sorted(a | b)[0], (first, second) if sorted(a | b)[0] in a else (second, first)
     path = f"/v1/validation/submissions/{held}/file"
     from shared.signing import sign_request
 
-    other = httpx.get(served.url + path, headers=sign_request(second, "GET", path, "", b"", served.audience))
+    other = httpx.get(served.url + path, headers=sign_request(theirs[1], "GET", path, "", b"", served.audience))
     assert other.status_code == 409
-    mine = httpx.get(served.url + path, headers=sign_request(first, "GET", path, "", b"", served.audience))
+    mine = httpx.get(served.url + path, headers=sign_request(theirs[0], "GET", path, "", b"", served.audience))
     assert mine.status_code == 200 and read_rollouts(mine.content)
     before = served.snapshot()
     checks = [{"name": n, "passed": True, "reason": "ok"} for n in CHECKS]
     for account, body in (
-        (second, {"address": second.address, "submission_id": held, "checks": checks}),
-        (first, {"address": first.address, "submission_id": held, "checks": checks[::-1]}),
-        (first, {"address": first.address, "submission_id": held, "checks": checks[:3]}),
+        (theirs[1], {"address": theirs[1].address, "submission_id": held, "checks": checks}),
+        (theirs[0], {"address": theirs[0].address, "submission_id": held, "checks": checks[::-1]}),
+        (theirs[0], {"address": theirs[0].address, "submission_id": held, "checks": checks[:3]}),
     ):
         assert signed_post(served.url, "/v1/validation/verdicts", account, served.audience, body).status_code in (409, 422)
     assert served.snapshot() == before
 
-    # An expired claim returns to the queue.
+    # A lapsed assignment is drawn again, among validators still live.
+    expire_assignments(served, held)
     with make_sessionmaker(served.engine).begin() as session:
-        from datetime import UTC, datetime, timedelta
-
-        session.get_one(Submission, held).claim_expires_at = datetime.now(UTC) - timedelta(seconds=1)
-    assert [c["submission_id"] for c in claim(second, 8).json()] == [held]
+        session.execute(update(Role).where(Role.address == theirs[0].address).values(last_seen=datetime.now(UTC) - timedelta(hours=1)))
+    assert [c["submission_id"] for c in claim(theirs[1]).json()] == [held]
 
 
 def test_an_admin_invalidation_claws_back_even_final_credit(sqlite_url: str, tmp_path: Path) -> None:
@@ -316,8 +318,7 @@ def test_verdicts_are_signed_and_anyone_can_check_who_judged(network, tmp_path: 
     reply = signed_post(served.url, "/v1/validation/verdicts", validator_key, served.audience, forged)
     assert reply.status_code == 422 and reply.json()["code"] == "signature_invalid"
     assert {k: v for k, v in served.snapshot().items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
-    with make_sessionmaker(served.engine).begin() as session:  # the claim ends; the real validator takes it
-        session.get_one(Submission, submission).claim_expires_at = datetime.now(UTC) - timedelta(seconds=1)
+    expire_assignments(served, submission)  # the claim ends; the real validator takes it
 
     validator = Validator(served.url, validator_key, tmp_path / "v", Console(quiet=True))
     validator.run(threading.Event(), max_submissions=1)

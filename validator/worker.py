@@ -21,7 +21,8 @@ from rich.console import Console
 from shared.environments.registry import Environment, Problem, get_environment
 from shared.http import coordinator_client, get_waiting
 from shared.models import load_model
-from shared.schemas import CheckOutcome, Claim, ClaimRequest, PublicReceipt, PublicStatus, VerdictRequest
+from shared.committee import PublicReceipt
+from shared.schemas import CheckOutcome, Claim, ClaimRequest, PublicStatus, VerdictRequest
 from shared.shardcast.weights import Weights
 from shared.signing import SignedAuth
 from shared.verdicts import sign_verdict

@@ -9,7 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
-from coordinator.services import credit, leaderboard, nodes, runs, training, validation
+from coordinator.services import credit, leaderboard, nodes, receipts, runs, training
+from shared.committee import PublicReceipt
 from shared.schemas import (
     Address,
     Credit,
@@ -17,7 +18,6 @@ from shared.schemas import (
     LeaderboardRow,
     NetworkStatus,
     PublicNode,
-    PublicReceipt,
     PublicStatus,
     RunInfo,
     RunProgress,
@@ -50,13 +50,13 @@ async def server_time() -> dict[str, float]:
 @router.get("/submissions", response_model=list[PublicReceipt])
 async def node_receipts(address: Address, ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[PublicReceipt]:
     """One node's newest receipts (what ``intellect-node receipts`` shows)."""
-    return await ledger.run(validation.receipts_of, address, limit)
+    return await ledger.run(receipts.receipts_of, address, limit)
 
 
 @router.get("/submissions/{submission_id}", response_model=PublicReceipt, responses={404: {"model": ErrorBody}})
 async def submission_receipt(submission_id: str, ledger: LedgerDep) -> PublicReceipt:
     """A submission's public receipt: status, every check's result and reason, credit, validator."""
-    return await ledger.run(validation.public_receipt, submission_id)
+    return await ledger.run(receipts.public_receipt, submission_id)
 
 
 @router.get("/nodes/{address}/credit", response_model=Credit)

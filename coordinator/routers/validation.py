@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Request, Response
 
 from coordinator.deps import LedgerDep, Settings, Signed
-from coordinator.services import validation
-from shared.schemas import Claim, ClaimRequest, ErrorBody, PublicReceipt, VerdictRequest
+from coordinator.services import receipts, validation
+from shared.committee import PublicReceipt
+from shared.schemas import Claim, ClaimRequest, ErrorBody, VerdictRequest
 
 router = APIRouter(
     prefix="/v1/validation",
@@ -19,7 +20,8 @@ router = APIRouter(
 
 @router.post("/claim", response_model=list[Claim])
 async def claim(body: ClaimRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> list[Claim]:
-    """Lease up to ``limit`` pending submissions, oldest first; an empty list when none wait."""
+    """The submissions drawn for this validator to judge (up to ``limit``, oldest first), each
+    leased until ``claim_expires_at``; an empty list when none wait. Validators cannot choose."""
     return await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC))
 
 
@@ -28,20 +30,20 @@ async def claim(body: ClaimRequest, signed: Signed, ledger: LedgerDep, settings:
     responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
 )
 async def submission_file(submission_id: str, request: Request, signed: Signed, ledger: LedgerDep) -> Response:
-    """The rollout file of a submission this validator holds a live claim on."""
-    submission = await ledger.run_signed(signed, validation.claimed, submission_id, datetime.now(UTC))
+    """The rollout file of a submission this validator holds a live assignment to judge."""
+    submission, _ = await ledger.run_signed(signed, validation.claimed, submission_id, datetime.now(UTC))
     return Response(request.app.state.blobs.get(submission.blob_key), media_type="application/octet-stream")
 
 
 @router.post("/verdicts", response_model=PublicReceipt, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
 async def verdict(body: VerdictRequest, request: Request, signed: Signed, ledger: LedgerDep, settings: Settings) -> PublicReceipt:
-    """Record every check's result for a claimed submission, signed by the validator (see
-    :mod:`shared.verdicts`); credit or penalty follow at once."""
+    """Record every check's result for an assigned submission, signed by the validator (see
+    :mod:`shared.verdicts`); the submission is decided, or goes to another validator first."""
     audience = request.app.state.audience
 
     def work(session, signer: str) -> PublicReceipt:  # type: ignore[no-untyped-def]
         submission = validation.record_verdict(session, signer, body, settings, datetime.now(UTC), audience)
         session.flush()
-        return validation.public_receipt(session, submission.id)
+        return receipts.public_receipt(session, submission.id)
 
     return await ledger.run_signed(signed, work)

@@ -2,7 +2,9 @@
 
 Accepted work earns a credit entry (generated tokens plus weighted prompt tokens). A hard
 rejection, or an admin invalidating accepted work, appends negative clawback entries for the
-node's credit that is still pending. Balances are sums of entries, nothing else.
+node's credit that is still pending, each naming the submission that caused it; if that
+rejection is overturned, restore entries give the credit back. Balances are sums of entries,
+nothing else.
 """
 
 from __future__ import annotations
@@ -16,16 +18,21 @@ from coordinator.models import ContributionEntry, Run, Submission
 from coordinator.settings import CoordinatorSettings
 
 
-def credit(session: Session, submission: Submission, settings: CoordinatorSettings, now: datetime) -> ContributionEntry:
+def credit(session: Session, submission: Submission, settings: CoordinatorSettings, now: datetime) -> ContributionEntry | None:
+    """Credit for accepted work, unless it holds its credit already. Work accepted again after a
+    reversal gets a *restore* entry: only first credits reach the trainer, which may have read it."""
+    if net_units(session, submission.id) > 0:
+        return None
+    before = session.scalar(select(ContributionEntry.id).where(ContributionEntry.submission_id == submission.id, ContributionEntry.kind == "credit").limit(1))
     units = submission.tokens + settings.prompt_token_weight * submission.prompt_tokens
     window = session.get_one(Run, submission.run_id).dispute_window_s
     window = settings.dispute_window_s if window is None else window
     entry = ContributionEntry(
         address=submission.address,
         submission_id=submission.id,
-        kind="credit",
+        kind="credit" if before is None else "restore",
         units=units,
-        reason="accepted by a validator",
+        reason="accepted by its validators",
         created_at=now,
         final_at=now + timedelta(seconds=window),
     )
@@ -38,10 +45,10 @@ def net_units(session: Session, submission_id: str) -> float:
 
 
 def claw_back(
-    session: Session, address: str, reason: str, now: datetime, *, only: str | None = None, even_final: bool = False
+    session: Session, address: str, reason: str, now: datetime, *, cause: str, only: str | None = None, even_final: bool = False
 ) -> list[ContributionEntry]:
     """Negative entries cancelling ``address``'s still-pending credit (of submission ``only``, if
-    given; ``even_final``: its final credit too, for work an admin found invalid)."""
+    given; ``even_final``: its final credit too, for work found invalid), caused by submission ``cause``."""
     query = select(ContributionEntry.submission_id, func.sum(ContributionEntry.units), func.max(ContributionEntry.final_at)).where(
         ContributionEntry.address == address
     )
@@ -52,7 +59,26 @@ def claw_back(
         if units > 0 and (even_final or final_at > now):
             entry = ContributionEntry(
                 address=address, submission_id=submission_id, kind="clawback", units=-units, reason=reason,
-                created_at=now, final_at=final_at,
+                created_at=now, final_at=final_at, cause_id=cause,
+            )  # fmt: skip
+            session.add(entry)
+            entries.append(entry)
+    return entries
+
+
+def restore(session: Session, cause: str, reason: str, now: datetime) -> list[ContributionEntry]:
+    """Give back what clawbacks caused by submission ``cause`` took (its rejection was overturned)."""
+    query = (
+        select(ContributionEntry.address, ContributionEntry.submission_id, func.sum(ContributionEntry.units), func.max(ContributionEntry.final_at))
+        .where(ContributionEntry.cause_id == cause)
+        .group_by(ContributionEntry.address, ContributionEntry.submission_id)
+    )
+    entries = []
+    for address, submission_id, units, final_at in session.execute(query).all():
+        if units < 0:
+            entry = ContributionEntry(
+                address=address, submission_id=submission_id, kind="restore", units=-units, reason=reason,
+                created_at=now, final_at=final_at, cause_id=cause,
             )  # fmt: skip
             session.add(entry)
             entries.append(entry)

@@ -12,13 +12,13 @@ from coordinator.models import Role
 from shared.schemas import ErrorCode, RoleName
 
 
-def _active(session: Session, address: str, role: RoleName) -> Role | None:
+def active(session: Session, address: str, role: RoleName) -> Role | None:
     return session.scalar(select(Role).where(Role.address == address, Role.role == role, Role.revoked_at.is_(None)))
 
 
 def grant(session: Session, address: str, role: RoleName, granted_by: str, now: datetime) -> Role:
     """Grant ``role`` (idempotent: an active grant is returned as it is)."""
-    row = _active(session, address, role)
+    row = active(session, address, role)
     if row is None:
         row = Role(address=address, role=role, granted_by=granted_by, granted_at=now)
         session.add(row)
@@ -27,10 +27,11 @@ def grant(session: Session, address: str, role: RoleName, granted_by: str, now: 
 
 
 def revoke(session: Session, address: str, role: RoleName, now: datetime) -> Role:
-    row = _active(session, address, role)
+    row = active(session, address, role)
     if row is None:
         raise ApiError(404, ErrorCode.not_found, f"{address} does not hold the {role} role.")
     row.revoked_at = now
+    row.revoke_reason = "revoked by an admin"
     return row
 
 
@@ -42,7 +43,11 @@ def active_roles(session: Session) -> list[Role]:
     return list(session.scalars(select(Role).where(Role.revoked_at.is_(None)).order_by(Role.id)))
 
 
-def require(session: Session, address: str, role: RoleName) -> None:
-    """403 unless ``address`` holds ``role``."""
-    if _active(session, address, role) is None:
-        raise ApiError(403, ErrorCode.role_required, f"{address} does not hold the {role} role (an admin grants it).")
+def require(session: Session, address: str, role: RoleName) -> Role:
+    """``address``'s grant of ``role``; 403 when it holds none (never granted, or revoked, and why)."""
+    row = active(session, address, role)
+    if row is None:
+        last = session.scalar(select(Role).where(Role.address == address, Role.role == role).order_by(Role.id.desc()).limit(1))
+        why = f": revoked, {last.revoke_reason}" if last is not None and last.revoke_reason else " (an admin grants it)"
+        raise ApiError(403, ErrorCode.role_required, f"{address} does not hold the {role} role{why}.")
+    return row

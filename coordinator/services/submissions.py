@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
 from coordinator.models import Run, Submission, Task
+from coordinator.services import committee
 from coordinator.services.runs import params_of
 from shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
 from shared.schemas import ErrorCode, SubmissionReceipt, sequence_seed
@@ -107,5 +108,7 @@ def record(session: Session, signer: str, task_id: str, digest: str, rollouts: l
         created_at=now,
     )
     session.add(submission)
+    session.flush()
+    committee.open_review(session, submission, "first", now)
     task.status = "submitted"
     return receipt(submission)

@@ -1,8 +1,9 @@
 """What the trainer (role ``trainer``) reads and writes: accepted rollouts by cursor, step metrics.
 
-The cursor is the id of the submission's credit entry: assigned once, when a validator
-accepts it, and increasing, so a trainer that remembers the last one it used reads every
-accepted submission exactly once, across restarts. Rejected or pending work never appears.
+The cursor is the id of the submission's first credit entry: assigned once, when its validators
+accept it (after any audit), and increasing, so a trainer that remembers the last one it used
+reads every accepted submission exactly once, across restarts. Rejected, pending or re-opened
+work never appears.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def accepted_after(session: Session, signer: str, run_id: str, after: int, limit
         select(ContributionEntry.id, Submission.id, Submission.task_id, Task.policy_step, Submission.untrained_rows)
         .join(Submission, Submission.id == ContributionEntry.submission_id)
         .join(Task, Task.id == Submission.task_id)
-        .where(ContributionEntry.kind == "credit", ContributionEntry.id > after, Submission.run_id == run_id)
+        .where(ContributionEntry.kind == "credit", ContributionEntry.id > after, Submission.run_id == run_id, Submission.status == "accepted")
         .order_by(ContributionEntry.id)
         .limit(limit)
     )

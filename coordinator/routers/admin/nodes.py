@@ -12,8 +12,9 @@ from sqlalchemy.orm import Session
 from coordinator.deps import LedgerDep
 from coordinator.models import Node
 from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
-from coordinator.services import nodes, validation
-from shared.schemas import INT32_MAX, Address, NodeStatus, PublicReceipt
+from coordinator.services import nodes, receipts
+from shared.committee import PublicReceipt
+from shared.schemas import INT32_MAX, Address, NodeStatus
 
 router = admin_router("nodes")
 
@@ -67,7 +68,7 @@ def _detail(session: Session, node: Node) -> NodeDetail:
     return NodeDetail(
         **NodeOut.model_validate(node).model_dump(),
         events=[StatusEventOut.model_validate(e) for e in nodes.recent_events(session, node.address, limit=50)],
-        recent_submissions=validation.receipts_of(session, node.address, 20),
+        recent_submissions=receipts.receipts_of(session, node.address, 20),
     )
 
 

@@ -11,8 +11,9 @@ from sqlalchemy.orm import Session
 from coordinator.deps import LedgerDep, Settings
 from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
 from coordinator.routers.admin.nodes import Reason
-from coordinator.services import validation
-from shared.schemas import INT32_MAX, Address, AdminReceipt, PublicReceipt, UtcTime
+from coordinator.services import receipts, validation
+from shared.committee import AdminReceipt, PublicReceipt
+from shared.schemas import INT32_MAX, Address, UtcTime
 
 router = admin_router("submissions")
 
@@ -29,14 +30,14 @@ async def list_submissions(
     offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> list[AdminReceipt]:
     """Submissions, newest first, filtered by run, status, node and upload time [since, until)."""
-    filters = validation.SubmissionFilter(run_id=run_id, status=status, address=address, since=since, until=until)
-    return await ledger.run(validation.admin_receipts, filters, limit, offset)
+    filters = receipts.SubmissionFilter(run_id=run_id, status=status, address=address, since=since, until=until)
+    return await ledger.run(receipts.admin_receipts, filters, limit, offset)
 
 
 @router.get("/submissions/{submission_id}", response_model=AdminReceipt, dependencies=[Reader], responses=NOT_FOUND)
 async def get_submission(submission_id: str, ledger: LedgerDep) -> AdminReceipt:
     """The public receipt plus what only operators see: the file's hash and blob key, sizes, the claim."""
-    return await ledger.run(validation.admin_receipt, submission_id)
+    return await ledger.run(receipts.admin_receipt, submission_id)
 
 
 @router.post("/submissions/{submission_id}/invalidate", response_model=PublicReceipt, responses=CONFLICT)
@@ -48,6 +49,6 @@ async def invalidate_submission(
     def work(session: Session) -> PublicReceipt:
         validation.invalidate(session, submission_id, body.reason, settings, datetime.now(UTC))
         session.flush()
-        return validation.public_receipt(session, submission_id)
+        return receipts.public_receipt(session, submission_id)
 
     return await audited(ledger, token, "submissions.invalidate", submission_id, work, reason=body.reason)

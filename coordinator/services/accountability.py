@@ -1,0 +1,85 @@
+"""Validators held to account: strikes when outvoted, automatic revocation, agreement rates.
+
+A validator whose verdict differs from its committee's decision is outvoted: one strike. After
+``validator_max_strikes`` strikes since it was last granted the role, the role is revoked (the
+committee then re-checks its recent verdicts, see :mod:`coordinator.services.committee`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from coordinator.models import Review, Role, ValidatorStrike
+from coordinator.services import roles
+from coordinator.settings import CoordinatorSettings
+from shared.committee import ValidatorStanding
+from shared.schemas import RoleName
+
+
+def strike(session: Session, validator: str, submission_id: str, reason: str, settings: CoordinatorSettings, now: datetime) -> bool:
+    """Record that ``validator`` was outvoted (once per submission); True when this strike just cost it the role."""
+    if session.scalar(select(ValidatorStrike.id).where(ValidatorStrike.validator == validator, ValidatorStrike.submission_id == submission_id)):
+        return False
+    session.add(ValidatorStrike(validator=validator, submission_id=submission_id, reason=reason, at=now))
+    role = roles.active(session, validator, RoleName.validator)
+    if role is None:
+        return False
+    session.flush()
+    count = strikes_since(session, validator, role.granted_at)
+    if count < settings.validator_max_strikes:
+        return False
+    role.revoked_at = now
+    role.revoke_reason = f"outvoted by the majority {count} times (the limit is {settings.validator_max_strikes})"
+    return True
+
+
+def strikes_since(session: Session, validator: str, since: datetime) -> int:
+    return session.scalar(select(func.count()).where(ValidatorStrike.validator == validator, ValidatorStrike.at >= since)) or 0
+
+
+def suspect(session: Session, validator: str, new_validator_verdicts: int) -> bool:
+    """Under suspicion: outvoted since its grant, or too new for anyone to vouch for its verdicts."""
+    role = roles.active(session, validator, RoleName.validator)
+    if role is None or strikes_since(session, validator, role.granted_at) > 0:
+        return True
+    given = session.scalar(select(func.count()).where(Review.validator == validator, Review.outcome.is_not(None))) or 0
+    return given < new_validator_verdicts
+
+
+def agreement(session: Session, validators: set[str]) -> dict[str, tuple[int, int, int]]:
+    """(verdicts, compared, agreed) of each of ``validators``."""
+    if not validators:
+        return {}
+    rows = session.execute(
+        select(
+            Review.validator, func.count(), func.count(Review.agreed), func.sum(case((Review.agreed.is_(True), 1), else_=0))
+        ).where(Review.validator.in_(validators), Review.outcome.is_not(None)).group_by(Review.validator)
+    ).all()  # fmt: skip
+    out = {v: (0, 0, 0) for v in validators}
+    out.update({v: (int(n), int(c), int(a or 0)) for v, n, c, a in rows})
+    return out
+
+
+def rate(compared: int, agreed: int) -> float | None:
+    return agreed / compared if compared else None
+
+
+def standings(session: Session) -> list[ValidatorStanding]:
+    """Every address that ever held the validator role, the active ones first."""
+    grants = list(session.scalars(select(Role).where(Role.role == RoleName.validator).order_by(Role.id)))
+    latest = {g.address: g for g in grants}  # the newest grant of each address says where it stands
+    counts = agreement(session, set(latest))
+    out = []
+    for address, grant in latest.items():
+        verdicts, compared, agreed = counts[address]
+        out.append(
+            ValidatorStanding(
+                address=address, active=grant.revoked_at is None, verdicts=verdicts, compared=compared, agreed=agreed,
+                agreement_rate=rate(compared, agreed), strikes=strikes_since(session, address, grant.granted_at),
+                revoke_reason=grant.revoke_reason,
+            )
+        )  # fmt: skip
+    return sorted(out, key=lambda s: (not s.active, -s.verdicts))

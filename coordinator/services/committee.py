@@ -1,0 +1,250 @@
+"""Validator committees: who judges a submission, and when its verdicts decide it.
+
+Every submission gets a committee of reviews, each assigned by the coordinator to a validator
+drawn at random among the *live* ones (seen within ``validator_live_s``) that may judge it: never
+the node itself, nor an address linked to it, nor one linked to a validator that already judged it.
+A validator cannot choose; an assignment not answered in ``validation_claim_s`` is drawn again.
+
+How the verdicts decide (:func:`progress`):
+
+1. One verdict. A hard rejection always gets a second opinion; any other verdict gets an audit
+   with the run's audit chance (:class:`shared.committee.AuditPolicy`). Else it decides.
+2. Two verdicts that agree decide; two that disagree go to a third validator.
+3. Three verdicts: the majority stands (accepted if most accept, hard if most say forged, else soft).
+
+Validators on the losing side are outvoted (:mod:`coordinator.services.accountability`). When no
+validator holding the role could judge independently, the extra review is waived and the receipt
+says so; when validators who could are not live, the review waits for them. A node's appeal gets
+a new committee of validators that had not judged the work, decided the same way (at least two
+verdicts), and its decision replaces the old one. When a validator loses its role, its recent
+verdicts are voided and the submissions they decided are re-opened and judged again.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from coordinator.models import Appeal, Node, Review, Role, Run, Submission, Task
+from coordinator.services import accountability, consequences, roles
+from coordinator.settings import CoordinatorSettings
+from shared.committee import AuditPolicy, Outcome, Purpose
+from shared.schemas import RoleName
+
+ASSIGN_SCAN = 256
+"""Most waiting reviews drawn for at each claim: bounds one claim's work whatever the backlog."""
+
+
+def linked(session: Session, address: str, settings: CoordinatorSettings) -> set[str]:
+    """Addresses ``address`` is not independent of: itself, the nodes it operates, its operator and
+    that operator's other nodes, and any group of ``settings.linked_addresses`` it is in."""
+    node = session.get(Node, address)
+    operators = {address} | ({node.operator_address} if node is not None and node.operator_address else set())
+    out = operators | set(session.scalars(select(Node.address).where(Node.operator_address.in_(operators))))
+    for group in settings.linked_addresses:
+        if address in group:
+            out |= set(group)
+    return out
+
+
+def open_review(session: Session, submission: Submission, purpose: Purpose, now: datetime, appeal: Appeal | None = None) -> Review:
+    review = Review(submission_id=submission.id, purpose=purpose, appeal_id=appeal.id if appeal else None, opened_at=now)
+    session.add(review)
+    return review
+
+
+def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> None:
+    """Draw a live, eligible validator for every review waiting for one (unassigned, or its assignment lapsed)."""
+    seen = now - timedelta(seconds=settings.validator_live_s)
+    live = list(session.scalars(select(Role.address).where(Role.role == RoleName.validator, Role.revoked_at.is_(None), Role.last_seen >= seen)))
+    if not live:
+        return
+    waiting = list(
+        session.scalars(
+            select(Review)
+            .where(Review.outcome.is_(None), Review.voided_at.is_(None), or_(Review.validator.is_(None), Review.expires_at <= now))
+            .order_by(Review.opened_at, Review.id)
+            .limit(ASSIGN_SCAN)
+            .with_for_update(skip_locked=True)
+        )
+    )
+    if not waiting:
+        return
+    links = {v: linked(session, v, settings) for v in live}
+    for review in waiting:
+        candidates = _independent(session, review, live, links)
+        if candidates:
+            review.validator = secrets.choice(candidates)
+            review.expires_at = now + timedelta(seconds=settings.validation_claim_s)
+            review.claimed_at = None
+        elif review.validator is not None and review.expires_at is not None:
+            review.validator = review.expires_at = review.claimed_at = None
+
+
+def _independent(session: Session, review: Review, validators: Sequence[str], links: dict[str, set[str]]) -> list[str]:
+    """Those of ``validators`` that may judge ``review``'s submission."""
+    submission = session.get_one(Submission, review.submission_id)
+    others = session.scalars(select(Review.validator).where(Review.submission_id == review.submission_id, Review.id != review.id))
+    barred = {submission.address} | {v for v in others if v is not None}
+    return [v for v in validators if not links[v] & barred]
+
+
+def _could_be_judged(session: Session, review: Review, settings: CoordinatorSettings) -> bool:
+    """Whether any validator holding the role, live or not, may judge ``review``'s submission."""
+    holders = roles.holders(session, RoleName.validator)
+    return bool(_independent(session, review, holders, {v: linked(session, v, settings) for v in holders}))
+
+
+def progress(session: Session, submission: Submission, settings: CoordinatorSettings, now: datetime) -> None:
+    """After a verdict, a new appeal or a voided verdict: open the review ``submission`` needs next, or decide it.
+
+    Once a submission was appealed, the appeal's committee is the one that counts."""
+    appeal = session.scalar(select(Appeal).where(Appeal.submission_id == submission.id))
+    reviews = [
+        r for r in session.scalars(select(Review).where(Review.submission_id == submission.id).order_by(Review.id))
+        if r.voided_at is None and r.appeal_id == (appeal.id if appeal else None)
+    ]  # fmt: skip
+    if any(r.outcome is None for r in reviews):
+        return
+    outcomes: list[Outcome] = [r.outcome for r in reviews]  # type: ignore[misc]
+    if not reviews:
+        open_review(session, submission, "appeal" if appeal else "recheck" if submission.outcome else "first", now, appeal)
+        return
+    if len(reviews) == 1:
+        extra = _second_look(session, submission, reviews[0], appeal, settings)
+        if extra is None:
+            return _decide(session, submission, outcomes[0], reviews, appeal, settings, now)
+        if _open_if_judgeable(session, submission, extra, now, appeal, settings):
+            return None
+        return _decide(session, submission, outcomes[0], reviews, appeal, settings, now, f"{extra.replace('_', ' ')} waived: no independent validator holds the role")
+    if len(reviews) == 2 and outcomes[0] != outcomes[1]:
+        if _open_if_judgeable(session, submission, "appeal" if appeal else "tiebreak", now, appeal, settings):
+            return None
+        return _decide(session, submission, "soft", reviews, appeal, settings, now, "its validators disagree and no third could judge: no credit, no strike")
+    return _decide(session, submission, majority(outcomes), reviews, appeal, settings, now)
+
+
+def majority(outcomes: Sequence[Outcome]) -> Outcome:
+    """Accepted if most accept, forged if most say so, else rejected without a strike."""
+    n = len(outcomes)
+    if 2 * outcomes.count("accept") > n:
+        return "accept"
+    if 2 * outcomes.count("hard") > n:
+        return "hard"
+    return "soft"
+
+
+def _second_look(session: Session, submission: Submission, only: Review, appeal: Appeal | None, settings: CoordinatorSettings) -> Purpose | None:
+    if appeal is not None:
+        return "appeal"
+    if only.outcome == "hard":
+        return "second_opinion"
+    return "audit" if secrets.SystemRandom().random() < audit_chance(session, submission, only.validator, settings) else None  # type: ignore[arg-type]
+
+
+def audit_chance(session: Session, submission: Submission, validator: str, settings: CoordinatorSettings) -> float:
+    """The highest audit share of the run's policy that applies to this node and this validator."""
+    policy = AuditPolicy.model_validate(session.get_one(Run, submission.run_id).audit or {})
+    chance = policy.share
+    accepted = session.scalar(select(func.count()).where(Submission.address == submission.address, Submission.status == "accepted")) or 0
+    if accepted < policy.new_node_accepted:
+        chance = max(chance, policy.new_node_share)
+    if accountability.suspect(session, validator, policy.new_validator_verdicts):
+        chance = max(chance, policy.suspect_share)
+    return chance
+
+
+def _open_if_judgeable(
+    session: Session, submission: Submission, purpose: Purpose, now: datetime, appeal: Appeal | None, settings: CoordinatorSettings
+) -> bool:
+    review = open_review(session, submission, purpose, now, appeal)
+    session.flush()
+    if _could_be_judged(session, review, settings):
+        return True
+    session.delete(review)
+    return False
+
+
+def _decide(
+    session: Session, submission: Submission, outcome: Outcome, reviews: list[Review], appeal: Appeal | None,
+    settings: CoordinatorSettings, now: datetime, note: str | None = None,
+) -> None:  # fmt: skip
+    prev: Outcome | None = submission.outcome  # type: ignore[assignment]
+    deciding = [r for r in reviews if r.outcome == outcome]
+    lead = deciding[0] if deciding else reviews[0]
+    failed = [c for c in lead.checks or [] if c["passed"] is False]
+    explained = bool(failed) and all(c.get("explained") for c in failed)
+    stale = outcome == "soft" and prev is None and _stale(session, submission)
+    submission.status = {"accept": "accepted", "hard": "rejected"}.get(outcome) or ("expired" if stale else "rejected")
+    submission.outcome = outcome
+    submission.hard = outcome == "hard"
+    submission.validated_at = now
+    submission.validator, submission.checks, submission.verdict_signature = lead.validator, lead.checks, lead.signature
+    rows = sorted({i for r in deciding for i in r.untrained_rows or []})
+    submission.untrained_rows = rows if outcome == "accept" and rows else None
+    reasons = [f"{c['name']}: {c['reason']}" + (" (numerics explain it: no strike)" if c.get("explained") else "") for c in failed]
+    if outcome != "accept" and lead.outcome != outcome:
+        reasons.insert(0, f"validators split {', '.join(r.outcome or '' for r in reviews)}")
+    submission.reason = "; ".join([*(reasons or ["all checks passed"]), *([note] if note else [])])
+    # No deciding verdict: a split with no third validator to break it, not a judgement of the node.
+    consequences.apply(session, submission, prev, outcome, settings, now, charge_soft=not (explained or stale or not deciding))
+
+    judged = list(reviews)
+    if appeal is not None and appeal.status == "open":
+        appeal.status = "upheld" if outcome == appeal.prior_outcome else "overturned"
+        appeal.decided_at = now
+        judged += [
+            r for r in session.scalars(select(Review).where(Review.submission_id == submission.id, Review.appeal_id.is_(None)))
+            if r.voided_at is None and r.outcome is not None
+        ]  # fmt: skip
+    if len(judged) < 2:
+        return
+    for review in judged:
+        review.agreed = review.outcome == outcome
+    for review in judged:
+        if not review.agreed and review.validator is not None:
+            why = f"said {review.outcome} where the majority decided {outcome}" + (" on appeal" if review.appeal_id != (appeal.id if appeal else None) else "")
+            if accountability.strike(session, review.validator, submission.id, why, settings, now):
+                recheck_verdicts_of(session, review.validator, settings, now)
+
+
+def _stale(session: Session, submission: Submission) -> bool:
+    task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
+    return task.policy_step < run.policy_step - run.async_level
+
+
+def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorSettings, now: datetime) -> None:
+    """After ``validator`` lost its role: its open assignments are drawn again, its verdicts of the
+    last ``recheck_window_s`` stop counting, and every submission one of them helped decide is judged again."""
+    for review in session.scalars(select(Review).where(Review.validator == validator, Review.outcome.is_(None), Review.voided_at.is_(None))):
+        review.validator = review.expires_at = review.claimed_at = None
+    since = now - timedelta(seconds=settings.recheck_window_s)
+    voided: dict[str, list[Review]] = defaultdict(list)
+    query = select(Review).where(
+        Review.validator == validator, Review.outcome.is_not(None), Review.voided_at.is_(None), Review.judged_at >= since
+    )
+    for review in session.scalars(query):
+        review.voided_at, review.void_reason = now, "its validator lost the role"
+        voided[review.submission_id].append(review)
+    session.flush()
+    for submission_id, reviews in voided.items():
+        submission = session.get_one(Submission, submission_id)
+        if submission.status == "invalidated":
+            continue
+        if submission.status != "pending":
+            if not any(r.outcome == submission.outcome for r in reviews):
+                continue  # it was outvoted there: the decision stands without it
+            submission.status = "pending"
+        progress(session, submission, settings, now)
+
+
+def open_review_of(session: Session, submission_id: str) -> Review | None:
+    """The review of ``submission_id`` now waiting for a verdict, if any."""
+    return session.scalar(
+        select(Review).where(Review.submission_id == submission_id, Review.outcome.is_(None), Review.voided_at.is_(None)).limit(1)
+    )

@@ -1,0 +1,91 @@
+"""What a decision on a submission means for its node: credit, clawbacks and strikes, as new rows.
+
+A decision can be revised: a tie-break, an appeal, a re-check after a validator lost its role.
+:func:`apply` undoes what the previous outcome did and does what the new one asks, so balances
+and strike counts always follow the latest decision while the ledger keeps every step.
+
+- accept: credit (pending for the dispute window).
+- hard (forged or corrupted work): no credit, the node's pending credit clawed back, a strike;
+  ``max_strikes`` strikes ban the node. Taking the strikes back below that lifts such a ban.
+- soft: no credit; ``soft_rejections_per_strike`` of them within ``soft_rejection_window_s`` add a strike.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from coordinator.models import Node, NodeStrike, Submission
+from coordinator.services import credit, nodes
+from coordinator.settings import CoordinatorSettings
+from shared.committee import Outcome
+from shared.schemas import NodeStatus
+
+STRIKES_BAN = "strikes (forged or corrupted work, or repeated wrong work)"
+
+
+def apply(
+    session: Session, submission: Submission, prev: Outcome | None, new: Outcome, settings: CoordinatorSettings, now: datetime,
+    *, charge_soft: bool,
+) -> None:  # fmt: skip
+    """Move ``submission``'s node from what ``prev`` did to what ``new`` asks; ``charge_soft``: a
+    new soft rejection counts towards a strike (not when numerics explain it or the work went stale)."""
+    if prev == new:
+        return
+    why = f"{submission.id}: {submission.reason}"
+    if prev == "accept":
+        credit.claw_back(session, submission.address, f"no longer accepted: {why}", now, cause=submission.id, only=submission.id, even_final=True)
+    if prev == "hard":
+        credit.restore(session, submission.id, f"rejection overturned: {submission.id}", now)
+    if prev in ("hard", "soft"):
+        take_back_strikes(session, submission, f"rejection overturned or softened: {submission.id}", settings, now)
+    if new == "accept":
+        credit.credit(session, submission, settings, now)
+    elif new == "hard":
+        penalise(session, submission, f"hard rejection of {why}", settings, now)
+    elif charge_soft and prev is None:
+        _charge_soft_rejection(session, submission, settings, now)
+
+
+def penalise(session: Session, submission: Submission, reason: str, settings: CoordinatorSettings, now: datetime) -> None:
+    """Claw back the node's pending credit and give it a strike, both caused by ``submission``."""
+    credit.claw_back(session, submission.address, reason, now, cause=submission.id)
+    strike(session, submission.address, submission.id, reason, settings, now)
+
+
+def strike(session: Session, address: str, submission_id: str, reason: str, settings: CoordinatorSettings, now: datetime) -> None:
+    node = session.get(Node, address)
+    if node is None:
+        return
+    session.add(NodeStrike(address=address, submission_id=submission_id, units=1, reason=reason, at=now))
+    node.strikes += 1
+    if node.strikes >= settings.max_strikes and node.status != NodeStatus.banned:
+        nodes.ban(session, address, f"{node.strikes} {STRIKES_BAN}", now)
+
+
+def take_back_strikes(session: Session, submission: Submission, reason: str, settings: CoordinatorSettings, now: datetime) -> None:
+    """Remove the strikes ``submission`` caused, and lift a ban they alone had brought."""
+    given = session.scalar(select(func.coalesce(func.sum(NodeStrike.units), 0)).where(NodeStrike.submission_id == submission.id)) or 0
+    node = session.get(Node, submission.address)
+    if given <= 0 or node is None:
+        return
+    session.add(NodeStrike(address=node.address, submission_id=submission.id, units=-given, reason=reason, at=now))
+    node.strikes -= given
+    if node.status == NodeStatus.banned and (node.ban_reason or "").endswith(STRIKES_BAN) and node.strikes < settings.max_strikes:
+        nodes.unban(session, node.address, reason, now)
+
+
+def _charge_soft_rejection(session: Session, submission: Submission, settings: CoordinatorSettings, now: datetime) -> None:
+    since = now - timedelta(seconds=settings.soft_rejection_window_s)
+    session.flush()
+    count = session.scalar(
+        select(func.count()).where(
+            Submission.address == submission.address, Submission.status == "rejected",
+            Submission.hard.is_not(True), Submission.validated_at >= since,
+        )
+    )  # fmt: skip
+    if count and count % settings.soft_rejections_per_strike == 0:
+        submission.reason = f"{submission.reason}; a strike: {count} soft rejections within {settings.soft_rejection_window_s:.0f} s"
+        strike(session, submission.address, submission.id, submission.reason, settings, now)

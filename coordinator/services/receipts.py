@@ -1,0 +1,106 @@
+"""Receipts: everything about a submission that anyone (public) or an operator (admin) may see,
+with every validator's signed verdict and its agreement rate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from coordinator.errors import ApiError
+from coordinator.models import Appeal, Review, Submission
+from coordinator.services import accountability, credit
+from coordinator.services.committee import open_review_of
+from shared.committee import AdminReceipt, AppealInfo, PublicReceipt, VerdictRecord
+from shared.schemas import CheckOutcome, ErrorCode
+
+
+def public_receipt(session: Session, submission_id: str) -> PublicReceipt:
+    return _receipt(session, _get(session, submission_id))
+
+
+def receipts_of(session: Session, address: str, limit: int) -> list[PublicReceipt]:
+    """The newest receipts of one node."""
+    query = select(Submission).where(Submission.address == address).order_by(Submission.created_at.desc()).limit(limit)
+    return [_receipt(session, s) for s in session.scalars(query)]
+
+
+@dataclass(frozen=True)
+class SubmissionFilter:
+    run_id: str | None = None
+    status: str | None = None
+    address: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def admin_receipts(session: Session, where: SubmissionFilter, limit: int, offset: int) -> list[AdminReceipt]:
+    """Submissions matching ``where``, newest first."""
+    query = select(Submission).order_by(Submission.created_at.desc(), Submission.id)
+    for column, value in ((Submission.run_id, where.run_id), (Submission.status, where.status), (Submission.address, where.address)):
+        if value is not None:
+            query = query.where(column == value)
+    if where.since is not None:
+        query = query.where(Submission.created_at >= where.since)
+    if where.until is not None:
+        query = query.where(Submission.created_at < where.until)
+    return [_admin_receipt(session, s) for s in session.scalars(query.limit(limit).offset(offset))]
+
+
+def admin_receipt(session: Session, submission_id: str) -> AdminReceipt:
+    return _admin_receipt(session, _get(session, submission_id))
+
+
+def _get(session: Session, submission_id: str) -> Submission:
+    submission = session.get(Submission, submission_id)
+    if submission is None:
+        raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
+    return submission
+
+
+def _admin_receipt(session: Session, submission: Submission) -> AdminReceipt:
+    review = open_review_of(session, submission.id)
+    return AdminReceipt(
+        **_receipt(session, submission).model_dump(),
+        blob_key=submission.blob_key, rows=submission.rows, tokens=submission.tokens, prompt_tokens=submission.prompt_tokens,
+        claimed_by=review.validator if review and review.claimed_at else None,
+        claim_expires_at=review.expires_at if review and review.claimed_at else None,
+    )  # fmt: skip
+
+
+def _verdicts(session: Session, submission_id: str) -> list[VerdictRecord]:
+    reviews = list(session.scalars(select(Review).where(Review.submission_id == submission_id, Review.outcome.is_not(None)).order_by(Review.id)))
+    counts = accountability.agreement(session, {r.validator for r in reviews if r.validator})
+    return [
+        VerdictRecord(
+            validator=r.validator, purpose=r.purpose, outcome=r.outcome, checks=[CheckOutcome(**c) for c in r.checks or []],  # type: ignore[arg-type]
+            untrained_rows=r.untrained_rows or [], signature=r.signature or "", judged_at=r.judged_at,  # type: ignore[arg-type]
+            agreed=r.agreed, voided=r.voided_at is not None, agreement_rate=accountability.rate(*counts[r.validator][1:]),  # type: ignore[index]
+        )
+        for r in reviews
+    ]  # fmt: skip
+
+
+def _receipt(session: Session, submission: Submission) -> PublicReceipt:
+    appeal = session.scalar(select(Appeal).where(Appeal.submission_id == submission.id))
+    return PublicReceipt(
+        submission_id=submission.id,
+        task_id=submission.task_id,
+        run_id=submission.run_id,
+        address=submission.address,
+        status=submission.status,
+        checks=submission.checks,  # type: ignore[arg-type]
+        reason=submission.reason,
+        hard=submission.hard,
+        credit=credit.net_units(session, submission.id),
+        validator=submission.validator,
+        created_at=submission.created_at,
+        validated_at=submission.validated_at,
+        untrained_rows=submission.untrained_rows or [],
+        sha256=submission.sha256,
+        verdict_signature=submission.verdict_signature,
+        verdicts=_verdicts(session, submission.id),
+        appeal=AppealInfo.model_validate(appeal, from_attributes=True) if appeal else None,
+    )
