@@ -21,7 +21,7 @@ from coordinator.errors import install_error_handlers
 from coordinator.ledger import Ledger
 from coordinator.loops import Loop
 from coordinator.metrics import Metrics, MetricsMiddleware
-from coordinator.routers import admin, health, nodes, page, public, shardcast, tasks, training, validation
+from coordinator.routers import admin, appeals, health, nodes, page, public, shardcast, tasks, training, validation
 from coordinator.services import nodes as node_service
 from coordinator.services.nonces import prune_nonces
 from coordinator.services.rate_limit import RateLimiter
@@ -90,7 +90,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(PerClientLimitMiddleware, max_in_flight=settings.max_requests_per_ip)
-    routers = (nodes, tasks, validation, training, shardcast, admin, public, health, page)
+    routers = (nodes, tasks, validation, appeals, training, shardcast, admin, public, health, page)
     for router in (module.router for module in routers):
         app.include_router(router)
     app.mount("/static", page.static, name="static")

@@ -148,12 +148,15 @@ def run_create(
     async_level: Annotated[
         int, typer.Option(min=0, max=64, help="Accept rollouts of policies at most this many steps old (0: synchronous).")
     ] = 2,
+    audit_share: Annotated[
+        float, typer.Option(min=0, max=1, help="Share of accepted work a second validator checks before training (new nodes and suspect validators get more).")
+    ] = 0.1,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an active run that nodes can lease tasks of."""
     from coordinator.services.runs import create_run
     from shared.environments.length import LengthBudget
-    from shared.schemas import DEFAULT_MODEL, SamplingParams
+    from shared.schemas import DEFAULT_MODEL, AuditPolicy, SamplingParams
 
     sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
     try:
@@ -169,6 +172,7 @@ def run_create(
                 LengthBudget(alpha=length_alpha, target_tokens=target_length),
                 datetime.now(UTC),
                 async_level,
+                audit=AuditPolicy(share=audit_share),
             )
     except ApiError as e:
         err.print(f"[red]{e.message}[/red]")

@@ -154,11 +154,43 @@ def receipts(
         reply.raise_for_status()
     except httpx.HTTPError as e:
         raise _fail(f"Cannot read receipts from {coordinator}: {e}", 2) from None
-    table = Table("submission", "task", "status", "credit", "reason", title=f"Receipts of {address}")
+    table = Table("submission", "status", "credit", "verdicts", "reason", title=f"Receipts of {address}")
     for r in reply.json():
         style = {"accepted": "green", "pending": "yellow"}.get(r["status"], "red")
-        table.add_row(r["submission_id"][:16] + "…", r["task_id"][:14] + "…", f"[{style}]{r['status']}[/{style}]", f"{r['credit']:.1f}", r["reason"] or "")
+        status = f"[{style}]{r['status']}[/{style}]" + (f" (appeal {r['appeal']['status']})" if r.get("appeal") else "")
+        verdicts = ", ".join(f"{v['validator'][:8]}… {v['outcome']}" + (" (voided)" if v["voided"] else "") for v in r.get("verdicts", []))
+        table.add_row(r["submission_id"], status, f"{r['credit']:.1f}", verdicts, r["reason"] or "")
     console.print(table)
+
+
+@app.command()
+def appeal(
+    submission: Annotated[str, typer.Argument(help="The rejected submission's id (see `intellect-node receipts`).")],
+    wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore of the node that submitted the work.")],
+    coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
+    reason: Annotated[str, typer.Option(help="Why the rejection is wrong (optional, up to 500 characters).")] = "",
+) -> None:
+    """Appeal a rejection within the dispute window: validators that did not judge the work check it
+    again, and their majority decides; credit and strikes follow. A few appeals a day at most."""
+    from shared.committee import AppealInfo
+    from shared.http import coordinator_client
+    from shared.signing import SignedAuth
+
+    try:
+        account = load_wallet(wallet_file, read_password())
+    except WalletError as e:
+        raise _fail(str(e), 1) from None
+    base = coordinator.rstrip("/")
+    try:
+        audience = PublicStatus.model_validate(httpx.get(f"{base}/v1/public/status", timeout=30).raise_for_status().json()).audience
+        with coordinator_client(base, 30.0, SignedAuth(account, audience)) as http:
+            reply = http.post("/v1/appeals", json={"address": account.address, "submission_id": submission, "reason": reason})
+    except httpx.HTTPError as e:
+        raise _fail(f"Cannot reach the coordinator at {coordinator}: {e}", 2) from None
+    if reply.status_code != 201:
+        raise _fail(f"The appeal was refused ({reply.status_code}): {reply.json().get('message', reply.text)}", 5)
+    filed = AppealInfo.model_validate(reply.json())
+    console.print(f"Appeal {filed.id} filed for {filed.submission_id}; follow it with `intellect-node receipts`.")
 
 
 def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from shared.schemas import Address, CheckOutcome, Request
 
@@ -20,26 +20,6 @@ Outcome = Literal["accept", "soft", "hard"]
 """A verdict's class: accepted, rejected (no forgery shown), or rejected as forged or corrupted."""
 
 Purpose = Literal["first", "audit", "second_opinion", "tiebreak", "appeal", "recheck"]
-
-
-class AuditPolicy(BaseModel):
-    """How much accepted work a second validator checks before the trainer may read it (a run setting).
-
-    A submission's audit chance is the highest share that applies to it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    share: float = Field(0.1, ge=0, le=1)
-    """Share of accepted submissions audited."""
-    new_node_share: float = Field(0.5, ge=0, le=1)
-    """Share for nodes with fewer than ``new_node_accepted`` accepted submissions."""
-    new_node_accepted: int = Field(20, ge=0, le=1_000_000)
-    """Accepted submissions after which a node is no longer new."""
-    suspect_share: float = Field(1.0, ge=0, le=1)
-    """Share for acceptances by a validator under suspicion: one with a strike, or one with fewer
-    than ``new_validator_verdicts`` verdicts (nobody vouches for a new validator yet)."""
-    new_validator_verdicts: int = Field(20, ge=0, le=1_000_000)
-    """Verdicts after which a validator is no longer new."""
 
 
 class VerdictRecord(BaseModel):

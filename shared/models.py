@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -56,9 +57,18 @@ def final_norm(model: torch.nn.Module) -> torch.nn.Module:
 
 @contextmanager
 def final_norm_outputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
-    """Collect the final norm's output of every forward pass run inside the block."""
+    """Collect the final norm's output of every forward pass this thread runs inside the block.
+
+    A hook sees every thread's passes through a shared model; each keeps only its own, so two
+    validators (or a node and a validator) sharing one loaded model never swap hidden states."""
     captured: list[torch.Tensor] = []
-    handle = final_norm(model).register_forward_hook(lambda _m, _i, output: captured.append(output.detach()))
+    mine = threading.get_ident()
+
+    def keep(_module: torch.nn.Module, _input: object, output: torch.Tensor) -> None:
+        if threading.get_ident() == mine:
+            captured.append(output.detach())
+
+    handle = final_norm(model).register_forward_hook(keep)
     try:
         yield captured
     finally:

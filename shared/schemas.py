@@ -335,6 +335,26 @@ class TrainerMetricsRequest(Request):
     metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(max_length=64)
 
 
+class AuditPolicy(BaseModel):
+    """How much accepted work a second validator checks before the trainer may read it (a run setting).
+
+    A submission's audit chance is the highest share that applies to it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    share: float = Field(0.1, ge=0, le=1)
+    """Share of accepted submissions audited."""
+    new_node_share: float = Field(0.5, ge=0, le=1)
+    """Share for nodes with fewer than ``new_node_accepted`` accepted submissions."""
+    new_node_accepted: int = Field(20, ge=0, le=1_000_000)
+    """Accepted submissions after which a node is no longer new."""
+    suspect_share: float = Field(1.0, ge=0, le=1)
+    """Share for acceptances by a validator under suspicion: one with a strike, or one with fewer
+    than ``new_validator_verdicts`` verdicts (nobody vouches for a new validator yet)."""
+    new_validator_verdicts: int = Field(20, ge=0, le=1_000_000)
+    """Verdicts after which a validator is no longer new."""
+
+
 class RunInfo(BaseModel):
     """What anyone may know about a run."""
 
@@ -351,6 +371,8 @@ class RunInfo(BaseModel):
     length_budget: dict[str, Any]
     dispute_window_s: float | None
     """None: the coordinator's default."""
+    audit: AuditPolicy | None = None
+    """None: :class:`AuditPolicy`'s defaults."""
     status: str
     """active or paused (a paused run leases no new tasks)."""
     created_at: datetime
@@ -377,6 +399,8 @@ class RunSettings(BaseModel):
     """Accept rollouts of policies at most this many steps old (0: synchronous)."""
     dispute_window_s: float | None = Field(None, ge=0, le=10 * 365 * 86400)
     """How long credit stays pending (clawback possible) before it is final."""
+    audit: AuditPolicy | None = None
+    """How much work a second validator checks before the trainer may read it."""
 
 
 class RunCreate(RunSettings):

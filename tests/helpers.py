@@ -58,6 +58,7 @@ def make_run(served, **kw) -> str:  # type: ignore[no-untyped-def]
             kw.get("samples", 2),
             LengthBudget(),
             datetime.now(UTC),
+            audit=kw.get("audit"),
         )
         return run.id
 
@@ -80,3 +81,16 @@ def expire_assignments(served, submission_id: str) -> None:  # type: ignore[no-u
         session.execute(
             update(Review).where(Review.submission_id == submission_id, Review.outcome.is_(None)).values(expires_at=datetime(2000, 1, 1, tzinfo=UTC))
         )
+
+
+def checks_for(outcome: str) -> list[dict[str, Any]]:
+    """A verdict's checks saying ``outcome``: accept (all pass), soft (wrong rewards) or hard (TOPLOC fails)."""
+    from shared.schemas import CHECKS
+
+    failing = {"accept": None, "soft": "rewards", "hard": "toploc"}[outcome]
+    checks, failed = [], False
+    for name in CHECKS:
+        passed = None if failed else name != failing
+        checks.append({"name": name, "passed": passed, "reason": "ok" if passed else "wrong" if passed is False else "not run"})
+        failed = failed or passed is False
+    return checks

@@ -23,8 +23,8 @@ from coordinator.db import make_sessionmaker
 from coordinator.models import ContributionEntry, Node, Role, Submission
 from coordinator.settings import CoordinatorSettings
 from node.work import finish, generate
-from shared.rollout_file import read_rollouts, write_rollouts
 from shared.committee import PublicReceipt
+from shared.rollout_file import read_rollouts, write_rollouts
 from shared.schemas import CHECKS, SamplingParams, TaskSpec
 from shared.verdicts import verdict_signer
 from tests.adversary import ATTACKS, random_tokens
@@ -75,12 +75,13 @@ def check_ledger(served: Served) -> None:
         address, status = statuses[entry.submission_id]
         assert address == entry.address
         if entry.kind == "credit":
-            assert entry.units > 0 and status in ("accepted", "invalidated")
+            assert entry.units > 0 and status in ("accepted", "invalidated", "pending", "rejected")
         else:
-            assert entry.kind == "clawback" and entry.units < 0
+            assert (entry.kind, entry.units > 0) in (("clawback", False), ("restore", True))
         totals[entry.address] = totals.get(entry.address, 0.0) + entry.units
         per_submission[entry.submission_id] = per_submission.get(entry.submission_id, 0.0) + entry.units
     assert all(total >= -1e-9 for total in per_submission.values()), "a clawback exceeded its credit"
+    assert all(per_submission.get(sid, 0) < 1e-9 for sid, (_, status) in statuses.items() if status not in ("accepted", "pending")), "rejected work kept credit"
     for address, total in totals.items():
         shown = httpx.get(f"{served.url}/v1/public/nodes/{address}/credit").json()
         assert abs(shown["pending"] + shown["final"] - total) < 1e-6

@@ -18,10 +18,10 @@ import torch
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
+from shared.committee import PublicReceipt
 from shared.environments.registry import Environment, Problem, get_environment
 from shared.http import coordinator_client, get_waiting
 from shared.models import load_model
-from shared.committee import PublicReceipt
 from shared.schemas import CheckOutcome, Claim, ClaimRequest, PublicStatus, VerdictRequest
 from shared.shardcast.weights import Weights
 from shared.signing import SignedAuth

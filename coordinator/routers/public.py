@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
-from coordinator.services import credit, leaderboard, nodes, receipts, runs, training
-from shared.committee import PublicReceipt
+from coordinator.services import accountability, credit, leaderboard, nodes, receipts, runs, training
+from shared.committee import PublicReceipt, ValidatorStanding
 from shared.schemas import (
     Address,
     Credit,
@@ -104,6 +104,12 @@ async def run_throughput(
         return leaderboard.throughput(session, run_id, datetime.now(UTC), minutes, bucket_s)
 
     return await ledger.run(read)
+
+
+@router.get("/validators", response_model=list[ValidatorStanding])
+async def validators(ledger: LedgerDep) -> list[ValidatorStanding]:
+    """Every validator, active or revoked: verdicts given, how often they agreed with the majority, strikes."""
+    return await ledger.run(accountability.standings)
 
 
 @router.get("/leaderboard", response_model=list[LeaderboardRow])

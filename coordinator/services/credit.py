@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from coordinator.models import ContributionEntry, Run, Submission
@@ -87,13 +87,14 @@ def restore(session: Session, cause: str, reason: str, now: datetime) -> list[Co
 
 def balance(session: Session, address: str, now: datetime) -> tuple[float, float]:
     """(pending, final) units of ``address``."""
-    rows = session.execute(
-        select(ContributionEntry.final_at <= now, func.sum(ContributionEntry.units))
-        .where(ContributionEntry.address == address)
-        .group_by(ContributionEntry.final_at <= now)
-    ).all()
-    totals = {bool(is_final): float(units) for is_final, units in rows}
-    return totals.get(False, 0.0), totals.get(True, 0.0)
+    is_final = ContributionEntry.final_at <= now
+    pending, final = session.execute(
+        select(
+            func.coalesce(func.sum(case((is_final, 0.0), else_=ContributionEntry.units)), 0.0),
+            func.coalesce(func.sum(case((is_final, ContributionEntry.units), else_=0.0)), 0.0),
+        ).where(ContributionEntry.address == address)
+    ).one()
+    return float(pending), float(final)
 
 
 def entries_between(session: Session, since: datetime | None, until: datetime | None, limit: int) -> list[ContributionEntry]:

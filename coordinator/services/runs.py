@@ -22,7 +22,7 @@ from coordinator.settings import CoordinatorSettings
 from shared.environments.length import LengthBudget
 from shared.environments.registry import ENVIRONMENTS, get_environment
 from shared.rollout_file import shape_error
-from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec
+from shared.schemas import AuditPolicy, ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec
 
 
 @cache
@@ -42,6 +42,7 @@ def create_run(
     now: datetime,
     async_level: int = 2,
     dispute_window_s: float | None = None,
+    audit: AuditPolicy | None = None,
 ) -> Run:
     if environment not in ENVIRONMENTS:
         raise ApiError(422, ErrorCode.validation_error, f"Unknown environment {environment!r}; choose one of {', '.join(ENVIRONMENTS)}.")
@@ -63,6 +64,7 @@ def create_run(
         created_at=now,
         async_level=async_level,
         dispute_window_s=dispute_window_s,
+        audit=audit.model_dump() if audit else None,
     )
     session.add(run)
     return run
@@ -184,7 +186,7 @@ def list_runs(session: Session) -> list[Run]:
     return list(session.scalars(select(Run).order_by(Run.created_at.desc())))
 
 
-UPDATABLE = frozenset({"model", "sampling", "prompts_per_task", "samples_per_prompt", "length_budget", "async_level", "dispute_window_s"})
+UPDATABLE = frozenset({"model", "sampling", "prompts_per_task", "samples_per_prompt", "length_budget", "async_level", "dispute_window_s", "audit"})
 
 
 def update_run(session: Session, run_id: str, changes: dict[str, Any]) -> Run:

@@ -161,8 +161,24 @@ function renderTable() {
   if (wrap) wrap.replaceChildren(leaderboardTable(lastRows));
 }
 
+function validatorsTable(validators) {
+  const rows = validators.map((v) => h("tr", { "data-validator": v.address },
+    h("td", {}, h("span", { class: "address" }, fmt.short(v.address))),
+    h("td", { class: v.active ? "status-healthy" : "status-banned", title: v.revoke_reason ?? "" }, v.active ? "active" : "revoked"),
+    h("td", { class: "num" }, fmt.num(v.verdicts)),
+    h("td", { class: "num wide" }, fmt.num(v.compared)),
+    h("td", { class: "num" }, fmt.pct(v.agreement_rate)),
+    h("td", { class: "num" }, fmt.num(v.strikes)),
+  ));
+  return h("table", { id: "validators" },
+    h("caption", {}, "Agreement: how often a validator's verdict matched the majority when another validator judged the same work"),
+    h("thead", {}, h("tr", {}, ["Validator", "Role", "Verdicts", "Compared", "Agreement", "Strikes"].map((t, i) =>
+      h("th", { scope: "col", class: i >= 2 ? (i === 3 ? "num wide" : "num") : "" }, t)))),
+    h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 6 }, "No validators yet."))));
+}
+
 async function showLeaderboard(view) {
-  const [net, rows] = await Promise.all([get("/v1/public/network"), get("/v1/public/leaderboard")]);
+  const [net, rows, validators] = await Promise.all([get("/v1/public/network"), get("/v1/public/leaderboard"), get("/v1/public/validators")]);
   lastRows = rows;
   state.runId = net.run?.id ?? null;
   document.getElementById("run-name").textContent = net.run ? `Run ${net.run.name} · ${net.run.environment} · ${net.run.model}` : "No active run";
@@ -180,6 +196,8 @@ async function showLeaderboard(view) {
       h("h2", { id: "board-title" }, "Leaderboard"),
       h("label", { for: "search" }, "Search by address"), input,
       h("div", { class: "table-wrap", id: "table-wrap" }, leaderboardTable(rows))),
+    h("section", { "aria-labelledby": "validators-title" },
+      h("h2", { id: "validators-title" }, "Validators"), h("div", { class: "table-wrap" }, validatorsTable(validators))),
   );
   if (focused) { input.focus(); input.setSelectionRange(input.value.length, input.value.length); }
 }
@@ -199,6 +217,15 @@ function checksCell(id, checks) {
 
 const openChecks = new Set();
 
+function verdictsCell(receipt) {
+  // Each verdict: who judged, why it was asked for, what it said, and that validator's agreement rate.
+  const items = receipt.verdicts.map((v) => h("li", { class: v.voided ? "muted" : v.agreed === false ? "check-failed" : "" },
+    `${fmt.short(v.validator)} (${v.purpose.replace("_", " ")}): ${v.outcome}`,
+    v.agreement_rate === null ? "" : `, agrees ${fmt.pct(v.agreement_rate)}`, v.voided ? ", voided" : ""));
+  const appeal = receipt.appeal ? h("p", {}, `Appeal ${receipt.appeal.status}`) : "";
+  return items.length ? [h("ul", { class: "verdicts" }, items), appeal] : h("span", { class: "muted" }, "none yet");
+}
+
 async function showNode(view, address) {
   const [node, receipts] = await Promise.all([
     get(`/v1/public/nodes/${address}`), get(`/v1/public/submissions?address=${address}&limit=200`),
@@ -212,6 +239,7 @@ async function showNode(view, address) {
     h("td", {}, h("a", { href: `/v1/public/submissions/${r.submission_id}`, class: "address" }, fmt.short(r.submission_id))),
     h("td", { class: `status-${r.status}` }, r.status, r.hard ? " (hard)" : ""),
     checksCell(r.submission_id, r.checks),
+    h("td", {}, verdictsCell(r)),
     h("td", { class: "num" }, fmt.num(r.credit)),
     h("td", { class: "wide" }, fmt.time(r.created_at)),
     h("td", { class: "wide" }, fmt.time(r.validated_at)),
@@ -223,9 +251,9 @@ async function showNode(view, address) {
     h("h2", {}, "Receipts"),
     h("div", { class: "table-wrap" }, h("table", { id: "receipts" },
       h("caption", {}, `The newest ${receipts.length} submissions with each check's result and reason`),
-      h("thead", {}, h("tr", {}, ["Submission", "Status", "Checks", "Credit", "Uploaded", "Validated"].map((t, i) =>
-        h("th", { scope: "col", class: i === 3 ? "num" : i > 3 ? "wide" : "" }, t)))),
-      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 6 }, "No submissions yet."))))),
+      h("thead", {}, h("tr", {}, ["Submission", "Status", "Checks", "Verdicts", "Credit", "Uploaded", "Validated"].map((t, i) =>
+        h("th", { scope: "col", class: i === 4 ? "num" : i > 4 ? "wide" : "" }, t)))),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 7 }, "No submissions yet."))))),
   );
 }
 

@@ -43,6 +43,8 @@ def _changes(settings: RunSettings, run: Run | None) -> dict[str, Any]:
     given = settings.model_dump(exclude_unset=True, exclude={"length_alpha", "target_length"})
     if "sampling" in given:
         given["sampling"] = settings.sampling.model_dump() if settings.sampling else SamplingParams().model_dump()
+    if settings.audit is not None:
+        given["audit"] = settings.audit.model_dump()
     budget = {"alpha": settings.length_alpha, "target_tokens": settings.target_length}
     if any(v is not None for v in budget.values()):
         current = run.length_budget if run is not None else LengthBudget().model_dump()
@@ -64,7 +66,7 @@ async def create_run(body: RunCreate, ledger: LedgerDep, token: OperateToken) ->
             session, body.name, body.environment, body.model or DEFAULT_MODEL, body.sampling or SamplingParams(max_tokens=48),
             body.prompts_per_task or 4, body.samples_per_prompt or 4,
             LengthBudget(alpha=body.length_alpha or 0.0, target_tokens=body.target_length or 1024), datetime.now(UTC),
-            2 if body.async_level is None else body.async_level, body.dispute_window_s,
+            2 if body.async_level is None else body.async_level, body.dispute_window_s, body.audit,
         )  # fmt: skip
         session.flush()
         return _info(run)

@@ -1,0 +1,55 @@
+"""Appeals: a node asks validators that had not judged its rejected work to check it again.
+
+One appeal per submission, only of a rejection, only within the run's dispute window of the
+decision, and at most ``appeals_per_day`` per node. The appeal's committee (see
+:mod:`coordinator.services.committee`) decides anew; its decision replaces the old one, and
+credit and strikes follow as new ledger rows.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from coordinator.errors import ApiError
+from coordinator.models import Appeal, Run, Submission
+from coordinator.services import committee
+from coordinator.settings import CoordinatorSettings
+from shared.committee import AppealInfo, AppealRequest
+from shared.schemas import ErrorCode
+
+DAY = timedelta(days=1)
+
+
+def file(session: Session, signer: str, body: AppealRequest, settings: CoordinatorSettings, now: datetime) -> AppealInfo:
+    submission = session.get(Submission, body.submission_id)
+    if submission is None:
+        raise ApiError(404, ErrorCode.not_found, f"No submission {body.submission_id}.")
+    if submission.address != signer:
+        raise ApiError(403, ErrorCode.address_mismatch, "Only the node that submitted this work may appeal it.")
+    if submission.status != "rejected" or submission.outcome not in ("soft", "hard"):
+        raise ApiError(409, ErrorCode.conflict, f"Only rejected work can be appealed; this submission is {submission.status}.")
+    if session.scalar(select(Appeal.id).where(Appeal.submission_id == submission.id)) is not None:
+        raise ApiError(409, ErrorCode.conflict, "This submission was appealed already; see its receipt for the outcome.")
+    run = session.get_one(Run, submission.run_id)
+    window = settings.dispute_window_s if run.dispute_window_s is None else run.dispute_window_s
+    closes = submission.validated_at + timedelta(seconds=window)  # type: ignore[operator]
+    if now > closes:
+        raise ApiError(409, ErrorCode.conflict, f"The dispute window of this decision closed at {closes.isoformat()}.")
+    filed = session.scalar(select(func.count()).where(Appeal.address == signer, Appeal.created_at > now - DAY)) or 0
+    if filed >= settings.appeals_per_day:
+        oldest = session.scalar(select(func.min(Appeal.created_at)).where(Appeal.address == signer, Appeal.created_at > now - DAY))
+        wait = max(1, int((oldest + DAY - now).total_seconds()))  # type: ignore[operator]
+        raise ApiError(
+            429, ErrorCode.rate_limited, f"At most {settings.appeals_per_day} appeals a day; the next is possible in {wait} s.",
+            headers={"Retry-After": str(wait)},
+        )  # fmt: skip
+    appeal = Appeal(
+        submission_id=submission.id, address=signer, reason=body.reason, prior_outcome=submission.outcome, status="open", created_at=now
+    )
+    session.add(appeal)
+    session.flush()
+    committee.progress(session, submission, settings, now)
+    return AppealInfo.model_validate(appeal, from_attributes=True)
