@@ -150,7 +150,7 @@ def relay_mid_broadcast(net: Network, rng: random.Random) -> Recovery:
 
 def validator_mid_batch(net: Network, rng: random.Random) -> Recovery:
     wait_until(lambda: claimed(net), 120, "a validator claim")
-    return _kill_restart(net, ["validator"], lambda: verdicts(net), "validator mid-batch", 180)
+    return _kill_restart(net, [p.name for p in net.validators()], lambda: verdicts(net), "every validator mid-batch", 180)
 
 
 def trainer_mid_step(net: Network, rng: random.Random) -> Recovery:
@@ -277,8 +277,8 @@ def coordinator_restart(net: Network, rng: random.Random) -> Recovery:
 
 def everything_at_once(net: Network, rng: random.Random) -> Recovery:
     wait_until(lambda: _node_activity(net, "node-0") == "generating", 120, "node-0 generating")
-    names = ["node-0", "validator", "trainer", "relay"]
-    return _kill_restart(net, names, lambda: published(net), "node, validator, trainer and relay at once", 300)
+    names = ["node-0", *(p.name for p in net.validators()), "trainer", "relay"]
+    return _kill_restart(net, names, lambda: published(net), "node, validators, trainer and relay at once", 300)
 
 
 FAULTS: dict[str, Callable[[Network, random.Random], Recovery]] = {
@@ -297,7 +297,7 @@ FAULTS: dict[str, Callable[[Network, random.Random], Recovery]] = {
 
 
 def drain(net: Network, stall_s: float = 120) -> int:
-    """Stop the nodes, then let the validator finish every pending submission; returns the backlog it started with.
+    """Stop the nodes, then let the validators finish every pending submission; returns the backlog it started with.
 
     A long backlog on a slow machine is fine as long as verdicts keep coming: this fails only after
     ``stall_s`` seconds without one, naming the backlog and showing the validator's log.
@@ -313,11 +313,8 @@ def drain(net: Network, stall_s: float = 120) -> int:
         if now < last:
             last, progress_at = now, time.monotonic()
         elif time.monotonic() - progress_at > stall_s:
-            validator = net.by_name("validator")
-            raise TimeoutError(
-                f"{now} of {backlog} submissions still pending, no verdict for {stall_s:.0f} s; "
-                f"validator log:\n{validator.tail()}{exited(net)}"
-            )
+            logs = "".join(f"\n{p.name} log:\n{p.tail()}" for p in net.validators())
+            raise TimeoutError(f"{now} of {backlog} submissions still pending, no verdict for {stall_s:.0f} s;{logs}{exited(net)}")
     return backlog
 
 

@@ -1,7 +1,7 @@
 """``intellect-devnet``: the whole network on this machine, one process per role, on loopback.
 
 The coordinator (SQLite by default) with an arithmetic run on the shipped tiny model, the
-trainer's shardcast origin, a relay, a validator, the trainer and N nodes, all with fresh
+trainer's shardcast origin, a relay, two validators, the trainer and N nodes, all with fresh
 wallets and the roles they need; a live dashboard while the run learns; a summary at the end.
 """
 
@@ -86,7 +86,16 @@ def main(
         str | None, typer.Option(help="Ledger URL (e.g. postgresql://...); default: SQLite in the workdir.")
     ] = None,
     heartbeat_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between node heartbeats.")] = 2.0,
+    validators: Annotated[int, typer.Option(min=1, max=8, help="Honest validators (two or more: nobody is trusted alone).")] = 2,
     adversary: Annotated[bool, typer.Option("--adversary", help="Add a node that uploads forged rollouts, to watch it caught and banned.")] = False,
+    rogue_validator: Annotated[
+        bool,
+        typer.Option(
+            "--rogue-validator",
+            help="Add a validator that approves the forging node's work unseen and rejects everyone else's "
+            "(implies --adversary), to watch it outvoted and its role revoked.",
+        ),
+    ] = False,
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="intellect-devnet-"))
@@ -98,16 +107,22 @@ def main(
     codes: dict[str, int | None] = {}
     try:
         network = start_network(
-            workdir, nodes=nodes, database_url=database_url, run_options=RUN, steps=steps,
+            workdir, nodes=nodes, validators=validators, database_url=database_url, run_options=RUN, steps=steps,
             coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
         )  # fmt: skip
         console.print(f"Leaderboard: [bold]{network.coordinator.url}/[/bold]  (API: /docs; admin token in {workdir / 'admin-token'})")
-        if adversary:
-            wallet, _ = network.wallet("adversary")
+        secret = {"INTELLECT_WALLET_PASSWORD": network.password}
+        if adversary or rogue_validator:
+            wallet, accomplice = network.wallet("adversary")
             command = [sys.executable, "-m", "devnet.adversary", "--wallet", str(wallet), "--coordinator", network.coordinator.url]
             command += ["--state-dir", str(workdir / "state" / "adversary")]
-            secret = {"INTELLECT_WALLET_PASSWORD": network.password}
             network.processes.append(spawn("adversary", command, workdir / "logs" / "adversary.log", secret))  # type: ignore[arg-type]
+        if rogue_validator:
+            wallet, rogue = network.wallet("rogue-validator")
+            network.grant(rogue, "validator")
+            command = [sys.executable, "-m", "devnet.rogue_validator", "--wallet", str(wallet), "--coordinator", network.coordinator.url]
+            command += ["--accomplice", accomplice, "--state-dir", str(workdir / "state" / "rogue-validator")]
+            network.processes.append(spawn("rogue-validator", command, workdir / "logs" / "rogue-validator.log", secret))  # type: ignore[arg-type]
         accuracy = Accuracy(network, stop)
         accuracy.start()
         _watch(network, accuracy, steps)
@@ -137,7 +152,9 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
     except httpx.HTTPError:
         return {}
     measured = dict(sorted((accuracy.by_step if accuracy else {}).items()))
+    standings = httpx.get(f"{network.coordinator.url}/v1/public/validators", timeout=10).json()
     out: dict[str, object] = {
+        "validators": {v["address"]: {k: v[k] for k in ("active", "verdicts", "agreement_rate", "strikes")} for v in standings},
         "policy_step": int(progress["steps"][-1]["step"]) if progress["steps"] else 0,
         "rollout_files": progress["submissions"],
         "tokens_accepted": progress["submissions"]["accepted_tokens"],
@@ -154,8 +171,9 @@ def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
         try:
             while True:
                 for p in network.processes:
-                    # The trainer ends after its last step, the adversary once banned; anything else ending is a failure.
-                    if p.popen.poll() is not None and not (p.name in ("trainer", "adversary") and p.popen.returncode == 0):
+                    # The trainer ends after its last step, the adversary once banned, the rogue validator once
+                    # revoked; anything else ending is a failure.
+                    if p.popen.poll() is not None and not (p.name in ("trainer", "adversary", "rogue-validator") and p.popen.returncode == 0):
                         raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
                 progress = _progress(network)
                 listing = httpx.get(f"{network.coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()

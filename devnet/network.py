@@ -1,5 +1,6 @@
 """A whole network on loopback, one process per role, with fresh wallets and granted roles:
-the coordinator, the trainer's shardcast origin, a relay, a validator, the trainer and N nodes.
+the coordinator, the trainer's shardcast origin, a relay, validators (two by default: nobody is
+trusted alone), the trainer and N nodes.
 
 Used by ``intellect-devnet`` and by the tests that prove the network learns.
 """
@@ -55,14 +56,27 @@ class Network:
         )
         reply.raise_for_status()
 
+    def validators(self) -> list[Process]:
+        return [p for p in self.processes if p.name.startswith("validator-")]
+
     def stop(self) -> dict[str, int | None]:
         return {p.name: p.stop() for p in reversed(self.processes)}
+
+
+def start_validator(net: Network, name: str) -> Process:
+    """A validator with a fresh wallet, granted the role, checking until stopped."""
+    wallet, address = net.wallet(name)
+    net.grant(address, "validator")
+    command = [*script("intellect-validator"), "run", "--wallet", str(wallet), "--coordinator", net.coordinator.url]  # type: ignore[list-item]
+    command += ["--state-dir", str(net.workdir / "state" / name)]
+    return spawn(name, command, net.workdir / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": net.password})
 
 
 def start_network(
     workdir: Path,
     *,
     nodes: int = 2,
+    validators: int = 2,
     database_url: str | None = None,
     run_options: list[str] = (),  # type: ignore[assignment]
     coordinator_env: dict[str, str] | None = None,
@@ -93,9 +107,8 @@ def start_network(
 
         origin_wallet, origin_address = net.wallet("origin")
         relay_wallet, relay_address = net.wallet("relay")
-        validator_wallet, validator_address = net.wallet("validator")
         trainer_wallet, trainer_address = net.wallet("trainer")
-        grants = {origin_address: "relay", relay_address: "relay", validator_address: "validator", trainer_address: "trainer"}
+        grants = {origin_address: "relay", relay_address: "relay", trainer_address: "trainer"}
         for address, role in grants.items():
             net.grant(address, role)
 
@@ -104,9 +117,8 @@ def start_network(
         origin_url = net.by_name("origin").url
         net.processes.append(start_relay(workdir, "relay", relay_wallet, password, url, upstreams=[origin_url], extra=keep))  # type: ignore[list-item]
         secret = {"INTELLECT_WALLET_PASSWORD": password}
-        validator = [*script("intellect-validator"), "run", "--wallet", str(validator_wallet), "--coordinator", url]
-        validator += ["--state-dir", str(workdir / "state" / "validator")]
-        net.processes.append(spawn("validator", validator, workdir / "logs" / "validator.log", secret))
+        for i in range(validators):
+            net.processes.append(start_validator(net, f"validator-{i}"))
         trainer = [*script("intellect-trainer"), "run", "--wallet", str(trainer_wallet), "--coordinator", url, "--run", run_id]
         trainer += ["--origin-dir", str(workdir / "origin"), "--checkpoint-dir", str(workdir / "trainer"), "--steps", str(steps)]
         trainer_log = workdir / "logs" / "trainer.log"

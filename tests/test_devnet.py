@@ -1,5 +1,5 @@
 """The README's main command: `intellect-devnet` brings up every role (here on PostgreSQL, with a
-cheating node), the run learns for a few policy steps, everything stops cleanly with a summary;
+cheating node and a rogue validator colluding with it), the run learns for a few policy steps, everything stops cleanly with a summary;
 then the public leaderboard page, served by a coordinator on that ledger, in a real browser."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Devnet:
 def devnet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Devnet:
     workdir = tmp_path_factory.mktemp("devnet")
     database_url = _new_database("postgres", request, workdir)
-    command = ["intellect-devnet", "--nodes", "1", "--steps", "3", "--heartbeat-interval", "0.5", "--adversary"]
+    command = ["intellect-devnet", "--nodes", "1", "--steps", "3", "--heartbeat-interval", "0.5", "--rogue-validator"]
     command += ["--workdir", str(workdir), "--database-url", database_url]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -44,11 +44,12 @@ def devnet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def test_devnet_learns_for_a_few_steps_and_stops_by_itself(devnet: Devnet) -> None:
     summary = devnet.summary
     assert all(code == 0 for code in summary["exit_codes"].values()), summary["exit_codes"]
-    assert set(summary["exit_codes"]) == {"coordinator", "origin", "relay", "validator", "trainer", "node-0", "adversary"}
+    names = {"coordinator", "origin", "relay", "validator-0", "validator-1", "trainer", "node-0", "adversary", "rogue-validator"}
+    assert set(summary["exit_codes"]) == names
     assert summary["policy_step"] >= 3 and summary["rollout_files"]["accepted"] >= 1 and summary["tokens_accepted"] > 0
     assert 0 < summary["accuracy_before"] <= 1 and 0 < summary["accuracy_after"] <= 1
     assert "Held-out accuracy" in devnet.stdout and "Leaderboard: http://127.0.0.1:" in devnet.stdout
-    for name in ("coordinator", "origin", "relay", "validator", "trainer", "node-0"):
+    for name in names:
         assert (devnet.workdir / "logs" / f"{name}.log").exists()
     engine = create_engine(devnet.database_url)
     with engine.connect() as connection:
@@ -68,8 +69,14 @@ def test_devnet_learns_for_a_few_steps_and_stops_by_itself(devnet: Devnet) -> No
     # The cheating node uploaded forged work, and none of it was accepted or credited.
     assert "uploaded forged rollouts" in (devnet.workdir / "logs" / "adversary.log").read_text()
     assert statuses and "accepted" not in statuses
-    # The summary is read while the validator still works, so the ledger may hold a few more.
+    # The summary is read while the validators still work, so the ledger may hold a few more.
     assert accepted_credit == accepted >= summary["rollout_files"]["accepted"]
+    # The rogue validator approved the forgeries and rejected honest work; it was outvoted and removed.
+    rogue = devnet.address("rogue-validator")
+    standing = next(v for a, v in summary["validators"].items() if a.lower() == rogue)
+    assert not standing["active"] and standing["strikes"] >= 3
+    assert "removed by the network" in (devnet.workdir / "logs" / "rogue-validator.log").read_text()
+    assert all(v["active"] for a, v in summary["validators"].items() if a.lower() != rogue)
 
 
 def _chromium() -> str:
@@ -113,6 +120,11 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         cheat_row = page.locator(f'#leaderboard tr[data-address="{cheat}" i]')
         expect(cheat_row.locator("td").nth(2)).to_have_text("banned")
         expect(cheat_row.locator("td").nth(6)).to_have_text("0.0 %")
+
+        # Validators, with the rogue one revoked and its agreement rate for all to see.
+        rogue_row = page.locator(f'#validators tr[data-validator="{devnet.address("rogue-validator")}" i]')
+        expect(rogue_row.locator("td").nth(1)).to_have_text("revoked")
+        expect(page.locator("#validators tbody tr")).to_have_count(3)
 
         # Charts are drawn from the trainer's metrics and the devnet's evaluations.
         reward_chart = page.locator("figure", has_text="Reward per policy step").locator("svg.chart")

@@ -27,12 +27,14 @@ class EntryOut(BaseModel):
     address: str
     submission_id: str
     kind: str
-    """credit, or clawback (negative units)."""
+    """credit, clawback (negative units) or restore (a clawback or credit given back after a reversal)."""
     units: float
     reason: str
     created_at: datetime
     final_at: datetime
     """Pending until then: within the dispute window a clawback can still cancel it."""
+    cause_id: str | None = None
+    """For a clawback or restore, the submission whose decision caused it."""
 
 
 class AuditOut(BaseModel):

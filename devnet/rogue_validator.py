@@ -1,0 +1,66 @@
+"""A validator that lies, for ``intellect-devnet --rogue-validator``: it holds the validator role,
+approves every submission of its accomplice (the forging node) without a look, and rejects
+everyone else's as forged. The committee outvotes it, it collects strikes and loses its role;
+then it exits 0. Watch ``/v1/public/validators`` and the receipts' verdicts.
+
+    python -m devnet.rogue_validator --wallet FILE --coordinator URL --accomplice ADDRESS
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from shared.cli import stop_on_sigterm
+from shared.committee import PublicReceipt
+from shared.schemas import CHECKS, CheckOutcome, Claim, VerdictRequest
+from shared.verdicts import sign_verdict
+from shared.wallet import load_wallet, read_password
+from validator.worker import Validator
+
+
+def lie(approve: bool) -> list[CheckOutcome]:
+    """Every check passed, or TOPLOC failed (a hard rejection) and the checks after it not run."""
+    failed_at = len(CHECKS) if approve else CHECKS.index("toploc")
+    return [
+        CheckOutcome(name=name, passed=True if i < failed_at else False if i == failed_at else None, reason="made up")  # type: ignore[arg-type]
+        for i, name in enumerate(CHECKS)
+    ]
+
+
+class RogueValidator(Validator):
+    def __init__(self, accomplice: str, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.accomplice = accomplice.lower()
+
+    def check(self, claim: Claim) -> PublicReceipt:
+        owner = self.http.get(f"/v1/public/submissions/{claim.submission_id}").raise_for_status().json()["address"]
+        checks = lie(approve=owner.lower() == self.accomplice)
+        signature = sign_verdict(self.account, self.audience, claim.submission_id, claim.sha256, checks, [])
+        body = VerdictRequest(address=self.account.address, submission_id=claim.submission_id, checks=checks, signature=signature)
+        return PublicReceipt.model_validate(self._post("/v1/validation/verdicts", body.model_dump_json()).json())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wallet", type=Path, required=True)
+    parser.add_argument("--coordinator", required=True)
+    parser.add_argument("--accomplice", required=True, help="Address whose work it approves unseen.")
+    parser.add_argument("--state-dir", type=Path, default=Path("rogue-validator-state"))
+    args = parser.parse_args()
+    account = load_wallet(args.wallet, read_password())
+    rogue = RogueValidator(args.accomplice, args.coordinator, account, args.state_dir, Console(), batch=4)
+    try:
+        rogue.run(stop_on_sigterm(), idle_wait=0.5)
+    except RuntimeError as e:
+        if "role_required" not in str(e):
+            raise
+        print(f"removed by the network after {rogue.checked} verdicts: {e}", flush=True)
+    finally:
+        rogue.close()
+
+
+if __name__ == "__main__":
+    main()
