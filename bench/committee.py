@@ -90,6 +90,7 @@ class Deployment:
 
 @contextmanager
 def deployment(workdir: Path, share: float, run: dict, env: dict[str, str]) -> Iterator[Deployment]:
+    workdir.mkdir(parents=True)
     url = f"sqlite:///{workdir / 'ledger.db'}"
     migrate(url, workdir / "migrate.log")
     token = admin_token(url)
@@ -185,7 +186,7 @@ def detection(workdir: Path, share: float, verdicts: int, max_strikes: int) -> D
         forged: set[str] = set()
         given, revoked = 0, False
         while given < verdicts and not revoked:
-            batch = min(50, verdicts - given)
+            batch = min(25, verdicts - given)
             for i in range(batch):
                 if (given + i) % 5 == 0:
                     forged.add(d.submit(accomplice))
