@@ -24,7 +24,7 @@ DAY = timedelta(days=1)
 
 
 def file(session: Session, signer: str, body: AppealRequest, settings: CoordinatorSettings, now: datetime) -> AppealInfo:
-    submission = session.get(Submission, body.submission_id)
+    submission = session.get(Submission, body.submission_id, with_for_update=True)
     if submission is None:
         raise ApiError(404, ErrorCode.not_found, f"No submission {body.submission_id}.")
     if submission.address != signer:

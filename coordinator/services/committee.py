@@ -221,7 +221,9 @@ def _stale(session: Session, submission: Submission) -> bool:
 def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorSettings, now: datetime) -> None:
     """After ``validator`` lost its role: its open assignments are drawn again, its verdicts of the
     last ``recheck_window_s`` stop counting, and every submission one of them helped decide is judged again."""
-    for review in session.scalars(select(Review).where(Review.validator == validator, Review.outcome.is_(None), Review.voided_at.is_(None))):
+    # Locked: a verdict being given on one of them finishes first and is then no longer open.
+    open_ones = select(Review).where(Review.validator == validator, Review.outcome.is_(None), Review.voided_at.is_(None)).with_for_update()
+    for review in session.scalars(open_ones):
         review.validator = review.expires_at = review.claimed_at = None
     since = now - timedelta(seconds=settings.recheck_window_s)
     voided: dict[str, list[Review]] = defaultdict(list)
@@ -233,7 +235,7 @@ def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorS
         voided[review.submission_id].append(review)
     session.flush()
     for submission_id, reviews in voided.items():
-        submission = session.get_one(Submission, submission_id)
+        submission = session.get_one(Submission, submission_id, with_for_update=True)
         if submission.status == "invalidated":
             continue
         if submission.status != "pending":

@@ -57,16 +57,17 @@ def claim(session: Session, signer: str, body: ClaimRequest, settings: Coordinat
 
 
 def claimed(session: Session, signer: str, submission_id: str, now: datetime) -> tuple[Submission, Review]:
-    """The submission and ``signer``'s live assignment to judge it."""
+    """The submission and ``signer``'s live assignment to judge it, both locked: a revocation or a
+    new draw running beside this verdict waits for it and then sees it given."""
     roles.require(session, signer, RoleName.validator)
-    submission = session.get(Submission, submission_id)
+    submission = session.get(Submission, submission_id, with_for_update=True)
     if submission is None:
         raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
     review = session.scalar(
         select(Review).where(
             Review.submission_id == submission_id, Review.validator == signer, Review.outcome.is_(None),
             Review.voided_at.is_(None), Review.expires_at > now,
-        )
+        ).with_for_update()
     )  # fmt: skip
     if review is None:
         raise ApiError(409, ErrorCode.conflict, "You hold no live assignment to judge this submission (it was not drawn for you, or it expired).")
