@@ -40,8 +40,9 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from devnet.processes import admin_token, migrate, start_coordinator  # noqa: E402
+from devnet.rogue_validator import made_up_checks  # noqa: E402
 from node.work import finish, generate  # noqa: E402
-from shared.schemas import CHECKS, CheckOutcome, PublicStatus, TaskSpec  # noqa: E402
+from shared.schemas import PublicStatus, TaskSpec  # noqa: E402
 from shared.signing import sign_request  # noqa: E402
 from shared.verdicts import sign_verdict  # noqa: E402
 from shared.version import __version__  # noqa: E402
@@ -146,18 +147,10 @@ def cost(workdir: Path, share: float, validators: int, tasks: int) -> tuple[floa
         return sum(w.cpu_s for w in workers) / max(rows, 1), sum(w.checked for w in workers), rows
 
 
-def checks(outcome: str) -> list[CheckOutcome]:
-    failed_at = len(CHECKS) if outcome == "accept" else CHECKS.index("toploc")
-    return [
-        CheckOutcome(name=n, passed=True if i < failed_at else False if i == failed_at else None, reason="bench")  # type: ignore[arg-type]
-        for i, n in enumerate(CHECKS)
-    ]
-
-
 def judge(d: Deployment, validator: LocalAccount, say: Callable[[str], str]) -> int:
     claims = d.post(validator, "/v1/validation/claim", {"address": validator.address, "limit": 64}).json()
     for c in claims:
-        verdict = checks(say(c["submission_id"]))
+        verdict = made_up_checks(say(c["submission_id"]))
         signature = sign_verdict(validator, d.audience, c["submission_id"], c["sha256"], verdict, [])
         body = {"address": validator.address, "submission_id": c["submission_id"], "checks": [v.model_dump() for v in verdict], "signature": signature}
         d.post(validator, "/v1/validation/verdicts", body)

@@ -156,7 +156,8 @@ def run_create(
     """Create an active run that nodes can lease tasks of."""
     from coordinator.services.runs import create_run
     from shared.environments.length import LengthBudget
-    from shared.schemas import DEFAULT_MODEL, AuditPolicy, SamplingParams
+    from shared.run_schemas import AuditPolicy
+    from shared.schemas import DEFAULT_MODEL, SamplingParams
 
     sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
     try:

@@ -21,9 +21,11 @@ from shared.wallet import load_wallet, read_password
 from validator.worker import Validator
 
 
-def lie(approve: bool) -> list[CheckOutcome]:
-    """Every check passed, or TOPLOC failed (a hard rejection) and the checks after it not run."""
-    failed_at = len(CHECKS) if approve else CHECKS.index("toploc")
+def made_up_checks(outcome: str) -> list[CheckOutcome]:
+    """Checks that say ``outcome`` without looking: accept (all pass), soft (wrong rewards) or
+    hard (TOPLOC fails, and the checks after it are not run). Also what tests and benchmarks post
+    for validators whose verdicts they script."""
+    failed_at = {"accept": len(CHECKS), "soft": CHECKS.index("rewards"), "hard": CHECKS.index("toploc")}[outcome]
     return [
         CheckOutcome(name=name, passed=True if i < failed_at else False if i == failed_at else None, reason="made up")  # type: ignore[arg-type]
         for i, name in enumerate(CHECKS)
@@ -37,7 +39,7 @@ class RogueValidator(Validator):
 
     def check(self, claim: Claim) -> PublicReceipt:
         owner = self.http.get(f"/v1/public/submissions/{claim.submission_id}").raise_for_status().json()["address"]
-        checks = lie(approve=owner.lower() == self.accomplice)
+        checks = made_up_checks("accept" if owner.lower() == self.accomplice else "hard")
         signature = sign_verdict(self.account, self.audience, claim.submission_id, claim.sha256, checks, [])
         body = VerdictRequest(address=self.account.address, submission_id=claim.submission_id, checks=checks, signature=signature)
         return PublicReceipt.model_validate(self._post("/v1/validation/verdicts", body.model_dump_json()).json())

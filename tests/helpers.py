@@ -84,13 +84,7 @@ def expire_assignments(served, submission_id: str) -> None:  # type: ignore[no-u
 
 
 def checks_for(outcome: str) -> list[dict[str, Any]]:
-    """A verdict's checks saying ``outcome``: accept (all pass), soft (wrong rewards) or hard (TOPLOC fails)."""
-    from shared.schemas import CHECKS
+    """A verdict's checks saying ``outcome`` (see :func:`devnet.rogue_validator.made_up_checks`), as JSON."""
+    from devnet.rogue_validator import made_up_checks
 
-    failing = {"accept": None, "soft": "rewards", "hard": "toploc"}[outcome]
-    checks, failed = [], False
-    for name in CHECKS:
-        passed = None if failed else name != failing
-        checks.append({"name": name, "passed": passed, "reason": "ok" if passed else "wrong" if passed is False else "not run"})
-        failed = failed or passed is False
-    return checks
+    return [c.model_dump() for c in made_up_checks(outcome)]

@@ -29,7 +29,8 @@ from coordinator.services.committee import majority
 from coordinator.settings import CoordinatorSettings
 from node.work import finish, generate
 from shared.committee import PublicReceipt
-from shared.schemas import AuditPolicy, SamplingParams
+from shared.run_schemas import AuditPolicy
+from shared.schemas import SamplingParams
 from shared.verdicts import verdict_signer
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body

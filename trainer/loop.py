@@ -28,7 +28,8 @@ from pydantic import BaseModel
 from shared.environments.registry import get_environment
 from shared.http import coordinator_client
 from shared.models import load_model
-from shared.schemas import PublicStatus, RunInfo, TrainerMetricsRequest
+from shared.run_schemas import RunInfo
+from shared.schemas import PublicStatus, TrainerMetricsRequest
 from shared.shardcast.manifest import SignedManifest
 from shared.shardcast.origin import post_manifest, publish_step, step_dir
 from shared.signing import SignedAuth

@@ -11,18 +11,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
 from coordinator.services import accountability, credit, leaderboard, nodes, receipts, runs, training
 from shared.committee import PublicReceipt, ValidatorStanding
-from shared.schemas import (
-    Address,
-    Credit,
-    ErrorBody,
-    LeaderboardRow,
-    NetworkStatus,
-    PublicNode,
-    PublicStatus,
-    RunInfo,
-    RunProgress,
-    ThroughputBucket,
-)
+from shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
+from shared.run_schemas import RunInfo, RunProgress
+from shared.schemas import Address, ErrorBody, PublicStatus
 from shared.version import __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])

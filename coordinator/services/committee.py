@@ -8,7 +8,7 @@ A validator cannot choose; an assignment not answered in ``validation_claim_s`` 
 How the verdicts decide (:func:`progress`):
 
 1. One verdict. A hard rejection always gets a second opinion; any other verdict gets an audit
-   with the run's audit chance (:class:`shared.schemas.AuditPolicy`). Else it decides.
+   with the run's audit chance (:class:`shared.run_schemas.AuditPolicy`). Else it decides.
 2. Two verdicts that agree decide; two that disagree go to a third validator.
 3. Three verdicts: the majority stands (accepted if most accept, hard if most say forged, else soft).
 
@@ -34,7 +34,8 @@ from coordinator.models import Appeal, Node, Review, Role, Run, Submission, Task
 from coordinator.services import accountability, consequences, roles
 from coordinator.settings import CoordinatorSettings
 from shared.committee import Outcome, Purpose
-from shared.schemas import AuditPolicy, RoleName
+from shared.run_schemas import AuditPolicy
+from shared.schemas import RoleName
 
 ASSIGN_SCAN = 256
 """Most waiting reviews drawn for at each claim: bounds one claim's work whatever the backlog."""

@@ -14,15 +14,9 @@ from sqlalchemy.orm import Session
 from coordinator.models import ContributionEntry, Node, Run, Submission
 from coordinator.services import nodes, shardcast
 from coordinator.settings import CoordinatorSettings
-from shared.schemas import (
-    Credit,
-    LeaderboardRow,
-    NetworkStatus,
-    NodeStatus,
-    PublicNode,
-    RunInfo,
-    ThroughputBucket,
-)
+from shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
+from shared.run_schemas import RunInfo
+from shared.schemas import NodeStatus
 
 REJECTED = ("rejected", "invalidated")
 

@@ -3,6 +3,7 @@ with every validator's signed verdict and its agreement rate."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -18,13 +19,13 @@ from shared.schemas import CheckOutcome, ErrorCode
 
 
 def public_receipt(session: Session, submission_id: str) -> PublicReceipt:
-    return _receipt(session, _get(session, submission_id))
+    return _receipts(session, [_get(session, submission_id)])[0]
 
 
 def receipts_of(session: Session, address: str, limit: int) -> list[PublicReceipt]:
     """The newest receipts of one node."""
     query = select(Submission).where(Submission.address == address).order_by(Submission.created_at.desc()).limit(limit)
-    return [_receipt(session, s) for s in session.scalars(query)]
+    return _receipts(session, list(session.scalars(query)))
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,11 @@ def admin_receipts(session: Session, where: SubmissionFilter, limit: int, offset
         query = query.where(Submission.created_at >= where.since)
     if where.until is not None:
         query = query.where(Submission.created_at < where.until)
-    return [_admin_receipt(session, s) for s in session.scalars(query.limit(limit).offset(offset))]
+    return _admin_receipts(session, list(session.scalars(query.limit(limit).offset(offset))))
 
 
 def admin_receipt(session: Session, submission_id: str) -> AdminReceipt:
-    return _admin_receipt(session, _get(session, submission_id))
+    return _admin_receipts(session, [_get(session, submission_id)])[0]
 
 
 def _get(session: Session, submission_id: str) -> Submission:
@@ -60,20 +61,36 @@ def _get(session: Session, submission_id: str) -> Submission:
     return submission
 
 
-def _admin_receipt(session: Session, submission: Submission) -> AdminReceipt:
-    review = open_review_of(session, submission.id)
-    return AdminReceipt(
-        **_receipt(session, submission).model_dump(),
-        blob_key=submission.blob_key, rows=submission.rows, tokens=submission.tokens, prompt_tokens=submission.prompt_tokens,
-        claimed_by=review.validator if review and review.claimed_at else None,
-        claim_expires_at=review.expires_at if review and review.claimed_at else None,
-    )  # fmt: skip
+def _admin_receipts(session: Session, submissions: list[Submission]) -> list[AdminReceipt]:
+    out = []
+    for submission, public in zip(submissions, _receipts(session, submissions), strict=True):
+        review = open_review_of(session, submission.id)
+        held = review is not None and review.claimed_at is not None
+        out.append(
+            AdminReceipt(
+                **public.model_dump(),
+                blob_key=submission.blob_key, rows=submission.rows, tokens=submission.tokens, prompt_tokens=submission.prompt_tokens,
+                claimed_by=review.validator if held else None, claim_expires_at=review.expires_at if held else None,  # type: ignore[union-attr]
+            )
+        )  # fmt: skip
+    return out
 
 
-def _verdicts(session: Session, submission_id: str) -> list[VerdictRecord]:
-    reviews = list(session.scalars(select(Review).where(Review.submission_id == submission_id, Review.outcome.is_not(None)).order_by(Review.id)))
-    counts = accountability.agreement(session, {r.validator for r in reviews if r.validator})
-    return [
+def _receipts(session: Session, submissions: list[Submission]) -> list[PublicReceipt]:
+    """Receipts of ``submissions``, reading their verdicts, appeals and validators' agreement once for all."""
+    ids = [s.id for s in submissions]
+    reviews: dict[str, list[Review]] = defaultdict(list)
+    for r in session.scalars(select(Review).where(Review.submission_id.in_(ids), Review.outcome.is_not(None)).order_by(Review.id)):
+        reviews[r.submission_id].append(r)
+    appeals = {a.submission_id: a for a in session.scalars(select(Appeal).where(Appeal.submission_id.in_(ids)))}
+    counts = accountability.agreement(session, {r.validator for rs in reviews.values() for r in rs if r.validator})
+    return [_receipt(session, s, reviews[s.id], appeals.get(s.id), counts) for s in submissions]
+
+
+def _receipt(
+    session: Session, submission: Submission, reviews: list[Review], appeal: Appeal | None, counts: dict[str, tuple[int, int, int]]
+) -> PublicReceipt:
+    verdicts = [
         VerdictRecord(
             validator=r.validator, purpose=r.purpose, outcome=r.outcome, checks=[CheckOutcome(**c) for c in r.checks or []],  # type: ignore[arg-type]
             untrained_rows=r.untrained_rows or [], signature=r.signature or "", judged_at=r.judged_at,  # type: ignore[arg-type]
@@ -81,10 +98,6 @@ def _verdicts(session: Session, submission_id: str) -> list[VerdictRecord]:
         )
         for r in reviews
     ]  # fmt: skip
-
-
-def _receipt(session: Session, submission: Submission) -> PublicReceipt:
-    appeal = session.scalar(select(Appeal).where(Appeal.submission_id == submission.id))
     return PublicReceipt(
         submission_id=submission.id,
         task_id=submission.task_id,
@@ -101,6 +114,6 @@ def _receipt(session: Session, submission: Submission) -> PublicReceipt:
         untrained_rows=submission.untrained_rows or [],
         sha256=submission.sha256,
         verdict_signature=submission.verdict_signature,
-        verdicts=_verdicts(session, submission.id),
+        verdicts=verdicts,
         appeal=AppealInfo.model_validate(appeal, from_attributes=True) if appeal else None,
     )

@@ -22,7 +22,8 @@ from coordinator.settings import CoordinatorSettings
 from shared.environments.length import LengthBudget
 from shared.environments.registry import ENVIRONMENTS, get_environment
 from shared.rollout_file import shape_error
-from shared.schemas import AuditPolicy, ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec
+from shared.run_schemas import AuditPolicy
+from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec
 
 
 @cache

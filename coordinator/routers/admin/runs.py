@@ -14,7 +14,8 @@ from coordinator.models import Run
 from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
 from coordinator.services import runs
 from shared.environments.length import LengthBudget
-from shared.schemas import DEFAULT_MODEL, INT32_MAX, ErrorBody, EvaluationRequest, RunCreate, RunInfo, RunSettings, SamplingParams
+from shared.run_schemas import EvaluationRequest, RunCreate, RunInfo, RunSettings
+from shared.schemas import DEFAULT_MODEL, INT32_MAX, ErrorBody, SamplingParams
 
 router = admin_router("runs and tasks")
 

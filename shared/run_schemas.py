@@ -1,0 +1,111 @@
+"""Wire schemas of RL runs: what anyone may know of a run, what operators set, and its progress."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.schemas import INT32_MAX, Finite, SamplingParams
+
+
+class AuditPolicy(BaseModel):
+    """How much accepted work a second validator checks before the trainer may read it (a run setting).
+
+    A submission's audit chance is the highest share that applies to it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    share: float = Field(0.1, ge=0, le=1)
+    """Share of accepted submissions audited."""
+    new_node_share: float = Field(0.5, ge=0, le=1)
+    """Share for nodes with fewer than ``new_node_accepted`` accepted submissions."""
+    new_node_accepted: int = Field(20, ge=0, le=1_000_000)
+    """Accepted submissions after which a node is no longer new."""
+    suspect_share: float = Field(1.0, ge=0, le=1)
+    """Share for acceptances by a validator under suspicion: one with a strike, or one with fewer
+    than ``new_validator_verdicts`` verdicts (nobody vouches for a new validator yet)."""
+    new_validator_verdicts: int = Field(20, ge=0, le=1_000_000)
+    """Verdicts after which a validator is no longer new."""
+
+
+class RunInfo(BaseModel):
+    """What anyone may know about a run."""
+
+    id: str
+    name: str
+    environment: str
+    model: str
+    sampling: SamplingParams
+    prompts_per_task: int
+    samples_per_prompt: int
+    policy_step: int
+    async_level: int
+    """Rollouts of a policy older than ``policy_step - async_level`` are refused (INTELLECT-2: 2)."""
+    length_budget: dict[str, Any]
+    dispute_window_s: float | None
+    """None: the coordinator's default."""
+    audit: AuditPolicy | None = None
+    """None: :class:`AuditPolicy`'s defaults."""
+    status: str
+    """active or paused (a paused run leases no new tasks)."""
+    created_at: datetime
+
+
+class RunSettings(BaseModel):
+    """A run's settings an operator may change while it runs; tasks made before a change keep the old ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, min_length=1, max_length=512)
+    """Model path or hub id the policy starts from."""
+    sampling: SamplingParams | None = None
+    """How nodes sample: temperature, top_p, max_tokens."""
+    prompts_per_task: int | None = Field(None, ge=1, le=1024)
+    """Prompts in one task."""
+    samples_per_prompt: int | None = Field(None, ge=1, le=256)
+    """Samples per prompt: the GRPO group size."""
+    length_alpha: float | None = Field(None, ge=0, le=1e3)
+    """Thinking-budget penalty per token off target; 0 disables it."""
+    target_length: int | None = Field(None, ge=1, le=1 << 20)
+    """Thinking-budget target length, in tokens."""
+    async_level: int | None = Field(None, ge=0, le=64)
+    """Accept rollouts of policies at most this many steps old (0: synchronous)."""
+    dispute_window_s: float | None = Field(None, ge=0, le=10 * 365 * 86400)
+    """How long credit stays pending (clawback possible) before it is final."""
+    audit: AuditPolicy | None = None
+    """How much work a second validator checks before the trainer may read it."""
+
+
+class RunCreate(RunSettings):
+    """A new run; unset settings take the defaults of ``intellect-coordinator run create``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"name": "arith-1", "environment": "arithmetic", "samples_per_prompt": 8,
+                                         "sampling": {"temperature": 1.0, "max_tokens": 64}, "async_level": 2}]},
+    )  # fmt: skip
+
+    name: str = Field(min_length=1, max_length=128)
+    """Unique name."""
+    environment: str = Field("arithmetic", max_length=64)
+    """arithmetic, math or code."""
+
+
+class RunProgress(BaseModel):
+    submissions: dict[str, int]
+    """Counts by status (pending, accepted, rejected, invalidated) and ``accepted_tokens``."""
+    steps: list[dict[str, float]]
+    """Per policy step, the trainer's metrics (``step``, loss, reward, task_reward, length, ...)."""
+    evaluations: list[dict[str, float]] = []
+    """Per policy step, operators' evaluations (``step``, e.g. ``heldout_accuracy``)."""
+
+
+class EvaluationRequest(BaseModel):
+    """An operator's evaluation of one policy step, e.g. held-out accuracy measured off the network."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"step": 3, "metrics": {"heldout_accuracy": 0.71}}]})
+
+    step: int = Field(ge=0, le=INT32_MAX)
+    metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(max_length=64)
