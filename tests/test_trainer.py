@@ -65,13 +65,13 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
                 steps.append((step, metrics))
 
             config = TrainerSettings(groups_per_step=3, chunk_size=1 << 20)
-            produce(4)
+            produce(8)  # 16 groups: a step needs 3 with reward variance; 8 groups held as few as 3 (measured)
             trainer = Trainer(served.url, trainer_key, run_id, origin, tmp_path / "ckpt", config)
             assert trainer.run(threading.Event(), steps=1, on_step=on_step) == 1
             trainer.close()
 
             # A new trainer process resumes from the checkpoint: step 1's model, the cursor, the optimizer.
-            produce(4)
+            produce(8)
             resumed = Trainer(served.url, trainer_key, run_id, origin, tmp_path / "ckpt", config)
             assert resumed.state.step == 1 and resumed.state.cursor > 0
             assert resumed.run(threading.Event(), steps=2, on_step=on_step) == 2
