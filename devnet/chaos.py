@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import httpx
 from sqlalchemy import create_engine, func, select
@@ -123,14 +124,25 @@ def _kill_restart(net: Network, names: list[str], progress: Callable[[], int], f
     return _until(net, progress, before, fault, killed_at, timeout)
 
 
-def _node_activity(net: Network, name: str) -> str:
-    address = (net.workdir / "wallets" / f"{name}.json").read_text().split('"address": "')[1][:40]
-    node = _get(net, f"/v1/admin/nodes/0x{address}")
-    return ((node.get("last_heartbeat") or {}).get("activity")) or ""  # type: ignore[union-attr]
+def _working(net: Network, name: str) -> bool:
+    """``name`` holds a live lease: generating, about to, or uploading. Read from the ledger rather
+    than the heartbeat's activity, which samples every few seconds and misses generations shorter
+    than that on a node held back by a full validation backlog."""
+    address = "0x" + (net.workdir / "wallets" / f"{name}.json").read_text().split('"address": "')[1][:40].lower()
+    now = datetime.now(UTC)
+    leased = _get(net, "/v1/admin/tasks?status=leased&limit=200")
+    return any(t["leased_to"].lower() == address and datetime.fromisoformat(t["lease_expires_at"]) > now for t in leased)  # type: ignore[index,union-attr]
+
+
+def _until_working(net: Network, name: str) -> None:
+    try:
+        wait_until(lambda: _working(net, name), 120, f"{name} working")
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; pending {pending(net)};{exited(net)}\n{name}'s log:\n{net.by_name(name).tail(15)}") from None
 
 
 def node_mid_generation(net: Network, rng: random.Random) -> Recovery:
-    wait_until(lambda: _node_activity(net, "node-0") == "generating", 120, "node-0 generating")
+    _until_working(net, "node-0")
     time.sleep(rng.uniform(0, 1))
     return _kill_restart(net, ["node-0"], lambda: verdicts(net), "node mid-generation", 180)
 
@@ -173,7 +185,7 @@ def blob_store_outage(net: Network, rng: random.Random, outage_s: float = 8.0) -
     get verdicts again."""
     blobs = net.workdir / "blobs"
     away = blobs.with_name("blobs-away")
-    wait_until(lambda: _node_activity(net, "node-0") == "generating", 120, "node-0 generating")
+    _until_working(net, "node-0")
     blobs.rename(away)
     try:
         blobs.write_bytes(b"")
@@ -254,7 +266,7 @@ def clock_skew(net: Network, rng: random.Random) -> Recovery:
     node.stop()
     node.env = {**node.env, "PYTHONPATH": path, "INTELLECT_CLOCK_SHIFT_FILE": str(offset)}
     node.restart()
-    wait_until(lambda: _node_activity(net, "node-0") == "generating", 120, "node-0 generating")
+    _until_working(net, "node-0")
     window = httpx.get(f"{net.coordinator.url}/v1/public/status", timeout=10).json()["signature_window_s"]
     offset.write_text(str(2 * window))
     try:
@@ -276,7 +288,7 @@ def coordinator_restart(net: Network, rng: random.Random) -> Recovery:
 
 
 def everything_at_once(net: Network, rng: random.Random) -> Recovery:
-    wait_until(lambda: _node_activity(net, "node-0") == "generating", 120, "node-0 generating")
+    _until_working(net, "node-0")
     names = ["node-0", *(p.name for p in net.validators()), "trainer", "relay"]
     return _kill_restart(net, names, lambda: published(net), "node, validators, trainer and relay at once", 300)
 
