@@ -49,7 +49,7 @@ from shared.version import __version__  # noqa: E402
 from validator.worker import Validator  # noqa: E402
 
 torch.set_num_threads(1)
-ENV = {"INTELLECT_RATE_LIMIT_PER_S": "100000", "INTELLECT_RATE_LIMIT_BURST": "100000", "INTELLECT_MAX_VALIDATION_BACKLOG": "100000"}
+ENV = {"INTELLECT_RATE_LIMIT_PER_S": "100000", "INTELLECT_RATE_LIMIT_BURST": "100000", "INTELLECT_MAX_VALIDATION_BACKLOG": "100000", "INTELLECT_BACKLOG_FLOOR": "100000"}
 
 
 @dataclass

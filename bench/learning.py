@@ -14,7 +14,6 @@ needed to reach the accuracy both reach, as a ratio (sync / async).
 from __future__ import annotations
 
 import argparse
-import random
 import tempfile
 import time
 from datetime import datetime
@@ -24,10 +23,9 @@ import httpx
 import torch
 
 from devnet.network import start_network
-from shared.environments.arithmetic import make_problem
 from shared.models import load_model
 from shared.shardcast.origin import step_dir
-from shared.tiny_model import greedy_accuracy
+from shared.tiny_model import greedy_accuracy, held_out
 
 RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", "64"]
 
@@ -72,9 +70,8 @@ def main() -> None:
     parser.add_argument("--evals", type=int, default=12, help="policy steps evaluated per configuration")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rng = random.Random(2024)
-    held_out = [make_problem(rng) for _ in range(300)]
-    curves = {level: curve(level, args.seconds, args.evals, held_out) for level in (2, 0)}
+    problems = held_out()
+    curves = {level: curve(level, args.seconds, args.evals, problems) for level in (2, 0)}
     for level, points in curves.items():
         shown = "  ".join(f"{t:5.0f}s/step {s}: {a:.3f}" for t, s, a in points)
         print(f"async level {level}: {shown}")

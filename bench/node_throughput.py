@@ -28,6 +28,7 @@ from node.hardware import probe
 from node.settings import NodeSettings
 from node.work import TaskResult, finisher_pool, generate, run_task
 from node.worker import work_loop
+from shared.schemas import TaskSpec
 
 
 def main() -> None:
@@ -60,6 +61,7 @@ def main() -> None:
             # The same shapes as the loop's tasks: the coordinator's cursor moves on, so reuse
             # one leased spec with fresh seeds rather than leasing tasks that would be abandoned.
             template = client.lease()
+            assert isinstance(template, TaskSpec), template
 
             def generation_alone() -> float:
                 start = time.perf_counter()

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 from alembic import command
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.db import (
     NotMigratedError,
     alembic_config,
     make_engine,
     make_sessionmaker,
+    normalize_database_url,
+    require_migrated,
 )
+from coordinator.db_errors import DatabaseError, check_url, explain
 from coordinator.errors import ApiError
 from coordinator.services import admin_tokens
 from coordinator.settings import CoordinatorSettings
@@ -42,18 +50,50 @@ def _settings(database_url: str | None, **overrides: object) -> CoordinatorSetti
     return CoordinatorSettings(**values)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _database_command(command: Callable[P, R]) -> Callable[P, R]:
+    """A command that uses the ledger: a database it cannot use ends it with one sentence saying
+    what to do (exit 2), never a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except (DatabaseError, NotMigratedError) as e:
+            err.print(escape(str(e)), style="red")
+        except OperationalError as e:
+            url = _settings(kwargs.get("database_url")).database_url  # type: ignore[arg-type]
+            err.print(escape(str(explain(e, url))), style="red")
+        raise typer.Exit(2)
+
+    return wrapper
+
+
+def _sessions(database_url: str | None) -> sessionmaker[Session]:
+    url = _settings(database_url).database_url
+    engine = make_engine(url)
+    require_migrated(engine, url)
+    return make_sessionmaker(engine)
+
+
 @app.command()
+@_database_command
 def migrate(
     database_url: DatabaseUrl = None,
     revision: Annotated[str, typer.Option(help="Target revision; 'head' for the newest.")] = "head",
 ) -> None:
     """Bring the ledger's schema to the given revision (creates a SQLite file if needed)."""
     settings = _settings(database_url)
+    check_url(normalize_database_url(settings.database_url))
     command.upgrade(alembic_config(settings.database_url), revision)
     console.print(f"Ledger at {settings.database_url} migrated to {revision}.")
 
 
 @app.command()
+@_database_command
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
@@ -67,19 +107,22 @@ def serve(
     import uvicorn
 
     from coordinator.app import create_app
-    from shared.serving import server_config
+    from shared.serving import listen, server_config
 
     configure(log_level)
     settings = _settings(database_url, heartbeat_interval_s=heartbeat_interval)
     try:
-        api = create_app(settings)
-    except NotMigratedError as e:
-        err.print(f"[red]{e}[/red]")
+        sock = listen(host, port)
+    except OSError as e:
+        err.print(escape(str(e.strerror)), style="red")
         raise typer.Exit(2) from None
-    uvicorn.Server(server_config(api, host, port, settings.header_limits, log_level=log_level, access_log=False)).run()
+    api = create_app(settings)
+    server = uvicorn.Server(server_config(api, host, port, settings.header_limits, log_level=log_level, access_log=False))
+    server.run(sockets=[sock])
 
 
 @tokens.command("create")
+@_database_command
 def token_create(
     name: Annotated[str, typer.Option(help="Who or what the token is for.")],
     scope: Annotated[str, typer.Option(help="read, operate or admin (each includes the previous).")] = "admin",
@@ -89,7 +132,7 @@ def token_create(
     if scope not in admin_tokens.SCOPES:
         err.print(f"[red]--scope must be one of {', '.join(admin_tokens.SCOPES)}.[/red]")
         raise typer.Exit(2)
-    sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
+    sessions = _sessions(database_url)
     with sessions.begin() as session:
         row, token = admin_tokens.create_token(session, name, scope, datetime.now(UTC))
     err.print(f"Token {row.id} '{name}' ({scope}). Store it now: it cannot be shown again.")
@@ -97,9 +140,10 @@ def token_create(
 
 
 @tokens.command("list")
+@_database_command
 def token_list(database_url: DatabaseUrl = None) -> None:
     """List tokens (never their secrets)."""
-    sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
+    sessions = _sessions(database_url)
     table = Table("id", "name", "scope", "created", "revoked")
     with sessions() as session:
         for row in admin_tokens.list_tokens(session):
@@ -114,11 +158,12 @@ def token_list(database_url: DatabaseUrl = None) -> None:
 
 
 @tokens.command("revoke")
+@_database_command
 def token_revoke(
     token_id: Annotated[int, typer.Argument(help="The token's id, from `admin-token list`.")], database_url: DatabaseUrl = None
 ) -> None:
     """Revoke a token at once."""
-    sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
+    sessions = _sessions(database_url)
     with sessions.begin() as session:
         row = admin_tokens.revoke_token(session, token_id, datetime.now(UTC))
     if row is None:
@@ -132,6 +177,7 @@ app.add_typer(runs_app, name="run")
 
 
 @runs_app.command("create")
+@_database_command
 def run_create(
     name: Annotated[str, typer.Option(help="A unique name for the run.")],
     environment: Annotated[str, typer.Option(help="arithmetic, math or code.")] = "arithmetic",
@@ -159,7 +205,7 @@ def run_create(
     from shared.run_schemas import AuditPolicy
     from shared.schemas import DEFAULT_MODEL, SamplingParams
 
-    sessions = make_sessionmaker(make_engine(_settings(database_url).database_url))
+    sessions = _sessions(database_url)
     try:
         with sessions.begin() as session:
             run = create_run(

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
+from coordinator.db_errors import check_url
 from coordinator.models import Deployment
 
 SQLITE_BUSY_TIMEOUT_S = 30
@@ -37,7 +38,9 @@ def normalize_database_url(url: str) -> str:
 
 
 def make_engine(url: str) -> Engine:
+    """An engine for ``url``; :class:`coordinator.db_errors.DatabaseError` if it can never work."""
     url = normalize_database_url(url)
+    check_url(url)
     if not url.startswith("sqlite"):
         return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
 

@@ -137,6 +137,8 @@ class Run(Base):
     """How long this run's credit stays pending; None: the coordinator's default."""
     audit: Mapped[dict[str, Any] | None]
     """The run's :class:`shared.committee.AuditPolicy`; None: its defaults."""
+    trainer_cursor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """The trainer's last read position (a credit entry id): accepted work after it is unread."""
 
 
 class Task(Base):
@@ -163,7 +165,10 @@ class Submission(Base):
     """An uploaded rollout file awaiting validation; one per task."""
 
     __tablename__ = "submissions"
-    __table_args__ = (Index("ix_submissions_run_created", "run_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_submissions_run_created", "run_id", "created_at"),
+        Index("ix_submissions_run_validated", "run_id", "validated_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     task_id: Mapped[str] = mapped_column(String(64), ForeignKey("tasks.id"), unique=True)

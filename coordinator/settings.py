@@ -139,9 +139,22 @@ class CoordinatorSettings(RoleSettings):
     """Tasks one node may hold at once: one uploading, one generating, the next one lined up."""
 
     max_validation_backlog: int = Field(256, ge=1)
-    """A run hands out new tasks only while its submissions awaiting validation plus its tasks in
-    progress number fewer than this: when validators fall behind, nodes wait instead of
-    generating rollouts that would go stale in the queue."""
+    """The most submissions awaiting validation plus tasks in progress a run ever has, whatever its
+    measured throughput allows (:mod:`coordinator.services.admission`)."""
+
+    backlog_floor: int = Field(16, ge=1)
+    """Work that may always wait for validators (and for the trainer) whatever was measured: lets a
+    run start, and keeps a slow start from starving."""
+
+    throughput_window_s: float = Field(120.0, gt=0)
+    """How far back the rate at which validators decide a run's submissions is measured."""
+
+    backpressure_horizon_s: float = Field(60.0, gt=0)
+    """How long new work is assumed to stay fresh before the trainer has published two policy steps
+    (after that, ``async_level`` times the measured step period)."""
+
+    trainer_live_s: float = Field(600.0, gt=0)
+    """A trainer that read nothing for this long counts as gone: nodes are told why work stops."""
 
     min_node_version: str = "0.1.0"
     """Oldest node client version allowed to register and heartbeat."""

@@ -22,7 +22,7 @@ from node.work import finish, generate
 from shared.inference import prefill
 from shared.models import load_model
 from shared.rollout_file import Rollout, read_rollouts, write_rollouts
-from shared.schemas import TaskSpec
+from shared.schemas import TaskSpec, WorkWait
 from shared.toploc import build_proofs
 from shared.wallet import load_wallet, read_password
 
@@ -60,7 +60,7 @@ def main() -> None:
     try:
         while True:
             task = client.lease()
-            if task is None:
+            if isinstance(task, WorkWait):
                 time.sleep(1)
                 continue
             # Policy steps after 0 would need the real weights; this cheater proves with the base model regardless.

@@ -8,7 +8,7 @@ wallets and the roles they need; a live dashboard while the run learns; a summar
 from __future__ import annotations
 
 import json
-import random
+import signal
 import sys
 import tempfile
 import threading
@@ -43,17 +43,15 @@ class Accuracy(threading.Thread):
         import torch
         import transformers
 
-        from shared.environments.arithmetic import make_problem
         from shared.models import load_model
         from shared.shardcast.origin import step_dir
-        from shared.tiny_model import greedy_accuracy
+        from shared.tiny_model import greedy_accuracy, held_out
 
         torch.set_num_threads(1)
         transformers.utils.logging.disable_progress_bar()  # its bars would tear the live dashboard
-        rng = random.Random(2024)
-        held_out = [make_problem(rng) for _ in range(100)]
+        problems = held_out()
         base, tokenizer = load_model("tiny-arith")
-        self._record(0, greedy_accuracy(base, tokenizer, held_out))
+        self._record(0, greedy_accuracy(base, tokenizer, problems))
         while not self.stop_event.wait(2):
             url = f"{self.network.coordinator.url}/v1/manifests/{self.network.run_id}/latest"
             reply = httpx.get(url, timeout=10)
@@ -63,7 +61,7 @@ class Accuracy(threading.Thread):
                     model, _ = load_model(step_dir(self.network.workdir / "origin", self.network.run_id, step))
                 except OSError:
                     continue  # retired by the origin between the two reads; the next step comes soon
-                self._record(step, greedy_accuracy(model, tokenizer, held_out))
+                self._record(step, greedy_accuracy(model, tokenizer, problems))
 
     def _record(self, step: int, accuracy: float) -> None:
         self.by_step[step] = accuracy
@@ -97,7 +95,9 @@ def main(
         ),
     ] = False,
 ) -> None:
-    """Start every role on loopback, watch the run learn, stop after STEPS policy steps."""
+    """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     workdir = workdir or Path(tempfile.mkdtemp(prefix="intellect-devnet-"))
     console.print(f"Devnet workdir: {workdir}")
     started = time.monotonic()
@@ -129,17 +129,28 @@ def main(
     except StartError as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        pass
     finally:
         stop.set()
         summary: dict[str, object] = {"workdir": str(workdir), "wall_time_s": round(time.monotonic() - started, 1)}
         if network is not None:
             summary |= _progress_summary(network, accuracy)
             codes = network.stop()
+        if accuracy is not None:
+            accuracy.join(10)  # torch still running in a thread at interpreter exit aborts the process
         summary["exit_codes"] = codes
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         console.print(f"Stopped. Logs, ledger and summary.json are in {workdir}")
         if "accuracy_before" in summary:
             console.print(f"Held-out accuracy {summary['accuracy_before']:.2f} -> {summary['accuracy_after']:.2f} over {summary['policy_step']} policy steps.")
+
+
+def _interrupt(*_: object) -> None:
+    # Once: a second Ctrl-C must not break off stopping the roles (10 s at most).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _progress(network: Network) -> dict:
@@ -168,32 +179,31 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
 def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
     headers = {"authorization": f"Bearer {network.token}"}
     with Live(console=console, refresh_per_second=2) as live:
-        try:
-            while True:
-                for p in network.processes:
-                    # The trainer ends after its last step, the adversary once banned, the rogue validator once
-                    # revoked; anything else ending is a failure.
-                    if p.popen.poll() is not None and not (p.name in ("trainer", "adversary", "rogue-validator") and p.popen.returncode == 0):
-                        raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
-                progress = _progress(network)
-                listing = httpx.get(f"{network.coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()
-                live.update(_dashboard(network, progress, listing, accuracy.by_step, steps))
-                step = progress["steps"][-1]["step"] if progress["steps"] else 0
-                if steps and step >= steps and max(accuracy.by_step, default=0) >= steps:
-                    return
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
+        while True:
+            for p in network.processes:
+                # The trainer ends after its last step, the adversary once banned, the rogue validator once
+                # revoked; anything else ending is a failure.
+                if p.popen.poll() is not None and not (p.name in ("trainer", "adversary", "rogue-validator") and p.popen.returncode == 0):
+                    raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
+            progress = _progress(network)
+            listing = httpx.get(f"{network.coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()
+            work = httpx.get(f"{network.coordinator.url}/v1/public/network", timeout=5).json()["work"]
+            live.update(_dashboard(network, progress, listing, accuracy.by_step, steps, work))
+            step = progress["steps"][-1]["step"] if progress["steps"] else 0
+            if steps and step >= steps and max(accuracy.by_step, default=0) >= steps:
+                return
+            time.sleep(0.5)
 
 
-def _dashboard(network: Network, progress: dict, listing: dict, accuracy: dict[int, float], steps: int) -> Group:
+def _dashboard(network: Network, progress: dict, listing: dict, accuracy: dict[int, float], steps: int, work: dict | None) -> Group:
     latest = progress["steps"][-1] if progress["steps"] else {}
     subs = progress["submissions"]
     measured = f"{accuracy[max(accuracy)]:.2f} at step {max(accuracy)} (from {accuracy[0]:.2f})" if 0 in accuracy else "measuring..."
     run = Table.grid(padding=(0, 2))
-    run.add_row("policy step", f"{latest.get('step', 0)}" + (f" / {steps}" if steps else ""), "held-out accuracy", measured)
-    run.add_row("rollout files", f"{subs['accepted']} accepted, {subs['rejected']} rejected", "validation backlog", str(subs["pending"]))
+    run.add_row("policy step", f"{int(latest.get('step', 0))}" + (f" / {steps}" if steps else ""), "held-out accuracy", measured)
+    run.add_row("rollout files", f"{subs['accepted']} accepted, {subs['rejected']} rejected, {subs['expired']} expired", "validation backlog", str(subs["pending"]))
     run.add_row("task reward (last step)", f"{latest.get('task_reward', 0):.3f}", "leaderboard", f"{network.coordinator.url}/")
+    run.add_row("new work", work["message"] if work else "handed out", "", "")
     nodes = Table("node", "status", "activity", "tasks done", "tokens/s", "last reward", title="Nodes")
     for node in listing["nodes"]:
         beat = node.get("last_heartbeat") or {}

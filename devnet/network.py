@@ -8,6 +8,7 @@ Used by ``intellect-devnet`` and by the tests that prove the network learns.
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,8 +60,13 @@ class Network:
     def validators(self) -> list[Process]:
         return [p for p in self.processes if p.name.startswith("validator-")]
 
-    def stop(self) -> dict[str, int | None]:
-        return {p.name: p.stop() for p in reversed(self.processes)}
+    def stop(self, timeout: float = 8) -> dict[str, int | None]:
+        """SIGTERM to every process at once, SIGKILL to what still runs after ``timeout``; exit codes by name."""
+        for p in self.processes:
+            if p.popen.poll() is None:
+                p.popen.terminate()
+        deadline = time.monotonic() + timeout
+        return {p.name: p.stop(max(0.1, deadline - time.monotonic())) for p in reversed(self.processes)}
 
 
 def start_validator(net: Network, name: str) -> Process:

@@ -64,9 +64,7 @@ class Process:
                 self.popen.kill()
                 self.popen.wait()
                 return self.popen.returncode
-            if self.popen.returncode == -signal.SIGTERM:
-                return 0
-        return self.popen.returncode
+        return 0 if self.popen.returncode == -signal.SIGTERM else self.popen.returncode
 
     def kill(self) -> None:
         self.popen.kill()
@@ -84,7 +82,10 @@ def spawn(name: str, args: list[str], log_path: Path, env: dict[str, str] | None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env)
+    # A session of its own: Ctrl-C at the terminal reaches only the launcher, which stops every role once, in order.
+    popen = subprocess.Popen(
+        args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, start_new_session=True
+    )
     log.close()
     return Process(name, popen, log_path, env=dict(env or {}))
 

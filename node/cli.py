@@ -6,6 +6,7 @@ Exit codes of ``join``: 0 stopped by Ctrl-C or SIGTERM, 1 wallet problem, 2 cloc
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ from node.client import NodeError
 from node.hardware import probe, problems
 from node.settings import NodeSettings
 from shared.schemas import PublicStatus, checksum_address
+from shared.urls import url_problem
 from shared.wallet import (
     WalletError,
     create_wallet,
@@ -29,6 +31,15 @@ from shared.wallet import (
     read_password,
     wallet_address,
 )
+
+STOP_DEADLINE_S = 8.0
+"""After SIGTERM or Ctrl-C the node exits within this long, whatever it was doing."""
+
+
+def _force_exit() -> None:
+    print(f"Stopped after {STOP_DEADLINE_S:g} s; work still in flight was dropped (its leases run out).", flush=True)
+    os._exit(0)
+
 
 app = typer.Typer(help="Run an Intellect Protocol node: lend this machine to decentralized RL training.", no_args_is_help=True)
 wallet = typer.Typer(help="Create and inspect wallets (encrypted v3 keystores).", no_args_is_help=True)
@@ -65,12 +76,23 @@ def wallet_show(path: Annotated[Path, typer.Argument(help="Keystore file.")]) ->
         raise _fail(str(e), 1) from None
 
 
+def _checked_url(url: str | None) -> str | None:
+    """A URL that can never reach a coordinator is a usage error at once (exit 2), not endless retries."""
+    problem = url_problem(url) if url is not None else None
+    if problem is not None:
+        raise typer.BadParameter(problem)
+    return url
+
+
+CoordinatorUrl = Annotated[str, typer.Option(help="Coordinator URL, e.g. http://127.0.0.1:8000.", callback=_checked_url)]
+
+
 @app.command()
 def join(
     wallet_file: Annotated[
         Path, typer.Option("--wallet", help="Keystore file; its password from INTELLECT_WALLET_PASSWORD or a prompt.")
     ],
-    coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
+    coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
     operator: Annotated[
         str | None, typer.Option(help="Address of the operator or pool that runs this node, if not the node itself.")
     ] = None,
@@ -100,9 +122,18 @@ def join(
         raise _fail(f"Invalid setting: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}.", 2) from None
 
     def interrupt(*_: object) -> None:
+        # Once: a second signal must not break off the stop it started (which takes a few seconds at most).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        # Whatever is still in flight then (a stuck upload, a finisher mid-import), the node is gone:
+        # its leases run out and nothing is lost.
+        watchdog = threading.Timer(STOP_DEADLINE_S, _force_exit)
+        watchdog.daemon = True
+        watchdog.start()
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, interrupt)
     try:
         run_join(account, coordinator, settings, console, operator_address=operator_address, stop=threading.Event())
     except KeyboardInterrupt:
@@ -113,7 +144,9 @@ def join(
 
 @app.command()
 def check(
-    coordinator: Annotated[str | None, typer.Option(help="Also check that this coordinator is reachable and compatible.")] = None,
+    coordinator: Annotated[
+        str | None, typer.Option(help="Also check that this coordinator is reachable and compatible.", callback=_checked_url)
+    ] = None,
     state_dir: StateDir = None,
 ) -> None:
     """Print what this machine offers and whether it can join; exits 1 when something critical is missing."""
@@ -141,7 +174,7 @@ def check(
 @app.command()
 def receipts(
     wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore whose receipts to show (no password needed).")],
-    coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
+    coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
     limit: Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")] = 20,
 ) -> None:
     """Show this node's submissions: status, credit, and why any was rejected."""
@@ -167,7 +200,7 @@ def receipts(
 def appeal(
     submission: Annotated[str, typer.Argument(help="The rejected submission's id (see `intellect-node receipts`).")],
     wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore of the node that submitted the work.")],
-    coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
+    coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
     reason: Annotated[str, typer.Option(help="Why the rejection is wrong (optional, up to 500 characters).")] = "",
 ) -> None:
     """Appeal a rejection within the dispute window: validators that did not judge the work check it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from shared.schemas import (
     RegisterResponse,
     SubmissionReceipt,
     TaskSpec,
+    WorkWait,
 )
 from shared.signing import SignedAuth
 from shared.version import __version__
@@ -80,6 +82,8 @@ class CoordinatorClient:
         self.on_retry = on_retry
         self.stop = stop or threading.Event()
         self.auth: SignedAuth | None = None
+        self.unreachable_since: float | None = None
+        """Since when requests fail to connect (None: the last one connected), to say when it is back."""
         self.http = httpx.Client(
             base_url=self.base_url,
             timeout=settings.request_timeout_s,
@@ -114,10 +118,17 @@ class CoordinatorClient:
         }
         return HeartbeatResponse.model_validate(self._request("POST", "/v1/nodes/heartbeat", body))
 
-    def lease(self, working_on: list[str] | None = None) -> TaskSpec | None:
-        """A task to work on besides ``working_on``, or None when no run has work now."""
+    def lease(self, working_on: list[str] | None = None) -> TaskSpec | WorkWait:
+        """A task to work on besides ``working_on``, or why the coordinator has none now."""
         reply = self._request("POST", "/v1/tasks/lease", {"address": self.account.address, "working_on": working_on or []})
-        return None if reply is None else TaskSpec.model_validate(reply)
+        if isinstance(reply, httpx.Response):  # 204: no work, and why
+            headers = reply.headers
+            return WorkWait(
+                reason=headers.get("x-intellect-wait", "no_run"),  # type: ignore[arg-type]
+                message=headers.get("x-intellect-wait-message", "the coordinator has no work now"),
+                retry_after_s=float(headers.get("retry-after", "5")),
+            )
+        return TaskSpec.model_validate(reply)
 
     def submit(self, task_id: str, data: bytes) -> SubmissionReceipt:
         reply = self._request("POST", "/v1/submissions", content=data, params={"task": task_id})
@@ -147,9 +158,13 @@ class CoordinatorClient:
                     response = self.http.request(method, path, json=body, params=params, auth=self.auth if signed else None)
             except httpx.TransportError as e:
                 problem = f"Cannot reach the coordinator at {self.base_url} ({type(e).__name__}: {e or 'no detail'})"
+                self.unreachable_since = self.unreachable_since or time.monotonic()
             else:
+                if self.unreachable_since is not None:
+                    self.on_retry(f"The coordinator at {self.base_url} answers again (after {time.monotonic() - self.unreachable_since:.0f} s).")
+                    self.unreachable_since = None
                 if response.status_code == 204:
-                    return None
+                    return response
                 if response.status_code < 400:
                     return response.json()
                 if response.status_code != 429 and response.status_code < 500:

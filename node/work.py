@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -75,8 +76,18 @@ def finisher_pool() -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread)
 
 
+def stop_finishers(pool: ProcessPoolExecutor) -> None:
+    """Shut ``pool`` down now: work in it is dropped with its task (the lease runs out), and a
+    finisher still starting (importing torch can take seconds on a busy machine) is not waited for."""
+    for process in list(pool._processes.values()):  # no public way before Python 3.14
+        process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _one_thread() -> None:
     torch.set_num_threads(1)
+    # Ctrl-C at a terminal reaches the whole process group; stopping the finisher is its node's call.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 
 

@@ -36,6 +36,7 @@ from node.client import (
 from node.hardware import probe
 from node.settings import BackendKind, Dtype, NodeSettings
 from node.state import NodeSession, load_session, save_session
+from shared.schemas import WorkWait
 from shared.shardcast.client import DownloadError
 from shared.shardcast.weights import Weights
 from shared.version import __version__
@@ -43,6 +44,10 @@ from shared.version import __version__
 if TYPE_CHECKING:
     from node.work import TaskResult
     from shared.schemas import TaskSpec
+
+
+STOP_GRACE_S = 5.0
+"""How long a node asked to stop keeps uploading work it already finished."""
 
 
 class Heartbeats(threading.Thread):
@@ -132,14 +137,18 @@ def join(
         weights = Weights(client.base_url, account, state_dir / "weights", console)
         beats.weights = weights
         beats.start()
-        from node.work import finisher_pool
+        from node.work import finisher_pool, stop_finishers
 
-        with _live_progress(console) as on_done, finisher_pool() as finishers:
-            while not stop.is_set():
-                work_loop(
-                    client, console, stop, beats, status.heartbeat_interval_s,
-                    on_done=on_done, backend=settings.backend, dtype=settings.dtype, finishers=finishers, weights=weights,
-                )  # fmt: skip
+        finishers = finisher_pool()
+        try:
+            with _live_progress(console) as on_done:
+                while not stop.is_set():
+                    work_loop(
+                        client, console, stop, beats, status.heartbeat_interval_s,
+                        on_done=on_done, backend=settings.backend, dtype=settings.dtype, finishers=finishers, weights=weights,
+                    )  # fmt: skip
+        finally:
+            stop_finishers(finishers)
     except Stopped:
         pass
     finally:
@@ -177,6 +186,8 @@ def work_loop(
     uploads: queue.Queue[tuple[TaskSpec, Future[TaskResult]] | None] = queue.Queue()
     done = 0
     failure: list[BaseException] = []
+    waiting: dict[str, str] = {}
+    """Why the coordinator last gave no work (``reason``), until work comes again."""
 
     def uploader() -> None:
         nonlocal done
@@ -216,18 +227,25 @@ def work_loop(
             if stop.is_set():
                 return None
         try:
-            task = client.lease(sorted(working_on))
+            leased = client.lease(sorted(working_on))
         except TaskLost as e:  # the coordinator counts more tasks held than this process knows of
             console.print(f"[yellow]No task now: {e}[/yellow]")
-            task = None
+            leased = None
         except BaseException:
             in_flight.release()
             raise
-        if task is None:
+        if isinstance(leased, WorkWait):
+            if waiting.get("reason") != leased.reason:  # once per reason, not at every poll
+                console.print(f"[yellow]No new work: {leased.message}.[/yellow]")
+            waiting["reason"] = leased.reason
+            leased = None
+        elif leased is not None and waiting.pop("reason", None):
+            console.print("Work again.")
+        if leased is None:
             in_flight.release()
         else:
-            working_on.add(task.task_id)
-        return task
+            working_on.add(leased.task_id)
+        return leased
 
     thread = threading.Thread(target=uploader, name="uploader", daemon=True)
     thread.start()
@@ -242,7 +260,7 @@ def work_loop(
             upcoming = None
             if task is None:
                 if beats is not None:
-                    beats.activity = "idle"
+                    beats.activity = f"waiting: {waiting['reason']}" if waiting else "idle"
                 stop.wait(idle_wait)
                 continue
             leased += 1
@@ -266,6 +284,12 @@ def work_loop(
             uploads.put((task, finishers.submit(finish, generate(task, backend, dtype))))
     except NotRegistered:
         stop.wait(idle_wait)  # the heartbeat thread registers again; the caller loops
+    except KeyboardInterrupt:
+        # Asked to stop: finished work gets a few seconds to upload; the rest is left to its lease's expiry.
+        uploads.put(None)
+        thread.join(STOP_GRACE_S)
+        stop.set()
+        raise
     except Stopped:
         if not failure:
             raise

@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel
 
 from shared.run_schemas import RunInfo
-from shared.schemas import NodeStatus
+from shared.schemas import NodeStatus, WorkWait
 
 
 class Credit(BaseModel):
@@ -52,6 +52,8 @@ class NetworkStatus(BaseModel):
     """Share of verdicts that rejected (or later invalidated) the work; None before the first verdict."""
     relays: int
     """Relays seen recently."""
+    work: WorkWait | None = None
+    """Why nodes get no new work of the run now (waiting for validators, no trainer...); None: they do."""
     server_time: datetime
 
 

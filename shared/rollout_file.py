@@ -170,7 +170,11 @@ def read_rollouts(data: bytes, limits: ReadLimits | None = None) -> list[Rollout
     for name in table.column_names:
         if table.column(name).null_count:
             raise RolloutFileError(f"column {name} has nulls")
-    rollouts = [Rollout(**row) for row in table.to_pylist()]
+    try:
+        rows = table.to_pylist()  # pyarrow checks text columns' UTF-8 only here
+    except UnicodeDecodeError as e:
+        raise RolloutFileError(f"a text column is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    rollouts = [Rollout(**row) for row in rows]
     if not rollouts:
         raise RolloutFileError("the file has no rows")
     for number, r in enumerate(rollouts):

@@ -184,6 +184,17 @@ class SamplingParams(BaseModel):
     """End a completion at the end-of-sequence token (which is kept as its last token)."""
 
 
+class WorkWait(BaseModel):
+    """Why a node gets no new task now; the lease answers 204 with it in headers
+    (``X-Intellect-Wait``: the reason, ``X-Intellect-Wait-Message``, ``Retry-After``)."""
+
+    reason: Literal["no_run", "paused", "no_validator", "validation_capacity", "no_trainer", "trainer_capacity"]
+    message: str
+    """One sentence for the operator (ASCII: it travels in a header)."""
+    retry_after_s: float
+    """When asking again may help."""
+
+
 class LeaseRequest(Request):
     address: Address
     run_id: str | None = Field(None, max_length=64)
@@ -262,6 +273,9 @@ HARD_CHECKS = frozenset({"integrity", "toploc", "sampling"})
 class ClaimRequest(Request):
     address: Address
     limit: int = Field(8, ge=1, le=64)
+    wait_s: float = Field(0.0, ge=0, le=10)
+    """Hold the request up to this long until work is drawn for the caller (a long poll: a
+    validator starts on new work as it arrives instead of sleeping between empty claims)."""
 
 
 class Claim(BaseModel):

@@ -17,6 +17,8 @@ Behind a reverse proxy, that proxy's own limits apply first (nginx: ``client_hea
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from collections import Counter
 from dataclasses import dataclass
 
@@ -106,6 +108,26 @@ def guarded_protocol(limits: HeaderLimits) -> type[HttpToolsProtocol]:
 
 
 def server_config(app: object, host: str, port: int, limits: HeaderLimits | None = None, **options: object) -> uvicorn.Config:
-    """uvicorn's config for ``app`` with the header guard; checks the recursion limit as the server starts."""
+    """uvicorn's config for ``app`` with the header guard; checks the recursion limit as the server
+    starts. On SIGTERM, requests still open after 5 s (long polls) are cut, so a stop is prompt."""
     pin_recursion_limit()
+    options.setdefault("timeout_graceful_shutdown", 5)
     return uvicorn.Config(app, host=host, port=port, http=guarded_protocol(limits or HeaderLimits()), **options)  # type: ignore[arg-type]
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, bound before the app starts so a busy port fails first
+    with a message saying what to do (:class:`OSError`), not after "startup complete"."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise OSError(e.errno, f"Port {port} on {host} is in use (another coordinator?): stop it, or choose another with --port.") from None
+        raise OSError(e.errno, f"Cannot listen on {host}:{port}: {e.strerror}.") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

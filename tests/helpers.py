@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import pytest
 from eth_account.signers.local import LocalAccount
 
 from coordinator.db import make_sessionmaker
@@ -88,3 +91,13 @@ def checks_for(outcome: str) -> list[dict[str, Any]]:
     from devnet.rogue_validator import made_up_checks
 
     return [c.model_dump() for c in made_up_checks(outcome)]
+
+
+def chromium() -> str:
+    """Debian's headless Chromium for playwright; CI must have it, elsewhere its absence skips."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing; .ci/run must install it (apt-get install chromium).")
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    return found

@@ -239,14 +239,22 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
             with sessions() as session:
                 return session.get_one(Node, node.address).strikes
 
-        # Work the network made stale before it was checked: expired, however often.
-        for _ in range(4):
+        # Work the network made stale before it was decided: expired, however often, by the coordinator.
+        def claim() -> list[dict]:
+            return signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
+
+        for i in range(4):
             task = lease(served, node).json()
-            assert upload(served, node, task["task_id"], rollout_file(task)).status_code == 200
+            reply = upload(served, node, task["task_id"], rollout_file(task))
+            claimed = claim() if i % 2 else []  # half are being checked as the window moves on
             with sessions.begin() as session:
                 session.execute(update(Run).where(Run.id == run_id).values(policy_step=Run.policy_step + 3))
-            claims = signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
-            assert _verdict(served, validator, claims[0], "assignment").json()["status"] == "expired"
+            if claimed:  # a verdict that comes too late: the trainer could not use the work, so no credit either way
+                assert _verdict(served, validator, claimed[0], "all").json()["status"] == "expired"
+            else:  # not drawn at all: no validator spends a model pass on it
+                assert claim() == []
+            receipt = httpx.get(f"{served.url}/v1/public/submissions/{reply.json()['submission_id']}").json()
+            assert receipt["status"] == "expired" and "fell out of the run's window" in receipt["reason"] and receipt["credit"] == 0
         assert strikes() == 0
 
         assert [submit_and_judge("rewards")["status"] for _ in range(2)] == ["rejected", "rejected"]

@@ -148,7 +148,7 @@ def test_unaudited_approvals_are_caught_at_the_configured_rate(database_url: str
     share, n = 0.3, 120
     settings = CoordinatorSettings(
         database_url=database_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=5000, rate_limit_burst=5000,
-        validator_max_strikes=10_000, max_strikes=10_000, max_validation_backlog=1000, max_leases_per_node=8,
+        validator_max_strikes=10_000, max_strikes=10_000, max_validation_backlog=1000, backlog_floor=1000, max_leases_per_node=8,
     )  # fmt: skip
     with serve(settings) as served:
         policy = AuditPolicy(share=share, new_node_share=share, suspect_share=share)

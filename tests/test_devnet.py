@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, text
 
 from devnet.processes import start_coordinator
 from tests.conftest import _new_database
+from tests.helpers import chromium
 
 
 @dataclass
@@ -79,15 +80,6 @@ def test_devnet_learns_for_a_few_steps_and_stops_by_itself(devnet: Devnet) -> No
     assert all(v["active"] for a, v in summary["validators"].items() if a.lower() != rogue)
 
 
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing; .ci/run must install it (apt-get install chromium).")
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    return found
-
-
 @pytest.fixture
 def page_url(devnet: Devnet, tmp_path: Path) -> Iterator[str]:
     (tmp_path / "logs").mkdir()
@@ -105,7 +97,7 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
     shots.mkdir(parents=True, exist_ok=True)
     honest, cheat = devnet.address("node-0"), devnet.address("adversary")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
         offline = browser.new_context(viewport={"width": 1280, "height": 900})
         offline.route("**/*", lambda route: route.continue_() if route.request.url.startswith(page_url) else route.abort())
         page = offline.new_page()
@@ -131,6 +123,8 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         expect(reward_chart).to_be_visible()
         assert int(reward_chart.get_attribute("data-points") or 0) >= 6  # reward and task reward, 3 steps each
         assert reward_chart.locator("path.series").count() == 2
+        # No length penalty in the devnet's run: the two lines coincide, and the legend says so.
+        expect(page.locator("figure", has_text="Reward per policy step").locator(".legend")).to_contain_text("equal to reward")
         accuracy_chart = page.locator("figure", has_text="Held-out accuracy").locator("svg.chart")
         assert int(accuracy_chart.get_attribute("data-points") or 0) >= 2
         page.screenshot(path=str(shots / "desktop.png"), full_page=True)
@@ -148,9 +142,17 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         expect(receipts.first).to_be_visible()
         expect(page.locator("h2", has_text="Node")).to_contain_text(cheat, ignore_case=True)
         assert "rejected" in receipts.first.locator("td").nth(1).inner_text()
+        # Why, in plain sight: no toggle to open first.
+        expect(receipts.first.locator("td").nth(1).locator("p.reason")).to_have_text(re.compile(r"\w+"))
         receipts.first.locator("summary").click()
         expect(receipts.first.locator("li.check-failed").first).to_be_visible()
         page.screenshot(path=str(shots / "receipts.png"), full_page=True)
+
+        # A node's page opened directly (a shared link) loads all of itself, the run's name included.
+        direct = offline.new_page()
+        direct.goto(f"{page_url}#/node/{honest}")
+        expect(direct.locator("#receipts tbody tr").first).to_be_visible()
+        expect(direct.locator("#run-name")).to_contain_text("Run devnet-arithmetic")
         offline.close()
 
         # Phone width: nothing scrolls sideways.

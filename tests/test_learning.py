@@ -12,10 +12,9 @@ import httpx
 import torch
 
 from devnet.network import start_network
-from shared.environments.arithmetic import make_problem
 from shared.models import load_model
 from shared.shardcast.origin import step_dir
-from shared.tiny_model import greedy_accuracy
+from shared.tiny_model import greedy_accuracy, held_out
 
 STEPS = 6
 
@@ -44,11 +43,10 @@ def test_accuracy_rises_over_policy_steps(tmp_path: Path) -> None:
     assert all(code == 0 for name, code in codes.items() if name != "trainer"), codes
 
     torch.set_num_threads(1)
-    rng = random.Random(2024)
-    held_out = [make_problem(rng) for _ in range(200)]
+    problems = held_out()
     base, tokenizer = load_model("tiny-arith")
     trained, _ = load_model(step_dir(tmp_path / "origin", net.run_id, STEPS))
-    before, after = greedy_accuracy(base, tokenizer, held_out), greedy_accuracy(trained, tokenizer, held_out)
+    before, after = greedy_accuracy(base, tokenizer, problems), greedy_accuracy(trained, tokenizer, problems)
     assert after >= before + 0.03, f"held-out accuracy {before:.3f} -> {after:.3f}"
 
 

@@ -97,6 +97,14 @@ def test_arbitrary_bytes_never_crash(data: bytes) -> None:
         read_rollouts(data)
 
 
+def test_text_that_is_not_utf8_is_refused() -> None:
+    # Found by the test below: pyarrow reads invalid UTF-8 into a text column and fails only on conversion.
+    data = write_rollouts([rollout(prompt_id="zq9")])
+    assert data.count(b"zq9") >= 1
+    with pytest.raises(RolloutFileError, match="not valid UTF-8"):
+        read_rollouts(data.replace(b"zq9", b"\x80q9"))
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.integers(min_value=0, max_value=2000), st.binary(min_size=1, max_size=8))
 def test_corrupted_files_never_crash(position: int, garbage: bytes) -> None:

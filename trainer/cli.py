@@ -36,7 +36,7 @@ def run(
     account = unlock(wallet_file, err)
     stop = stop_on_sigterm()
     try:
-        trainer = Trainer(coordinator, account, run_id, origin_dir, checkpoint_dir or origin_dir.parent / "trainer")
+        trainer = Trainer(coordinator, account, run_id, origin_dir, checkpoint_dir or origin_dir.parent / "trainer", stop=stop)
     except httpx.HTTPError as e:
         err.print(f"[red]Cannot start: {e}[/red]")
         raise typer.Exit(2) from None
@@ -52,6 +52,10 @@ def run(
         trainer.run(stop, steps or None, on_step=report)
     except KeyboardInterrupt:
         pass
+    except httpx.HTTPError:
+        # Asked to stop while the coordinator was away, the wait is cut short on purpose: no error then.
+        if not stop.is_set():
+            raise
     finally:
         trainer.close()
     console.print(f"Stopped at policy step {trainer.state.step}.")

@@ -89,7 +89,9 @@ class Trainer:
         origin_dir: Path,
         checkpoint_dir: Path,
         settings: TrainerSettings | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
+        """``stop`` also ends any wait for an unreachable coordinator (else up to 240 s)."""
         self.settings = settings or TrainerSettings()
         self.coordinator = coordinator.rstrip("/")
         self.account = account
@@ -99,7 +101,7 @@ class Trainer:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         status = httpx.get(f"{self.coordinator}/v1/public/status", timeout=30).raise_for_status().json()
         self.audience = PublicStatus.model_validate(status).audience
-        self.http = coordinator_client(self.coordinator, 60.0, SignedAuth(account, self.audience))
+        self.http = coordinator_client(self.coordinator, 60.0, SignedAuth(account, self.audience), stop)
         self.run_info = RunInfo.model_validate(httpx.get(f"{self.coordinator}/v1/public/runs/{run_id}", timeout=30).raise_for_status().json())
 
         path = checkpoint_dir / CHECKPOINT
@@ -129,7 +131,7 @@ class Trainer:
         oldest = self.state.step - self.run_info.async_level
         batch = Batch(cursor=self.state.cursor)
         while len(batch.groups) < self.settings.groups_per_step:
-            entries = fetch_accepted(self.http, self.run_id, batch.cursor, oldest)
+            entries = fetch_accepted(self.http, self.run_id, batch.cursor, oldest, stop=stop)
             if not entries:
                 if stop.wait(self.settings.poll_interval_s):
                     return None

@@ -34,7 +34,7 @@ def run(
     account = unlock(wallet_file, err)
     stop = stop_on_sigterm()
     try:
-        validator = Validator(coordinator, account, state_dir / account.address.lower(), console, batch=batch)
+        validator = Validator(coordinator, account, state_dir / account.address.lower(), console, batch=batch, stop=stop)
     except httpx.HTTPError as e:
         err.print(f"[red]Cannot reach the coordinator at {coordinator}: {e}[/red]")
         raise typer.Exit(2) from None

@@ -42,6 +42,10 @@ def _environment(name: str) -> tuple[Environment, dict[str, Problem]]:
     return environment, {p.id: p for p in environment.problems()}
 
 
+CLAIM_WAIT_S = 5.0
+"""How long a claim waits at the coordinator for work: short enough that SIGTERM stops us promptly."""
+
+
 class ClaimLost(Exception):
     """The coordinator no longer holds this validator's claim on the submission."""
 
@@ -49,15 +53,17 @@ class ClaimLost(Exception):
 class Validator:
     def __init__(
         self, coordinator: str, account: LocalAccount, state_dir: Path, console: Console, *, batch: int = 8,
-        settings: CheckSettings | None = None,
+        settings: CheckSettings | None = None, stop: threading.Event | None = None,
     ) -> None:  # fmt: skip
+        """``stop`` also ends any wait for an unreachable coordinator (else up to 240 s)."""
         self.coordinator = coordinator.rstrip("/")
         self.account = account
         self.console = console
         self.batch = batch
         self.settings = settings or CheckSettings()
         self.audience = PublicStatus.model_validate(httpx.get(f"{self.coordinator}/v1/public/status", timeout=30).raise_for_status().json()).audience
-        self.http = coordinator_client(self.coordinator, 60.0, SignedAuth(account, self.audience))
+        self.stop = stop or threading.Event()
+        self.http = coordinator_client(self.coordinator, 60.0, SignedAuth(account, self.audience), self.stop)
         self.weights = Weights(self.coordinator, account, state_dir / "weights", console)
         self.checked = 0
 
@@ -77,7 +83,7 @@ class Validator:
         torch.set_num_threads(1)
         while not stop.is_set() and (max_submissions is None or self.checked < max_submissions):
             try:
-                self._check_batch(stop, idle_wait)
+                self._check_batch()
             except httpx.TransportError as e:
                 # The coordinator went away mid-request; our claims expire and return to the queue.
                 self.console.print(f"[yellow]Lost the coordinator ({type(e).__name__}: {e}); retrying.[/yellow]")
@@ -89,11 +95,11 @@ class Validator:
                 stop.wait(idle_wait)
         return self.checked
 
-    def _check_batch(self, stop: threading.Event, idle_wait: float) -> None:
-        claims = [Claim.model_validate(c) for c in self._post("/v1/validation/claim", ClaimRequest(address=self.account.address, limit=self.batch).model_dump_json()).json()]
+    def _check_batch(self) -> None:
+        request = ClaimRequest(address=self.account.address, limit=self.batch, wait_s=CLAIM_WAIT_S)
+        claims = [Claim.model_validate(c) for c in self._post("/v1/validation/claim", request.model_dump_json()).json()]
         if not claims:
-            stop.wait(idle_wait)
-            return
+            return  # the claim itself waited for work
         for claim in claims:
             if claim.claim_expires_at <= datetime.now(UTC):
                 # Checking it now would be wasted work: it is back in the queue for whoever claims next.
@@ -112,7 +118,7 @@ class Validator:
         """Check one claimed submission and post the verdict; raises :class:`ClaimLost` if the claim
         expired meanwhile (the coordinator refuses the verdict and the submission is checked again)."""
         try:
-            reply = get_waiting(self.http, f"/v1/validation/submissions/{claim.submission_id}/file", tries=6)
+            reply = get_waiting(self.http, f"/v1/validation/submissions/{claim.submission_id}/file", tries=6, stop=self.stop)
         except httpx.HTTPStatusError as e:
             if e.response.status_code == 409:  # the claim ran out while the file store was unavailable
                 raise ClaimLost(e.response.text) from None

@@ -19,11 +19,18 @@ router = APIRouter(prefix="/v1", tags=["tasks"], responses={401: {"model": Error
 @router.post(
     "/tasks/lease",
     response_model=TaskSpec,
-    responses={204: {"description": "No active run has work."}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+    responses={
+        204: {"description": "No new work now; X-Intellect-Wait says why, Retry-After when to ask again (WorkWait)."},
+        403: {"model": ErrorBody},
+        404: {"model": ErrorBody},
+    },
 )
 async def lease(body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> TaskSpec | Response:
-    task = await ledger.run_signed(signed, runs.lease, body, settings, datetime.now(UTC))
-    return task if task is not None else Response(status_code=204)
+    leased = await ledger.run_signed(signed, runs.lease, body, settings, datetime.now(UTC))
+    if isinstance(leased, TaskSpec):
+        return leased
+    headers = {"x-intellect-wait": leased.reason, "x-intellect-wait-message": leased.message, "retry-after": f"{leased.retry_after_s:.0f}"}
+    return Response(status_code=204, headers=headers)
 
 
 @router.post(

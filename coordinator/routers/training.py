@@ -27,7 +27,7 @@ async def accepted_rollouts(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[AcceptedRollouts]:
     """Accepted submissions of ``run`` after cursor ``after``, in acceptance order."""
-    return await ledger.run_signed(signed, training.accepted_after, run, after, limit)
+    return await ledger.run_signed(signed, training.accepted_after, run, after, limit, datetime.now(UTC))
 
 
 @router.get("/submissions/{submission_id}/file", responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request, Response
@@ -10,6 +12,9 @@ from coordinator.deps import LedgerDep, Settings, Signed
 from coordinator.services import receipts, validation
 from shared.committee import PublicReceipt
 from shared.schemas import Claim, ClaimRequest, ErrorBody, VerdictRequest
+
+CLAIM_POLL_S = 0.5
+"""How often a waiting claim looks for work drawn for it."""
 
 router = APIRouter(
     prefix="/v1/validation",
@@ -20,9 +25,16 @@ router = APIRouter(
 
 @router.post("/claim", response_model=list[Claim])
 async def claim(body: ClaimRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> list[Claim]:
-    """The submissions drawn for this validator to judge (up to ``limit``, oldest first), each
-    leased until ``claim_expires_at``; an empty list when none wait. Validators cannot choose."""
-    return await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC))
+    """The submissions drawn for this validator to judge (up to ``limit``, the policy closest to
+    going stale first), each leased until ``claim_expires_at``; waits up to ``wait_s`` for some,
+    then an empty list. Validators cannot choose."""
+    deadline = time.monotonic() + body.wait_s
+    claims = await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC))
+    while not claims and time.monotonic() < deadline:
+        await asyncio.sleep(CLAIM_POLL_S)
+        # The signature and its nonce were checked and recorded by the first pass.
+        claims = await ledger.run(validation.claim, signed.address, body, settings, datetime.now(UTC))
+    return claims
 
 
 @router.get(

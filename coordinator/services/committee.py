@@ -40,6 +40,11 @@ from shared.schemas import RoleName
 ASSIGN_SCAN = 256
 """Most waiting reviews drawn for at each claim: bounds one claim's work whatever the backlog."""
 
+URGENT_FIRST = (Task.policy_step, Review.opened_at, Review.id)
+"""Review order (with Submission and Task joined): the oldest policy goes stale first."""
+
+EXPIRED = "policy step {step} fell out of the run's window {oldest}..{newest} before its validators finished: expired, no credit, no penalty"
+
 
 def linked(session: Session, address: str, settings: CoordinatorSettings) -> set[str]:
     """Addresses ``address`` is not independent of: itself, the nodes it operates, its operator and
@@ -60,7 +65,9 @@ def open_review(session: Session, submission: Submission, purpose: Purpose, now:
 
 
 def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> None:
-    """Draw a live, eligible validator for every review waiting for one (unassigned, or its assignment lapsed)."""
+    """Draw a live, eligible validator for every review waiting for one (unassigned, or its
+    assignment lapsed), the work closest to going stale first; expire what went stale waiting."""
+    expire_stale(session, now)
     seen = now - timedelta(seconds=settings.validator_live_s)
     live = list(session.scalars(select(Role.address).where(Role.role == RoleName.validator, Role.revoked_at.is_(None), Role.last_seen >= seen)))
     if not live:
@@ -68,10 +75,12 @@ def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> No
     waiting = list(
         session.scalars(
             select(Review)
+            .join(Submission, Submission.id == Review.submission_id)
+            .join(Task, Task.id == Submission.task_id)
             .where(Review.outcome.is_(None), Review.voided_at.is_(None), or_(Review.validator.is_(None), Review.expires_at <= now))
-            .order_by(Review.opened_at, Review.id)
+            .order_by(*URGENT_FIRST)
             .limit(ASSIGN_SCAN)
-            .with_for_update(skip_locked=True)
+            .with_for_update(skip_locked=True, of=Review)
         )
     )
     if not waiting:
@@ -110,6 +119,8 @@ def progress(session: Session, submission: Submission, settings: CoordinatorSett
         r for r in session.scalars(select(Review).where(Review.submission_id == submission.id).order_by(Review.id))
         if r.voided_at is None and r.appeal_id == (appeal.id if appeal else None)
     ]  # fmt: skip
+    if appeal is None and submission.outcome is None and stale(session, submission):
+        return expire(session, submission, now)
     if any(r.outcome is None for r in reviews):
         return
     outcomes: list[Outcome] = [r.outcome for r in reviews]  # type: ignore[misc]
@@ -180,8 +191,7 @@ def _decide(
     lead = deciding[0] if deciding else reviews[0]
     failed = [c for c in lead.checks or [] if c["passed"] is False]
     explained = bool(failed) and all(c.get("explained") for c in failed)
-    stale = outcome == "soft" and prev is None and _stale(session, submission)
-    submission.status = {"accept": "accepted", "hard": "rejected"}.get(outcome) or ("expired" if stale else "rejected")
+    submission.status = {"accept": "accepted", "hard": "rejected"}.get(outcome) or "rejected"
     submission.outcome = outcome
     submission.hard = outcome == "hard"
     submission.validated_at = now
@@ -193,7 +203,7 @@ def _decide(
         reasons.insert(0, f"validators split {', '.join(r.outcome or '' for r in reviews)}")
     submission.reason = "; ".join([*(reasons or ["all checks passed"]), *([note] if note else [])])
     # No deciding verdict: a split with no third validator to break it, not a judgement of the node.
-    consequences.apply(session, submission, prev, outcome, settings, now, charge_soft=not (explained or stale or not deciding))
+    consequences.apply(session, submission, prev, outcome, settings, now, charge_soft=not (explained or not deciding))
 
     judged = list(reviews)
     if appeal is not None and appeal.status == "open":
@@ -214,9 +224,34 @@ def _decide(
                 recheck_verdicts_of(session, review.validator, settings, now)
 
 
-def _stale(session: Session, submission: Submission) -> bool:
+def stale(session: Session, submission: Submission) -> bool:
+    """Whether ``submission``'s policy fell out of its run's window: the trainer could not use it."""
     task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
     return task.policy_step < run.policy_step - run.async_level
+
+
+def expire(session: Session, submission: Submission, now: datetime) -> None:
+    """Decide undecided, stale ``submission`` as expired: the network, not the node, made it late,
+    so no credit and no penalty; its open reviews are voided, so no validator spends a model pass on it."""
+    task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
+    for review in session.scalars(select(Review).where(Review.submission_id == submission.id, Review.outcome.is_(None), Review.voided_at.is_(None))):
+        review.voided_at, review.void_reason = now, "the work went stale first"
+    submission.status, submission.outcome, submission.hard, submission.validated_at = "expired", "soft", False, now
+    oldest = max(0, run.policy_step - run.async_level)
+    submission.reason = EXPIRED.format(step=task.policy_step, oldest=oldest, newest=run.policy_step)
+
+
+def expire_stale(session: Session, now: datetime) -> None:
+    """:func:`expire` every undecided submission whose policy fell out of its run's window."""
+    query = (
+        select(Submission)
+        .join(Task, Task.id == Submission.task_id)
+        .join(Run, Run.id == Submission.run_id)
+        .where(Submission.status == "pending", Submission.outcome.is_(None), Task.policy_step < Run.policy_step - Run.async_level)
+        .with_for_update(skip_locked=True, of=Submission)
+    )
+    for submission in session.scalars(query):
+        expire(session, submission, now)
 
 
 def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorSettings, now: datetime) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.models import ContributionEntry, Node, Run, Submission
-from coordinator.services import nodes, shardcast
+from coordinator.services import admission, nodes, shardcast
 from coordinator.settings import CoordinatorSettings
 from shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
 from shared.run_schemas import RunInfo
@@ -75,6 +75,7 @@ def public_node(session: Session, address: str, now: datetime) -> PublicNode:
 
 def network(session: Session, settings: CoordinatorSettings, now: datetime) -> NetworkStatus:
     run = session.scalar(select(Run).where(Run.status == "active").order_by(Run.created_at.desc()).limit(1))
+    latest = run or session.scalar(select(Run).order_by(Run.created_at.desc()).limit(1))
     counts = nodes.status_counts(session)
     by_status = dict(session.execute(select(Submission.status, func.count()).group_by(Submission.status)).all())
     verdicts = sum(by_status.get(s, 0) for s in ("accepted", *REJECTED))
@@ -88,6 +89,7 @@ def network(session: Session, settings: CoordinatorSettings, now: datetime) -> N
         validation_backlog=by_status.get("pending", 0),
         rejection_rate=sum(by_status.get(s, 0) for s in REJECTED) / verdicts if verdicts else None,
         relays=len(shardcast.live_relays(session, now, settings.relay_ttl_s)),
+        work=admission.work_wait(session, latest, settings, now) if latest else admission.NO_RUN,
         server_time=now,
     )
 

@@ -13,17 +13,18 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
-from coordinator.models import Evaluation, Node, Run, Submission, Task
+from coordinator.models import Evaluation, Node, Run, Task
+from coordinator.services import admission
 from coordinator.settings import CoordinatorSettings
 from shared.environments.length import LengthBudget
 from shared.environments.registry import ENVIRONMENTS, get_environment
 from shared.rollout_file import shape_error
 from shared.run_schemas import AuditPolicy
-from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec
+from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec, WorkWait
 
 
 @cache
@@ -100,22 +101,28 @@ def spec(run: Run, task: Task) -> TaskSpec:
     )
 
 
-def lease(session: Session, signer: str, request: LeaseRequest, settings: CoordinatorSettings, now: datetime) -> TaskSpec | None:
+def lease(session: Session, signer: str, request: LeaseRequest, settings: CoordinatorSettings, now: datetime) -> TaskSpec | WorkWait:
     """A task leased to ``signer``: one it holds but is not working on (it restarted), else an
-    open or expired one, else a new one unless the run's validation backlog is full (None: wait);
-    never one older than the run's window; at most ``max_leases_per_node`` at a time."""
+    open or expired one, else a new one if the run admits more work now
+    (:mod:`coordinator.services.admission`; else why not); never one older than the run's window;
+    at most ``max_leases_per_node`` at a time."""
     run_id = request.run_id
     node = session.get(Node, signer)
     if node is None:
         raise ApiError(404, ErrorCode.node_not_registered, "This address has not registered; call /v1/nodes/register first.")
     if node.status == NodeStatus.banned:
         raise ApiError(403, ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
-    query = select(Run).where(Run.status == "active").order_by(Run.created_at)
-    run = session.scalar(query.where(Run.id == run_id) if run_id else query)
-    if run is None:
-        if run_id:
-            raise ApiError(404, ErrorCode.no_run, f"No active run {run_id}.")
-        return None
+    if run_id:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise ApiError(404, ErrorCode.no_run, f"No run {run_id}.")
+    else:
+        active = session.scalar(select(Run).where(Run.status == "active").order_by(Run.created_at).limit(1))
+        run = active or session.scalar(select(Run).order_by(Run.created_at.desc()).limit(1))
+        if run is None:
+            return admission.NO_RUN
+    if run.status != "active":
+        return admission.work_wait(session, run, settings, now)  # type: ignore[return-value]
 
     # A task older than the run's window would only make rollouts the validator must reject.
     oldest = max(0, run.policy_step - run.async_level)
@@ -141,8 +148,9 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
         .with_for_update(skip_locked=True)
     )
     if task is None:
-        if _backlog(session, run.id, now) >= settings.max_validation_backlog:
-            return None
+        wait = admission.work_wait(session, run, settings, now)
+        if wait is not None:
+            return wait
         ids = problem_ids(run.environment)
         chosen = [ids[(run.next_prompt + i) % len(ids)] for i in range(run.prompts_per_task)]
         run.next_prompt = (run.next_prompt + run.prompts_per_task) % len(ids)
@@ -160,15 +168,6 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
     task.leased_to = signer
     task.lease_expires_at = now + timedelta(seconds=settings.task_lease_s)
     return spec(run, task)
-
-
-def _backlog(session: Session, run_id: str, now: datetime) -> int:
-    """Submissions awaiting a verdict plus tasks being worked on: what validators will have to check."""
-    pending = session.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == run_id, Submission.status == "pending"))
-    working = session.scalar(
-        select(func.count()).select_from(Task).where(Task.run_id == run_id, Task.status == "leased", Task.lease_expires_at > now)
-    )
-    return (pending or 0) + (working or 0)
 
 
 def policy_steps(session: Session) -> dict[str, int]:

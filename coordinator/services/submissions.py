@@ -109,6 +109,9 @@ def record(session: Session, signer: str, task_id: str, digest: str, rollouts: l
     )
     session.add(submission)
     session.flush()
-    committee.open_review(session, submission, "first", now)
     task.status = "submitted"
+    if committee.stale(session, submission):  # it went stale while being made: no validator need look
+        committee.expire(session, submission, now)
+    else:
+        committee.open_review(session, submission, "first", now)
     return receipt(submission)

@@ -19,8 +19,12 @@ from coordinator.services import roles
 from shared.schemas import AcceptedRollouts, ErrorCode, RoleName, TrainerMetricsRequest
 
 
-def accepted_after(session: Session, signer: str, run_id: str, after: int, limit: int) -> list[AcceptedRollouts]:
-    roles.require(session, signer, RoleName.trainer)
+def accepted_after(session: Session, signer: str, run_id: str, after: int, limit: int, now: datetime) -> list[AcceptedRollouts]:
+    """Accepted submissions after ``after``; everything up to ``after`` counts as read (backpressure)."""
+    roles.require(session, signer, RoleName.trainer).last_seen = now
+    run = session.get(Run, run_id)
+    if run is not None and after > run.trainer_cursor:
+        run.trainer_cursor = after
     query = (
         select(ContributionEntry.id, Submission.id, Submission.task_id, Task.policy_step, Submission.untrained_rows)
         .join(Submission, Submission.id == ContributionEntry.submission_id)

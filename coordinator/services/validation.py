@@ -34,8 +34,10 @@ def claim(session: Session, signer: str, body: ClaimRequest, settings: Coordinat
     committee.assign(session, settings, now)
     query = (
         select(Review)
+        .join(Submission, Submission.id == Review.submission_id)
+        .join(Task, Task.id == Submission.task_id)
         .where(Review.validator == signer, Review.outcome.is_(None), Review.voided_at.is_(None), Review.claimed_at.is_(None), Review.expires_at > now)
-        .order_by(Review.opened_at, Review.id)
+        .order_by(*committee.URGENT_FIRST)
         .limit(body.limit)
     )
     claims = []
@@ -48,7 +50,9 @@ def claim(session: Session, signer: str, body: ClaimRequest, settings: Coordinat
                 submission_id=submission.id,
                 sha256=submission.sha256,
                 task=spec(run, task),
-                oldest_step=max(0, run.policy_step - run.async_level),
+                # Freshness is the coordinator's call (stale work is expired before it is drawn), so an
+                # audit, appeal or re-check of work that was fresh when first drawn is not judged late.
+                oldest_step=min(task.policy_step, max(0, run.policy_step - run.async_level)),
                 newest_step=run.policy_step,
                 claim_expires_at=review.expires_at,  # type: ignore[arg-type]
             )

@@ -45,8 +45,9 @@ function lineChart(title, series, xLabel) {
   }
   const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
   let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
-  if (x0 === x1) { x0 -= 1; x1 += 1; }
-  if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
+  // One point (or a flat line): a narrow range around it, not a unit that dwarfs the value.
+  if (x0 === x1) x1 = x0 + 1;
+  if (y0 === y1) { const pad = Math.max(Math.abs(y0) * 0.1, 0.01); y0 -= pad; y1 += pad; }
   const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   const described = series.map((sr) => `${sr.name}: ${sr.points.length} points, last ${fmt.num(sr.points.at(-1)?.[1], 3)}`).join("; ");
@@ -67,7 +68,9 @@ function lineChart(title, series, xLabel) {
     svg.append(s("path", { d, fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 2, "stroke-dasharray": i ? "6 4" : null, class: "series" }));
     for (const [x, y] of sr.points) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 2.5, fill: COLORS[i % COLORS.length] }));
   });
-  const legend = h("ul", { class: "legend" }, series.map((sr, i) => h("li", {}, h("span", { style: `background:${COLORS[i % COLORS.length]}` }), sr.name)));
+  const same = (a, b) => a.points.length === b.points.length && a.points.every(([x, y], j) => x === b.points[j][0] && y === b.points[j][1]);
+  const legend = h("ul", { class: "legend" }, series.map((sr, i) => h("li", {}, h("span", { style: `background:${COLORS[i % COLORS.length]}` }),
+    sr.name, i && same(sr, series[0]) ? ` (dashed: equal to ${series[0].name})` : "")));
   figure.append(svg, legend);
   return figure;
 }
@@ -113,6 +116,7 @@ function statusPanel(net) {
     item("Validation backlog", fmt.num(net.validation_backlog), "stat-backlog"),
     item("Rejection rate", fmt.pct(net.rejection_rate), "stat-rejection"),
     item("Relays", fmt.num(net.relays), "stat-relays"),
+    item("New work", net.work ? `waiting: ${net.work.message}` : "handed out", "stat-work"),
   );
 }
 
@@ -177,11 +181,15 @@ function validatorsTable(validators) {
     h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 6 }, "No validators yet."))));
 }
 
+function showRun(net) {
+  document.getElementById("run-name").textContent = net.run ? `Run ${net.run.name} · ${net.run.environment} · ${net.run.model}` : "No active run";
+}
+
 async function showLeaderboard(view) {
   const [net, rows, validators] = await Promise.all([get("/v1/public/network"), get("/v1/public/leaderboard"), get("/v1/public/validators")]);
   lastRows = rows;
   state.runId = net.run?.id ?? null;
-  document.getElementById("run-name").textContent = net.run ? `Run ${net.run.name} · ${net.run.environment} · ${net.run.model}` : "No active run";
+  showRun(net);
   const [progress, throughput] = state.runId
     ? await Promise.all([get(`/v1/public/runs/${state.runId}/progress`), get(`/v1/public/runs/${state.runId}/throughput?minutes=60&bucket_s=60`)])
     : [{ steps: [], evaluations: [] }, []];
@@ -227,9 +235,10 @@ function verdictsCell(receipt) {
 }
 
 async function showNode(view, address) {
-  const [node, receipts] = await Promise.all([
-    get(`/v1/public/nodes/${address}`), get(`/v1/public/submissions?address=${address}&limit=200`),
+  const [net, node, receipts] = await Promise.all([
+    get("/v1/public/network"), get(`/v1/public/nodes/${address}`), get(`/v1/public/submissions?address=${address}&limit=200`),
   ]);
+  showRun(net);
   const stats = h("dl", { class: "stats" },
     ...[["Status", node.status], ["Final credit", fmt.num(node.credit.final)], ["Pending credit", fmt.num(node.credit.pending)],
       ["Accepted", fmt.num(node.submissions.accepted ?? 0)], ["Rejected", fmt.num((node.submissions.rejected ?? 0) + (node.submissions.invalidated ?? 0))],
@@ -237,7 +246,9 @@ async function showNode(view, address) {
       ["Last seen", fmt.ago(node.last_seen)]].map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
   const rows = receipts.map((r) => h("tr", {},
     h("td", {}, h("a", { href: `/v1/public/submissions/${r.submission_id}`, class: "address" }, fmt.short(r.submission_id))),
-    h("td", { class: `status-${r.status}` }, r.status, r.hard ? " (hard)" : ""),
+    h("td", { class: `status-${r.status}` }, r.status, r.hard ? " (hard)" : "",
+      // Why it failed or expired, in plain sight: the checks' details stay one click away.
+      r.status === "accepted" || r.status === "pending" || !r.reason ? "" : h("p", { class: "reason" }, r.reason)),
     checksCell(r.submission_id, r.checks),
     h("td", {}, verdictsCell(r)),
     h("td", { class: "num" }, fmt.num(r.credit)),

@@ -1,0 +1,150 @@
+"""Work is handed out at the rate validators and the trainer consume it, the work closest to going
+stale is judged first, and a node (and the public status) is told why no work comes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from eth_account import Account
+from sqlalchemy import update
+
+from coordinator.db import make_sessionmaker
+from coordinator.models import PolicyManifest, Role, Run, Submission, Task
+from coordinator.services import admission
+from coordinator.settings import CoordinatorSettings
+from shared.signing import SignedAuth
+from tests.conftest import Served, admin_token, serve
+from tests.helpers import make_run, signed_post
+from tests.test_attacks import _verdict
+from tests.test_hostile import joined
+from tests.test_tasks_and_uploads import lease, rollout_file, upload
+
+
+def _settings(database_url: str, tmp_path: Path, **overrides: object) -> CoordinatorSettings:
+    values: dict = {"database_url": database_url, "blob_dir": tmp_path / "b", "rate_limit_per_s": 1000, "rate_limit_burst": 1000, "max_leases_per_node": 8}
+    return CoordinatorSettings(**(values | overrides))
+
+
+def _grant(served: Served, role: str) -> Account:
+    account = Account.create()
+    reply = httpx.post(f"{served.url}/v1/admin/roles", json={"address": account.address, "role": role}, headers={"authorization": f"Bearer {admin_token(served)}"})
+    assert reply.status_code == 201
+    return account
+
+
+def _claim(served: Served, validator, limit: int = 1) -> list[dict]:  # type: ignore[no-untyped-def]
+    return signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": limit}).json()
+
+
+def _wait(served: Served) -> dict | None:
+    return httpx.get(f"{served.url}/v1/public/network").json()["work"]
+
+
+def test_a_node_is_told_why_no_work_comes(database_url: str, tmp_path: Path) -> None:
+    with serve(_settings(database_url, tmp_path, backlog_floor=2)) as served:
+        assert _wait(served)["reason"] == "no_run"
+        run_id = make_run(served, prompts=1, samples=1)
+        node = joined(served)
+        assert _wait(served) is None
+        for _ in range(2):
+            task = lease(served, node).json()
+            assert upload(served, node, task["task_id"], rollout_file(task)).status_code == 200
+
+        # Nobody validates: two files wait, and the node hears why, with when to ask again.
+        reply = lease(served, node)
+        assert reply.status_code == 204
+        assert reply.headers["x-intellect-wait"] == "no_validator" and int(reply.headers["retry-after"]) > 0
+        assert "no validator has asked for work" in reply.headers["x-intellect-wait-message"]
+        assert _wait(served)["reason"] == "no_validator"
+
+        # A validator that asks, but decides nothing yet: waiting for its capacity, not for a validator.
+        validator = _grant(served, "validator")
+        assert len(_claim(served, validator, limit=2)) == 2
+        assert lease(served, node).headers["x-intellect-wait"] == "validation_capacity"
+
+        # Paused by the operator: said so, to the node and on the public status.
+        token = admin_token(served)
+        assert httpx.post(f"{served.url}/v1/admin/runs/{run_id}/pause", headers={"authorization": f"Bearer {token}"}).status_code == 200
+        reply = lease(served, node)
+        assert reply.status_code == 204 and reply.headers["x-intellect-wait"] == "paused"
+        assert _wait(served) == {"reason": "paused", "message": "run r is paused by its operator", "retry_after_s": 30.0}
+
+
+def test_no_trainer_reading_holds_new_work_back(database_url: str, tmp_path: Path) -> None:
+    with serve(_settings(database_url, tmp_path, backlog_floor=2)) as served:
+        run_id = make_run(served, prompts=1, samples=1)
+        node, validator = joined(served), _grant(served, "validator")
+        for _ in range(2):
+            task = lease(served, node).json()
+            assert upload(served, node, task["task_id"], rollout_file(task)).status_code == 200
+            assert _verdict(served, validator, _claim(served, validator)[0], "all").json()["status"] == "accepted"
+        reply = lease(served, node)
+        assert reply.headers["x-intellect-wait"] == "no_trainer", reply.headers
+
+        # A trainer reading everything accepted so far frees the way.
+        trainer = _grant(served, "trainer")
+        read = httpx.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": 0}, auth=SignedAuth(trainer, served.audience)).json()
+        assert len(read) == 2
+        httpx.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": read[-1]["cursor"]}, auth=SignedAuth(trainer, served.audience))
+        assert lease(served, node).status_code == 200
+
+
+def test_new_work_follows_the_measured_decision_rate_and_step_period(database_url: str, tmp_path: Path) -> None:
+    """60 decisions in the last minute (1 a second) and a policy step every 10 s with async level 2:
+    work stays fresh 20 s, so 10 files (half of 20 s of decisions) may wait, not one more."""
+    settings = _settings(database_url, tmp_path, backlog_floor=2, throughput_window_s=60)
+    with serve(settings) as served:
+        run_id = make_run(served, prompts=1, samples=1)
+        now = datetime.now(UTC)
+        sessions = make_sessionmaker(served.engine)
+        with sessions.begin() as session:
+            session.add(Role(address=Account.create().address, role="validator", granted_by="t", granted_at=now, last_seen=now))
+            session.add_all(Task(id=f"t{i}", run_id=run_id, prompt_ids={"ids": []}, seed=i, policy_step=0, status="submitted", created_at=now) for i in range(60))
+            session.flush()
+            for i in range(60):
+                session.add(Submission(
+                    id=f"s{i}", task_id=f"t{i}", run_id=run_id, address="0x0", sha256="0", blob_key="k", rows=1, tokens=1,
+                    status="accepted", created_at=now, validated_at=now - timedelta(seconds=59 - i),
+                ))  # fmt: skip
+            for step in range(1, 6):
+                session.add(PolicyManifest(run_id=run_id, step=step, signer="0x0", digest="0", total_bytes=1, body="{}", created_at=now - timedelta(seconds=10 * (5 - step))))
+            session.execute(update(Run).where(Run.id == run_id).values(policy_step=5, trainer_cursor=10**9))
+        with sessions() as session:
+            run = session.get_one(Run, run_id)
+            assert admission.decision_rate(session, run_id, settings, now) == pytest.approx(60 / 59, rel=0.05)
+            assert admission.work_wait(session, run, settings, now) is None
+        for _ in range(10):  # one task each: a node asking again would get back the task it holds
+            assert lease(served, joined(served)).status_code == 200
+        assert lease(served, joined(served)).headers["x-intellect-wait"] == "validation_capacity"
+
+
+def test_the_policy_closest_to_going_stale_is_judged_first(database_url: str, tmp_path: Path) -> None:
+    with serve(_settings(database_url, tmp_path)) as served:
+        run_id = make_run(served, prompts=1, samples=1)
+        slow, fast, validator = joined(served), joined(served), _grant(served, "validator")
+        older = lease(served, slow).json()
+        with make_sessionmaker(served.engine).begin() as session:
+            session.execute(update(Run).where(Run.id == run_id).values(policy_step=1))
+        newer = lease(served, fast).json()
+        assert (older["policy_step"], newer["policy_step"]) == (0, 1)
+        first = upload(served, fast, newer["task_id"], rollout_file(newer)).json()["submission_id"]
+        second = upload(served, slow, older["task_id"], rollout_file(older)).json()["submission_id"]
+        assert [c["submission_id"] for c in _claim(served, validator, limit=2)] == [second, first]
+
+
+def test_a_claim_waits_for_work_to_arrive(coordinator: Served) -> None:
+    make_run(coordinator, prompts=1, samples=1)
+    node, validator = joined(coordinator), _grant(coordinator, "validator")
+    _claim(coordinator, validator)  # seen: live, so new work is drawn for it
+    task = lease(coordinator, node).json()
+    threading.Timer(1.0, lambda: upload(coordinator, node, task["task_id"], rollout_file(task))).start()
+    started = time.monotonic()
+    claims = signed_post(coordinator.url, "/v1/validation/claim", validator, coordinator.audience, {"address": validator.address, "limit": 1, "wait_s": 8}).json()
+    waited = time.monotonic() - started
+    assert [c["task"]["task_id"] for c in claims] == [task["task_id"]] and 0.9 < waited < 8
+

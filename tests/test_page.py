@@ -1,0 +1,31 @@
+"""The leaderboard page on a young network, in Chromium: a chart of one point keeps a sensible axis,
+and the status panel says why nodes get no new work."""
+
+from __future__ import annotations
+
+import httpx
+from playwright.sync_api import expect, sync_playwright
+
+from tests.conftest import Served, admin_token
+from tests.helpers import chromium, make_run
+
+
+def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:
+    run_id = make_run(coordinator, name="young")
+    headers = {"authorization": f"Bearer {admin_token(coordinator)}"}
+    reply = httpx.post(f"{coordinator.url}/v1/admin/runs/{run_id}/evaluations", json={"step": 0, "metrics": {"heldout_accuracy": 0.67}}, headers=headers)
+    assert reply.status_code == 201
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(f"{coordinator.url}/")
+        chart = page.locator("figure", has_text="Held-out accuracy").locator("svg.chart")
+        expect(chart).to_have_attribute("data-points", "1")
+        top, bottom = (float(t) for t in chart.locator("text").all_text_contents()[:2])
+        assert 0.6 <= bottom < 0.67 < top <= 0.75, (bottom, top)  # not 0.17..1.17 around one value
+        expect(page.locator("#stat-work")).to_have_text("handed out")
+
+        assert httpx.post(f"{coordinator.url}/v1/admin/runs/{run_id}/pause", headers=headers).status_code == 200
+        page.reload()
+        expect(page.locator("#stat-work")).to_have_text("waiting: run young is paused by its operator")
+        browser.close()

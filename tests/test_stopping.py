@@ -1,0 +1,96 @@
+"""SIGTERM and SIGINT stop every role and the devnet promptly (under 10 s), leaving nothing running,
+even while a role is retrying a coordinator that went away."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from devnet.network import Network
+from devnet.processes import Process, admin_token, create_run, migrate, script, spawn, start_coordinator
+from shared.wallet import create_wallet
+
+PROMPT_S = 10.0
+
+
+def _running_under(workdir: Path) -> list[str]:
+    """Command lines of live processes that mention ``workdir``: what a stop left behind."""
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and str(workdir) in cmdline and int(proc.name) != os.getpid():
+            left.append(cmdline)
+    return left
+
+
+def _wait_for(path: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{path.name} never said {text!r}:\n{path.read_text(errors='replace')[-3000:] if path.exists() else '(no log)'}")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_devnet_stops_every_role_promptly(sig: signal.Signals, tmp_path: Path) -> None:
+    workdir = tmp_path / "devnet"
+    command = ["intellect-devnet", "--nodes", "1", "--validators", "1", "--steps", "0", "--heartbeat-interval", "0.5", "--workdir", str(workdir)]
+    devnet = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(workdir / "logs" / "node-0.log", "Task 1 ", 300)
+        signalled = time.monotonic()
+        devnet.send_signal(sig)
+        output, _ = devnet.communicate(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        if devnet.poll() is None:
+            devnet.kill()
+    assert devnet.returncode == 0, output
+    assert took < PROMPT_S, f"stopping took {took:.1f} s"
+    codes = json.loads((workdir / "summary.json").read_text())["exit_codes"]
+    assert codes and all(code == 0 for code in codes.values()), codes  # no role needed SIGKILL
+    assert _running_under(workdir) == []
+
+
+@pytest.mark.timeout(300)
+def test_validator_and_trainer_stop_promptly_while_their_coordinator_is_gone(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    migrate(url, tmp_path / "logs" / "migrate.log")
+    token = admin_token(url)
+    run_id = create_run(url, "r", tmp_path / "logs" / "run.log")
+    coordinator = start_coordinator(tmp_path, url)
+    net = Network(tmp_path, url, token, run_id, "pw", [coordinator])
+    roles: list[Process] = []
+    try:
+        for name in ("validator", "trainer"):
+            wallet, address = tmp_path / f"{name}.json", create_wallet(tmp_path / f"{name}.json", "pw")
+            net.grant(address, name)
+            command = [*script(f"intellect-{name}"), "run", "--wallet", str(wallet), "--coordinator", coordinator.url]  # type: ignore[list-item]
+            command += ["--state-dir", str(tmp_path / name)] if name == "validator" else ["--run", run_id, "--origin-dir", str(tmp_path / "origin")]
+            roles.append(spawn(name, command, tmp_path / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": "pw"}))
+        _wait_for(roles[0].log_path, "Validating as", 120)
+        _wait_for(roles[1].log_path, "Training run-", 120)
+        coordinator.kill()
+        time.sleep(3)  # both are now retrying a coordinator that does not answer
+        signalled = time.monotonic()
+        for role in roles:
+            role.popen.send_signal(signal.SIGTERM)
+        for role in roles:
+            role.popen.wait(60)
+            assert role.popen.returncode == 0, role.tail()
+        took = time.monotonic() - signalled
+        assert took < PROMPT_S, f"stopping took {took:.1f} s"
+    finally:
+        for role in roles:
+            role.stop()
