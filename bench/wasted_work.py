@@ -31,6 +31,8 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from devnet.processes import script  # noqa: E402
 
 
 @dataclass
@@ -100,7 +102,8 @@ def measure(ledger: Path) -> Waste:
 
 
 def run_devnet(source: Path, workdir: Path, minutes: float) -> Waste:
-    command = [sys.executable, "-m", "devnet.cli", "--steps", "0", "--nodes", "2", "--validators", "1", "--workdir", str(workdir)]
+    # The installed script, importing ``source`` first: its roles' scripts inherit the path too.
+    command = [*script("intellect-devnet"), "--steps", "0", "--nodes", "2", "--validators", "1", "--workdir", str(workdir)]
     env = {**os.environ, "PYTHONPATH": str(source)}
     with open(workdir.parent / f"{workdir.name}.log", "wb") as log:
         devnet = subprocess.Popen(command, cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT)
