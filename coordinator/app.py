@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from coordinator.services import nodes as node_service
 from coordinator.services.nonces import prune_nonces
 from coordinator.services.rate_limit import RateLimiter
 from coordinator.settings import CoordinatorSettings
+from coordinator.wakeup import Wakeup
 from shared.version import __version__
 
 
@@ -77,7 +77,8 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     hourly = settings.registrations_per_ip_per_hour
     app.state.registration_limiter = RateLimiter(hourly / 3600, hourly)
-    app.state.manifest_published = asyncio.Event()
+    app.state.manifest_published = Wakeup()
+    app.state.work_arrived = Wakeup()  # an upload, or a verdict that opened another review: waiting claims look at once
 
     install_error_handlers(app)
     app.add_middleware(

@@ -12,15 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Concatenate, ParamSpec, TypeVar
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.services.nonces import record_nonce
 from coordinator.signed import SignedRequest
+
+log = logging.getLogger(__name__)
+
+RETRIED = frozenset({"40P01", "40001"})
+"""PostgreSQL's deadlock_detected and serialization_failure: it rolled the transaction back, so
+running it again is safe (two verdicts and a claim may lock rows in different orders)."""
+ATTEMPTS = 3
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -41,9 +50,18 @@ class Ledger:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def run_sync(self, fn: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run ``fn(session, ...)`` in a transaction: committed if it returns, rolled back if it raises."""
-        with self.sessions.begin() as session:
-            return fn(session, *args, **kwargs)
+        """Run ``fn(session, ...)`` in a transaction: committed if it returns, rolled back if it raises.
+        A transaction PostgreSQL aborted to break a deadlock (or a serialization conflict) is run again."""
+        attempt = 1
+        while True:
+            try:
+                with self.sessions.begin() as session:
+                    return fn(session, *args, **kwargs)
+            except DBAPIError as e:
+                if getattr(e.orig, "sqlstate", None) not in RETRIED or attempt == ATTEMPTS:
+                    raise
+                log.warning("transaction aborted by the database (%s); running it again", e.orig.sqlstate)  # type: ignore[union-attr]
+                attempt += 1
 
     async def run(self, fn: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await self._in_thread(functools.partial(self.run_sync, fn, *args, **kwargs))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import cache, lru_cache
 from pathlib import Path
@@ -66,8 +67,11 @@ class Validator:
         self.http = coordinator_client(self.coordinator, 60.0, SignedAuth(account, self.audience), self.stop)
         self.weights = Weights(self.coordinator, account, state_dir / "weights", console)
         self.checked = 0
+        self._prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="claim")
+        self._upcoming: Future[list[Claim]] | None = None
 
     def close(self) -> None:
+        self._prefetch.shutdown(wait=False, cancel_futures=True)  # a claim drawn ahead just lapses
         self.http.close()
 
     def _post(self, path: str, body: str) -> httpx.Response:
@@ -83,7 +87,7 @@ class Validator:
         torch.set_num_threads(1)
         while not stop.is_set() and (max_submissions is None or self.checked < max_submissions):
             try:
-                self._check_batch()
+                self._check_batch(None if max_submissions is None else max_submissions - self.checked)
             except httpx.TransportError as e:
                 # The coordinator went away mid-request; our claims expire and return to the queue.
                 self.console.print(f"[yellow]Lost the coordinator ({type(e).__name__}: {e}); retrying.[/yellow]")
@@ -95,12 +99,19 @@ class Validator:
                 stop.wait(idle_wait)
         return self.checked
 
-    def _check_batch(self) -> None:
+    def _claim(self) -> list[Claim]:
+        """The reviews drawn for us; the request waits at the coordinator for some to arrive."""
         request = ClaimRequest(address=self.account.address, limit=self.batch, wait_s=CLAIM_WAIT_S)
-        claims = [Claim.model_validate(c) for c in self._post("/v1/validation/claim", request.model_dump_json()).json()]
-        if not claims:
-            return  # the claim itself waited for work
-        for claim in claims:
+        return [Claim.model_validate(c) for c in self._post("/v1/validation/claim", request.model_dump_json()).json()]
+
+    def _check_batch(self, left: int | None) -> None:
+        """Check one batch (``left``: at most this many more, None: no limit)."""
+        upcoming, self._upcoming = self._upcoming, None
+        claims = upcoming.result() if upcoming is not None else self._claim()
+        for i, claim in enumerate(claims):
+            if i == len(claims) - 1 and (left is None or len(claims) < left):
+                # The next batch is drawn while this one's last file is checked: no round trip between batches.
+                self._upcoming = self._prefetch.submit(self._claim)
             if claim.claim_expires_at <= datetime.now(UTC):
                 # Checking it now would be wasted work: it is back in the queue for whoever claims next.
                 self.console.print(f"[yellow]{claim.submission_id[:16]}…: claim expired before its turn; skipped.[/yellow]")

@@ -6,7 +6,6 @@ weights themselves come from relays); writes are signed and need the matching ro
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Annotated
@@ -49,8 +48,7 @@ def _entry(row: PolicyManifest) -> ManifestEntry:
 async def publish(body: SignedManifest, request: Request, signed: Signed, ledger: LedgerDep) -> ManifestEntry:
     """Register policy step N's manifest (trainer role); the run's policy step moves to N."""
     row = await ledger.run_signed(signed, shardcast.publish, body, datetime.now(UTC))
-    woken, request.app.state.manifest_published = request.app.state.manifest_published, asyncio.Event()
-    woken.set()
+    request.app.state.manifest_published.notify()
     return _entry(row)
 
 
@@ -68,16 +66,13 @@ async def manifests_after(
     until one arrives or the wait ends (a long-poll: relays learn of a step within moments)."""
     deadline = time.monotonic() + min(wait_s, settings.manifest_wait_max_s)
     while True:
-        event: asyncio.Event = request.app.state.manifest_published
+        wakeup = request.app.state.manifest_published
         rows = await ledger.run(shardcast.after, after, run, limit)
         remaining = deadline - time.monotonic()
         if rows or remaining <= 0 or await request.is_disconnected():
             return [_entry(r) for r in rows]
         # Woken at once by a publish on this process; other replicas' publishes are seen within a second.
-        try:
-            await asyncio.wait_for(event.wait(), timeout=min(1.0, remaining))
-        except TimeoutError:
-            pass
+        await wakeup.wait(min(1.0, remaining))
 
 
 @router.get("/manifests/{run_id}/{step}", response_model=ManifestEntry, responses={404: {"model": ErrorBody}})

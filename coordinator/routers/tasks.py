@@ -55,4 +55,6 @@ async def submit(
     if expected is not None:
         rollouts = await asyncio.to_thread(submissions.parse, data, expected)
         await asyncio.to_thread(request.app.state.blobs.put, expected.blob_key, data)
-    return await ledger.run_signed(signed, submissions.record, task, digest, rollouts, datetime.now(UTC))
+    receipt = await ledger.run_signed(signed, submissions.record, task, digest, rollouts, datetime.now(UTC))
+    request.app.state.work_arrived.notify()
+    return receipt

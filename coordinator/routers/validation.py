@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import UTC, datetime
 
@@ -24,14 +23,15 @@ router = APIRouter(
 
 
 @router.post("/claim", response_model=list[Claim])
-async def claim(body: ClaimRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> list[Claim]:
+async def claim(body: ClaimRequest, request: Request, signed: Signed, ledger: LedgerDep, settings: Settings) -> list[Claim]:
     """The submissions drawn for this validator to judge (up to ``limit``, the policy closest to
     going stale first), each leased until ``claim_expires_at``; waits up to ``wait_s`` for some,
     then an empty list. Validators cannot choose."""
     deadline = time.monotonic() + body.wait_s
     claims = await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC))
-    while not claims and time.monotonic() < deadline:
-        await asyncio.sleep(CLAIM_POLL_S)
+    while not claims and (remaining := deadline - time.monotonic()) > 0:
+        # Woken at once by an upload or verdict on this process; other replicas' within CLAIM_POLL_S.
+        await request.app.state.work_arrived.wait(min(CLAIM_POLL_S, remaining))
         # The signature and its nonce were checked and recorded by the first pass.
         claims = await ledger.run(validation.claim, signed.address, body, settings, datetime.now(UTC))
     return claims
@@ -58,4 +58,6 @@ async def verdict(body: VerdictRequest, request: Request, signed: Signed, ledger
         session.flush()
         return receipts.public_receipt(session, submission.id)
 
-    return await ledger.run_signed(signed, work)
+    receipt = await ledger.run_signed(signed, work)
+    request.app.state.work_arrived.notify()  # an audit or tie-break may have opened
+    return receipt

@@ -35,7 +35,7 @@ STEPS_MEASURED = 5
 def work_wait(session: Session, run: Run, settings: CoordinatorSettings, now: datetime) -> WorkWait | None:
     """Why ``run`` hands out no new task now (None: it does)."""
     if run.status != "active":
-        return WorkWait(reason="paused", message=f"run {run.name} is paused by its operator", retry_after_s=30)
+        return paused(run)
     horizon = _horizon(session, run, settings)
     rate = decision_rate(session, run.id, settings, now)
     allowed = min(settings.max_validation_backlog, max(settings.backlog_floor, int(rate * horizon / 2)))
@@ -57,6 +57,10 @@ def work_wait(session: Session, run: Run, settings: CoordinatorSettings, now: da
         message = f"waiting for the trainer: {unread} accepted files are not read yet"
         return WorkWait(reason="trainer_capacity", message=message, retry_after_s=5)
     return None
+
+
+def paused(run: Run) -> WorkWait:
+    return WorkWait(reason="paused", message=f"run {run.name} is paused by its operator", retry_after_s=30)
 
 
 def backlog(session: Session, run_id: str, now: datetime) -> int:

@@ -122,9 +122,9 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
         if run is None:
             return admission.NO_RUN
     if run.status != "active":
-        return admission.work_wait(session, run, settings, now)  # type: ignore[return-value]
+        return admission.paused(run)
 
-    # A task older than the run's window would only make rollouts the validator must reject.
+    # A task older than the run's window would only make rollouts that expire unjudged.
     oldest = max(0, run.policy_step - run.async_level)
     holding = select(Task).where(Task.status == "leased", Task.leased_to == signer, Task.lease_expires_at > now)
     held = session.scalar(

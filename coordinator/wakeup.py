@@ -1,0 +1,26 @@
+"""Wake long-polling requests on this process the moment what they wait for happens.
+
+Other coordinator replicas do not see the call, so waiters also look again on a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class Wakeup:
+    """``notify()`` wakes every current ``wait()``; later waiters wait for the next one."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        woken, self._event = self._event, asyncio.Event()
+        woken.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Return at the next ``notify()``, or after ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            pass
