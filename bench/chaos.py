@@ -37,10 +37,12 @@ def main() -> int:
     for name in args.faults.split(","):
         workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{name}-"))
         started = time.monotonic()
-        net = start_network(workdir, nodes=args.nodes, run_options=RUN, steps=args.steps, coordinator_env=CHAOS_COORDINATOR_ENV)
+        # The trainer trains until stopped: a run whose trainer is done hands out no more work.
+        net = start_network(workdir, nodes=args.nodes, run_options=RUN, steps=0, coordinator_env=CHAOS_COORDINATOR_ENV)
         try:
             recovery = FAULTS[name](net, random.Random(args.seed))
             wait_until(lambda: published(net) >= args.steps, 900, f"policy step {args.steps}")  # noqa: B023
+            net.by_name("trainer").stop()
             drain(net)
         finally:
             net.stop()
