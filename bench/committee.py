@@ -133,13 +133,13 @@ def cost(workdir: Path, share: float, validators: int, tasks: int) -> tuple[floa
         for a in accounts:
             d.grant(a, "validator")
         workers = [TimedValidator(d.url, a, workdir / a.address, Console(quiet=True), batch=4) for a in accounts]
-        stop = threading.Event()
-        threads = [threading.Thread(target=w.run, args=(stop, 0.2), daemon=True) for w in workers]
+        threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
         for t in threads:
             t.start()
         while d.pending():
             time.sleep(0.3)
-        stop.set()
+        for w in workers:
+            w.stop.set()
         for t in threads:
             t.join()
         progress = httpx.get(f"{d.url}/v1/public/runs/{d.run_id}/progress").json()["submissions"]

@@ -23,7 +23,7 @@ from eth_account import Account
 from rich.console import Console
 
 from devnet.processes import coordinator_command, migrate, start_coordinator
-from node.client import CoordinatorClient
+from node.client import NodeClient
 from node.hardware import probe
 from node.settings import NodeSettings
 from node.work import TaskResult, finisher_pool, generate, run_task
@@ -49,7 +49,7 @@ def main() -> None:
              "--max-tokens", "48", "--database-url", url]
         )  # fmt: skip
         coordinator = start_coordinator(workdir, url, env={"INTELLECT_BLOB_DIR": str(workdir / "blobs")})
-        client = CoordinatorClient(
+        client = NodeClient(
             coordinator.url, Account.create(), NodeSettings(state_dir=workdir / "node"), stop=threading.Event()
         )
         finishers = finisher_pool()

@@ -34,17 +34,19 @@ import httpx
 from eth_account import Account
 
 from devnet.processes import Process, admin_token, create_run, free_port, migrate, spawn, start_coordinator, start_relay
-from shared.shardcast.origin import post_manifest, publish_step, step_dir
+from shared.coordinator_client import CoordinatorClient
+from shared.shardcast.origin import publish_step, step_dir
 from shared.wallet import create_wallet
 
 PASSWORD = "bench"
 CLIENT = """
 import sys
 from pathlib import Path
+from shared.coordinator_client import CoordinatorClient
 from shared.shardcast.client import download_step
 coordinator, run_id, dest = sys.argv[1:4]
 sys.stdin.readline()  # go
-download_step(coordinator, run_id, 1, Path(dest))
+download_step(CoordinatorClient(coordinator), run_id, 1, Path(dest))
 print("done", flush=True)
 """
 
@@ -104,7 +106,6 @@ def ours(workdir: Path, size: int, clients: int) -> tuple[float, list[float]]:
             for i in range(clients)
         ]
         time.sleep(3)  # the clients finish importing
-        audience = httpx.get(f"{coordinator}/v1/public/status").json()["audience"]
 
         latencies: list[float] = []
         probing = threading.Event()
@@ -119,7 +120,8 @@ def ours(workdir: Path, size: int, clients: int) -> tuple[float, list[float]]:
                     time.sleep(0.05)
 
         start = time.perf_counter()
-        post_manifest(coordinator, trainer, publish_step(workdir / "origin", run_id, 1, trainer), audience)
+        with CoordinatorClient(coordinator, trainer) as api:
+            api.publish_manifest(publish_step(workdir / "origin", run_id, 1, trainer))
         prober = threading.Thread(target=probe)
         prober.start()
         for client in waiting:

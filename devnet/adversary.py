@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from node.client import CoordinatorClient, NodeError
+from node.client import NodeClient, NodeError
 from node.hardware import probe
 from node.settings import NodeSettings
 from node.work import finish, generate
@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     account = load_wallet(args.wallet, read_password())
-    client = CoordinatorClient(args.coordinator, account, NodeSettings(state_dir=args.state_dir), stop=threading.Event())
+    client = NodeClient(args.coordinator, account, NodeSettings(state_dir=args.state_dir), stop=threading.Event())
     client.public_status()
     client.register(probe(args.state_dir), None)
     try:

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from shared.cli import stop_on_sigterm
 from shared.committee import PublicReceipt
+from shared.coordinator_client import Refused
 from shared.schemas import CHECKS, CheckOutcome, Claim, VerdictRequest
 from shared.verdicts import sign_verdict
 from shared.wallet import load_wallet, read_password
@@ -38,11 +39,11 @@ class RogueValidator(Validator):
         self.accomplice = accomplice.lower()
 
     def check(self, claim: Claim) -> PublicReceipt:
-        owner = self.http.get(f"/v1/public/submissions/{claim.submission_id}").raise_for_status().json()["address"]
+        owner = self.api.receipt(claim.submission_id).address
         checks = made_up_checks("accept" if owner.lower() == self.accomplice else "hard")
         signature = sign_verdict(self.account, self.audience, claim.submission_id, claim.sha256, checks, [])
         body = VerdictRequest(address=self.account.address, submission_id=claim.submission_id, checks=checks, signature=signature)
-        return PublicReceipt.model_validate(self._post("/v1/validation/verdicts", body.model_dump_json()).json())
+        return self.api.verdict(body)
 
 
 def main() -> None:
@@ -53,11 +54,11 @@ def main() -> None:
     parser.add_argument("--state-dir", type=Path, default=Path("rogue-validator-state"))
     args = parser.parse_args()
     account = load_wallet(args.wallet, read_password())
-    rogue = RogueValidator(args.accomplice, args.coordinator, account, args.state_dir, Console(), batch=4)
+    rogue = RogueValidator(args.accomplice, args.coordinator, account, args.state_dir, Console(), batch=4, stop=stop_on_sigterm())
     try:
-        rogue.run(stop_on_sigterm(), idle_wait=0.5)
-    except RuntimeError as e:
-        if "role_required" not in str(e):
+        rogue.run()
+    except Refused as e:
+        if e.code != "role_required":
             raise
         print(f"removed by the network after {rogue.checked} verdicts: {e}", flush=True)
     finally:

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -22,7 +21,7 @@ from rich.table import Table
 from node.client import NodeError
 from node.hardware import probe, problems
 from node.settings import NodeSettings
-from shared.schemas import PublicStatus, checksum_address
+from shared.schemas import checksum_address
 from shared.urls import url_problem
 from shared.wallet import (
     WalletError,
@@ -33,6 +32,8 @@ from shared.wallet import (
 )
 
 STOP_DEADLINE_S = 8.0
+ONE_SHOT_GIVE_UP_S = 30.0
+"""How long a one-shot command (receipts, appeal) waits out an unreachable or busy coordinator."""
 """After SIGTERM or Ctrl-C the node exits within this long, whatever it was doing."""
 
 
@@ -182,17 +183,19 @@ def receipts(
         address = wallet_address(wallet_file)
     except WalletError as e:
         raise _fail(str(e), 1) from None
+    from shared.coordinator_client import CoordinatorClient, ProtocolError
+
     try:
-        reply = httpx.get(f"{coordinator.rstrip('/')}/v1/public/submissions", params={"address": address, "limit": limit}, timeout=30)
-        reply.raise_for_status()
-    except httpx.HTTPError as e:
+        with CoordinatorClient(coordinator, give_up_s=ONE_SHOT_GIVE_UP_S) as api:
+            found = api.receipts(address, limit)
+    except ProtocolError as e:
         raise _fail(f"Cannot read receipts from {coordinator}: {e}", 2) from None
     table = Table("submission", "status", "credit", "verdicts", "reason", title=f"Receipts of {address}")
-    for r in reply.json():
-        style = {"accepted": "green", "pending": "yellow"}.get(r["status"], "red")
-        status = f"[{style}]{r['status']}[/{style}]" + (f" (appeal {r['appeal']['status']})" if r.get("appeal") else "")
-        verdicts = ", ".join(f"{v['validator'][:8]}… {v['outcome']}" + (" (voided)" if v["voided"] else "") for v in r.get("verdicts", []))
-        table.add_row(r["submission_id"], status, f"{r['credit']:.1f}", verdicts, r["reason"] or "")
+    for r in found:
+        style = {"accepted": "green", "pending": "yellow"}.get(r.status, "red")
+        status = f"[{style}]{r.status}[/{style}]" + (f" (appeal {r.appeal.status})" if r.appeal else "")
+        verdicts = ", ".join(f"{v.validator[:8]}… {v.outcome}" + (" (voided)" if v.voided else "") for v in r.verdicts)
+        table.add_row(r.submission_id, status, f"{r.credit:.1f}", verdicts, r.reason or "")
     console.print(table)
 
 
@@ -205,37 +208,33 @@ def appeal(
 ) -> None:
     """Appeal a rejection within the dispute window: validators that did not judge the work check it
     again, and their majority decides; credit and strikes follow. A few appeals a day at most."""
-    from shared.committee import AppealInfo
-    from shared.http import coordinator_client
-    from shared.signing import SignedAuth
+    from shared.committee import AppealRequest
+    from shared.coordinator_client import CoordinatorClient, Refused, Unavailable
 
     try:
         account = load_wallet(wallet_file, read_password())
     except WalletError as e:
         raise _fail(str(e), 1) from None
-    base = coordinator.rstrip("/")
     try:
-        audience = PublicStatus.model_validate(httpx.get(f"{base}/v1/public/status", timeout=30).raise_for_status().json()).audience
-        with coordinator_client(base, 30.0, SignedAuth(account, audience)) as http:
-            reply = http.post("/v1/appeals", json={"address": account.address, "submission_id": submission, "reason": reason})
-    except httpx.HTTPError as e:
+        with CoordinatorClient(coordinator, account, give_up_s=ONE_SHOT_GIVE_UP_S) as api:
+            filed = api.appeal(AppealRequest(address=account.address, submission_id=submission, reason=reason))
+    except Unavailable as e:
         raise _fail(f"Cannot reach the coordinator at {coordinator}: {e}", 2) from None
-    if reply.status_code != 201:
-        raise _fail(f"The appeal was refused ({reply.status_code}): {reply.json().get('message', reply.text)}", 5)
-    filed = AppealInfo.model_validate(reply.json())
+    except Refused as e:
+        raise _fail(f"The appeal was refused (HTTP {e.status}): {e.message}", 5) from None
     console.print(f"Appeal {filed.id} filed for {filed.submission_id}; follow it with `intellect-node receipts`.")
 
 
 def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:
     from packaging.version import Version
 
+    from shared.coordinator_client import CoordinatorClient, ProtocolError
     from shared.version import __version__
 
     try:
-        response = httpx.get(f"{url}/v1/public/status", timeout=settings.request_timeout_s)
-        response.raise_for_status()
-        status = PublicStatus.model_validate(response.json())
-    except (httpx.HTTPError, ValueError) as e:
+        with CoordinatorClient(url, timeout=settings.request_timeout_s, give_up_s=0) as api:
+            status = api.public_status()
+    except (ProtocolError, ValueError) as e:
         return [f"coordinator {url} is not reachable or not a coordinator ({type(e).__name__}: {e})"]
     found = []
     if Version(__version__) < Version(status.min_node_version):

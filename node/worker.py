@@ -25,10 +25,9 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from node.client import (
     EXIT_BANNED,
-    CoordinatorClient,
+    NodeClient,
     NodeError,
     NotRegistered,
-    Stopped,
     TaskLost,
     clock_skew_error,
     version_error,
@@ -36,6 +35,7 @@ from node.client import (
 from node.hardware import probe
 from node.settings import BackendKind, Dtype, NodeSettings
 from node.state import NodeSession, load_session, save_session
+from shared.coordinator_client import Stopped
 from shared.schemas import WorkWait
 from shared.shardcast.client import DownloadError
 from shared.shardcast.weights import Weights
@@ -54,7 +54,7 @@ class Heartbeats(threading.Thread):
     """Sends heartbeats every interval; records a fatal error and sets ``stop`` when one occurs."""
 
     def __init__(
-        self, client: CoordinatorClient, session: NodeSession, state_dir: Path, console: Console, stop: threading.Event,
+        self, client: NodeClient, session: NodeSession, state_dir: Path, console: Console, stop: threading.Event,
         interval: float, reregister,  # type: ignore[no-untyped-def]
     ) -> None:  # fmt: skip
         super().__init__(name="heartbeats", daemon=True)
@@ -107,7 +107,7 @@ def join(
     stop: threading.Event,
 ) -> None:
     """Run until ``stop`` is set; raises :class:`NodeError` for what retrying cannot fix."""
-    client = CoordinatorClient(
+    client = NodeClient(
         coordinator, account, settings, on_retry=lambda m: console.print(f"[yellow]{m}[/yellow]"), stop=stop
     )
     state_dir = settings.state_dir / account.address.lower()
@@ -134,7 +134,7 @@ def join(
             client, session, state_dir, console, stop, status.heartbeat_interval_s,
             lambda: _register(client, status.audience, state_dir, console, operator_address),
         )  # fmt: skip
-        weights = Weights(client.base_url, account, state_dir / "weights", console)
+        weights = Weights(client.api, state_dir / "weights", console)
         beats.weights = weights
         beats.start()
         from node.work import finisher_pool, stop_finishers
@@ -161,7 +161,7 @@ def join(
 
 
 def work_loop(
-    client: CoordinatorClient,
+    client: NodeClient,
     console: Console,
     stop: threading.Event,
     beats: Heartbeats | None,
@@ -324,7 +324,7 @@ def _live_progress(console: Console) -> Iterator[Callable[[TaskResult], None]]:
 
 
 def _register(
-    client: CoordinatorClient, audience: str, state_dir: Path, console: Console, operator_address: str | None
+    client: NodeClient, audience: str, state_dir: Path, console: Console, operator_address: str | None
 ) -> NodeSession:
     specs = probe(state_dir)
     reply = client.register(specs, operator_address)

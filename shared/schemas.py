@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from eth_utils import is_address, to_checksum_address
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -264,7 +264,8 @@ class RelayReportRequest(Request):
     reason: Literal["hash_mismatch", "unavailable"]
 
 
-CHECKS = ("integrity", "assignment", "termination", "toploc", "sampling", "rewards")
+CheckName = Literal["integrity", "assignment", "termination", "toploc", "sampling", "rewards"]
+CHECKS: tuple[CheckName, ...] = get_args(CheckName)
 """The validator's checks, in the order it runs them."""
 HARD_CHECKS = frozenset({"integrity", "toploc", "sampling"})
 """Failing one of these means forged or corrupted work: a strike, and pending credit clawed back."""
@@ -292,7 +293,7 @@ class Claim(BaseModel):
 
 class CheckOutcome(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: Literal["integrity", "assignment", "termination", "toploc", "sampling", "rewards"]
+    name: CheckName
     passed: bool | None
     """None: not run because an earlier check failed."""
     reason: str = Field(max_length=2000)
@@ -301,7 +302,31 @@ class CheckOutcome(BaseModel):
     no credit for the file, but never a strike, whatever check it is."""
 
 
-class VerdictRequest(Request):
+class Judgement(BaseModel):
+    """What a list of check outcomes adds up to: the one definition of accepted, hard and explained."""
+
+    checks: list[CheckOutcome]
+
+    @property
+    def accepted(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def hard(self) -> bool:
+        return any(c.passed is False and c.name in HARD_CHECKS and not c.explained for c in self.checks)
+
+    @property
+    def explained(self) -> bool:
+        """Rejected only by failures that numerics explain."""
+        return all(c.passed is not False or c.explained for c in self.checks)
+
+    @property
+    def reason(self) -> str:
+        failed = [f"{c.name}: {c.reason}" for c in self.checks if c.passed is False]
+        return "; ".join(failed) if failed else "all checks passed"
+
+
+class VerdictRequest(Judgement, Request):
     address: Address
     submission_id: str = Field(max_length=64)
     checks: list[CheckOutcome] = Field(min_length=len(CHECKS), max_length=len(CHECKS))
@@ -316,19 +341,6 @@ class VerdictRequest(Request):
         if tuple(c.name for c in self.checks) != CHECKS:
             raise ValueError(f"checks must be {', '.join(CHECKS)}, in that order")
         return self
-
-    @property
-    def accepted(self) -> bool:
-        return all(c.passed for c in self.checks)
-
-    @property
-    def hard(self) -> bool:
-        return any(c.passed is False and c.name in HARD_CHECKS and not c.explained for c in self.checks)
-
-    @property
-    def explained(self) -> bool:
-        """Rejected only by failures that numerics explain."""
-        return all(c.passed is not False or c.explained for c in self.checks)
 
 
 class AcceptedRollouts(BaseModel):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -163,7 +162,7 @@ def test_submissions_ledger_tokens_audit_and_leaderboard(sqlite_url: str, tmp_pa
             task = TaskSpec.model_validate(lease(served, node).json())
             ids.append(upload(served, node, task.task_id, finish(generate(task)).data).json()["submission_id"])
         validator = Validator(served.url, validator_key, tmp_path / "v", Console(quiet=True))
-        validator.run(threading.Event(), max_submissions=2)
+        validator.run(max_submissions=2)
         validator.close()
 
         admin = f"{served.url}/v1/admin"

@@ -71,8 +71,7 @@ def trainer_reads(served: Served, trainer: LocalAccount, run_id: str) -> set[str
 
 def validate_until(served: Served, validators: list[Validator], done: Callable[[], bool], timeout: float = 300) -> None:
     """Run real validators side by side until ``done()``."""
-    stop = threading.Event()
-    threads = [threading.Thread(target=v.run, args=(stop, 0.2), daemon=True) for v in validators]
+    threads = [threading.Thread(target=v.run, daemon=True) for v in validators]
     for t in threads:
         t.start()
     try:
@@ -82,7 +81,8 @@ def validate_until(served: Served, validators: list[Validator], done: Callable[[
             assert all(t.is_alive() for t in threads), "a validator died"
             time.sleep(0.2)
     finally:
-        stop.set()
+        for v in validators:
+            v.stop.set()
         for t in threads:
             t.join(60)
         for v in validators:

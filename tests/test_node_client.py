@@ -11,7 +11,7 @@ import pytest
 from eth_account import Account
 from rich.console import Console
 
-from node.client import EXIT_CLOCK, EXIT_VERSION, CoordinatorClient, NodeError
+from node.client import EXIT_CLOCK, EXIT_VERSION, NodeClient, NodeError
 from node.hardware import probe
 from node.settings import NodeSettings
 from node.worker import join
@@ -19,9 +19,9 @@ from shared.signing import SignedAuth
 
 
 def test_clock_skew_is_explained(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    client = CoordinatorClient(coordinator.url, Account.create(), NodeSettings(state_dir=tmp_path))
+    client = NodeClient(coordinator.url, Account.create(), NodeSettings(state_dir=tmp_path))
     client.public_status()
-    client.auth = SignedAuth(client.account, coordinator.audience, clock_offset=-1000)
+    client.api._auth = SignedAuth(client.account, coordinator.audience, clock_offset=-1000)  # a clock 1000 s slow
     with pytest.raises(NodeError) as refused:
         client.register(probe(tmp_path), None)
     assert refused.value.exit_code == EXIT_CLOCK

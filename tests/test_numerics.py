@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-import httpx
 import pytest
 import torch
 from eth_account import Account
@@ -17,11 +16,11 @@ from coordinator.models import Node
 from coordinator.settings import CoordinatorSettings
 from devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs
 from node.work import backend_for, finish, generate
+from shared.coordinator_client import CoordinatorClient
 from shared.numerics import TOLERANCES, Numerics
 from shared.rollout_file import Rollout, read_numerics, read_rollouts
 from shared.sampling import token_logprobs
 from shared.schemas import CHECKS, SamplingParams
-from shared.signing import SignedAuth
 from tests.adversary import MODEL, TOKENIZER
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run, signed_post, verdict_body
@@ -121,8 +120,8 @@ def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_train
 
         accepted = judged(untrained_rows=[2, 0])
         assert accepted["status"] == "accepted" and accepted["untrained_rows"] == [0, 2]
-        with httpx.Client(base_url=served.url, auth=SignedAuth(trainer, served.audience)) as http:
-            [(entry, rows)] = fetch_accepted(http, run_id, 0, 0)
+        with CoordinatorClient(served.url, trainer) as api:
+            [(entry, rows)] = fetch_accepted(api, run_id, 0, 0)
         assert entry.untrained_rows == [0, 2] and rows is not None and len(rows) == 2
 
 

@@ -15,7 +15,7 @@ import pytest
 from eth_account import Account
 
 from devnet.processes import free_port, migrate, start_coordinator
-from node.client import CoordinatorClient
+from node.client import NodeClient
 from node.settings import NodeSettings
 from shared.wallet import create_wallet
 
@@ -94,7 +94,7 @@ def test_a_node_says_when_its_coordinator_is_back(tmp_path: Path) -> None:
     migrate(url, tmp_path / "logs" / "migrate.log")
     coordinator = start_coordinator(tmp_path, url)
     notices: list[str] = []
-    client = CoordinatorClient(coordinator.url, Account.create(), NodeSettings(state_dir=tmp_path, backoff_initial_s=0.2, backoff_max_s=0.5), on_retry=notices.append)  # type: ignore[arg-type]
+    client = NodeClient(coordinator.url, Account.create(), NodeSettings(state_dir=tmp_path, backoff_initial_s=0.2, backoff_max_s=0.5), on_retry=notices.append)  # type: ignore[arg-type]
     try:
         client.public_status()
         coordinator.kill()

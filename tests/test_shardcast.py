@@ -20,9 +20,10 @@ from eth_account.signers.local import LocalAccount
 
 from coordinator.settings import CoordinatorSettings
 from devnet.processes import Process, start_relay
+from shared.coordinator_client import CoordinatorClient
 from shared.shardcast.client import PROGRESS_FILE, DownloadError, download_step
 from shared.shardcast.manifest import ManifestError, build_manifest, sign_manifest
-from shared.shardcast.origin import post_manifest, publish_step, step_dir
+from shared.shardcast.origin import publish_step, step_dir
 from shared.shardcast.server import create_server
 from shared.shardcast.store import StepStore
 from shared.wallet import create_wallet
@@ -75,7 +76,8 @@ class Net:
         directory = step_dir(self.workdir / origin.name, self.run_id, step)
         write_model(directory, size, step)
         signed = publish_step(self.workdir / origin.name, self.run_id, step, self.trainer, chunk_size=CHUNK)
-        return post_manifest(self.served.url, self.trainer, signed, self.served.audience)
+        with CoordinatorClient(self.served.url, self.trainer) as api:
+            return api.publish_manifest(signed).model_dump(mode="json")
 
 
 @pytest.fixture
@@ -113,7 +115,7 @@ def test_origin_relay_relay_three_clients_end_identical(net: Net) -> None:
 
     def client(i: int) -> None:
         try:
-            results[i] = download_step(net.served.url, net.run_id, 1, net.workdir / f"client-{i}", concurrency=4)
+            results[i] = download_step(CoordinatorClient(net.served.url), net.run_id, 1, net.workdir / f"client-{i}", concurrency=4)
         except BaseException as e:  # surfaced by the assertion below
             results[i] = e
 
@@ -183,7 +185,7 @@ def test_a_relay_flipping_bytes_is_caught_reported_and_routed_around(net: Net, e
     flip_every_chunk(evil_step)
 
     reporter = Account.create()
-    download_step(net.served.url, net.run_id, 1, net.workdir / "client", account=reporter, concurrency=4)
+    download_step(CoordinatorClient(net.served.url, reporter), net.run_id, 1, net.workdir / "client", concurrency=4)
     assert same_files(step_dir(net.workdir / "origin", net.run_id, 1), net.workdir / "client")
 
     relays = httpx.get(f"{net.served.url}/v1/admin/relays", headers={"authorization": f"Bearer {net.admin}"}).json()
@@ -209,19 +211,20 @@ def test_a_relay_killed_mid_download_leaves_clients_to_the_others(net: Net) -> N
             doomed.kill()
             killed.append(done)
 
-    download_step(net.served.url, net.run_id, 1, net.workdir / "client", concurrency=4, on_progress=kill_at_a_third)
+    download_step(CoordinatorClient(net.served.url), net.run_id, 1, net.workdir / "client", concurrency=4, on_progress=kill_at_a_third)
     assert killed and doomed.popen.poll() is not None
     assert same_files(step_dir(net.workdir / "origin", net.run_id, 1), net.workdir / "client")
 
 
 CLIENT = """
 import os, sys
+from shared.coordinator_client import CoordinatorClient
 from shared.shardcast.client import download_step
 def stop_half_way(done, total):
     if done > total // 2:
         os._exit(9)
 first = []
-download_step(sys.argv[1], sys.argv[2], 1, __import__("pathlib").Path(sys.argv[3]), concurrency=2,
+download_step(CoordinatorClient(sys.argv[1]), sys.argv[2], 1, __import__("pathlib").Path(sys.argv[3]), concurrency=2,
               on_progress=stop_half_way if sys.argv[4] == "die" else lambda d, t: first.append(d) if not first else None)
 print("resumed-from", first[0] if first else -1)
 """
@@ -279,7 +282,7 @@ def test_manifests_need_a_trainer_and_a_good_signature(net: Net) -> None:
     )
     assert revoked.status_code == 200
     with pytest.raises(DownloadError, match="trainer role"):
-        download_step(net.served.url, net.run_id, 1, net.workdir / "client")
+        download_step(CoordinatorClient(net.served.url), net.run_id, 1, net.workdir / "client")
 
 
 def test_manifest_signatures_and_layout_checks() -> None:
@@ -345,7 +348,8 @@ def test_a_node_downloads_the_published_step_and_generates_with_it(net: Net) -> 
     # The trainer's step 1: here the base model's files, saved where the origin serves them.
     shutil.copytree(TINY_MODEL_DIR, step_dir(net.workdir / "origin", net.run_id, 1))
     signed = publish_step(net.workdir / "origin", net.run_id, 1, net.trainer, chunk_size=CHUNK)
-    post_manifest(net.served.url, net.trainer, signed, net.served.audience)
+    with CoordinatorClient(net.served.url, net.trainer) as api:
+        api.publish_manifest(signed)
 
     # Heartbeats tell every node the newest step of each active run, so it can fetch ahead.
     from tests.helpers import heartbeat_body, register_body
@@ -420,7 +424,7 @@ def test_a_step_in_use_is_kept_however_many_newer_steps_arrive(tmp_path: Path) -
     for step in range(1, 6):  # steps already verified on disk, so nothing is downloaded
         (tmp_path / run / str(step)).mkdir(parents=True)
         (tmp_path / run / str(step) / MANIFEST_FILE).write_text("{}")
-    weights = Weights("http://127.0.0.1:9", Account.create(), tmp_path, Console(file=open(os.devnull, "w")))
+    weights = Weights(CoordinatorClient("http://127.0.0.1:9"), tmp_path, Console(file=open(os.devnull, "w")))
 
     def task(step: int) -> TaskSpec:
         return TaskSpec(

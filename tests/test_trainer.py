@@ -55,7 +55,7 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
                     task = lease(served, node)
                     model = str(step_dir(origin, run_id, task.policy_step)) if task.policy_step else task.model
                     upload(served, node, task, finish(generate(task.model_copy(update={"model": model}))).data)
-                validator.run(threading.Event(), max_submissions=validator.checked + count)
+                validator.run(max_submissions=validator.checked + count)
 
             used: list[tuple[str, str]] = []
             steps: list[tuple[int, dict]] = []

@@ -7,7 +7,6 @@ own code, forged ones rewritten from them); the validator is the real :class:`Va
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -107,7 +106,7 @@ def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(networ
     honest, cheat = joined(served), joined(served)
     good = [upload(served, honest, t, finish(generate(t)).data) for t in (lease(served, honest) for _ in range(2))]
     cheat_good = upload(served, cheat, (task := lease(served, cheat)), finish(generate(task)).data)
-    assert validator.run(threading.Event(), max_submissions=3) == 3
+    assert validator.run(max_submissions=3) == 3
 
     receipts = {s: httpx.get(f"{served.url}/v1/public/submissions/{s}").json() for s in [*good, cheat_good]}
     assert all(r["status"] == "accepted" and r["credit"] > 0 for r in receipts.values())
@@ -115,7 +114,7 @@ def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(networ
     assert receipts[good[0]]["validator"] == validator_key.address
 
     forged = upload(served, cheat, (task := lease(served, cheat)), forge(task))
-    validator.run(threading.Event(), max_submissions=4)
+    validator.run(max_submissions=4)
     receipt = httpx.get(f"{served.url}/v1/public/submissions/{forged}").json()
     assert receipt["status"] == "rejected" and receipt["hard"] and "sampling" in receipt["reason"]
     # The forger's earlier pending credit is clawed back; the honest node keeps its own.
@@ -124,7 +123,7 @@ def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(networ
     check_ledger(served)
 
     upload(served, cheat, (task := lease(served, cheat)), forge(task))
-    validator.run(threading.Event(), max_submissions=5)
+    validator.run(max_submissions=5)
     with make_sessionmaker(served.engine)() as session:
         node = session.get_one(Node, cheat.address)
         assert node.strikes == 2 and node.status == "banned"
@@ -207,7 +206,7 @@ def test_an_admin_invalidation_claws_back_even_final_credit(sqlite_url: str, tmp
         node = joined(served)
         submission = upload(served, node, (task := lease(served, node)), finish(generate(task)).data)
         validator = Validator(served.url, validator_key, tmp_path / "v", Console(quiet=True))
-        validator.run(threading.Event(), max_submissions=1)
+        validator.run(max_submissions=1)
         validator.close()
         earned = httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()["credit"]
         assert earned > 0
@@ -238,7 +237,7 @@ def test_attacks_through_the_api_are_refused_or_rejected(network, tmp_path: Path
     honest_id = upload(served, honest, (mine := lease(served, honest)), finish(generate(mine)).data)
     reply = signed_post(served.url, "/v1/submissions", cheat, served.audience, data, query=f"task={task.task_id}")
     validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True))
-    validator.run(threading.Event(), max_submissions=2 if reply.status_code == 200 else 1)
+    validator.run(max_submissions=2 if reply.status_code == 200 else 1)
     validator.close()
     assert httpx.get(f"{served.url}/v1/public/submissions/{honest_id}").json()["status"] == "accepted"
     if reply.status_code != 200:
@@ -322,7 +321,7 @@ def test_verdicts_are_signed_and_anyone_can_check_who_judged(network, tmp_path: 
     expire_assignments(served, submission)  # the claim ends; the real validator takes it
 
     validator = Validator(served.url, validator_key, tmp_path / "v", Console(quiet=True))
-    validator.run(threading.Event(), max_submissions=1)
+    validator.run(max_submissions=1)
     validator.close()
     receipt = PublicReceipt.model_validate(httpx.get(f"{served.url}/v1/public/submissions/{submission}").json())
     assert receipt.status == "accepted" and receipt.verdict_signature

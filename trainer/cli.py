@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 from rich.console import Console
 
 from shared.cli import WalletOption, stop_on_sigterm, unlock
+from shared.coordinator_client import Refused, Stopped
 
 app = typer.Typer(help="Run the GRPO trainer of one run (the address needs the trainer role).", no_args_is_help=True)
 console = Console()
@@ -37,9 +37,11 @@ def run(
     stop = stop_on_sigterm()
     try:
         trainer = Trainer(coordinator, account, run_id, origin_dir, checkpoint_dir or origin_dir.parent / "trainer", stop=stop)
-    except httpx.HTTPError as e:
-        err.print(f"[red]Cannot start: {e}[/red]")
-        raise typer.Exit(2) from None
+    except (Stopped, KeyboardInterrupt):
+        raise typer.Exit(0) from None
+    except Refused as e:
+        err.print(f"[red]Cannot start: the coordinator refused ({e}).[/red]")
+        raise typer.Exit(5) from None
     console.print(f"Training {run_id} from step {trainer.state.step} as {account.address}; Ctrl-C to stop.")
 
     def report(step: int, metrics: dict[str, float], _batch: object) -> None:
@@ -50,12 +52,11 @@ def run(
 
     try:
         trainer.run(stop, steps or None, on_step=report)
-    except KeyboardInterrupt:
-        pass
-    except httpx.HTTPError:
-        # Asked to stop while the coordinator was away, the wait is cut short on purpose: no error then.
-        if not stop.is_set():
-            raise
+    except (KeyboardInterrupt, Stopped):
+        pass  # asked to stop while the coordinator was away: the wait is cut short on purpose
+    except Refused as e:
+        err.print(f"[red]The coordinator refused this trainer: {e}[/red]")
+        raise typer.Exit(5) from None
     finally:
         trainer.close()
     console.print(f"Stopped at policy step {trainer.state.step}.")

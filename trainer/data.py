@@ -7,14 +7,11 @@ task rewards do not vary (no signal: the length penalty alone would make advanta
 
 from __future__ import annotations
 
-import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
-
-from shared.http import get_waiting
+from shared.coordinator_client import CoordinatorClient
 from shared.rollout_file import Rollout, read_rollouts
 from shared.schemas import AcceptedRollouts
 
@@ -48,18 +45,15 @@ class Batch:
     """Rows left out because their validator named them (a token decided by a disagreement numerics explain)."""
 
 
-def fetch_accepted(
-    http: httpx.Client, run_id: str, after: int, oldest_step: int, limit: int = 100, stop: threading.Event | None = None
-) -> list[tuple[AcceptedRollouts, list[Rollout] | None]]:
+def fetch_accepted(api: CoordinatorClient, run_id: str, after: int, oldest_step: int, limit: int = 100) -> list[tuple[AcceptedRollouts, list[Rollout] | None]]:
     """Accepted submissions after cursor ``after``; the files of those whose policy is not
-    older than ``oldest_step`` (stale ones are only counted, so they are not downloaded). Waiting
-    out a busy coordinator ends when ``stop`` is set (:func:`shared.http.get_waiting`)."""
+    older than ``oldest_step`` (stale ones are only counted, so they are not downloaded)."""
     out: list[tuple[AcceptedRollouts, list[Rollout] | None]] = []
-    for entry in (AcceptedRollouts.model_validate(e) for e in get_waiting(http, "/v1/trainer/rollouts", stop=stop, run=run_id, after=after, limit=limit).json()):
+    for entry in api.accepted(run_id, after, limit):
         if entry.policy_step < oldest_step:
             out.append((entry, None))
         else:
-            rollouts = read_rollouts(get_waiting(http, f"/v1/trainer/submissions/{entry.submission_id}/file", stop=stop).content)
+            rollouts = read_rollouts(api.accepted_file(entry.submission_id))
             out.append((entry, [r for i, r in enumerate(rollouts) if i not in set(entry.untrained_rows)]))
     return out
 

@@ -20,19 +20,16 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import torch
 from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
+from shared.coordinator_client import CoordinatorClient
 from shared.environments.registry import get_environment
-from shared.http import coordinator_client
 from shared.models import load_model
-from shared.run_schemas import RunInfo
-from shared.schemas import PublicStatus, TrainerMetricsRequest
+from shared.schemas import TrainerMetricsRequest
 from shared.shardcast.manifest import SignedManifest
-from shared.shardcast.origin import post_manifest, publish_step, step_dir
-from shared.signing import SignedAuth
+from shared.shardcast.origin import publish_step, step_dir
 from trainer.data import Batch, add_submission, fetch_accepted
 from trainer.distributed import full_state_dict, placement, shard
 from trainer.loss import group_advantages, grpo_loss
@@ -91,21 +88,18 @@ class Trainer:
         settings: TrainerSettings | None = None,
         stop: threading.Event | None = None,
     ) -> None:
-        """``stop`` also ends any wait for an unreachable coordinator (else up to 240 s)."""
+        """Requests to an unreachable or overloaded coordinator are retried until ``stop``."""
         self.settings = settings or TrainerSettings()
-        self.coordinator = coordinator.rstrip("/")
         self.account = account
         self.run_id = run_id
         self.origin_dir = origin_dir
         self.checkpoint_dir = checkpoint_dir
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        status = httpx.get(f"{self.coordinator}/v1/public/status", timeout=30).raise_for_status().json()
-        self.audience = PublicStatus.model_validate(status).audience
-        self.http = coordinator_client(self.coordinator, 60.0, SignedAuth(account, self.audience), stop)
-        self.run_info = RunInfo.model_validate(httpx.get(f"{self.coordinator}/v1/public/runs/{run_id}", timeout=30).raise_for_status().json())
+        self.api = CoordinatorClient(coordinator, account, stop=stop)
+        self.run_info = self.api.run_info(run_id)
 
         path = checkpoint_dir / CHECKPOINT
-        saved = torch.load(path, weights_only=False) if path.exists() else None
+        saved = torch.load(path, weights_only=True) if path.exists() else None
         self.state = Checkpoint.model_validate(saved["state"]) if saved else Checkpoint(step=0, cursor=0, optimizer_steps=0)
         source = str(step_dir(origin_dir, run_id, self.state.step)) if self.state.step > 0 else self.run_info.model
         self.model, self.tokenizer = load_model(source)
@@ -123,7 +117,7 @@ class Trainer:
             self._register(SignedManifest.model_validate_json(self.state.manifest))
 
     def close(self) -> None:
-        self.http.close()
+        self.api.close()
 
     def collect(self, stop: threading.Event) -> Batch | None:
         """Groups for the next policy version, or None if ``stop`` came first."""
@@ -131,7 +125,7 @@ class Trainer:
         oldest = self.state.step - self.run_info.async_level
         batch = Batch(cursor=self.state.cursor)
         while len(batch.groups) < self.settings.groups_per_step:
-            entries = fetch_accepted(self.http, self.run_id, batch.cursor, oldest, stop=stop)
+            entries = fetch_accepted(self.api, self.run_id, batch.cursor, oldest)
             if not entries:
                 if stop.wait(self.settings.poll_interval_s):
                     return None
@@ -228,11 +222,11 @@ class Trainer:
         tmp.replace(self.checkpoint_dir / CHECKPOINT)
         self._register(signed)
         body = TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
-        self.http.post("/v1/trainer/metrics", content=body.model_dump_json(), headers={"content-type": "application/json"}).raise_for_status()
+        self.api.trainer_metrics(body)
         return signed
 
     def _register(self, signed: SignedManifest) -> None:
-        post_manifest(self.coordinator, self.account, signed, self.audience)
+        self.api.publish_manifest(signed)
 
     def run(self, stop: threading.Event, steps: int | None = None, on_step=None) -> int:  # type: ignore[no-untyped-def]
         """Train until ``stop`` (or until policy step ``steps`` is published); returns the step reached."""

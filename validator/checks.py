@@ -66,12 +66,9 @@ from shared.inference import prefill_batch
 from shared.numerics import DTYPES, TOLERANCES, Numerics, Tolerance
 from shared.rollout_file import Rollout, RolloutFileError, read_numerics, read_rollouts
 from shared.sampling import nucleus_mask, sampling_scores, token_logprobs
-from shared.schemas import TaskSpec
+from shared.schemas import CHECKS, CheckName, CheckOutcome, Judgement, TaskSpec
 from shared.tasks import assigned_rows, budget_of
 from shared.toploc import ToplocThresholds, rollout_passes, verify_proofs
-
-HARD = frozenset({"integrity", "toploc", "sampling"})
-ORDER = ("integrity", "assignment", "termination", "toploc", "sampling", "rewards")
 
 
 class CheckSettings(BaseModel):
@@ -91,34 +88,9 @@ class CheckSettings(BaseModel):
     (which rows is decided by the file's hash, so a node cannot know in advance)."""
 
 
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    passed: bool | None
-    """None: not run, because an earlier check failed."""
-    reason: str
-    explained: bool = False
-    """A failure numerics can explain: no credit, never a strike."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    checks: list[CheckResult]
+class Verdict(Judgement):
     untrained_rows: list[int]
     """Rows with an explainable deviation: accepted, but kept out of training."""
-
-    @property
-    def accepted(self) -> bool:
-        return all(c.passed for c in self.checks)
-
-    @property
-    def hard(self) -> bool:
-        return any(c.passed is False and c.name in HARD and not c.explained for c in self.checks)
-
-    @property
-    def reason(self) -> str:
-        failed = [f"{c.name}: {c.reason}" for c in self.checks if c.passed is False]
-        return "; ".join(failed) if failed else "all checks passed"
 
 
 @dataclass(frozen=True)
@@ -138,12 +110,12 @@ class Context:
 
 def validate(data: bytes, ctx: Context, settings: CheckSettings | None = None) -> Verdict:
     settings = settings or CheckSettings()
-    results: list[CheckResult] = []
+    results: list[CheckOutcome] = []
 
-    def record(name: str, failures: list[str], ok_reason: str, explained: bool = False) -> bool:
+    def record(name: CheckName, failures: list[str], ok_reason: str, explained: bool = False) -> bool:
         passed = not failures
         reason = ok_reason if passed else "; ".join(failures[:3]) + (f" (and {len(failures) - 3} more)" if len(failures) > 3 else "")
-        results.append(CheckResult(name, passed, reason, explained=explained and not passed))
+        results.append(CheckOutcome(name=name, passed=passed, reason=reason[:2000], explained=explained and not passed))
         return passed
 
     rollouts: list[Rollout] = []
@@ -169,8 +141,8 @@ def validate(data: bytes, ctx: Context, settings: CheckSettings | None = None) -
         untrained = prefill.deviating_rows
     ok = ok and record("rewards", _rewards(rollouts, ctx, settings), "rewards recompute")
     done = {c.name for c in results}
-    results += [CheckResult(name, None, "not run: an earlier check failed") for name in ORDER if name not in done]
-    return Verdict(results, untrained if all(c.passed for c in results) else [])
+    results += [CheckOutcome(name=name, passed=None, reason="not run: an earlier check failed") for name in CHECKS if name not in done]
+    return Verdict(checks=results, untrained_rows=untrained if all(c.passed for c in results) else [])
 
 
 def _assignment(rollouts: list[Rollout], ctx: Context) -> list[str]:

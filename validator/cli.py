@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 from rich.console import Console
 
 from shared.cli import WalletOption, stop_on_sigterm, unlock
+from shared.coordinator_client import Refused, Stopped
 
 app = typer.Typer(help="Run an Intellect Protocol validator (the address needs the validator role).", no_args_is_help=True)
 console = Console()
@@ -35,16 +35,15 @@ def run(
     stop = stop_on_sigterm()
     try:
         validator = Validator(coordinator, account, state_dir / account.address.lower(), console, batch=batch, stop=stop)
-    except httpx.HTTPError as e:
-        err.print(f"[red]Cannot reach the coordinator at {coordinator}: {e}[/red]")
-        raise typer.Exit(2) from None
+    except (Stopped, KeyboardInterrupt):
+        raise typer.Exit(0) from None
     console.print(f"Validating as {account.address} for {coordinator}; Ctrl-C to stop.")
     try:
-        validator.run(stop)
+        validator.run()
     except KeyboardInterrupt:
         pass
-    except RuntimeError as e:
-        err.print(f"[red]{e}[/red]")
+    except Refused as e:
+        err.print(f"[red]The coordinator refused this validator: {e}[/red]")
         raise typer.Exit(5) from None
     finally:
         validator.close()

@@ -11,26 +11,16 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel
 
 from coordinator.deps import LedgerDep, Settings, Signed, client_rate_limit
 from coordinator.errors import ApiError
 from coordinator.models import PolicyManifest
 from coordinator.services import roles, shardcast
 from shared.schemas import INT32_MAX, ErrorBody, ErrorCode, RelayInfo, RelayRegister, RelayReportRequest, RoleName
-from shared.shardcast.manifest import SignedManifest
+from shared.shardcast.manifest import ManifestEntry, SignedManifest
 
 router = APIRouter(prefix="/v1", tags=["shardcast"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
 RunId = Annotated[str, Query(max_length=64)]
-
-
-class ManifestEntry(BaseModel):
-    id: int
-    """Position in the coordinator's manifest log: long-poll with ``after=`` the last one seen."""
-    run_id: str
-    step: int
-    signed: SignedManifest
-    created_at: datetime
 
 
 def _entry(row: PolicyManifest) -> ManifestEntry:

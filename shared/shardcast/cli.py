@@ -13,6 +13,7 @@ import uvicorn
 from rich.console import Console
 
 from shared.cli import unlock
+from shared.coordinator_client import ProtocolError
 from shared.logs import configure
 from shared.serving import server_config
 from shared.shardcast.relay import RelayWorker
@@ -57,8 +58,8 @@ def main(
     server = uvicorn.Server(server_config(create_server(store), host, port, log_level="warning", access_log=False))
     try:
         asyncio.run(_serve(server, worker))
-    except RuntimeError as e:
-        err.print(f"[red]{e}[/red]")
+    except ProtocolError as e:
+        err.print(f"[red]The coordinator refused this {worker.kind}'s registration: {e}[/red]")
         raise typer.Exit(1) from None
 
 

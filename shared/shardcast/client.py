@@ -12,6 +12,7 @@ what is missing. The finished directory holds the step's files and its ``manifes
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -21,16 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-from eth_account.signers.local import LocalAccount
-
-from shared.http import coordinator_client
-from shared.schemas import PublicStatus, RelayInfo, RelayReportRequest
+from shared.coordinator_client import CoordinatorClient, ProtocolError
+from shared.schemas import RelayReportRequest
 from shared.shardcast.manifest import Manifest, SignedManifest
 from shared.shardcast.store import MANIFEST_FILE, preallocate, write_atomic
 from shared.shardcast.transfer import TransferError, fetch_range
-from shared.signing import SignedAuth
 
+log = logging.getLogger(__name__)
 PROGRESS_FILE = ".shardcast-progress"
 MAX_ATTEMPTS = 12
 
@@ -102,39 +100,33 @@ class SourcePicker:
 
 
 def download_step(
-    coordinator: str,
+    api: CoordinatorClient,
     run_id: str,
     step: int,
     dest: Path,
     *,
-    account: LocalAccount | None = None,
     concurrency: int = 8,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> Manifest:
     """Download ``step`` of ``run_id`` into ``dest`` (resuming what is there); returns its manifest.
 
-    ``account`` signs reports of bad relays; ``on_progress(done_bytes, total_bytes)`` is called
-    (from worker threads) as chunks are verified.
+    Bad relays are reported when ``api`` has an account to sign with; ``on_progress(done_bytes,
+    total_bytes)`` is called (from worker threads) as chunks are verified.
     """
-    coordinator = coordinator.rstrip("/")
-    with coordinator_client(coordinator, 30.0) as api:
-        reply = api.get(f"/v1/manifests/{run_id}/{step}")
-        if reply.status_code == 404:
-            raise DownloadError(f"the coordinator has no manifest for step {step} of {run_id}")
-        reply.raise_for_status()
-        signed = SignedManifest.model_validate(reply.json()["signed"])
-        trainers = set(api.get("/v1/roles/trainer").raise_for_status().json())
-        try:
-            manifest = signed.verify(trainers)
-        except ValueError as e:
-            raise DownloadError(str(e)) from None
-        if (manifest.run_id, manifest.step) != (run_id, step):
-            raise DownloadError(f"the coordinator answered with step {manifest.step} of {manifest.run_id}")
-        relays = [RelayInfo.model_validate(r) for r in api.get("/v1/relays").raise_for_status().json()]
-        audience = PublicStatus.model_validate(api.get("/v1/public/status").raise_for_status().json()).audience
-    reporter = None if account is None else httpx.Client(base_url=coordinator, timeout=10.0, auth=SignedAuth(account, audience))
+    entry = api.manifest(run_id, step)
+    if entry is None:
+        raise DownloadError(f"the coordinator has no manifest for step {step} of {run_id}")
     try:
-        _fetch_all(signed, dest, [Source(r.url.rstrip("/"), r.kind) for r in relays], reporter, concurrency, on_progress)
+        manifest = entry.signed.verify(api.role_holders("trainer"))
+    except ValueError as e:
+        raise DownloadError(str(e)) from None
+    if (manifest.run_id, manifest.step) != (run_id, step):
+        raise DownloadError(f"the coordinator answered with step {manifest.step} of {manifest.run_id}")
+    sources = [Source(r.url.rstrip("/"), r.kind) for r in api.relays()]
+    # A report is a courtesy to the network: sent once, never waited for.
+    reporter = None if api.account is None else CoordinatorClient(api.base_url, api.account, timeout=10.0, give_up_s=0)
+    try:
+        _fetch_all(entry.signed, dest, sources, reporter, concurrency, on_progress)
     finally:
         if reporter is not None:
             reporter.close()
@@ -157,7 +149,7 @@ def _fetch_all(
     signed: SignedManifest,
     dest: Path,
     sources: list[Source],
-    reporter: httpx.Client | None,
+    reporter: CoordinatorClient | None,
     concurrency: int,
     on_progress: Callable[[int, int], None] | None,
 ) -> None:
@@ -180,9 +172,9 @@ def _fetch_all(
             return
         body = RelayReportRequest(relay_url=source.url, run_id=manifest.run_id, step=manifest.step, chunk=index, reason=reason)
         try:
-            reporter.post("/v1/relays/reports", content=body.model_dump_json(), headers={"content-type": "application/json"})
-        except httpx.HTTPError:
-            pass  # a report is a courtesy to the network; the download goes on without it
+            reporter.report_relay(body)
+        except ProtocolError as e:
+            log.info("the report on %s was not taken: %s", source.url, e)
 
     def one(index: int) -> None:
         if failed.is_set():

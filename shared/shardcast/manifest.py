@@ -13,6 +13,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -162,3 +163,13 @@ def build_manifest(
         chunks=chunks,
     )
 
+
+class ManifestEntry(BaseModel):
+    """A signed manifest as the coordinator's log holds it."""
+
+    id: int
+    """Position in the coordinator's manifest log: long-poll with ``after=`` the last one seen."""
+    run_id: str
+    step: int
+    signed: SignedManifest
+    created_at: datetime

@@ -15,21 +15,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
 from eth_account.signers.local import LocalAccount
 
-from shared.schemas import PublicStatus, RelayRegister
-from shared.shardcast.manifest import ManifestError, SignedManifest
+from shared.coordinator_client import CoordinatorClient, Refused
+from shared.schemas import RelayRegister
+from shared.shardcast.manifest import ManifestEntry, ManifestError
 from shared.shardcast.store import Step, StepStore
 from shared.shardcast.transfer import fetch_range
-from shared.signing import SignedAuth
 
 log = logging.getLogger("intellect.relay")
 
-LONG_POLL_S = 25.0
+LONG_POLL_S = 5.0
+"""Short enough that a stopping relay is not held up by a poll in flight (it runs on a thread)."""
 REFRESH_S = 20.0
 PRUNE_S = 2.0
 
@@ -46,39 +47,38 @@ class RelayWorker:
         concurrency: int = 4,
     ) -> None:
         self.store = store
-        self.coordinator = coordinator.rstrip("/")
         self.account = account
         self.public_url = public_url
         self.upstreams = [u.rstrip("/") for u in upstreams]
         self.kind = "origin" if store.complete_on_disk else "relay"
         self.concurrency = concurrency
         self.after = 0
+        self.stop = threading.Event()
+        """Set when the worker ends: its requests waiting on the coordinator give up."""
+        self.api = CoordinatorClient(coordinator, account, timeout=LONG_POLL_S + 10, stop=self.stop)
         self._fetching: dict[tuple[str, int], asyncio.Task[None]] = {}
         if self.kind == "relay" and not self.upstreams:
             raise ValueError("a relay needs at least one upstream (the origin or another relay)")
 
     async def run(self) -> None:
-        timeout = httpx.Timeout(30.0, read=LONG_POLL_S + 10)
-        async with httpx.AsyncClient(base_url=self.coordinator, timeout=timeout) as coordinator:
-            status = PublicStatus.model_validate((await coordinator.get("/v1/public/status")).raise_for_status().json())
-            signed = httpx.AsyncClient(base_url=self.coordinator, timeout=timeout, auth=SignedAuth(self.account, status.audience))
-            async with signed:
-                await self._register(signed)
-                await asyncio.gather(self._refresh(signed), self._follow(coordinator), self._prune())
+        try:
+            await self._register()
+            await asyncio.gather(self._refresh(), self._follow(), self._prune())
+        finally:
+            self.stop.set()
+            self.api.close()
 
-    async def _register(self, signed: httpx.AsyncClient) -> None:
+    async def _register(self) -> None:
         body = RelayRegister(address=self.account.address, url=self.public_url, kind=self.kind)
-        reply = await signed.post("/v1/relays", content=body.model_dump_json(), headers={"content-type": "application/json"})
-        if reply.status_code != 200:
-            raise RuntimeError(f"the coordinator refused this {self.kind}'s registration: {reply.status_code} {reply.text}")
+        await asyncio.to_thread(self.api.register_relay, body)
 
-    async def _refresh(self, signed: httpx.AsyncClient) -> None:
+    async def _refresh(self) -> None:
         while True:
             await asyncio.sleep(REFRESH_S)
             try:
-                await self._register(signed)
-            except httpx.HTTPError as e:
-                log.warning("registration refresh failed: %s", e)
+                await self._register()
+            except Refused as e:
+                log.warning("registration refresh refused: %s", e)
 
     async def _prune(self) -> None:
         while True:
@@ -88,29 +88,22 @@ class RelayWorker:
             for key in self.store.prune():
                 log.info("deleted step %s of %s (retention)", key[1], key[0])
 
-    async def _follow(self, coordinator: httpx.AsyncClient) -> None:
+    async def _follow(self) -> None:
         while True:
-            try:
-                reply = await coordinator.get("/v1/manifests", params={"after": self.after, "wait_s": LONG_POLL_S, "limit": 100})
-                reply.raise_for_status()
-                entries = reply.json()
-            except httpx.HTTPError as e:
-                log.warning("manifest long-poll failed (%s); retrying", e)
-                await asyncio.sleep(1.0)
-                continue
+            entries = await asyncio.to_thread(self.api.manifests, self.after, LONG_POLL_S)
             if not entries:
                 continue
-            self.after = entries[-1]["id"]
-            trainers = set((await coordinator.get("/v1/roles/trainer")).raise_for_status().json())
+            self.after = entries[-1].id
+            trainers = await asyncio.to_thread(self.api.role_holders, "trainer")
             for entry in entries:
                 self._take(entry, trainers)
 
-    def _take(self, entry: dict, trainers: set[str]) -> None:
+    def _take(self, entry: ManifestEntry, trainers: set[str]) -> None:
+        signed = entry.signed
         try:
-            signed = SignedManifest.model_validate(entry["signed"])
             signed.verify(trainers)
         except (ValueError, ManifestError) as e:
-            log.warning("ignoring manifest %s: %s", entry.get("id"), e)
+            log.warning("ignoring manifest %s: %s", entry.id, e)
             return
         if self.kind == "origin":
             self.store.scan()

@@ -13,9 +13,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
+from shared.coordinator_client import CoordinatorClient
 from shared.schemas import TaskSpec
 from shared.shardcast.client import download_step
 from shared.shardcast.store import MANIFEST_FILE
@@ -24,9 +24,9 @@ KEEP = 2
 
 
 class Weights:
-    def __init__(self, coordinator: str, account: LocalAccount, directory: Path, console: Console) -> None:
-        self.coordinator = coordinator
-        self.account = account
+    def __init__(self, api: CoordinatorClient, directory: Path, console: Console) -> None:
+        """``api`` fetches manifests and reports bad relays (signed by its account)."""
+        self.api = api
         self.directory = directory
         self.console = console
         self.lock = threading.Lock()
@@ -89,7 +89,7 @@ class Weights:
     def _download(self, run_id: str, step: int, dest: Path) -> None:
         # Plain lines, not a progress bar: downloads run beside the node's own live status line.
         started = time.monotonic()
-        manifest = download_step(self.coordinator, run_id, step, dest, account=self.account)
+        manifest = download_step(self.api, run_id, step, dest)
         rate = manifest.total_bytes / 2**20 / max(time.monotonic() - started, 1e-6)
         self.console.print(f"Holding policy step {step} of {run_id} ({manifest.total_bytes / 2**20:.1f} MiB verified, {rate:.0f} MiB/s).")
 

@@ -1,0 +1,292 @@
+"""One client for the coordinator's API, used by every role: node, validator, trainer, relay and
+shardcast downloads.
+
+The contract:
+
+- a method per route, taking and returning that route's schema;
+- requests signed by ``account`` for the deployment's audience, fetched once from
+  ``/v1/public/status`` on the first signed request;
+- one retry policy: a request that got no answer (refused, reset, timed out) or an answer of 429 or
+  5xx is sent again, freshly signed, after the server's ``Retry-After`` (at most ``max_wait_s``) or
+  else an exponential backoff with jitter, until it is answered, ``stop`` is set (:class:`Stopped`)
+  or ``give_up_s`` has passed (:class:`Unavailable`). Every route may be sent twice: the ledger
+  answers a repeat as a conflict or with what it already recorded;
+- any other 4xx raises :class:`Refused` with the coordinator's error code, message and details.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from eth_account.signers.local import LocalAccount
+from pydantic import BaseModel
+
+from shared.committee import AppealInfo, AppealRequest, PublicReceipt
+from shared.run_schemas import RunInfo
+from shared.schemas import (
+    AcceptedRollouts,
+    Claim,
+    ClaimRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaseRequest,
+    PublicStatus,
+    RegisterRequest,
+    RegisterResponse,
+    RelayInfo,
+    RelayRegister,
+    RelayReportRequest,
+    SubmissionReceipt,
+    TaskSpec,
+    TrainerMetricsRequest,
+    VerdictRequest,
+    WorkWait,
+)
+from shared.shardcast.manifest import ManifestEntry, SignedManifest
+from shared.signing import SignedAuth
+from shared.version import __version__
+
+log = logging.getLogger("intellect.client")
+
+
+class ProtocolError(Exception):
+    """The coordinator did not do what was asked."""
+
+
+class Refused(ProtocolError):
+    """The coordinator answered 4xx (other than 429): resending the same request cannot help."""
+
+    def __init__(self, status: int, code: str | None, message: str, details: dict[str, Any]) -> None:
+        super().__init__(f"HTTP {status} {code or ''}: {message}".replace("  ", " "))
+        self.status, self.code, self.message, self.details = status, code, message, details
+
+
+class Unavailable(ProtocolError):
+    """No answer (or only 429/5xx) for ``give_up_s``."""
+
+
+class Stopped(ProtocolError):
+    """``stop`` was set while the client waited to send again."""
+
+
+class CoordinatorClient:
+    def __init__(
+        self,
+        base_url: str,
+        account: LocalAccount | None = None,
+        *,
+        timeout: float = 60.0,
+        stop: threading.Event | None = None,
+        give_up_s: float | None = None,
+        first_wait_s: float = 0.5,
+        max_wait_s: float = 10.0,
+        on_retry: Callable[[str], None] = log.warning,
+    ) -> None:
+        """``give_up_s``: None retries until ``stop``. ``on_retry`` hears each retry, and the first
+        answer after the coordinator could not be reached, as a sentence."""
+        self.base_url = base_url.rstrip("/")
+        self.account = account
+        self.stop = stop or threading.Event()
+        self.give_up_s, self.first_wait_s, self.max_wait_s = give_up_s, first_wait_s, max_wait_s
+        self.on_retry = on_retry
+        self.unreachable_since: float | None = None
+        """Since when requests fail to connect (None: the last one connected)."""
+        self._status: PublicStatus | None = None
+        self._auth: SignedAuth | None = None
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers={"user-agent": f"intellect/{__version__}"})
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # Public routes.
+
+    def public_status(self) -> PublicStatus:
+        """The coordinator's public status (fetched anew); fixes the audience signed requests name."""
+        self._status = PublicStatus.model_validate(self._send("GET", "/v1/public/status").json())
+        return self._status
+
+    @property
+    def audience(self) -> str:
+        return (self._status or self.public_status()).audience
+
+    def run_info(self, run_id: str) -> RunInfo:
+        return RunInfo.model_validate(self._send("GET", f"/v1/public/runs/{run_id}").json())
+
+    def receipt(self, submission_id: str) -> PublicReceipt:
+        return PublicReceipt.model_validate(self._send("GET", f"/v1/public/submissions/{submission_id}").json())
+
+    def receipts(self, address: str, limit: int) -> list[PublicReceipt]:
+        reply = self._send("GET", "/v1/public/submissions", params={"address": address, "limit": limit})
+        return [PublicReceipt.model_validate(r) for r in reply.json()]
+
+    # Nodes.
+
+    def register(self, body: RegisterRequest) -> RegisterResponse:
+        return RegisterResponse.model_validate(self._send("POST", "/v1/nodes/register", body=body).json())
+
+    def heartbeat(self, body: HeartbeatRequest) -> HeartbeatResponse:
+        return HeartbeatResponse.model_validate(self._send("POST", "/v1/nodes/heartbeat", body=body).json())
+
+    def lease(self, body: LeaseRequest) -> TaskSpec | WorkWait:
+        """A task, or why the coordinator has none now (its 204 answer)."""
+        reply = self._send("POST", "/v1/tasks/lease", body=body)
+        if reply.status_code == 204:
+            return WorkWait(
+                reason=reply.headers.get("x-intellect-wait", "no_run"),  # type: ignore[arg-type]
+                message=reply.headers.get("x-intellect-wait-message", "the coordinator has no work now"),
+                retry_after_s=float(reply.headers.get("retry-after", "5")),
+            )
+        return TaskSpec.model_validate(reply.json())
+
+    def submit(self, task_id: str, data: bytes) -> SubmissionReceipt:
+        reply = self._send("POST", "/v1/submissions", content=data, params={"task": task_id})
+        return SubmissionReceipt.model_validate(reply.json())
+
+    def appeal(self, body: AppealRequest) -> AppealInfo:
+        return AppealInfo.model_validate(self._send("POST", "/v1/appeals", body=body).json())
+
+    # Validators.
+
+    def claim(self, body: ClaimRequest) -> list[Claim]:
+        return [Claim.model_validate(c) for c in self._send("POST", "/v1/validation/claim", body=body).json()]
+
+    def claimed_file(self, submission_id: str) -> bytes:
+        return self._send("GET", f"/v1/validation/submissions/{submission_id}/file", signed=True).content
+
+    def verdict(self, body: VerdictRequest) -> PublicReceipt:
+        return PublicReceipt.model_validate(self._send("POST", "/v1/validation/verdicts", body=body).json())
+
+    # Trainers.
+
+    def accepted(self, run_id: str, after: int, limit: int) -> list[AcceptedRollouts]:
+        reply = self._send("GET", "/v1/trainer/rollouts", params={"run": run_id, "after": after, "limit": limit}, signed=True)
+        return [AcceptedRollouts.model_validate(e) for e in reply.json()]
+
+    def accepted_file(self, submission_id: str) -> bytes:
+        return self._send("GET", f"/v1/trainer/submissions/{submission_id}/file", signed=True).content
+
+    def trainer_metrics(self, body: TrainerMetricsRequest) -> None:
+        self._send("POST", "/v1/trainer/metrics", body=body)
+
+    def publish_manifest(self, signed: SignedManifest) -> ManifestEntry:
+        return ManifestEntry.model_validate(self._send("POST", "/v1/manifests", body=signed).json())
+
+    # Shardcast.
+
+    def manifest(self, run_id: str, step: int | str) -> ManifestEntry | None:
+        """Step ``step`` of the run (``"latest"``: the newest); None if there is none."""
+        try:
+            return ManifestEntry.model_validate(self._send("GET", f"/v1/manifests/{run_id}/{step}").json())
+        except Refused as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def manifests(self, after: int, wait_s: float = 0.0, limit: int = 100) -> list[ManifestEntry]:
+        """Manifests after log position ``after``, waiting up to ``wait_s`` for one (a long poll)."""
+        reply = self._send("GET", "/v1/manifests", params={"after": after, "wait_s": wait_s, "limit": limit}, read_s=wait_s + 30)
+        return [ManifestEntry.model_validate(e) for e in reply.json()]
+
+    def role_holders(self, role: str) -> set[str]:
+        return set(self._send("GET", f"/v1/roles/{role}").json())
+
+    def relays(self) -> list[RelayInfo]:
+        return [RelayInfo.model_validate(r) for r in self._send("GET", "/v1/relays").json()]
+
+    def register_relay(self, body: RelayRegister) -> RelayInfo:
+        return RelayInfo.model_validate(self._send("POST", "/v1/relays", body=body).json())
+
+    def report_relay(self, body: RelayReportRequest) -> None:
+        self._send("POST", "/v1/relays/reports", body=body)
+
+    # The one way a request is sent.
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: BaseModel | None = None,
+        content: bytes | None = None,
+        params: dict[str, Any] | None = None,
+        signed: bool | None = None,
+        read_s: float | None = None,
+    ) -> httpx.Response:
+        """Send until answered under the retry policy; ``signed`` defaults to: every request with a body."""
+        if body is not None:
+            content, kind = body.model_dump_json().encode(), "application/json"
+        else:
+            kind = "application/octet-stream"
+        auth = self._signer() if (signed if signed is not None else content is not None) else None
+        headers = {"content-type": kind} if content is not None else {}
+        timeout = httpx.Timeout(self.http.timeout.connect, read=read_s) if read_s is not None else httpx.USE_CLIENT_DEFAULT
+        started, wait = time.monotonic(), self.first_wait_s
+        while True:
+            if self.stop.is_set():
+                raise Stopped(f"stopped before {method} {path} was answered")
+            try:
+                reply = self.http.request(method, path, content=content, params=params, headers=headers, auth=auth, timeout=timeout)  # type: ignore[arg-type]
+            except httpx.TransportError as e:
+                problem, retry_after = f"cannot reach the coordinator at {self.base_url} ({type(e).__name__}: {e or 'no detail'})", None
+                self.unreachable_since = self.unreachable_since or time.monotonic()
+            else:
+                if self.unreachable_since is not None:
+                    self.on_retry(f"The coordinator at {self.base_url} answers again (after {time.monotonic() - self.unreachable_since:.0f} s).")
+                    self.unreachable_since = None
+                if reply.status_code < 400:
+                    return reply
+                if reply.status_code != 429 and reply.status_code < 500:
+                    raise _refused(reply)
+                problem, retry_after = _overloaded(reply), _retry_after(reply)
+            pause = min(retry_after if retry_after is not None else wait * random.uniform(0.8, 1.2), self.max_wait_s)
+            if self.give_up_s is not None and time.monotonic() + pause - started > self.give_up_s:
+                raise Unavailable(f"{method} {path}: {problem}; gave up after {time.monotonic() - started:.0f} s")
+            self.on_retry(f"{problem[0].upper()}{problem[1:]}; retrying {method} {path} in {pause:.1f} s.")
+            if self.stop.wait(pause):
+                raise Stopped(f"stopped before {method} {path} was answered")
+            wait = min(wait * 2, self.max_wait_s)
+
+    def _signer(self) -> SignedAuth:
+        if self.account is None:
+            raise ValueError("this client has no account to sign with")
+        if self._auth is None:
+            self._auth = SignedAuth(self.account, self.audience)
+        return self._auth
+
+
+def _refused(reply: httpx.Response) -> Refused:
+    try:
+        payload = reply.json()
+        return Refused(reply.status_code, payload.get("code"), payload.get("message", ""), payload.get("details") or {})
+    except (ValueError, AttributeError):
+        return Refused(reply.status_code, None, reply.text[:200], {})
+
+
+def _overloaded(reply: httpx.Response) -> str:
+    if reply.status_code == 429:
+        return "the coordinator asks us to slow down (429)"
+    try:
+        message = reply.json().get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"the coordinator answered HTTP {reply.status_code}" + (f" ({message})" if message else "")
+
+
+def _retry_after(reply: httpx.Response) -> float | None:
+    value = reply.headers.get("retry-after", "")
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
