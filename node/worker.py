@@ -177,11 +177,11 @@ def work_loop(
     is leased on a helper thread meanwhile, the previous one is scored, proven and written in
     ``finishers`` (:func:`node.work.finisher_pool`, a process so it never waits for this one's
     GIL; one is started per call when not given) and uploaded from another thread, so the
-    protocol's work hides behind the model's. At most three tasks are in flight, the
-    coordinator's default per-node limit. Returns the number submitted."""
+    protocol's work hides behind the model's. As many tasks are in flight as the coordinator lets
+    one node hold. Returns the number submitted."""
     from node.work import finish, finisher_pool, generate  # torch and the model load only when there is work
 
-    in_flight = threading.Semaphore(3)
+    in_flight = threading.Semaphore(client.api.status.max_leases_per_node)
     working_on: set[str] = set()
     uploads: queue.Queue[tuple[TaskSpec, Future[TaskResult]] | None] = queue.Queue()
     done = 0

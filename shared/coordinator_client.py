@@ -118,8 +118,13 @@ class CoordinatorClient:
         return self._status
 
     @property
+    def status(self) -> PublicStatus:
+        """The public status as last fetched (fetched now if never)."""
+        return self._status or self.public_status()
+
+    @property
     def audience(self) -> str:
-        return (self._status or self.public_status()).audience
+        return self.status.audience
 
     def run_info(self, run_id: str) -> RunInfo:
         return RunInfo.model_validate(self._send("GET", f"/v1/public/runs/{run_id}").json())

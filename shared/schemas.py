@@ -169,6 +169,8 @@ class PublicStatus(BaseModel):
     signature_window_s: int
     nodes: dict[NodeStatus, int]
     server_time: float
+    max_leases_per_node: int = 3
+    """Tasks one node may hold at once: a node keeps this many in flight."""
 
 
 class SamplingParams(BaseModel):

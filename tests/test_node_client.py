@@ -65,3 +65,29 @@ def test_check_command(coordinator, tmp_path: Path) -> None:  # type: ignore[no-
     )
     assert down.returncode == 1
     assert "not reachable" in down.stderr
+
+
+def test_a_node_holds_as_many_tasks_as_the_coordinator_allows(sqlite_url: str, tmp_path: Path) -> None:
+    import io
+
+    from coordinator.settings import CoordinatorSettings
+    from node.work import finisher_pool, stop_finishers
+    from node.worker import work_loop
+    from shared.schemas import SamplingParams
+    from tests.conftest import serve
+    from tests.helpers import make_run
+
+    with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", max_leases_per_node=1)) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=8), prompts=1, samples=1)
+        client = NodeClient(served.url, Account.create(), NodeSettings(state_dir=tmp_path / "node"))
+        assert client.public_status().max_leases_per_node == 1
+        client.register(probe(tmp_path / "node"), None)
+        out = io.StringIO()
+        finishers = finisher_pool()
+        try:
+            assert work_loop(client, Console(file=out, width=300), threading.Event(), None, 0.1, max_tasks=3, finishers=finishers) == 3
+        finally:
+            stop_finishers(finishers)
+            client.close()
+        # Leasing a second task ahead would be refused: "This node already holds 1 tasks".
+        assert "already holds" not in out.getvalue(), out.getvalue()

@@ -29,6 +29,7 @@ async def status(request: Request, ledger: LedgerDep, settings: Settings) -> Pub
         signature_window_s=settings.signature_window_s,
         nodes=await ledger.run(nodes.status_counts),
         server_time=time.time(),
+        max_leases_per_node=settings.max_leases_per_node,
     )
 
 

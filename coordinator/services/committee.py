@@ -281,8 +281,7 @@ def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorS
         progress(session, submission, settings, now)
 
 
-def open_review_of(session: Session, submission_id: str) -> Review | None:
-    """The review of ``submission_id`` now waiting for a verdict, if any."""
-    return session.scalar(
-        select(Review).where(Review.submission_id == submission_id, Review.outcome.is_(None), Review.voided_at.is_(None)).limit(1)
-    )
+def open_reviews_of(session: Session, submission_ids: list[str]) -> dict[str, Review]:
+    """Per submission, the review now waiting for a verdict (those that have one), in one query."""
+    query = select(Review).where(Review.submission_id.in_(submission_ids), Review.outcome.is_(None), Review.voided_at.is_(None))
+    return {r.submission_id: r for r in session.scalars(query)}

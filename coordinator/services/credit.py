@@ -41,7 +41,17 @@ def credit(session: Session, submission: Submission, settings: CoordinatorSettin
 
 
 def net_units(session: Session, submission_id: str) -> float:
-    return float(session.scalar(select(func.coalesce(func.sum(ContributionEntry.units), 0.0)).where(ContributionEntry.submission_id == submission_id)))
+    return net_units_of(session, [submission_id])[submission_id]
+
+
+def net_units_of(session: Session, submission_ids: list[str]) -> dict[str, float]:
+    """Each submission's credit after claw-backs, in one query."""
+    query = (
+        select(ContributionEntry.submission_id, func.sum(ContributionEntry.units))
+        .where(ContributionEntry.submission_id.in_(submission_ids))
+        .group_by(ContributionEntry.submission_id)
+    )
+    return {i: 0.0 for i in submission_ids} | {i: float(units) for i, units in session.execute(query).all()}
 
 
 def claw_back(

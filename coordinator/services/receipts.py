@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from coordinator.errors import ApiError
 from coordinator.models import Appeal, Review, Submission
 from coordinator.services import accountability, credit
-from coordinator.services.committee import open_review_of
+from coordinator.services.committee import open_reviews_of
 from shared.committee import AdminReceipt, AppealInfo, PublicReceipt, VerdictRecord
 from shared.schemas import CheckOutcome, ErrorCode
 
@@ -62,9 +62,10 @@ def _get(session: Session, submission_id: str) -> Submission:
 
 
 def _admin_receipts(session: Session, submissions: list[Submission]) -> list[AdminReceipt]:
+    open_reviews = open_reviews_of(session, [s.id for s in submissions])
     out = []
     for submission, public in zip(submissions, _receipts(session, submissions), strict=True):
-        review = open_review_of(session, submission.id)
+        review = open_reviews.get(submission.id)
         held = review is not None and review.claimed_at is not None
         out.append(
             AdminReceipt(
@@ -84,11 +85,12 @@ def _receipts(session: Session, submissions: list[Submission]) -> list[PublicRec
         reviews[r.submission_id].append(r)
     appeals = {a.submission_id: a for a in session.scalars(select(Appeal).where(Appeal.submission_id.in_(ids)))}
     counts = accountability.agreement(session, {r.validator for rs in reviews.values() for r in rs if r.validator})
-    return [_receipt(session, s, reviews[s.id], appeals.get(s.id), counts) for s in submissions]
+    credits = credit.net_units_of(session, ids)
+    return [_receipt(s, reviews[s.id], appeals.get(s.id), counts, credits[s.id]) for s in submissions]
 
 
 def _receipt(
-    session: Session, submission: Submission, reviews: list[Review], appeal: Appeal | None, counts: dict[str, tuple[int, int, int]]
+    submission: Submission, reviews: list[Review], appeal: Appeal | None, counts: dict[str, tuple[int, int, int]], units: float
 ) -> PublicReceipt:
     verdicts = [
         VerdictRecord(
@@ -107,7 +109,7 @@ def _receipt(
         checks=submission.checks,  # type: ignore[arg-type]
         reason=submission.reason,
         hard=submission.hard,
-        credit=credit.net_units(session, submission.id),
+        credit=units,
         validator=submission.validator,
         created_at=submission.created_at,
         validated_at=submission.validated_at,

@@ -1,0 +1,73 @@
+"""Public and admin lists cost a bounded number of queries, however many receipts they hold."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+from eth_account import Account
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from coordinator.settings import CoordinatorSettings
+from node.work import finish, generate
+from shared.schemas import SamplingParams
+from tests.conftest import Served, admin_token, serve
+from tests.helpers import checks_for, make_run, signed_post, verdict_body
+from tests.test_validation import grant, joined, lease, upload
+
+
+@contextmanager
+def counted() -> Iterator[list[str]]:
+    """Every SQL statement any engine of this process runs meanwhile."""
+    statements: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        yield statements
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)
+
+
+def _judged_submissions(served: Served, node, validator, count: int) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(count):
+        task = lease(served, node)
+        upload(served, node, task, finish(generate(task)).data)
+        [claim] = signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
+        body = verdict_body(served.audience, validator, claim, checks_for("accept"))
+        assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, body).status_code == 200
+
+
+def _queries(url: str, **kw) -> int:  # type: ignore[no-untyped-def]
+    with counted() as statements:
+        reply = httpx.get(url, **kw)
+    assert reply.status_code == 200, reply.text
+    return len(statements)
+
+
+def test_receipt_lists_cost_the_same_queries_for_2_or_12_receipts(database_url: str, tmp_path: Path) -> None:
+    # The status loop's queries would be counted too: it waits out the test.
+    settings = CoordinatorSettings(database_url=database_url, blob_dir=tmp_path / "blobs", status_loop_interval_s=3600)
+    with serve(settings) as served:
+        _compare(served)
+
+
+def _compare(coordinator: Served) -> None:
+    make_run(coordinator, sampling=SamplingParams(max_tokens=8), prompts=1, samples=1, audit=0.0)
+    token = admin_token(coordinator)
+    validator = Account.create()
+    grant(coordinator, token, validator.address, "validator")
+    node = joined(coordinator)
+    admin = {"authorization": f"Bearer {token}"}
+    public_url, admin_url = f"{coordinator.url}/v1/public/submissions", f"{coordinator.url}/v1/admin/submissions"
+
+    _judged_submissions(coordinator, node, validator, 2)
+    few = _queries(public_url, params={"address": node.address, "limit": 500}), _queries(admin_url, params={"limit": 500}, headers=admin)
+    _judged_submissions(coordinator, node, validator, 10)
+    many = _queries(public_url, params={"address": node.address, "limit": 500}), _queries(admin_url, params={"limit": 500}, headers=admin)
+    assert many == few and max(many) <= 12, (few, many)
