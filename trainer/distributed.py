@@ -55,8 +55,18 @@ def shard(model: torch.nn.Module, where: Placement) -> torch.nn.Module:
         model,
         auto_wrap_policy=partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_types),
         mixed_precision=precision,
-        device_id=where.device if where.device.type == "cuda" else None,
+        device_id=where.device,  # named even when it is the CPU, which FSDP otherwise refuses
     )
+
+
+def clip_grad_norm(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the gradients to a global norm of ``max_norm``; returns the norm before clipping. A
+    sharded module's norm is over every rank's shard, so every rank scales alike."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(module, FullyShardedDataParallel):
+        return module.clip_grad_norm_(max_norm)
+    return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
 
 
 def full_state_dict(model: torch.nn.Module, where: Placement) -> dict[str, torch.Tensor] | None:
@@ -65,6 +75,8 @@ def full_state_dict(model: torch.nn.Module, where: Placement) -> dict[str, torch
         return None  # the caller saves the unwrapped model directly
     from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
-    with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+    # Offloading is for GPU shards; on the CPU it would free the very storage being gathered into.
+    config = FullStateDictConfig(offload_to_cpu=where.device.type != "cpu", rank0_only=True)
+    with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
         state = model.state_dict()
     return state if where.leader else None

@@ -31,7 +31,8 @@ from shared.schemas import TrainerMetricsRequest
 from shared.shardcast.manifest import SignedManifest
 from shared.shardcast.origin import publish_step, step_dir
 from trainer.data import Batch, add_submission, fetch_accepted
-from trainer.distributed import full_state_dict, placement, shard
+from trainer.distributed import clip_grad_norm, full_state_dict, placement, shard
+from trainer.logprobs import sequence_logprobs
 from trainer.loss import group_advantages, grpo_loss
 from trainer.settings import TrainerSettings
 
@@ -47,34 +48,6 @@ class Checkpoint(BaseModel):
     """The signed manifest of ``step`` (JSON), registered again on restart if need be."""
     consumed: list[tuple[int, int, int]] = []
     """(step, cursor before, cursor after) per policy step: the ranges must tile the cursor line."""
-
-
-def sequence_logprobs(
-    model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], temperature: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Log-probabilities ``[B, T]`` of each completion token under ``model`` (logits / T, as the
-    node sampled), the per-position entropy ``[B, T]`` and the token mask ``[B, T]``."""
-    rows = [p + c[:-1] for p, c in zip(prompts, completions)]
-    width = max(map(len, rows))
-    longest = max(map(len, completions))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-    device = next(model.parameters()).device
-    logits = model(input_ids=ids.to(device), use_cache=False).logits.float().cpu() / (temperature or 1.0)  # [B, width, vocab]
-    index = torch.zeros(len(rows), longest, dtype=torch.long)
-    tokens = torch.zeros(len(rows), longest, dtype=torch.long)
-    mask = torch.zeros(len(rows), longest, dtype=torch.bool)
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        n = len(completion)
-        index[i, :n] = torch.arange(len(prompt) - 1, len(prompt) - 1 + n)
-        tokens[i, :n] = torch.tensor(completion)
-        mask[i, :n] = True
-    chosen = logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[-1]))  # [B, T, vocab]
-    logp_all = chosen.log_softmax(-1)
-    logp = logp_all.gather(-1, tokens[:, :, None])[:, :, 0]
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy, mask
 
 
 class Trainer:
@@ -155,16 +128,19 @@ class Trainer:
         for i, r in enumerate(rollouts):
             behaviour[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
         prompts, completions = [r.prompt_tokens for r in rollouts], [r.completion_tokens for r in rollouts]
+        share = (float(sum(len(r.completion_tokens) for r in everything)), world)
         metrics: dict[str, float] = {}
         skipped = 0
         for _ in range(self.settings.optimizer_steps):
             self._set_lr()
             # Node logprobs are log_softmax(logits / T) at the run's temperature: the ratio must use the same T.
             logp, entropy, mask = sequence_logprobs(self.module, prompts, completions, self.run_info.sampling.temperature)
-            loss, stats = grpo_loss(logp, behaviour, advantages, mask, self.settings.loss, entropy=entropy)
+            loss, stats = grpo_loss(
+                logp, behaviour.to(logp.device), advantages.to(logp.device), mask, self.settings.loss, entropy=entropy, share=share
+            )
             self.optimizer.zero_grad()
             loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.settings.max_grad_norm))
+            grad_norm = float(clip_grad_norm(self.module, self.settings.max_grad_norm))
             if not math.isfinite(grad_norm):
                 # One non-finite value would poison every weight; the norm is global under FSDP, so
                 # every rank skips the same step.
@@ -242,7 +218,8 @@ class Trainer:
                 break
             metrics = self.train_step(batch)
             metrics["step_s"] = time.perf_counter() - started
-            self.publish(batch, metrics)
+            if self.publish(batch, metrics) is None:
+                continue  # another rank publishes and reports
             log.info("published step %d: %s", self.state.step, metrics)
             if on_step is not None:
                 on_step(self.state.step, metrics, batch)

@@ -71,8 +71,13 @@ def grpo_loss(
     *,
     entropy: torch.Tensor | None = None,
     logp_reference: torch.Tensor | None = None,
+    share: tuple[float, int] | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """``logp_* [B, T]``, ``advantages [B]``, ``mask [B, T]`` bool; ``entropy [B, T]`` per position when a bonus is wanted."""
+    """``logp_* [B, T]``, ``advantages [B]``, ``mask [B, T]`` bool; ``entropy [B, T]`` per position when a bonus is wanted.
+
+    ``share``: (the whole batch's tokens, ranks) when this is one rank's part of a data-parallel
+    batch whose gradients are averaged over the ranks: each part is then normalised by the whole
+    batch, so the averaged gradient is the one a single process would take."""
     mask = mask.to(logp_new.dtype)
     adv = advantages[:, None].expand_as(logp_new)
     ratio = torch.exp(logp_new - logp_behaviour)
@@ -81,9 +86,10 @@ def grpo_loss(
     clipped = torch.clamp(ratio, 1 - settings.eps_low, 1 + settings.eps_high)
     objective = torch.minimum(bounded * adv, clipped * adv)
 
-    normaliser = settings.constant_normaliser or mask.sum().clamp(min=1)
+    batch_tokens, ranks = share if share is not None else (mask.sum().clamp(min=1), 1)
+    tokens = batch_tokens / ranks
+    normaliser = settings.constant_normaliser / ranks if settings.constant_normaliser else tokens
     loss = -(objective * mask).sum() / normaliser
-    tokens = mask.sum().clamp(min=1)
     entropy_mean = (entropy * mask).sum() / tokens if entropy is not None else logp_new.new_tensor(0.0)
     kl_mean = logp_new.new_tensor(0.0)
     if logp_reference is not None:

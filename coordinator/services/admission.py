@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from coordinator.models import ContributionEntry, PolicyManifest, Role, Run, Submission, Task
 from coordinator.settings import CoordinatorSettings
-from shared.schemas import RoleName, WorkWait
+from shared.schemas import RoleName, RunStatus, SubmissionStatus, TaskStatus, WorkWait
 
 NO_RUN = WorkWait(reason="no_run", message="this coordinator has no run yet; its operator creates one", retry_after_s=30)
 
@@ -34,7 +34,7 @@ STEPS_MEASURED = 5
 
 def work_wait(session: Session, run: Run, settings: CoordinatorSettings, now: datetime) -> WorkWait | None:
     """Why ``run`` hands out no new task now (None: it does)."""
-    if run.status != "active":
+    if run.status != RunStatus.active:
         return paused(run)
     horizon = _horizon(session, run, settings)
     rate = decision_rate(session, run.id, settings, now)
@@ -65,9 +65,9 @@ def paused(run: Run) -> WorkWait:
 
 def backlog(session: Session, run_id: str, now: datetime) -> int:
     """Submissions awaiting a decision plus tasks being worked on: what validators will have to check."""
-    pending = session.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == run_id, Submission.status == "pending"))
+    pending = session.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == run_id, Submission.status == SubmissionStatus.pending))
     working = session.scalar(
-        select(func.count()).select_from(Task).where(Task.run_id == run_id, Task.status == "leased", Task.lease_expires_at > now)
+        select(func.count()).select_from(Task).where(Task.run_id == run_id, Task.status == TaskStatus.leased, Task.lease_expires_at > now)
     )
     return (pending or 0) + (working or 0)
 
@@ -91,7 +91,7 @@ def unread_by_trainer(session: Session, run: Run) -> int:
         .select_from(ContributionEntry)
         .join(Submission, Submission.id == ContributionEntry.submission_id)
         .where(ContributionEntry.kind == "credit", ContributionEntry.id > run.trainer_cursor, Submission.run_id == run.id)
-        .where(Submission.status == "accepted")
+        .where(Submission.status == SubmissionStatus.accepted)
     )
     return session.scalar(query) or 0
 

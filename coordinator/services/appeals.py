@@ -18,7 +18,7 @@ from coordinator.models import Appeal, Run, Submission
 from coordinator.services import committee
 from coordinator.settings import CoordinatorSettings
 from shared.committee import AppealInfo, AppealRequest
-from shared.schemas import ErrorCode
+from shared.schemas import AppealStatus, ErrorCode, SubmissionStatus
 
 DAY = timedelta(days=1)
 
@@ -29,7 +29,7 @@ def file(session: Session, signer: str, body: AppealRequest, settings: Coordinat
         raise ApiError(404, ErrorCode.not_found, f"No submission {body.submission_id}.")
     if submission.address != signer:
         raise ApiError(403, ErrorCode.address_mismatch, "Only the node that submitted this work may appeal it.")
-    if submission.status != "rejected" or submission.outcome not in ("soft", "hard"):
+    if submission.status != SubmissionStatus.rejected or submission.outcome not in ("soft", "hard"):
         raise ApiError(409, ErrorCode.conflict, f"Only rejected work can be appealed; this submission is {submission.status}.")
     if session.scalar(select(Appeal.id).where(Appeal.submission_id == submission.id)) is not None:
         raise ApiError(409, ErrorCode.conflict, "This submission was appealed already; see its receipt for the outcome.")
@@ -47,7 +47,7 @@ def file(session: Session, signer: str, body: AppealRequest, settings: Coordinat
             headers={"Retry-After": str(wait)},
         )  # fmt: skip
     appeal = Appeal(
-        submission_id=submission.id, address=signer, reason=body.reason, prior_outcome=submission.outcome, status="open", created_at=now
+        submission_id=submission.id, address=signer, reason=body.reason, prior_outcome=submission.outcome, status=AppealStatus.open, created_at=now
     )
     session.add(appeal)
     session.flush()

@@ -35,7 +35,7 @@ from coordinator.services import accountability, consequences, roles
 from coordinator.settings import CoordinatorSettings
 from shared.committee import Outcome, Purpose
 from shared.run_schemas import AuditPolicy
-from shared.schemas import RoleName
+from shared.schemas import AppealStatus, RoleName, SubmissionStatus
 
 ASSIGN_SCAN = 256
 """Most waiting reviews drawn for at each claim: bounds one claim's work whatever the backlog."""
@@ -163,7 +163,7 @@ def audit_chance(session: Session, submission: Submission, validator: str, setti
     """The highest audit share of the run's policy that applies to this node and this validator."""
     policy = AuditPolicy.model_validate(session.get_one(Run, submission.run_id).audit or {})
     chance = policy.share
-    accepted = session.scalar(select(func.count()).where(Submission.address == submission.address, Submission.status == "accepted")) or 0
+    accepted = session.scalar(select(func.count()).where(Submission.address == submission.address, Submission.status == SubmissionStatus.accepted)) or 0
     if accepted < policy.new_node_accepted:
         chance = max(chance, policy.new_node_share)
     if accountability.suspect(session, validator, policy.new_validator_verdicts):
@@ -191,7 +191,7 @@ def _decide(
     lead = deciding[0] if deciding else reviews[0]
     failed = [c for c in lead.checks or [] if c["passed"] is False]
     explained = bool(failed) and all(c.get("explained") for c in failed)
-    submission.status = {"accept": "accepted", "hard": "rejected"}.get(outcome) or "rejected"
+    submission.status = SubmissionStatus.accepted if outcome == "accept" else SubmissionStatus.rejected
     submission.outcome = outcome
     submission.hard = outcome == "hard"
     submission.validated_at = now
@@ -206,8 +206,8 @@ def _decide(
     consequences.apply(session, submission, prev, outcome, settings, now, charge_soft=not (explained or not deciding))
 
     judged = list(reviews)
-    if appeal is not None and appeal.status == "open":
-        appeal.status = "upheld" if outcome == appeal.prior_outcome else "overturned"
+    if appeal is not None and appeal.status == AppealStatus.open:
+        appeal.status = AppealStatus.upheld if outcome == appeal.prior_outcome else AppealStatus.overturned
         appeal.decided_at = now
         judged += [
             r for r in session.scalars(select(Review).where(Review.submission_id == submission.id, Review.appeal_id.is_(None)))
@@ -236,7 +236,7 @@ def expire(session: Session, submission: Submission, now: datetime) -> None:
     task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
     for review in session.scalars(select(Review).where(Review.submission_id == submission.id, Review.outcome.is_(None), Review.voided_at.is_(None))):
         review.voided_at, review.void_reason = now, "the work went stale first"
-    submission.status, submission.outcome, submission.hard, submission.validated_at = "expired", "soft", False, now
+    submission.status, submission.outcome, submission.hard, submission.validated_at = SubmissionStatus.expired, "soft", False, now
     oldest = max(0, run.policy_step - run.async_level)
     submission.reason = EXPIRED.format(step=task.policy_step, oldest=oldest, newest=run.policy_step)
 
@@ -247,7 +247,7 @@ def expire_stale(session: Session, now: datetime) -> None:
         select(Submission)
         .join(Task, Task.id == Submission.task_id)
         .join(Run, Run.id == Submission.run_id)
-        .where(Submission.status == "pending", Submission.outcome.is_(None), Task.policy_step < Run.policy_step - Run.async_level)
+        .where(Submission.status == SubmissionStatus.pending, Submission.outcome.is_(None), Task.policy_step < Run.policy_step - Run.async_level)
         .with_for_update(skip_locked=True, of=Submission)
     )
     for submission in session.scalars(query):
@@ -272,12 +272,12 @@ def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorS
     session.flush()
     for submission_id, reviews in voided.items():
         submission = session.get_one(Submission, submission_id, with_for_update=True)
-        if submission.status == "invalidated":
+        if submission.status == SubmissionStatus.invalidated:
             continue
-        if submission.status != "pending":
+        if submission.status != SubmissionStatus.pending:
             if not any(r.outcome == submission.outcome for r in reviews):
                 continue  # it was outvoted there: the decision stands without it
-            submission.status = "pending"
+            submission.status = SubmissionStatus.pending
         progress(session, submission, settings, now)
 
 

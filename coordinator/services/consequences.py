@@ -21,7 +21,7 @@ from coordinator.models import Node, NodeStrike, Submission
 from coordinator.services import credit, nodes
 from coordinator.settings import CoordinatorSettings
 from shared.committee import Outcome
-from shared.schemas import NodeStatus
+from shared.schemas import NodeStatus, SubmissionStatus
 
 STRIKES_BAN = "strikes (forged or corrupted work, or repeated wrong work)"
 
@@ -82,7 +82,7 @@ def _charge_soft_rejection(session: Session, submission: Submission, settings: C
     session.flush()
     count = session.scalar(
         select(func.count()).where(
-            Submission.address == submission.address, Submission.status == "rejected",
+            Submission.address == submission.address, Submission.status == SubmissionStatus.rejected,
             Submission.hard.is_not(True), Submission.validated_at >= since,
         )
     )  # fmt: skip

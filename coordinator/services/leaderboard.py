@@ -16,9 +16,9 @@ from coordinator.services import admission, nodes, shardcast
 from coordinator.settings import CoordinatorSettings
 from shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
 from shared.run_schemas import RunInfo
-from shared.schemas import NodeStatus
+from shared.schemas import NodeStatus, RunStatus, SubmissionStatus
 
-REJECTED = ("rejected", "invalidated")
+REJECTED = (SubmissionStatus.rejected, SubmissionStatus.invalidated)
 
 
 def _submission_counts(session: Session, address: str | None = None) -> dict[str, dict[str, tuple[int, int]]]:
@@ -47,7 +47,7 @@ def ranking(session: Session, now: datetime, limit: int) -> list[LeaderboardRow]
     rows = []
     for node in session.scalars(select(Node)):
         mine = counts.get(node.address, {})
-        accepted, tokens = mine.get("accepted", (0, 0))
+        accepted, tokens = mine.get(SubmissionStatus.accepted, (0, 0))
         rejected = sum(mine.get(s, (0, 0))[0] for s in REJECTED)
         pending, final = credits.get(node.address, (0.0, 0.0))
         rows.append(
@@ -74,11 +74,11 @@ def public_node(session: Session, address: str, now: datetime) -> PublicNode:
 
 
 def network(session: Session, settings: CoordinatorSettings, now: datetime) -> NetworkStatus:
-    run = session.scalar(select(Run).where(Run.status == "active").order_by(Run.created_at.desc()).limit(1))
+    run = session.scalar(select(Run).where(Run.status == RunStatus.active).order_by(Run.created_at.desc()).limit(1))
     latest = run or session.scalar(select(Run).order_by(Run.created_at.desc()).limit(1))
     counts = nodes.status_counts(session)
     by_status = dict(session.execute(select(Submission.status, func.count()).group_by(Submission.status)).all())
-    verdicts = sum(by_status.get(s, 0) for s in ("accepted", *REJECTED))
+    verdicts = sum(by_status.get(s, 0) for s in (SubmissionStatus.accepted, *REJECTED))
     recent = session.scalar(select(func.coalesce(func.sum(Submission.rows), 0)).where(Submission.created_at >= now - timedelta(minutes=5)))
     return NetworkStatus(
         run=RunInfo.model_validate(run, from_attributes=True) if run else None,
@@ -86,7 +86,7 @@ def network(session: Session, settings: CoordinatorSettings, now: datetime) -> N
         nodes=counts,
         nodes_online=counts[NodeStatus.healthy],
         rollouts_per_minute=int(recent or 0) / 5,
-        validation_backlog=by_status.get("pending", 0),
+        validation_backlog=by_status.get(SubmissionStatus.pending, 0),
         rejection_rate=sum(by_status.get(s, 0) for s in REJECTED) / verdicts if verdicts else None,
         relays=len(shardcast.live_relays(session, now, settings.relay_ttl_s)),
         work=admission.work_wait(session, latest, settings, now) if latest else admission.NO_RUN,
@@ -105,6 +105,6 @@ def throughput(session: Session, run_id: str, now: datetime, minutes: int, bucke
     for created_at, status, rows, tokens in session.execute(query):
         bucket = buckets[min(n - 1, int((created_at - start).total_seconds()) // bucket_s)]
         bucket.rollouts += rows
-        if status == "accepted":
+        if status == SubmissionStatus.accepted:
             bucket.accepted_tokens += tokens
     return buckets

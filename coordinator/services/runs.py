@@ -24,7 +24,7 @@ from shared.environments.length import LengthBudget
 from shared.environments.registry import ENVIRONMENTS, get_environment
 from shared.rollout_file import shape_error
 from shared.run_schemas import AuditPolicy
-from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec, WorkWait
+from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, RunStatus, SamplingParams, TaskSpec, TaskStatus, WorkWait
 
 
 @cache
@@ -62,7 +62,7 @@ def create_run(
         length_budget=budget.model_dump(),
         policy_step=0,
         next_prompt=0,
-        status="active",
+        status=RunStatus.active,
         created_at=now,
         async_level=async_level,
         dispute_window_s=dispute_window_s,
@@ -117,16 +117,16 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
         if run is None:
             raise ApiError(404, ErrorCode.no_run, f"No run {run_id}.")
     else:
-        active = session.scalar(select(Run).where(Run.status == "active").order_by(Run.created_at).limit(1))
+        active = session.scalar(select(Run).where(Run.status == RunStatus.active).order_by(Run.created_at).limit(1))
         run = active or session.scalar(select(Run).order_by(Run.created_at.desc()).limit(1))
         if run is None:
             return admission.NO_RUN
-    if run.status != "active":
+    if run.status != RunStatus.active:
         return admission.paused(run)
 
     # A task older than the run's window would only make rollouts that expire unjudged.
     oldest = max(0, run.policy_step - run.async_level)
-    holding = select(Task).where(Task.status == "leased", Task.leased_to == signer, Task.lease_expires_at > now)
+    holding = select(Task).where(Task.status == TaskStatus.leased, Task.leased_to == signer, Task.lease_expires_at > now)
     held = session.scalar(
         holding.where(Task.run_id == run.id, Task.policy_step >= oldest, Task.id.not_in(request.working_on)).limit(1)
     )
@@ -142,7 +142,7 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
     task = session.scalar(
         select(Task)
         .where(Task.run_id == run.id, Task.policy_step >= oldest)
-        .where(or_(Task.status == "open", (Task.status == "leased") & (Task.lease_expires_at <= now)))
+        .where(or_(Task.status == TaskStatus.open, (Task.status == TaskStatus.leased) & (Task.lease_expires_at <= now)))
         .order_by(Task.created_at)
         .limit(1)
         .with_for_update(skip_locked=True)
@@ -164,7 +164,7 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
             params=task_params(run),
         )
         session.add(task)
-    task.status = "leased"
+    task.status = TaskStatus.leased
     task.leased_to = signer
     task.lease_expires_at = now + timedelta(seconds=settings.task_lease_s)
     return spec(run, task)
@@ -172,7 +172,7 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
 
 def policy_steps(session: Session) -> dict[str, int]:
     """The current policy step of every active run."""
-    return dict(session.execute(select(Run.id, Run.policy_step).where(Run.status == "active")).all())  # type: ignore[arg-type]
+    return dict(session.execute(select(Run.id, Run.policy_step).where(Run.status == RunStatus.active)).all())  # type: ignore[arg-type]
 
 
 def get_run(session: Session, run_id: str) -> Run:
@@ -232,9 +232,9 @@ def requeue(session: Session, task_id: str) -> Task:
     task = session.get(Task, task_id, with_for_update=True)
     if task is None:
         raise ApiError(404, ErrorCode.not_found, f"No task {task_id}.")
-    if task.status != "leased":
+    if task.status != TaskStatus.leased:
         raise ApiError(409, ErrorCode.conflict, f"Only leased tasks can be requeued; this one is {task.status}.")
-    task.status, task.leased_to, task.lease_expires_at = "open", None, None
+    task.status, task.leased_to, task.lease_expires_at = TaskStatus.open, None, None
     return task
 
 

@@ -20,7 +20,7 @@ from coordinator.models import Run, Submission, Task
 from coordinator.services import committee
 from coordinator.services.runs import params_of
 from shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
-from shared.schemas import ErrorCode, SubmissionReceipt, sequence_seed
+from shared.schemas import ErrorCode, SubmissionReceipt, SubmissionStatus, TaskStatus, sequence_seed
 
 
 def receipt(submission: Submission) -> SubmissionReceipt:
@@ -58,7 +58,7 @@ def expected_file(session: Session, signer: str, task_id: str, digest: str, now:
         if existing.sha256 == digest and existing.address == signer:
             return None
         raise ApiError(409, ErrorCode.conflict, "A different file was already submitted for this task.")
-    if task.leased_to != signer or task.status != "leased":
+    if task.leased_to != signer or task.status != TaskStatus.leased:
         raise ApiError(403, ErrorCode.task_not_leased, "This task is not leased to you.")
     if task.lease_expires_at is None or task.lease_expires_at <= now:
         raise ApiError(409, ErrorCode.lease_expired, "The lease on this task expired; lease a new task.")
@@ -104,12 +104,12 @@ def record(session: Session, signer: str, task_id: str, digest: str, rollouts: l
         rows=len(rollouts),
         tokens=sum(len(r.completion_tokens) for r in rollouts),
         prompt_tokens=sum(len(r.prompt_tokens) for r in rollouts),
-        status="pending",
+        status=SubmissionStatus.pending,
         created_at=now,
     )
     session.add(submission)
     session.flush()
-    task.status = "submitted"
+    task.status = TaskStatus.submitted
     if committee.stale(session, submission):  # it went stale while being made: no validator need look
         committee.expire(session, submission, now)
     else:

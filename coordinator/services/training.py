@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from coordinator.errors import ApiError
 from coordinator.models import ContributionEntry, Evaluation, Run, Submission, Task, TrainerMetrics
 from coordinator.services import roles
-from shared.schemas import AcceptedRollouts, ErrorCode, RoleName, TrainerMetricsRequest
+from shared.schemas import AcceptedRollouts, ErrorCode, RoleName, SubmissionStatus, TrainerMetricsRequest
 
 
 def accepted_after(session: Session, signer: str, run_id: str, after: int, limit: int, now: datetime) -> list[AcceptedRollouts]:
@@ -29,7 +29,7 @@ def accepted_after(session: Session, signer: str, run_id: str, after: int, limit
         select(ContributionEntry.id, Submission.id, Submission.task_id, Task.policy_step, Submission.untrained_rows)
         .join(Submission, Submission.id == ContributionEntry.submission_id)
         .join(Task, Task.id == Submission.task_id)
-        .where(ContributionEntry.kind == "credit", ContributionEntry.id > after, Submission.run_id == run_id, Submission.status == "accepted")
+        .where(ContributionEntry.kind == "credit", ContributionEntry.id > after, Submission.run_id == run_id, Submission.status == SubmissionStatus.accepted)
         .order_by(ContributionEntry.id)
         .limit(limit)
     )
@@ -42,7 +42,7 @@ def accepted_after(session: Session, signer: str, run_id: str, after: int, limit
 def accepted_file_key(session: Session, signer: str, submission_id: str) -> str:
     roles.require(session, signer, RoleName.trainer)
     submission = session.get(Submission, submission_id)
-    if submission is None or submission.status != "accepted":
+    if submission is None or submission.status != SubmissionStatus.accepted:
         raise ApiError(404, ErrorCode.not_found, f"No accepted submission {submission_id}.")
     return submission.blob_key
 
@@ -71,6 +71,5 @@ def evaluations_of(session: Session, run_id: str) -> list[Evaluation]:
 def run_stats(session: Session, run_id: str) -> dict[str, int]:
     """Submissions of a run by status, and the tokens of the accepted ones."""
     counts = dict(session.execute(select(Submission.status, func.count()).where(Submission.run_id == run_id).group_by(Submission.status)).all())
-    tokens = session.scalar(select(func.coalesce(func.sum(Submission.tokens), 0)).where(Submission.run_id == run_id, Submission.status == "accepted"))
-    return {"pending": counts.get("pending", 0), "accepted": counts.get("accepted", 0), "rejected": counts.get("rejected", 0),
-            "expired": counts.get("expired", 0), "invalidated": counts.get("invalidated", 0), "accepted_tokens": int(tokens or 0)}  # fmt: skip
+    tokens = session.scalar(select(func.coalesce(func.sum(Submission.tokens), 0)).where(Submission.run_id == run_id, Submission.status == SubmissionStatus.accepted))
+    return {**{s.value: counts.get(s, 0) for s in SubmissionStatus}, "accepted_tokens": int(tokens or 0)}

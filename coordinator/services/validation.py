@@ -23,7 +23,7 @@ from coordinator.models import Review, Run, Submission, Task
 from coordinator.services import committee, consequences, credit, roles
 from coordinator.services.runs import spec
 from coordinator.settings import CoordinatorSettings
-from shared.schemas import Claim, ClaimRequest, ErrorCode, RoleName, VerdictRequest
+from shared.schemas import Claim, ClaimRequest, ErrorCode, RoleName, SubmissionStatus, VerdictRequest
 from shared.verdicts import verdict_signer
 
 
@@ -105,9 +105,9 @@ def invalidate(session: Session, submission_id: str, reason: str, settings: Coor
     submission = session.get(Submission, submission_id)
     if submission is None:
         raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
-    if submission.status != "accepted":
+    if submission.status != SubmissionStatus.accepted:
         raise ApiError(409, ErrorCode.conflict, f"Only accepted submissions can be invalidated; this one is {submission.status}.")
-    submission.status = "invalidated"
+    submission.status = SubmissionStatus.invalidated
     submission.reason = f"invalidated by an admin: {reason}"
     credit.claw_back(session, submission.address, submission.reason, now, cause=submission.id, only=submission.id, even_final=True)
     consequences.penalise(session, submission, submission.reason, settings, now)

@@ -29,7 +29,7 @@ from shared.shardcast.transfer import fetch_range
 
 log = logging.getLogger("intellect.relay")
 
-LONG_POLL_S = 5.0
+LONG_POLL_S = 2.0
 """Short enough that a stopping relay is not held up by a poll in flight (it runs on a thread)."""
 REFRESH_S = 20.0
 PRUNE_S = 2.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import Query
 from pydantic import BaseModel, ConfigDict
@@ -15,7 +15,7 @@ from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, 
 from coordinator.services import runs
 from shared.environments.length import LengthBudget
 from shared.run_schemas import EvaluationRequest, RunCreate, RunInfo, RunSettings
-from shared.schemas import DEFAULT_MODEL, INT32_MAX, ErrorBody, SamplingParams
+from shared.schemas import DEFAULT_MODEL, INT32_MAX, ErrorBody, RunStatus, SamplingParams, TaskStatus
 
 router = admin_router("runs and tasks")
 
@@ -93,13 +93,13 @@ async def update_run(run_id: str, body: RunSettings, ledger: LedgerDep, token: O
 @router.post("/runs/{run_id}/pause", response_model=RunInfo, responses=CONFLICT)
 async def pause_run(run_id: str, ledger: LedgerDep, token: OperateToken) -> RunInfo:
     """Stop handing out this run's tasks; work already leased may still be submitted and validated."""
-    return await audited(ledger, token, "runs.pause", run_id, lambda session: _info(runs.set_status(session, run_id, "paused")))
+    return await audited(ledger, token, "runs.pause", run_id, lambda session: _info(runs.set_status(session, run_id, RunStatus.paused)))
 
 
 @router.post("/runs/{run_id}/resume", response_model=RunInfo, responses=CONFLICT)
 async def resume_run(run_id: str, ledger: LedgerDep, token: OperateToken) -> RunInfo:
     """Hand out this run's tasks again."""
-    return await audited(ledger, token, "runs.resume", run_id, lambda session: _info(runs.set_status(session, run_id, "active")))
+    return await audited(ledger, token, "runs.resume", run_id, lambda session: _info(runs.set_status(session, run_id, RunStatus.active)))
 
 
 @router.post("/runs/{run_id}/evaluations", status_code=201, responses=NOT_FOUND)
@@ -118,7 +118,7 @@ async def post_evaluation(run_id: str, body: EvaluationRequest, ledger: LedgerDe
 async def list_tasks(
     ledger: LedgerDep,
     run_id: Annotated[str | None, Query(max_length=64)] = None,
-    status: Literal["open", "leased", "submitted"] | None = None,
+    status: TaskStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> list[TaskOut]:

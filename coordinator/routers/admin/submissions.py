@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import Query
 from sqlalchemy.orm import Session
@@ -13,7 +13,7 @@ from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, 
 from coordinator.routers.admin.nodes import Reason
 from coordinator.services import receipts, validation
 from shared.committee import AdminReceipt, PublicReceipt
-from shared.schemas import INT32_MAX, Address, UtcTime
+from shared.schemas import INT32_MAX, Address, SubmissionStatus, UtcTime
 
 router = admin_router("submissions")
 
@@ -22,7 +22,7 @@ router = admin_router("submissions")
 async def list_submissions(
     ledger: LedgerDep,
     run_id: Annotated[str | None, Query(max_length=64)] = None,
-    status: Literal["pending", "accepted", "rejected", "expired", "invalidated"] | None = None,
+    status: SubmissionStatus | None = None,
     address: Address | None = None,
     since: UtcTime | None = None,
     until: UtcTime | None = None,

@@ -1,0 +1,82 @@
+"""The trainer's FSDP path under ``torchrun``: two CPU ranks (Gloo) take the step one process takes
+on the same batch, and only rank 0 publishes it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from eth_account import Account
+from rich.console import Console
+from safetensors.torch import load_file
+from sqlalchemy import select
+
+from coordinator.db import make_sessionmaker
+from coordinator.models import PolicyManifest, TrainerMetrics
+from coordinator.settings import CoordinatorSettings
+from node.work import finish, generate
+from shared.models import load_model
+from shared.schemas import SamplingParams
+from shared.shardcast.origin import step_dir
+from shared.wallet import create_wallet, load_wallet
+from tests.conftest import admin_token, serve
+from tests.helpers import make_run
+from tests.test_validation import grant, joined, lease, upload
+from trainer.loop import Trainer
+from trainer.settings import TrainerSettings
+from validator.worker import Validator
+
+GROUPS = 2
+
+
+@pytest.mark.timeout(600)
+def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000)
+    with serve(settings) as served:
+        run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=2, samples=4, audit=0.0)
+        token = admin_token(served)
+        wallet = tmp_path / "trainer.json"
+        grant(served, token, create_wallet(wallet, "pw"), "trainer")
+        validator_key = Account.create()
+        grant(served, token, validator_key.address, "validator")
+        node = joined(served)
+        for _ in range(8):  # 16 groups: at least 3 with reward variance (measured in tests/test_trainer.py)
+            task = lease(served, node)
+            upload(served, node, task, finish(generate(task)).data)
+        validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=8)
+        assert validator.run(max_submissions=8) == 8
+        validator.close()
+
+        env = {**os.environ, "INTELLECT_WALLET_PASSWORD": "pw", "INTELLECT_TRAINER_GROUPS_PER_STEP": str(GROUPS), "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--", shutil.which("intellect-trainer")]
+        command += ["run", "--wallet", str(wallet), "--run", run_id, "--coordinator", served.url, "--steps", "1"]
+        command += ["--origin-dir", str(tmp_path / "origin"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+        ranks = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)  # type: ignore[arg-type]
+        assert ranks.returncode == 0, ranks.stdout[-3000:] + ranks.stderr[-3000:]
+
+        # One process, the same batch from the same cursor, the same recipe.
+        alone = Trainer(served.url, load_wallet(wallet, "pw"), run_id, tmp_path / "alone", tmp_path / "alone-ckpt", TrainerSettings(groups_per_step=GROUPS))
+        batch = alone.collect(threading.Event())
+        assert batch is not None and len(batch.groups) == GROUPS
+        alone.train_step(batch)
+        alone.close()
+
+        sharded = load_file(step_dir(tmp_path / "origin", run_id, 1) / "model.safetensors")
+        single, base = alone.model.state_dict(), load_model(alone.run_info.model)[0].state_dict()
+        moved = 0
+        for name, value in sharded.items():
+            torch.testing.assert_close(value, single[name], rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+            moved += not torch.equal(value, base[name])
+        assert moved > 0, "the step changed no weight"
+
+        with make_sessionmaker(served.engine)() as session:
+            assert [(m.step, m.signer) for m in session.scalars(select(PolicyManifest))] == [(1, alone.account.address)]
+            assert [m.step for m in session.scalars(select(TrainerMetrics))] == [1]  # rank 1 posted nothing
+        assert ranks.stdout.count("step 1: loss") == 1, ranks.stdout
+
