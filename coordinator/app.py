@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from fastapi import FastAPI
 
-from coordinator.blobs import LocalBlobStore
+from coordinator.blobs import BlobStore, LocalBlobStore, S3BlobStore
 from coordinator.body_limit import BodyLimitMiddleware, PerClientLimitMiddleware
 from coordinator.db import (
     make_engine,
@@ -72,7 +72,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     app.state.ledger = ledger = Ledger(sessions, threads=0 if engine.dialect.name == "sqlite" else settings.db_threads)
     app.state.audience = audience
     app.state.metrics = metrics
-    app.state.blobs = LocalBlobStore(settings.blob_root)
+    app.state.blobs = blob_store(settings)
     app.state.loops = loops
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     hourly = settings.registrations_per_ip_per_hour
@@ -96,3 +96,9 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
         app.include_router(router)
     app.mount("/static", page.static, name="static")
     return app
+
+
+def blob_store(settings: CoordinatorSettings) -> BlobStore:
+    if settings.blob_store == "s3":
+        return S3BlobStore(settings.s3_bucket, prefix=settings.s3_prefix, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)  # type: ignore[arg-type]
+    return LocalBlobStore(settings.blob_root)

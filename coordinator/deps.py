@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -23,6 +24,7 @@ from coordinator.services import admin_tokens
 from coordinator.services.rate_limit import RateLimiter
 from coordinator.settings import CoordinatorSettings
 from coordinator.signed import SignedRequest
+from coordinator.uploads import StagedUpload, stage
 from shared import signing
 from shared.schemas import ErrorCode
 
@@ -79,6 +81,39 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
 
     The nonce is not recorded here but by :meth:`Ledger.run_signed`, inside the request's transaction.
     """
+    claimed = _signature_headers(request, settings)
+    body = await request.body()
+    digest = await asyncio.to_thread(_sha256, body) if len(body) > LARGE_BODY else _sha256(body)
+    signed = await _verify(request, claimed, digest)
+    if body and is_json(request.headers.get("content-type")):
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError):
+            payload = None  # left for the framework's parse to refuse
+        if isinstance(payload, dict) and "address" in payload:
+            named = payload["address"]
+            if not isinstance(named, str) or named.lower() != signed.address.lower():
+                raise ApiError(401, ErrorCode.address_mismatch, "The body names an address other than the signer.")
+    return signed
+
+
+async def signed_upload(request: Request, settings: Settings) -> AsyncIterator[tuple[SignedRequest, StagedUpload]]:
+    """A signed request whose (large, binary) body is staged to a file as it arrives and hashed
+    once; the staged file is removed after the response unless the handler stored it."""
+    claimed = _signature_headers(request, settings)
+    staged = await stage(request, request.app.state.blobs.staging)
+    try:
+        yield await _verify(request, claimed, staged.sha256), staged
+    finally:
+        staged.discard()
+
+
+def _sha256(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def _signature_headers(request: Request, settings: CoordinatorSettings) -> tuple[str, int, str, str]:
+    """(claimed address, timestamp, nonce, signature), checked for form and freshness."""
     headers = request.headers
     address = headers.get(signing.HEADER_ADDRESS)
     timestamp_raw = headers.get(signing.HEADER_TIMESTAMP)
@@ -90,7 +125,6 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
         raise ApiError(
             401, ErrorCode.signature_malformed, "The timestamp must be unix seconds and the nonce 16-64 hex characters."
         )
-
     timestamp = int(timestamp_raw)
     now = time.time()
     if abs(now - timestamp) > settings.signature_window_s:
@@ -101,16 +135,15 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
             f"(allowed: ±{settings.signature_window_s} s).",
             {"server_time": now, "skew_s": round(timestamp - now, 3), "window_s": settings.signature_window_s},
         )
+    return address, timestamp, nonce, signature
 
-    body = await request.body()
-    recover = functools.partial(
-        signing.recover_signer,
-        request.method, request.url.path, request.url.query, body, timestamp, nonce, request.app.state.audience, signature,
-    )  # fmt: skip
+
+async def _verify(request: Request, claimed: tuple[str, int, str, str], body_sha256: str) -> SignedRequest:
+    address, timestamp, nonce, signature = claimed
     try:
-        # Hashing a large upload takes the event loop for a tenth of a second and more; on a thread
-        # (hashlib lets go of the GIL) every other request goes on meanwhile.
-        signer_address = await asyncio.to_thread(recover) if len(body) > LARGE_BODY else recover()
+        signer_address = signing.recover_signer(
+            request.method, request.url.path, request.url.query, body_sha256, timestamp, nonce, request.app.state.audience, signature
+        )
     except ValueError:
         raise ApiError(401, ErrorCode.signature_malformed, "The signature cannot be decoded.") from None
     if signer_address.lower() != address.lower():
@@ -119,24 +152,15 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
             ErrorCode.signature_invalid,
             "The signature does not match this request, this deployment's audience, or the claimed address.",
         )
-
     _rate_limit(request, signer_address)
-
-    if body and is_json(headers.get("content-type")):
-        try:
-            payload = json.loads(body)
-        except (ValueError, RecursionError):
-            payload = None  # left for the framework's parse to refuse
-        if isinstance(payload, dict) and "address" in payload:
-            named = payload["address"]
-            if not isinstance(named, str) or named.lower() != signer_address.lower():
-                raise ApiError(401, ErrorCode.address_mismatch, "The body names an address other than the signer.")
-
     return SignedRequest(address=signer_address, nonce=nonce, timestamp=timestamp)
 
 
 Signed = Annotated[SignedRequest, Depends(signed_request)]
 """A verified signed request; pass it to :meth:`Ledger.run_signed` so its nonce is recorded."""
+
+SignedUpload = Annotated[tuple[SignedRequest, StagedUpload], Depends(signed_upload)]
+"""A verified signed request and its body, staged in a file (for rollout uploads)."""
 
 
 def require_admin(scope: str):  # type: ignore[no-untyped-def]

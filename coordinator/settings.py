@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 from sqlalchemy import make_url
 
@@ -80,9 +81,25 @@ class CoordinatorSettings(RoleSettings):
     max_header_bytes: int = Field(32 << 10, ge=4096)
     """Most bytes a request's line and headers may take; more get 431 and the connection is closed."""
 
+    blob_store: Literal["local", "s3"] = "local"
+    """Where rollout files are kept: ``local`` (a directory, ``blob_dir``) or ``s3`` (a bucket of an
+    S3-compatible service, ``s3_*``; credentials from the usual ``AWS_*`` variables or ``~/.aws``)."""
+
     blob_dir: Path | None = None
     """Directory of the local blob store that keeps rollout files; by default ``blobs/`` beside the
     SQLite ledger, or ``~/.intellect/blobs`` with PostgreSQL."""
+
+    s3_bucket: str | None = None
+    """The bucket of the ``s3`` blob store (it must exist)."""
+
+    s3_prefix: str = ""
+    """Key prefix under which this deployment's rollout files go, to share a bucket."""
+
+    s3_endpoint_url: str | None = None
+    """The S3-compatible service, e.g. ``http://minio:9000``; None: AWS S3 itself."""
+
+    s3_region: str | None = None
+    """The bucket's region, where the service needs one."""
 
     relay_ttl_s: float = Field(90.0, gt=0)
     """A relay not heard from for this long drops out of the list clients download from."""
@@ -158,6 +175,12 @@ class CoordinatorSettings(RoleSettings):
 
     min_node_version: str = "0.1.0"
     """Oldest node client version allowed to register and heartbeat."""
+
+    @model_validator(mode="after")
+    def _s3_needs_a_bucket(self) -> CoordinatorSettings:
+        if self.blob_store == "s3" and not self.s3_bucket:
+            raise ValueError("blob_store s3 needs s3_bucket (INTELLECT_S3_BUCKET)")
+        return self
 
     @property
     def blob_root(self) -> Path:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from coordinator.deps import LedgerDep, Settings, Signed
+from coordinator.deps import LedgerDep, Settings, Signed, SignedUpload
 from coordinator.services import runs, submissions
 from shared.schemas import ErrorBody, LeaseRequest, SubmissionReceipt, TaskSpec
 
@@ -44,17 +43,14 @@ async def lease(body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings:
         422: {"model": ErrorBody},
     },
 )
-async def submit(
-    request: Request, task: Annotated[str, Query(max_length=64)], signed: Signed, ledger: LedgerDep
-) -> SubmissionReceipt:
+async def submit(request: Request, task: Annotated[str, Query(max_length=64)], upload: SignedUpload, ledger: LedgerDep) -> SubmissionReceipt:
     """Upload a rollout file (Parquet, the raw body) for a leased task; the signature covers its hash."""
-    data = await request.body()
-    digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
-    expected = await ledger.run(submissions.expected_file, signed.address, task, digest, datetime.now(UTC))
+    signed, staged = upload
+    expected = await ledger.run(submissions.expected_file, signed.address, task, staged.sha256, datetime.now(UTC))
     rollouts = None
     if expected is not None:
-        rollouts = await asyncio.to_thread(submissions.parse, data, expected)
-        await asyncio.to_thread(request.app.state.blobs.put, expected.blob_key, data)
-    receipt = await ledger.run_signed(signed, submissions.record, task, digest, rollouts, datetime.now(UTC))
+        rollouts = await asyncio.to_thread(lambda: submissions.parse(staged.path.read_bytes(), expected))
+        await asyncio.to_thread(request.app.state.blobs.put_file, expected.blob_key, staged.path)
+    receipt = await ledger.run_signed(signed, submissions.record, task, staged.sha256, rollouts, datetime.now(UTC))
     request.app.state.work_arrived.notify()
     return receipt

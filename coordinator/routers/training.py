@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
+from coordinator.blob_response import blob_response
 from coordinator.deps import LedgerDep, Signed
 from coordinator.services import training
 from shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
@@ -33,7 +34,7 @@ async def accepted_rollouts(
 @router.get("/submissions/{submission_id}/file", responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}})
 async def accepted_file(submission_id: str, request: Request, signed: Signed, ledger: LedgerDep) -> Response:
     key = await ledger.run_signed(signed, training.accepted_file_key, submission_id)
-    return Response(request.app.state.blobs.get(key), media_type="application/octet-stream")
+    return await blob_response(request, key)
 
 
 @router.post("/metrics", status_code=204, responses={404: {"model": ErrorBody}})

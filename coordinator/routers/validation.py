@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request, Response
 
+from coordinator.blob_response import blob_response
 from coordinator.deps import LedgerDep, Settings, Signed
 from coordinator.services import receipts, validation
 from shared.committee import PublicReceipt
@@ -44,7 +45,7 @@ async def claim(body: ClaimRequest, request: Request, signed: Signed, ledger: Le
 async def submission_file(submission_id: str, request: Request, signed: Signed, ledger: LedgerDep) -> Response:
     """The rollout file of a submission this validator holds a live assignment to judge."""
     submission, _ = await ledger.run_signed(signed, validation.claimed, submission_id, datetime.now(UTC))
-    return Response(request.app.state.blobs.get(submission.blob_key), media_type="application/octet-stream")
+    return await blob_response(request, submission.blob_key)
 
 
 @router.post("/verdicts", response_model=PublicReceipt, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})

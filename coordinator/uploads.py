@@ -1,0 +1,69 @@
+"""An upload's body written to a staging file as it arrives, hashed on the way, never whole in memory.
+
+Parts of the body are gathered up to a mebibyte, then written and hashed on a worker thread
+(hashlib and file writes let go of the GIL), so the event loop only moves small buffers and every
+other request goes on meanwhile. The digest is the one the request's signature covers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.requests import Request
+
+from coordinator.blobs import BlobStoreUnavailable
+
+PIECE = 1 << 20
+
+
+@dataclass(frozen=True)
+class StagedUpload:
+    path: Path
+    sha256: str
+    size: int
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+async def stage(request: Request, directory: Path) -> StagedUpload:
+    """The request's body in a new file under ``directory``; the file is removed if the body never
+    arrives whole (client gone, body too large or too slow)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=directory, prefix="upload-")
+    except OSError as e:
+        raise BlobStoreUnavailable(f"cannot stage an upload under {directory}: {e}") from e
+    path, digest, size = Path(name), hashlib.sha256(), 0
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pending: list[bytes] = []
+            held = 0
+            async for part in request.stream():
+                pending.append(part)
+                held += len(part)
+                if held >= PIECE:
+                    await asyncio.to_thread(_write, f, digest, pending)
+                    size, pending, held = size + held, [], 0
+            if pending:
+                await asyncio.to_thread(_write, f, digest, pending)
+                size += held
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise BlobStoreUnavailable(f"cannot stage an upload under {directory}: {e}") from e
+        raise
+    return StagedUpload(path, digest.hexdigest(), size)
+
+
+def _write(f, digest, parts: list[bytes]) -> None:  # type: ignore[no-untyped-def]
+    for part in parts:
+        digest.update(part)
+        f.write(part)
