@@ -4,29 +4,52 @@ N simulated nodes with real keys register, then send signed heartbeats. Measured
   1. sustained throughput: as fast as C connections allow, for signed heartbeats and for an
      unsigned no-op endpoint (GET /v1/public/time) through the same server;
   2. latency at a fixed offered load (open loop, default 500/s), for both.
+  3. with ``--uploads U``: latency at the same offered load while U clients each upload 64 MiB
+     signed bodies back to back (the largest a node may send), for the code of ``--before REV``
+     (run from a git worktree) and for this tree, one after the other; the p99 ratio prints last.
 Requests are signed before the clock starts: real nodes sign on their own machines, and
 here the load generator shares the server's two cores.
 
     python bench/heartbeats.py --nodes 1000 --seconds 10 --rate 500
+    python bench/heartbeats.py --nodes 200 --seconds 10 --rate 200 --uploads 4 --before REV
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import os
+import secrets
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 from eth_account import Account
 
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _http import build_request, closed_loop, open_loop  # noqa: E402
 
-from devnet.processes import migrate, start_coordinator  # noqa: E402
-from shared.signing import SignedAuth, sign_request  # noqa: E402
+from devnet.processes import Process, migrate, start_coordinator  # noqa: E402
+from shared.signing import (  # noqa: E402
+    HEADER_ADDRESS,
+    HEADER_NONCE,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    SignedAuth,
+    canonical_request,
+    sign_request,
+    sign_text,
+)
 from shared.version import __version__  # noqa: E402
 
 
@@ -65,76 +88,149 @@ def summarize(label: str, elapsed: float, latencies: list[float], statuses: dict
     return row
 
 
+@contextmanager
+def coordinator_of(workdir: Path, source: Path | None) -> Iterator[Process]:
+    """A coordinator on a fresh SQLite ledger, running the code under ``source`` (None: this tree)."""
+    env = {"PYTHONPATH": str(source)} if source is not None else {}
+    url = f"sqlite:///{workdir / 'ledger.db'}"
+    migrate(url, workdir / "logs" / "migrate.log")
+    # The limiter is per address; lift it so the bench measures the server, not the policy.
+    coordinator = start_coordinator(
+        workdir, url, env={**env, "INTELLECT_RATE_LIMIT_PER_S": "1000000", "INTELLECT_RATE_LIMIT_BURST": "1000000",
+                           # every simulated node registers from loopback: one client IP to the coordinator
+                           "INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "1000000", "INTELLECT_MAX_CONNECTIONS_PER_IP": "100000"}
+    )  # fmt: skip
+    try:
+        yield coordinator
+    finally:
+        coordinator.stop()
+
+
+def register(url: str, count: int) -> tuple[list, str]:
+    audience = httpx.get(f"{url}/v1/public/status").json()["audience"]
+    accounts = [Account.create() for _ in range(count)]
+    print(f"registering {count} nodes ...", flush=True)
+    with httpx.Client(base_url=url) as client:
+        for account in accounts:
+            client.post(
+                "/v1/nodes/register",
+                json={
+                    "address": account.address,
+                    "specs": {"cpu_cores": 2, "ram_bytes": 1 << 34, "disk_free_bytes": 1 << 36},
+                    "client_version": __version__,
+                },
+                auth=SignedAuth(account, audience),
+            ).raise_for_status()
+    return accounts, audience
+
+
+class Uploader(threading.Thread):
+    """Sends signed 64 MiB uploads back to back on one keep-alive connection until ``stop``."""
+
+    def __init__(self, host: str, port: int, heads: list[bytes], body: bytes, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.address, self.heads, self.body, self.stop = (host, port), heads, body, stop
+        self.done = 0
+
+    def run(self) -> None:
+        with socket.create_connection(self.address) as sock, sock.makefile("rb") as replies:
+            for head in self.heads:
+                if self.stop.is_set():
+                    return
+                sock.sendall(head)
+                sock.sendall(self.body)
+                length = 0
+                while (line := replies.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                replies.read(length)
+                self.done += 1
+
+
+def upload_heads(accounts: list, audience: str, host: str, body: bytes, count: int) -> list[bytes]:
+    """Request heads for ``body`` uploaded to a task nobody leased: the server receives, hashes and
+    checks the signature of every byte before it refuses it (404), as for any upload."""
+    digest = hashlib.sha256(body).hexdigest()
+    heads = []
+    for i in range(count):
+        account, nonce, timestamp = accounts[i % len(accounts)], secrets.token_hex(16), int(time.time())
+        text = canonical_request("POST", "/v1/submissions", "task=none", digest, timestamp, nonce, audience)
+        headers = {HEADER_ADDRESS: account.address, HEADER_TIMESTAMP: str(timestamp), HEADER_NONCE: nonce, HEADER_SIGNATURE: sign_text(account, text)}
+        lines = ["POST /v1/submissions?task=none HTTP/1.1", f"host: {host}", f"content-length: {len(body)}", "content-type: application/octet-stream"]
+        heads.append(("\r\n".join(lines + [f"{k}: {v}" for k, v in headers.items()]) + "\r\n\r\n").encode())
+    return heads
+
+
+def under_uploads(source: Path | None, workdir: Path, args: argparse.Namespace) -> dict:
+    """Heartbeat latency at ``--rate`` while ``--uploads`` clients send 64 MiB uploads."""
+    with coordinator_of(workdir, source) as coordinator:
+        host = coordinator.url.removeprefix("http://")
+        hostname, port = host.split(":")
+        accounts, audience = register(coordinator.url, args.nodes)
+        beats = heartbeat_requests(accounts, audience, host, int(args.seconds * args.rate))
+        body = os.urandom(64 << 20)
+        stop = threading.Event()
+        uploaders = [Uploader(hostname, int(port), upload_heads(accounts, audience, host, body, 200), body, stop) for _ in range(args.uploads)]
+        for u in uploaders:
+            u.start()
+        time.sleep(1.0)  # the uploads are flowing
+        try:
+            row = summarize(f"signed heartbeat, {args.uploads} uploading", *asyncio.run(open_loop(hostname, int(port), beats, args.rate, args.connections)))
+        finally:
+            stop.set()
+            for u in uploaders:
+                u.join(60)
+        row["uploads"] = sum(u.done for u in uploaders)
+        print(f"{'':<34} {row['uploads']} uploads of 64 MiB answered meanwhile")
+        return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000, help="simulated nodes, each with its own key")
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each measured phase")
     parser.add_argument("--rate", type=float, default=500.0, help="offered load for the latency phase, requests/s")
     parser.add_argument("--connections", type=int, default=32, help="keep-alive connections of the load generator")
+    parser.add_argument("--uploads", type=int, default=0, help="measure heartbeats under this many concurrent 64 MiB uploaders instead")
+    parser.add_argument("--before", help="with --uploads: a git revision measured first, as the baseline")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        url = f"sqlite:///{workdir / 'ledger.db'}"
-        migrate(url, workdir / "logs" / "migrate.log")
-        # The limiter is per address; lift it so the bench measures the server, not the policy.
-        coordinator = start_coordinator(
-            workdir, url, env={"INTELLECT_RATE_LIMIT_PER_S": "1000000", "INTELLECT_RATE_LIMIT_BURST": "1000000",
-                               # every simulated node registers from loopback: one client IP to the coordinator
-                               "INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "1000000", "INTELLECT_MAX_CONNECTIONS_PER_IP": "100000"}
-        )
-        try:
-            host = coordinator.url.removeprefix("http://")
-            hostname, port = host.split(":")
-            audience = httpx.get(f"{coordinator.url}/v1/public/status").json()["audience"]
-            accounts = [Account.create() for _ in range(args.nodes)]
-            print(f"registering {args.nodes} nodes ...", flush=True)
-            with httpx.Client(base_url=coordinator.url) as client:
-                for account in accounts:
-                    client.post(
-                        "/v1/nodes/register",
-                        json={
-                            "address": account.address,
-                            "specs": {"cpu_cores": 2, "ram_bytes": 1 << 34, "disk_free_bytes": 1 << 36},
-                            "client_version": __version__,
-                        },
-                        auth=SignedAuth(account, audience),
-                    ).raise_for_status()
+    if args.uploads:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = {}
+            if args.before:
+                tree = Path(tmp) / "before-src"
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True, capture_output=True)
+                try:
+                    print(f"before ({args.before}):")
+                    rows["before"] = under_uploads(tree, Path(tmp) / "before", args)
+                finally:
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+            print("this tree:")
+            rows["after"] = under_uploads(None, Path(tmp) / "after", args)
+        if "before" in rows:
+            b, a = rows["before"], rows["after"]
+            print(f"\nheartbeat p99 under {args.uploads} uploaders: before {b['p99_ms']:.1f} ms, after {a['p99_ms']:.1f} ms")
+            print(f"ratio p99 before/after: {b['p99_ms'] / a['p99_ms']:.2f}")
+        return
 
-            sustained_n = int(args.seconds * 2000)
-            latency_n = int(args.seconds * args.rate)
-            print(f"signing {sustained_n + latency_n} heartbeats ...", flush=True)
-            signed = heartbeat_requests(accounts, audience, host, sustained_n + latency_n)
-            noop = [build_request("GET", "/v1/public/time", host)] * max(sustained_n, latency_n)
+    with tempfile.TemporaryDirectory() as tmp, coordinator_of(Path(tmp), None) as coordinator:
+        host = coordinator.url.removeprefix("http://")
+        hostname, port = host.split(":")
+        accounts, audience = register(coordinator.url, args.nodes)
+        sustained_n = int(args.seconds * 2000)
+        latency_n = int(args.seconds * args.rate)
+        print(f"signing {sustained_n + latency_n} heartbeats ...", flush=True)
+        signed = heartbeat_requests(accounts, audience, host, sustained_n + latency_n)
+        noop = [build_request("GET", "/v1/public/time", host)] * max(sustained_n, latency_n)
 
-            rows = []
-            print(f"\nphase 1: sustained, {args.connections} connections")
-            rows.append(
-                summarize(
-                    "no-op (unsigned, no database)",
-                    *asyncio.run(closed_loop(hostname, int(port), noop[:sustained_n], args.connections)),
-                )
-            )
-            rows.append(
-                summarize(
-                    "signed heartbeat", *asyncio.run(closed_loop(hostname, int(port), signed[:sustained_n], args.connections))
-                )
-            )
-            print(f"\nphase 2: open loop at {args.rate:.0f}/s offered")
-            rows.append(
-                summarize(
-                    "no-op (unsigned, no database)",
-                    *asyncio.run(open_loop(hostname, int(port), noop[:latency_n], args.rate, args.connections)),
-                )
-            )
-            rows.append(
-                summarize(
-                    "signed heartbeat",
-                    *asyncio.run(open_loop(hostname, int(port), signed[sustained_n:], args.rate, args.connections)),
-                )
-            )
-        finally:
-            coordinator.stop()
+        rows = []
+        print(f"\nphase 1: sustained, {args.connections} connections")
+        rows.append(summarize("no-op (unsigned, no database)", *asyncio.run(closed_loop(hostname, int(port), noop[:sustained_n], args.connections))))
+        rows.append(summarize("signed heartbeat", *asyncio.run(closed_loop(hostname, int(port), signed[:sustained_n], args.connections))))
+        print(f"\nphase 2: open loop at {args.rate:.0f}/s offered")
+        rows.append(summarize("no-op (unsigned, no database)", *asyncio.run(open_loop(hostname, int(port), noop[:latency_n], args.rate, args.connections))))
+        rows.append(summarize("signed heartbeat", *asyncio.run(open_loop(hostname, int(port), signed[sustained_n:], args.rate, args.connections))))
 
     print("\ntargets: >= 1000 signed heartbeats/s sustained, p99 < 50 ms at 500/s offered")
     print(f"signed heartbeats/s sustained: {rows[1]['per_s']:.0f}; p99 at {args.rate:.0f}/s: {rows[3]['p99_ms']:.1f} ms")
