@@ -92,6 +92,7 @@ def summarize(label: str, elapsed: float, latencies: list[float], statuses: dict
 def coordinator_of(workdir: Path, source: Path | None) -> Iterator[Process]:
     """A coordinator on a fresh SQLite ledger, running the code under ``source`` (None: this tree)."""
     env = {"PYTHONPATH": str(source)} if source is not None else {}
+    workdir.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{workdir / 'ledger.db'}"
     migrate(url, workdir / "logs" / "migrate.log")
     # The limiter is per address; lift it so the bench measures the server, not the policy.

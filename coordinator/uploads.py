@@ -56,7 +56,7 @@ async def stage(request: Request, directory: Path) -> StagedUpload:
                 size += held
     except BaseException as e:
         with contextlib.suppress(OSError):
-            path.unlink(missing_ok=True)
+            await asyncio.to_thread(path.unlink, missing_ok=True)
         if isinstance(e, OSError):
             raise BlobStoreUnavailable(f"cannot stage an upload under {directory}: {e}") from e
         raise
