@@ -149,7 +149,7 @@ class CoordinatorClient:
         reply = self._send("POST", "/v1/tasks/lease", body=body)
         if reply.status_code == 204:
             return WorkWait(
-                reason=reply.headers.get("x-intellect-wait", "no_run"),  # type: ignore[arg-type]
+                reason=reply.headers.get("x-intellect-wait", "no_run"),
                 message=reply.headers.get("x-intellect-wait-message", "the coordinator has no work now"),
                 retry_after_s=float(reply.headers.get("retry-after", "5")),
             )
@@ -242,7 +242,7 @@ class CoordinatorClient:
             if self.stop.is_set():
                 raise Stopped(f"stopped before {method} {path} was answered")
             try:
-                reply = self.http.request(method, path, content=content, params=params, headers=headers, auth=auth, timeout=timeout)  # type: ignore[arg-type]
+                reply = self.http.request(method, path, content=content, params=params, headers=headers, auth=auth, timeout=timeout)
             except httpx.TransportError as e:
                 problem, retry_after = f"cannot reach the coordinator at {self.base_url} ({type(e).__name__}: {e or 'no detail'})", None
                 self.unreachable_since = self.unreachable_since or time.monotonic()

@@ -34,7 +34,7 @@ class Completion:
         return {**self.__dict__, "hidden": self.hidden.contiguous().view(torch.int16).numpy()}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state, hidden=torch.from_numpy(state["hidden"]).view(torch.bfloat16))  # type: ignore[arg-type]
+        self.__dict__.update(state, hidden=torch.from_numpy(state["hidden"]).view(torch.bfloat16))
 
 
 class InferenceBackend(Protocol):

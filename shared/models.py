@@ -31,7 +31,8 @@ def load_model(
     """
     name_or_path = resolve_model(name_or_path)
     local = Path(name_or_path).is_dir()
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, local_files_only=local).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, local_files_only=local)
+    model = model.to(device).eval()  # type: ignore[arg-type]  # transformers wraps `to` in a decorator mypy misreads
     return model, load_tokenizer(name_or_path)
 
 

@@ -9,6 +9,7 @@ strict reader of Thrift's compact protocol that refuses anything malformed, deep
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow.parquet as pq
@@ -65,7 +66,7 @@ class _Compact:
             raise PageHeaderError("page header field runs past its column chunk")
         self.pos += n
 
-    def fields(self, depth: int):  # type: ignore[no-untyped-def]
+    def fields(self, depth: int) -> Iterator[tuple[int, int]]:
         """Yield (field id, type) of a struct until its stop byte; the caller reads or skips each value."""
         if depth > MAX_DEPTH:
             raise PageHeaderError(f"page header nests deeper than {MAX_DEPTH}")

@@ -106,7 +106,7 @@ def train(out: Path, seed: int, target: float, max_steps: int, batch_size: int, 
     torch.manual_seed(seed)
     rng = random.Random(seed)
     held_rng = random.Random(seed + 1)
-    held_out = [make_problem(held_rng) for _ in range(128)]
+    stopping_set = [make_problem(held_rng) for _ in range(128)]  # decides when training stops; held_out() reports
 
     tokenizer = build_tokenizer()
     model = build_model(tokenizer)
@@ -128,7 +128,7 @@ def train(out: Path, seed: int, target: float, max_steps: int, batch_size: int, 
             # Accuracy jumps quickly once the carries click: look closely near the target.
             if step % (eval_every if accuracy < target / 2 else max(1, eval_every // 5)) == 0:
                 model.eval()
-                accuracy = greedy_accuracy(model, tokenizer, held_out)
+                accuracy = greedy_accuracy(model, tokenizer, stopping_set)
                 progress.console.log(f"step {step}: loss {loss.item():.3f}, held-out greedy accuracy {accuracy:.3f}")
                 if accuracy >= target:
                     break

@@ -30,6 +30,14 @@ from shared.serving import server_config
 os.environ.setdefault("INTELLECT_WALLET_PASSWORD", "test-password")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test module marked neither ``unit`` nor ``e2e`` is ``integration``: the stages run
+    ``-m unit``, ``-m integration``, ``-m e2e``, and every test is in exactly one."""
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in ("unit", "e2e")):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """A PostgreSQL server of our own on a free loopback port; yields its admin URL."""

@@ -13,6 +13,8 @@ import pytest
 from devnet.chaos import CHAOS_COORDINATOR_ENV, FAULTS, audit, drain, published, wait_until
 from devnet.network import start_network
 
+pytestmark = pytest.mark.e2e
+
 RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "4", "--max-tokens", "48"]
 
 

@@ -19,6 +19,8 @@ from devnet.processes import start_coordinator
 from tests.conftest import _new_database
 from tests.helpers import chromium
 
+pytestmark = pytest.mark.e2e
+
 
 @dataclass
 class Devnet:

@@ -19,6 +19,8 @@ from shared.environments.math import MathVerifier
 from shared.environments.registry import Problem, get_environment, reward
 from shared.environments.sandbox import Limits
 
+pytestmark = pytest.mark.unit
+
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
 
 

@@ -18,6 +18,8 @@ from shared.schemas import SamplingParams
 from shared.tiny_model import prompt_ids
 from shared.toploc import build_proofs, rollout_passes, verify_proofs
 
+pytestmark = pytest.mark.unit
+
 torch.set_num_threads(1)
 
 

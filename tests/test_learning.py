@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 
 from devnet.network import start_network
 from shared.models import load_model
 from shared.shardcast.origin import step_dir
 from shared.tiny_model import greedy_accuracy, held_out
+
+pytestmark = pytest.mark.e2e
 
 STEPS = 6
 

@@ -4,10 +4,13 @@ and the status panel says why nodes get no new work."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from tests.conftest import Served, admin_token
 from tests.helpers import chromium, make_run
+
+pytestmark = pytest.mark.e2e
 
 
 def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from shared.rollout_file import SCHEMA, ReadLimits, Rollout, RolloutFileError, read_rollouts, shape_error, write_rollouts
 
+pytestmark = pytest.mark.unit
+
 
 def rollout(**changes: object) -> Rollout:
     base = Rollout(

@@ -17,6 +17,8 @@ from node.inference.vllm_backend import (
 from shared.sampling import gumbel_noise, nucleus_mask, replay, sample
 from shared.schemas import SamplingParams
 
+pytestmark = pytest.mark.unit
+
 
 def test_noise_is_fixed_and_independent_of_the_batch() -> None:
     alone = gumbel_noise(torch.tensor([7]), torch.tensor([3]), 50)

@@ -8,6 +8,8 @@ import pytest
 
 from coordinator.settings import CoordinatorSettings
 
+pytestmark = pytest.mark.unit
+
 
 def test_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

@@ -16,6 +16,8 @@ from devnet.network import Network
 from devnet.processes import Process, admin_token, create_run, migrate, script, spawn, start_coordinator
 from shared.wallet import create_wallet
 
+pytestmark = pytest.mark.e2e
+
 PROMPT_S = 10.0
 
 

@@ -17,6 +17,8 @@ from shared.toploc import (
     verify_proofs,
 )
 
+pytestmark = pytest.mark.unit
+
 GEN = torch.Generator().manual_seed(1234)
 
 

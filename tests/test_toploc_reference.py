@@ -12,6 +12,8 @@ import torch
 from shared.toploc import build_proofs, chunk_sizes, rollout_passes, verify_proofs
 from tests.test_toploc import split_error_chunk
 
+pytestmark = pytest.mark.unit
+
 reference = pytest.importorskip("toploc.poly", reason="the reference toploc package could not be built here")
 
 

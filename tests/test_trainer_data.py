@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from shared.rollout_file import Rollout
 from trainer.data import Batch, add_submission
+
+pytestmark = pytest.mark.unit
 
 
 def rollout(prompt: str, step: int, task_reward: float) -> Rollout:

@@ -32,6 +32,8 @@ from trainer.loop import Trainer
 from trainer.settings import TrainerSettings
 from validator.worker import Validator
 
+pytestmark = pytest.mark.e2e
+
 GROUPS = 2
 
 

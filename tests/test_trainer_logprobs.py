@@ -10,6 +10,8 @@ import torch
 from shared.models import TINY_MODEL_DIR, load_model
 from trainer.logprobs import sequence_logprobs
 
+pytestmark = pytest.mark.unit
+
 
 def full_distribution(model, prompts, completions, temperature):  # type: ignore[no-untyped-def]
     """The definition: log_softmax over the whole vocabulary at every completion position, in fp32."""

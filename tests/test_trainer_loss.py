@@ -9,6 +9,8 @@ import torch
 
 from trainer.loss import LossSettings, group_advantages, grpo_loss
 
+pytestmark = pytest.mark.unit
+
 S = LossSettings()  # delta 4, eps 0.2 / 0.2
 
 

@@ -22,6 +22,8 @@ from shared.schemas import SamplingParams, TaskSpec
 from tests.adversary import ATTACKS, MODEL, TOKENIZER, inflated_rewards
 from validator.checks import CheckSettings, Context, Verdict, validate
 
+pytestmark = pytest.mark.unit
+
 torch.set_num_threads(1)
 
 ENVIRONMENT = get_environment("arithmetic")

@@ -87,7 +87,7 @@ def run_python(files: dict[str, str], script: str, stdin: str = "", limits: Limi
             (workdir / name).write_text(content)
         out_path = workdir / ".stdout"
         with open(out_path, "wb") as out:
-            as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+            root = os.geteuid() == 0
             process = subprocess.Popen(
                 _limited(limits, _command(workdir, [interpreter(), "-I", "-B", str(workdir / script)])),
                 cwd=workdir,
@@ -96,7 +96,9 @@ def run_python(files: dict[str, str], script: str, stdin: str = "", limits: Limi
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={"PATH": "/usr/bin:/bin"},
-                **as_nobody,
+                user=NOBODY if root else None,
+                group=NOBODY if root else None,
+                extra_groups=[] if root else None,
             )
             try:
                 process.communicate(stdin.encode(), timeout=limits.wall_s)
