@@ -65,17 +65,23 @@ def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite
         # One process, the same batch from the same cursor, the same recipe.
         alone = Trainer(served.url, load_wallet(wallet, "pw"), run_id, tmp_path / "alone", tmp_path / "alone-ckpt", TrainerSettings(groups_per_step=GROUPS))
         batch = alone.collect(threading.Event())
-        assert batch is not None and len(batch.groups) == GROUPS
+        assert batch is not None and len(batch.groups) >= GROUPS  # whole submissions: the same batch the ranks took
         alone.train_step(batch)
         alone.close()
 
         sharded = load_file(step_dir(tmp_path / "origin", run_id, 1) / "model.safetensors")
         single, base = alone.model.state_dict(), load_model(alone.run_info.model)[0].state_dict()
-        moved = 0
+        # Compared as updates: reduction order differs between an all-reduce and one process, and
+        # Adam scales a weight's update by its own gradient's size, so where a gradient is almost
+        # zero the rounding shows elementwise. Over a tensor the two updates agree to 1e-3.
+        assert set(sharded) == set(single)
         for name, value in sharded.items():
-            torch.testing.assert_close(value, single[name], rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
-            moved += not torch.equal(value, base[name])
-        assert moved > 0, "the step changed no weight"
+            ours, theirs = value - base[name], single[name] - base[name]
+            if theirs.norm() == 0:
+                assert ours.norm() == 0, name
+                continue
+            assert float((ours - theirs).norm() / theirs.norm()) < 1e-3, name
+        assert any(not torch.equal(single[n], base[n]) for n in single), "the step changed no weight"
 
         with make_sessionmaker(served.engine)() as session:
             assert [(m.step, m.signer) for m in session.scalars(select(PolicyManifest))] == [(1, alone.account.address)]

@@ -75,3 +75,24 @@ def test_group_advantages() -> None:
     advantages = group_advantages(rewards, groups)
     assert advantages[:4].tolist() == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-5)
     assert advantages[4:].tolist() == [0.0, 0.0, 0.0]  # no spread, no signal
+
+
+@pytest.mark.parametrize("constant", [None, 64])
+def test_data_parallel_parts_average_to_the_whole_batch_gradient(constant: int | None) -> None:
+    """Under FSDP each rank takes every other sequence and the gradients are averaged: with
+    ``share`` the average is the single-process gradient, whatever each part's token count."""
+    torch.manual_seed(0)
+    logp = torch.randn(6, 5, requires_grad=True)
+    behaviour, advantages = logp.detach() + 0.1 * torch.randn(6, 5), torch.randn(6)
+    mask = torch.rand(6, 5) > 0.3
+    mask[0::2, 3:] = False  # the parts hold different numbers of tokens
+    settings = LossSettings(constant_normaliser=constant)
+    (whole,) = torch.autograd.grad(grpo_loss(logp, behaviour, advantages, mask, settings)[0], logp)
+
+    def averaged(share: tuple[float, int] | None) -> torch.Tensor:
+        parts = [grpo_loss(logp[r::2], behaviour[r::2], advantages[r::2], mask[r::2], settings, share=share)[0] for r in (0, 1)]
+        return sum(torch.autograd.grad(part, logp)[0] for part in parts) / 2  # type: ignore[return-value]
+
+    torch.testing.assert_close(averaged((float(mask.sum()), 2)), whole)
+    if constant is None:
+        assert not torch.allclose(averaged(None), whole)  # each part normalised by its own tokens is not the batch's gradient
