@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session
 
 from coordinator.models import ContributionEntry, PolicyManifest, Role, Run, Submission, Task
 from coordinator.settings import CoordinatorSettings
-from shared.schemas import RoleName, RunStatus, SubmissionStatus, TaskStatus, WorkWait
+from shared.schemas import RoleName, WorkWait
+from shared.states import RunStatus, SubmissionStatus, TaskStatus
 
 NO_RUN = WorkWait(reason="no_run", message="this coordinator has no run yet; its operator creates one", retry_after_s=30)
 

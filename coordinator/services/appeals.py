@@ -18,7 +18,8 @@ from coordinator.models import Appeal, Run, Submission
 from coordinator.services import committee
 from coordinator.settings import CoordinatorSettings
 from shared.committee import AppealInfo, AppealRequest
-from shared.schemas import AppealStatus, ErrorCode, SubmissionStatus
+from shared.schemas import ErrorCode
+from shared.states import AppealStatus, SubmissionStatus
 
 DAY = timedelta(days=1)
 

@@ -35,7 +35,8 @@ from coordinator.services import accountability, consequences, roles
 from coordinator.settings import CoordinatorSettings
 from shared.committee import Outcome, Purpose
 from shared.run_schemas import AuditPolicy
-from shared.schemas import AppealStatus, RoleName, SubmissionStatus
+from shared.schemas import RoleName
+from shared.states import AppealStatus, SubmissionStatus
 
 ASSIGN_SCAN = 256
 """Most waiting reviews drawn for at each claim: bounds one claim's work whatever the backlog."""

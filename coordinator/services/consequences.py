@@ -21,7 +21,8 @@ from coordinator.models import Node, NodeStrike, Submission
 from coordinator.services import credit, nodes
 from coordinator.settings import CoordinatorSettings
 from shared.committee import Outcome
-from shared.schemas import NodeStatus, SubmissionStatus
+from shared.schemas import NodeStatus
+from shared.states import SubmissionStatus
 
 STRIKES_BAN = "strikes (forged or corrupted work, or repeated wrong work)"
 

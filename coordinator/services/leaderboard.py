@@ -16,7 +16,8 @@ from coordinator.services import admission, nodes, shardcast
 from coordinator.settings import CoordinatorSettings
 from shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
 from shared.run_schemas import RunInfo
-from shared.schemas import NodeStatus, RunStatus, SubmissionStatus
+from shared.schemas import NodeStatus
+from shared.states import RunStatus, SubmissionStatus
 
 REJECTED = (SubmissionStatus.rejected, SubmissionStatus.invalidated)
 

@@ -24,7 +24,8 @@ from shared.environments.length import LengthBudget
 from shared.environments.registry import ENVIRONMENTS, get_environment
 from shared.rollout_file import shape_error
 from shared.run_schemas import AuditPolicy
-from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, RunStatus, SamplingParams, TaskSpec, TaskStatus, WorkWait
+from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec, WorkWait
+from shared.states import RunStatus, TaskStatus
 
 
 @cache

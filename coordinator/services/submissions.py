@@ -20,7 +20,8 @@ from coordinator.models import Run, Submission, Task
 from coordinator.services import committee
 from coordinator.services.runs import params_of
 from shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
-from shared.schemas import ErrorCode, SubmissionReceipt, SubmissionStatus, TaskStatus, sequence_seed
+from shared.schemas import ErrorCode, SubmissionReceipt, sequence_seed
+from shared.states import SubmissionStatus, TaskStatus
 
 
 def receipt(submission: Submission) -> SubmissionReceipt:

@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session
 from coordinator.errors import ApiError
 from coordinator.models import ContributionEntry, Evaluation, Run, Submission, Task, TrainerMetrics
 from coordinator.services import roles
-from shared.schemas import AcceptedRollouts, ErrorCode, RoleName, SubmissionStatus, TrainerMetricsRequest
+from shared.schemas import AcceptedRollouts, ErrorCode, RoleName, TrainerMetricsRequest
+from shared.states import SubmissionStatus
 
 
 def accepted_after(session: Session, signer: str, run_id: str, after: int, limit: int, now: datetime) -> list[AcceptedRollouts]:

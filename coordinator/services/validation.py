@@ -23,7 +23,8 @@ from coordinator.models import Review, Run, Submission, Task
 from coordinator.services import committee, consequences, credit, roles
 from coordinator.services.runs import spec
 from coordinator.settings import CoordinatorSettings
-from shared.schemas import Claim, ClaimRequest, ErrorCode, RoleName, SubmissionStatus, VerdictRequest
+from shared.schemas import Claim, ClaimRequest, ErrorCode, RoleName, VerdictRequest
+from shared.states import SubmissionStatus
 from shared.verdicts import verdict_signer
 
 

@@ -15,7 +15,8 @@ from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, 
 from coordinator.services import runs
 from shared.environments.length import LengthBudget
 from shared.run_schemas import EvaluationRequest, RunCreate, RunInfo, RunSettings
-from shared.schemas import DEFAULT_MODEL, INT32_MAX, ErrorBody, RunStatus, SamplingParams, TaskStatus
+from shared.schemas import DEFAULT_MODEL, INT32_MAX, ErrorBody, SamplingParams
+from shared.states import RunStatus, TaskStatus
 
 router = admin_router("runs and tasks")
 

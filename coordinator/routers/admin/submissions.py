@@ -13,7 +13,8 @@ from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, 
 from coordinator.routers.admin.nodes import Reason
 from coordinator.services import receipts, validation
 from shared.committee import AdminReceipt, PublicReceipt
-from shared.schemas import INT32_MAX, Address, SubmissionStatus, UtcTime
+from shared.schemas import INT32_MAX, Address, UtcTime
+from shared.states import SubmissionStatus
 
 router = admin_router("submissions")
 
