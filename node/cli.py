@@ -20,7 +20,7 @@ from rich.table import Table
 
 from node.client import NodeError
 from node.hardware import probe, problems
-from node.inference.vllm_backend import engine_problems, installed_engine
+from node.inference.vllm_backend import close_engine, engine_problems, installed_engine
 from node.settings import NodeSettings
 from shared.schemas import checksum_address
 from shared.urls import url_problem
@@ -33,9 +33,9 @@ from shared.wallet import (
 )
 
 STOP_DEADLINE_S = 8.0
+"""After SIGTERM or Ctrl-C the node exits within this long, whatever it was doing."""
 ONE_SHOT_GIVE_UP_S = 30.0
 """How long a one-shot command (receipts, appeal) waits out an unreachable or busy coordinator."""
-"""After SIGTERM or Ctrl-C the node exits within this long, whatever it was doing."""
 
 
 def _force_exit() -> None:
@@ -142,6 +142,8 @@ def join(
         console.print("Stopped.")
     except NodeError as e:
         raise _fail(str(e), e.exit_code) from None
+    finally:
+        close_engine()
 
 
 @app.command()

@@ -70,10 +70,11 @@ def engine_for(model_path: str, eos_token_id: int, dtype: str | None = None, **e
     return _engine[0]
 
 
-def close_engine() -> None:
-    """Stop the process's engine, if one runs (its processes would otherwise be killed at exit)."""
+def close_engine(grace_s: float = 1.0) -> None:
+    """Stop the process's engine, if one runs: its processes get ``grace_s`` after SIGTERM, then
+    are killed. It holds nothing durable; left to exit, vLLM would wait 5 s."""
     while _engine:
-        _engine.pop().llm.llm_engine.engine_core.shutdown()
+        _engine.pop().llm.llm_engine.engine_core.shutdown(timeout=grace_s)
 
 
 class VllmBackend:
