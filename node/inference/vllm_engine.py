@@ -75,7 +75,10 @@ def _keep_logit_rows(module: torch.nn.Module, args: tuple) -> None:
 
 def validate(params: VllmParams) -> None:
     """Refuse, at admission, a request of ours that vLLM would not run as greedy over our scores."""
-    spec = Seeded.of(params)
+    try:
+        spec = Seeded.of(params)
+    except TypeError as error:
+        raise VLLMValidationError(f"extra_args[{KEY!r}] is not a sampling spec: {error}") from None
     if spec is not None and (params.temperature != 0 or params.n != 1):
         raise VLLMValidationError(f"{KEY} requests run with temperature 0 and n 1 (the processor samples)")
 
@@ -86,20 +89,19 @@ def choose(logits: torch.Tensor, rows: list[int], specs: list[Seeded], positions
     ``logits``: ``[logits rows, vocab]`` float32. A negative position is a row that samples
     nothing we keep (an intermediate prefill chunk): it is left alone.
     """
-    hidden = _step_hidden[0]
+    hidden, _step_hidden[0] = _step_hidden[0], None  # this step's rows, never a later step's
     kept = [(row, spec, position) for row, spec, position in zip(rows, specs, positions) if position >= 0]
     if not kept:
         return
+    # The row sampling generated position p was produced by feeding generated token p - 1.
+    fed = [(row, spec, position - 1) for row, spec, position in kept if position > 0]
+    if fed and hidden is not None and hidden.shape[0] == logits.shape[0]:
+        states = hidden[[row for row, _, _ in fed]].to("cpu", torch.bfloat16)
+        for (_, spec, position), state in zip(fed, states):
+            RECORDS.setdefault(spec.id, Record()).hidden[position] = state
     by_params: dict[tuple[float, float], list[tuple[int, Seeded, int]]] = {}
     for item in kept:
         by_params.setdefault((item[1].temperature, item[1].top_p), []).append(item)
-    if hidden is not None and hidden.shape[0] == logits.shape[0]:
-        fed_rows = [row for row, _, position in kept if position > 0]
-        states = hidden[fed_rows].to("cpu", torch.bfloat16) if fed_rows else None
-        fed = iter(range(len(fed_rows)))
-        for _, spec, position in kept:
-            if position > 0 and states is not None:
-                RECORDS.setdefault(spec.id, Record()).hidden[position - 1] = states[next(fed)]
     for (temperature, top_p), items in by_params.items():
         index = torch.tensor([row for row, _, _ in items], device=logits.device)
         seeds = torch.tensor([spec.seed for _, spec, _ in items], dtype=torch.int64, device=logits.device)
