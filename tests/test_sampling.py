@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from node.inference.vllm_backend import (
-    SeededLogitsProcessor,
-    VllmBackend,
-    record_hidden_states,
-    vllm_sampling_kwargs,
-)
 from shared.sampling import gumbel_noise, nucleus_mask, replay, sample
-from shared.schemas import SamplingParams
 
 pytestmark = pytest.mark.unit
 
@@ -74,69 +66,3 @@ def test_replay_rederives_each_token() -> None:
     drawn = [int(sample(logits[i : i + 1], torch.tensor([99]), torch.tensor([i]), 0.8, 0.95)[0]) for i in range(30)]
     assert replay(logits, 99, 0.8, 0.95).tolist() == drawn
     assert replay(logits, 98, 0.8, 0.95).tolist() != drawn
-
-
-def test_vllm_pure_parts() -> None:
-    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12, stop_on_eos=True)
-    kwargs = vllm_sampling_kwargs(params, eos_token_id=2)
-    assert kwargs["temperature"] == 0.0 and kwargs["max_tokens"] == 12 and kwargs["stop_token_ids"] == [2]
-    assert vllm_sampling_kwargs(params.model_copy(update={"stop_on_eos": False}), 2)["ignore_eos"] is True
-
-    torch.manual_seed(1)
-    logits = torch.randn(6, 40)
-    processor = SeededLogitsProcessor(seed=5, params=params)
-    generated: list[int] = []
-    for step in range(6):
-        generated.append(int(processor(generated, logits[step]).argmax()))
-    assert generated == replay(logits, 5, 0.7, 0.9).tolist()
-    expected = (logits / 0.7).log_softmax(-1).gather(-1, torch.tensor(generated)[:, None])[:, 0]
-    assert torch.allclose(torch.tensor(processor.logprobs), expected)
-
-
-
-def _group(processor: SeededLogitsProcessor | None, seq_outputs: dict[int, int], sample_indices: list[int]) -> SimpleNamespace:
-    """A stand-in for one of vLLM's ``SequenceGroupToSample`` (vLLM cannot be installed here)."""
-    return SimpleNamespace(
-        seq_ids=list(seq_outputs),
-        sample_indices=sample_indices,
-        seq_data={i: SimpleNamespace(get_output_len=lambda n=n: n) for i, n in seq_outputs.items()},
-        sampling_params=SimpleNamespace(logits_processors=[processor] if processor else None),
-    )
-
-
-def test_vllm_hidden_states_follow_their_sequences_through_batching_and_recompute() -> None:
-    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8)
-    a, b = SeededLogitsProcessor(1, params), SeededLogitsProcessor(2, params)
-    states = torch.arange(24.0).reshape(8, 3)
-    # Step 1: a and b are fresh prompts (their rows commit nothing); a third request has no processor.
-    step1 = SimpleNamespace(
-        selected_token_indices=torch.tensor([2, 5, 7]),
-        seq_groups=[_group(a, {10: 0}, [0]), _group(None, {11: 0}, [1]), _group(b, {12: 0}, [2])],
-    )
-    record_hidden_states(states, step1)
-    assert a.hidden == {} and b.hidden == {}
-    # Step 2: decode rows in another order; b carries prompt-logprob rows before its sample row.
-    step2 = SimpleNamespace(
-        selected_token_indices=torch.tensor([0, 1, 2, 3]),
-        seq_groups=[_group(b, {12: 1}, [2]), _group(a, {10: 1}, [3])],
-    )
-    record_hidden_states(states, step2)
-    assert a.hidden[0].tolist() == [9, 10, 11] and b.hidden[0].tolist() == [6, 7, 8]
-    # a is preempted and recomputed as a prompt after two more tokens: its row is position 2.
-    step3 = SimpleNamespace(selected_token_indices=torch.tensor([4]), seq_groups=[_group(a, {10: 3}, [0])])
-    record_hidden_states(states, step3)
-    with pytest.raises(ValueError, match=r"positions \[1\]"):
-        a.take_hidden(4, 3)
-    a.record_hidden(1, torch.zeros(3))
-    assert a.take_hidden(4, 3).tolist() == [[9, 10, 11], [0, 0, 0], [12, 13, 14]]
-    assert b.take_hidden(1, 3).shape == (0, 3) and b.take_hidden(2, 3).dtype == torch.bfloat16
-
-
-def test_vllm_backend_without_the_extra_says_how_to_install_it() -> None:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match=r"\[vllm\] extra"):
-            VllmBackend("shared/assets/tiny-arith", eos_token_id=2)
-    else:
-        pytest.skip("vLLM is installed: the engine itself is exercised on GPU nodes")
