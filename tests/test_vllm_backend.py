@@ -101,6 +101,13 @@ def test_new_policy_weights_load_into_the_running_engine(engine: VllmBackend, tm
     assert [c.tokens for c in new] != [c.tokens for c in old]
 
 
+def test_a_one_token_completion_commits_no_state(engine: VllmBackend) -> None:
+    prompts, seeds = prompts_and_seeds(8)
+    (completion,) = engine.generate(prompts[:1], seeds[:1], SamplingParams(temperature=1.0, max_tokens=1))
+    assert len(completion.tokens) == len(completion.logprobs) == 1
+    assert completion.hidden.shape == (0, 128) and completion.hidden.dtype == torch.bfloat16
+
+
 def test_requests_of_ours_must_leave_sampling_to_the_processor(engine: VllmBackend) -> None:
     import vllm
     from vllm.exceptions import VLLMValidationError

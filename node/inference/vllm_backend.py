@@ -20,6 +20,7 @@ from dataclasses import asdict
 from importlib import metadata
 from typing import Any
 
+import numpy as np
 import torch
 
 from shared.inference import Completion
@@ -153,7 +154,7 @@ class VllmBackend:
                 Completion(
                     tokens=generated,
                     logprobs=logprobs,
-                    hidden=torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).reshape(-1, self.hidden_size),
+                    hidden=torch.from_numpy(np.frombuffer(raw, dtype=np.int16).copy()).view(torch.bfloat16).reshape(-1, self.hidden_size),
                     finish_reason="stop" if finish == "stop" else "length",
                 )
             )
