@@ -20,7 +20,6 @@ from rich.table import Table
 
 from node.client import NodeError
 from node.hardware import probe, problems
-from node.inference.vllm_backend import close_engine, engine_problems, installed_engine
 from node.settings import NodeSettings
 from shared.schemas import checksum_address
 from shared.urls import url_problem
@@ -143,6 +142,8 @@ def join(
     except NodeError as e:
         raise _fail(str(e), e.exit_code) from None
     finally:
+        from node.inference.vllm_backend import close_engine
+
         close_engine()
 
 
@@ -154,6 +155,8 @@ def check(
     state_dir: StateDir = None,
 ) -> None:
     """Print what this machine offers and whether it can join; exits 1 when something critical is missing."""
+    from node.inference.vllm_backend import engine_problems, installed_engine
+
     settings = NodeSettings(**({"state_dir": state_dir} if state_dir else {}))
     specs = probe(settings.state_dir)
     table = Table("item", "found", title="This machine")
