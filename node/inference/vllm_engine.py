@@ -16,8 +16,8 @@ so they live wherever the model does: in the calling process when
   chunked prefill (intermediate chunks sample nothing we keep), preemption (the request is
   prefilled again) and batch reordering cannot misalign them.
 - :class:`ProofRecorder` joins vLLM's worker: ``collective_rpc("intellect_install")`` hooks the
-  model, ``intellect_reload`` swaps in a policy step's weights, ``intellect_take`` hands records back. Both carry only
-  plain data, so they cross vLLM's process boundary without pickled code.
+  model, ``intellect_reload`` swaps in a policy step's weights, ``intellect_take`` hands records
+  back. All carry only plain data, so they cross vLLM's process boundary without pickled code.
 
 Two model runners call processors through different interfaces; :class:`SeededSampler` serves
 both, so the same class works whichever runner vLLM picks for the device.
