@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -142,9 +143,11 @@ def join(
     except NodeError as e:
         raise _fail(str(e), e.exit_code) from None
     finally:
-        from node.inference.vllm_backend import close_engine
-
-        close_engine()
+        # Only a vLLM node has an engine to close; importing the module now would load torch while
+        # the node's threads wind down (that segfaulted a node on SIGTERM).
+        engines = sys.modules.get("node.inference.vllm_backend")
+        if engines is not None:
+            engines.close_engine()
 
 
 @app.command()
