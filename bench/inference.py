@@ -92,7 +92,7 @@ def engines(name: str, model: torch.nn.Module, model_dir: Path, prompts: list[li
         served = engine.generate(prompts, seeds, params)
         vllm_rate = sum(len(c.tokens) for c in served) / (time.perf_counter() - start)
     finally:
-        engine.llm.llm_engine.engine_core.shutdown(timeout=1.0)
+        engine.close()
     same = sum(a.tokens == b.tokens for a, b in zip(served, reference))
 
     start = time.perf_counter()

@@ -75,7 +75,7 @@ def close_engine(grace_s: float = 1.0) -> None:
     """Stop the process's engine, if one runs: its processes get ``grace_s`` after SIGTERM, then
     are killed. It holds nothing durable; left to exit, vLLM would wait 5 s."""
     while _engine:
-        _engine.pop().llm.llm_engine.engine_core.shutdown(timeout=grace_s)
+        _engine.pop().close(grace_s)
 
 
 class VllmBackend:
@@ -121,6 +121,10 @@ class VllmBackend:
             self.llm.collective_rpc("intellect_reload", args=(model_path,))
             self.llm.reset_prefix_cache()  # cached prompt states belong to the old weights
             self.model_path = model_path
+
+    def close(self, grace_s: float = 1.0) -> None:
+        """Stop the engine's processes: SIGTERM, then a kill after ``grace_s``."""
+        self.llm.llm_engine.engine_core.shutdown(timeout=grace_s)
 
     def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]:
         if len(prompts) != len(seeds):
