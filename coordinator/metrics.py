@@ -7,6 +7,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shared.run_schemas import StepTiming
+
 
 class Metrics:
     """One registry per app, so several apps in one process (tests) do not collide."""
@@ -27,6 +29,17 @@ class Metrics:
         self.status_transitions = Counter(
             "intellect_node_status_transitions", "Status changes made by the status loop", registry=self.registry
         )
+        self.step = Gauge("intellect_policy_step", "The last policy step with a timing, per run", ["run"], registry=self.registry)
+        self.step_seconds = Gauge(
+            "intellect_policy_step_seconds", "Where the last policy step's wall clock went, per run and phase", ["run", "phase"],
+            registry=self.registry,
+        )  # fmt: skip
+
+    def record_step(self, run_id: str, timing: StepTiming) -> None:
+        self.step.labels(run_id).set(timing.step)
+        for phase, seconds in timing.model_dump().items():
+            if phase.endswith("_s") and seconds is not None:
+                self.step_seconds.labels(run_id, phase.removesuffix("_s")).set(seconds)
 
 
 class MetricsMiddleware:

@@ -156,6 +156,8 @@ class Task(Base):
     leased_to: Mapped[str | None] = mapped_column(String(42))
     lease_expires_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
+    leased_at: Mapped[datetime | None]
+    """When its current (last) lease began: where the time a node spends on it starts."""
     params: Mapped[dict[str, Any] | None]
     """The run's sampling settings when the task was made, so a later run update never changes
     what an outstanding task is checked against (None: tasks older than this column)."""
@@ -182,6 +184,8 @@ class Submission(Base):
     """pending (awaiting its validators' verdicts), accepted, rejected, expired (stale before it was
     checked: no penalty), or invalidated (by an admin, after acceptance)."""
     created_at: Mapped[datetime]
+    upload_started_at: Mapped[datetime | None]
+    """When its upload's first byte arrived (``created_at``: when it was stored and recorded)."""
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     outcome: Mapped[str | None] = mapped_column(String(8))
     """What its validators last decided (accept, soft or hard; None before any decision): kept while
@@ -368,6 +372,8 @@ class TrainerMetrics(Base):
     step: Mapped[int] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]]
     created_at: Mapped[datetime]
+    cursor: Mapped[int | None] = mapped_column(Integer)
+    """The trainer's read position after this step (a credit entry id)."""
 
 
 class Evaluation(Base):

@@ -13,6 +13,7 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from starlette.requests import Request
@@ -27,6 +28,8 @@ class StagedUpload:
     path: Path
     sha256: str
     size: int
+    started_at: datetime
+    """When the body's first byte arrived."""
 
     def discard(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -35,6 +38,7 @@ class StagedUpload:
 async def stage(request: Request, directory: Path) -> StagedUpload:
     """The request's body in a new file under ``directory``; the file is removed if the body never
     arrives whole (client gone, body too large or too slow)."""
+    started_at = datetime.now(UTC)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=directory, prefix="upload-")
@@ -60,7 +64,7 @@ async def stage(request: Request, directory: Path) -> StagedUpload:
         if isinstance(e, OSError):
             raise BlobStoreUnavailable(f"cannot stage an upload under {directory}: {e}") from e
         raise
-    return StagedUpload(path, digest.hexdigest(), size)
+    return StagedUpload(path, digest.hexdigest(), size, started_at)
 
 
 def _write(f, digest, parts: list[bytes]) -> None:  # type: ignore[no-untyped-def]

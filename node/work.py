@@ -108,6 +108,11 @@ def run_task(task: TaskSpec, backend: BackendKind = "torch") -> TaskResult:
 
 def generate(task: TaskSpec, backend_kind: BackendKind = "torch", dtype: Dtype = "float32") -> Generated:
     backend, tokenizer = backend_for(task.model, backend_kind, dtype)
+    return generate_with(backend, tokenizer, task)
+
+
+def generate_with(backend: InferenceBackend, tokenizer: PreTrainedTokenizerBase, task: TaskSpec) -> Generated:
+    """``task``'s completions from ``backend`` (whatever weights it holds, whatever ``task.model`` says)."""
     rows = assigned_rows(task, problems_for(task.environment), tokenizer)
     start = time.perf_counter()
     completions = backend.generate([r.prompt_tokens for r in rows], [r.seed for r in rows], task.sampling)
@@ -115,10 +120,21 @@ def generate(task: TaskSpec, backend_kind: BackendKind = "torch", dtype: Dtype =
 
 
 def finish(generated: Generated) -> TaskResult:
+    rollouts = score(generated, build_proofs_batch([c.hidden for c in generated.completions]))
+    return TaskResult(
+        data=write_rollouts(rollouts, generated.numerics),
+        rollouts=len(rollouts),
+        tokens=sum(len(r.completion_tokens) for r in rollouts),
+        mean_reward=sum(r.reward for r in rollouts) / len(rollouts),
+        generate_s=generated.generate_s,
+    )
+
+
+def score(generated: Generated, proofs: list[bytes]) -> list[Rollout]:
+    """The task's rollouts: each completion with its environment reward, length penalty and proof."""
     task, budget = generated.task, generated.budget
     tokenizer = load_tokenizer(task.model)
     environment = environment_for(task.environment)
-    proofs = build_proofs_batch([c.hidden for c in generated.completions])
     rollouts = []
     for row, completion, proof in zip(generated.rows, generated.completions, proofs, strict=True):
         text = tokenizer.decode(completion.tokens, skip_special_tokens=True)
@@ -142,10 +158,4 @@ def finish(generated: Generated) -> TaskResult:
                 proofs=proof,
             )
         )
-    return TaskResult(
-        data=write_rollouts(rollouts, generated.numerics),
-        rollouts=len(rollouts),
-        tokens=sum(len(r.completion_tokens) for r in rollouts),
-        mean_reward=sum(r.reward for r in rollouts) / len(rollouts),
-        generate_s=generated.generate_s,
-    )
+    return rollouts

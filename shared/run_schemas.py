@@ -109,3 +109,33 @@ class EvaluationRequest(BaseModel):
 
     step: int = Field(ge=0, le=INT32_MAX)
     metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(max_length=64)
+
+
+class StepTiming(BaseModel):
+    """Where one policy step's wall clock went, from the coordinator's own timestamps.
+
+    The step is made from the accepted work the trainer read for it (its cursor range). Phase
+    times of that work are means over its submissions; the two trainer phases split the
+    interval since the previous step, so ``trainer_wait_s + training_s == interval_s``.
+    """
+
+    step: int
+    interval_s: float
+    """From the previous step's registration (the run's first lease for step 1) to this one's."""
+    node_s: float | None
+    """Lease to first upload byte: the node's queue, any weight download, generation and proofs."""
+    upload_s: float | None
+    """First upload byte to stored and recorded."""
+    validation_s: float | None
+    """Recorded to accepted (claims, checks and audits): when the trainer may read it."""
+    trainer_wait_s: float
+    """The trainer waiting for the last submission it needed to be accepted."""
+    training_s: float
+    """The trainer's update and publication after its batch was complete."""
+    submissions: int
+    """Accepted submissions the step read."""
+    expired: int
+    """Submissions the network let go stale during the interval (no validator looked at them)."""
+    expired_tokens: int
+    dropped_stale: float | None = None
+    """Groups the trainer dropped as too old for its window (its own count)."""

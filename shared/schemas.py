@@ -361,6 +361,9 @@ class TrainerMetricsRequest(Request):
     run_id: str = Field(max_length=64)
     step: int = Field(ge=1, le=INT32_MAX)
     metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(max_length=64)
+    cursor: int | None = Field(None, ge=0, le=INT32_MAX)
+    """The trainer's read position after this step: it learned from the accepted work after the
+    previous step's cursor up to this one (where the coordinator's step timing comes from)."""
 
 
 def sequence_seed(task_seed: int, index: int) -> int:

@@ -1,7 +1,8 @@
 """Accepted rollouts, from the coordinator's cursor to the groups a policy version trains on.
 
 A group is every sample of one prompt in one task (same prompt, one seed per sample). Groups
-are dropped when their policy is older than the async window allows (stale) or when their
+are dropped when their policy is older than the async window allows (stale), when the offline
+filter's pass-rate range excludes their prompt, or, by INTELLECT-2's online filter, when their
 task rewards do not vary (no signal: the length penalty alone would make advantages non-zero).
 """
 
@@ -59,8 +60,14 @@ def fetch_accepted(api: CoordinatorClient, run_id: str, after: int, oldest_step:
 
 
 def add_submission(
-    batch: Batch, rollouts: list[Rollout] | None, oldest_step: int, keep_prompt: Callable[[str], bool] = lambda _: True
+    batch: Batch,
+    rollouts: list[Rollout] | None,
+    oldest_step: int,
+    keep_prompt: Callable[[str], bool] = lambda _: True,
+    online_filter: bool = True,
 ) -> None:
+    """Group ``rollouts`` (None: a stale submission, unread) into ``batch``, counting what is dropped;
+    ``online_filter``: drop groups without reward variance (off: they fill the batch at zero advantage)."""
     if rollouts is None:
         batch.stale += 1
         return
@@ -73,7 +80,7 @@ def add_submission(
             batch.stale += 1
         elif not keep_prompt(key[1]):
             batch.off_range += 1
-        elif not group.has_signal:
+        elif online_filter and not group.has_signal:
             batch.flat += 1
         else:
             batch.groups.append(group)

@@ -15,7 +15,6 @@ and a step whose manifest was not registered yet is registered on restart.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from pathlib import Path
@@ -31,9 +30,8 @@ from shared.schemas import TrainerMetricsRequest
 from shared.shardcast.manifest import SignedManifest
 from shared.shardcast.origin import publish_step, step_dir
 from trainer.data import Batch, add_submission, fetch_accepted
-from trainer.distributed import clip_grad_norm, full_state_dict, placement, shard
-from trainer.logprobs import sequence_logprobs
-from trainer.loss import group_advantages, grpo_loss
+from trainer.distributed import full_state_dict, placement
+from trainer.learner import Learner
 from trainer.settings import TrainerSettings
 
 log = logging.getLogger("intellect.trainer")
@@ -81,11 +79,10 @@ class Trainer:
             self.model.gradient_checkpointing_enable()
         self.problems = {p.id: p for p in get_environment(self.run_info.environment).problems()}
         self.where = placement()
-        self.module = shard(self.model, self.where)
-        """What the loss runs through: the model itself, or its FSDP wrapper under torchrun."""
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+        temperature = self.run_info.sampling.temperature  # node logprobs are of logits / T: the ratio must use the same T
+        self.learner = Learner(self.model, self.settings, temperature, self.where, self.state.optimizer_steps)
         if saved:
-            self.optimizer.load_state_dict(saved["optimizer"])
+            self.learner.optimizer.load_state_dict(saved["optimizer"])
         if self.state.manifest is not None and self.where.leader:
             self._register(SignedManifest.model_validate_json(self.state.manifest))
 
@@ -104,7 +101,7 @@ class Trainer:
                     return None
                 continue
             for entry, rollouts in entries:
-                add_submission(batch, rollouts, oldest, self._in_pass_range)
+                add_submission(batch, rollouts, oldest, self._in_pass_range, self.settings.online_filter)
                 batch.untrained += len(entry.untrained_rows) if rollouts is not None else 0
                 batch.cursor = entry.cursor
                 if len(batch.groups) >= self.settings.groups_per_step:
@@ -117,68 +114,15 @@ class Trainer:
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """The optimizer steps of one policy version; returns its metrics."""
-        everything = [r for g in batch.groups for r in g.rollouts]
-        group_ids = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g.rollouts])
-        all_advantages = group_advantages(torch.tensor([r.reward for r in everything]), group_ids, self.settings.loss.advantage_eps)
-        # Data parallel under FSDP: each rank takes every world_size-th sequence of the batch.
-        rank, world = self.where.rank, self.where.world_size
-        rollouts, advantages = everything[rank::world], all_advantages[rank::world]
-        longest = max(len(r.completion_tokens) for r in rollouts)
-        behaviour = torch.zeros(len(rollouts), longest)
-        for i, r in enumerate(rollouts):
-            behaviour[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
-        prompts, completions = [r.prompt_tokens for r in rollouts], [r.completion_tokens for r in rollouts]
-        share = (float(sum(len(r.completion_tokens) for r in everything)), world)
-        metrics: dict[str, float] = {}
-        skipped = 0
-        for _ in range(self.settings.optimizer_steps):
-            self._set_lr()
-            # Node logprobs are log_softmax(logits / T) at the run's temperature: the ratio must use the same T.
-            logp, entropy, mask = sequence_logprobs(self.module, prompts, completions, self.run_info.sampling.temperature)
-            loss, stats = grpo_loss(
-                logp, behaviour.to(logp.device), advantages.to(logp.device), mask, self.settings.loss, entropy=entropy, share=share
-            )
-            self.optimizer.zero_grad()
-            loss.backward()
-            grad_norm = float(clip_grad_norm(self.module, self.settings.max_grad_norm))
-            if not math.isfinite(grad_norm):
-                # One non-finite value would poison every weight; the norm is global under FSDP, so
-                # every rank skips the same step.
-                self.optimizer.zero_grad()
-                skipped += 1
-                continue
-            self.optimizer.step()
-            self.state.optimizer_steps += 1
-            metrics = {
-                "loss": stats.loss, "clip_low": stats.clip_low, "clip_high": stats.clip_high, "clip_delta": stats.clip_delta,
-                "ratio_mean": stats.ratio_mean, "entropy": stats.entropy, "grad_norm": grad_norm,
-            }  # fmt: skip
-        step = self.state.step + 1
-        metrics |= {
-            "reward": sum(r.reward for r in everything) / len(everything),
-            "task_reward": sum(r.task_reward for r in everything) / len(everything),
-            "length": sum(len(r.completion_tokens) for r in everything) / len(everything),
-            "staleness": sum(step - 1 - g.policy_step for g in batch.groups) / len(batch.groups),
-            "groups": float(len(batch.groups)),
-            "dropped_stale": float(batch.stale),
-            "dropped_flat": float(batch.flat),
-            "dropped_off_range": float(batch.off_range),
-            "dropped_untrained_rows": float(batch.untrained),
-            "skipped_nonfinite": float(skipped),
-        }
+        metrics = self.learner.step(batch, self.state.step)
+        self.state.optimizer_steps = self.learner.optimizer_steps
         return metrics
-
-    def _set_lr(self) -> None:
-        warm = self.settings.warmup_steps
-        scale = min(1.0, (self.state.optimizer_steps + 1) / warm) if warm else 1.0
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.settings.lr * scale
 
     def publish(self, batch: Batch, metrics: dict[str, float]) -> SignedManifest | None:
         """Write step N + 1, checkpoint, register it (the leader; other ranks only advance)."""
         step = self.state.step + 1
         directory = step_dir(self.origin_dir, self.run_id, step)
-        gathered = full_state_dict(self.module, self.where)
+        gathered = full_state_dict(self.learner.module, self.where)
         if not self.where.leader:
             self.state = self.state.model_copy(update={"step": step, "cursor": batch.cursor})
             return None
@@ -194,10 +138,12 @@ class Trainer:
             consumed=[*self.state.consumed, (step, self.state.cursor, batch.cursor)],
         )
         tmp = self.checkpoint_dir / f".{CHECKPOINT}.tmp"
-        torch.save({"state": self.state.model_dump(), "optimizer": self.optimizer.state_dict()}, tmp)
+        torch.save({"state": self.state.model_dump(), "optimizer": self.learner.optimizer.state_dict()}, tmp)
         tmp.replace(self.checkpoint_dir / CHECKPOINT)
         self._register(signed)
-        body = TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
+        body = TrainerMetricsRequest(
+            address=self.account.address, run_id=self.run_id, step=step, metrics=metrics, cursor=batch.cursor
+        )
         self.api.trainer_metrics(body)
         return signed
 

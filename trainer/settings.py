@@ -32,6 +32,9 @@ class TrainerSettings(RoleSettings):
     """Offline filter: train on prompts whose dataset pass rate is at least this (INTELLECT-2: 0.1), when one is given."""
     pass_rate_max: float = Field(1.0, ge=0, le=1)
     """... and at most this (INTELLECT-2: 0.8)."""
+    online_filter: bool = True
+    """Online filter (INTELLECT-2): leave out groups whose task rewards do not vary, so every group in
+    a batch carries a learning signal; off, such groups fill the batch with zero advantage."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (real models on GPU)."""
     poll_interval_s: float = Field(1.0, gt=0)

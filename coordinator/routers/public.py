@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
-from coordinator.services import accountability, credit, leaderboard, nodes, receipts, runs, training
+from coordinator.services import accountability, credit, leaderboard, nodes, receipts, runs, step_timing, training
 from shared.committee import PublicReceipt, ValidatorStanding
 from shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
-from shared.run_schemas import RunInfo, RunProgress
+from shared.run_schemas import RunInfo, RunProgress, StepTiming
 from shared.schemas import Address, ErrorBody, PublicStatus
 from shared.version import __version__
 
@@ -74,6 +74,12 @@ async def run_progress(run_id: str, ledger: LedgerDep) -> RunProgress:
         return RunProgress(submissions=training.run_stats(session, run_id), steps=steps, evaluations=evaluations)
 
     return await ledger.run(read)
+
+
+@router.get("/runs/{run_id}/step-timing", response_model=list[StepTiming], responses={404: {"model": ErrorBody}})
+async def run_step_timing(run_id: str, ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> list[StepTiming]:
+    """Where each of the last ``limit`` policy steps' wall clock went: node, upload, validation, the trainer."""
+    return await ledger.run(step_timing.step_timings, run_id, limit)
 
 
 @router.get("/runs", response_model=list[RunInfo])

@@ -51,6 +51,8 @@ async def submit(request: Request, task: Annotated[str, Query(max_length=64)], u
     if expected is not None:
         rollouts = await asyncio.to_thread(lambda: submissions.parse(staged.path.read_bytes(), expected))
         await asyncio.to_thread(request.app.state.blobs.put_file, expected.blob_key, staged.path)
-    receipt = await ledger.run_signed(signed, submissions.record, task, staged.sha256, rollouts, datetime.now(UTC))
+    receipt = await ledger.run_signed(
+        signed, submissions.record, task, staged.sha256, rollouts, datetime.now(UTC), staged.started_at
+    )
     request.app.state.work_arrived.notify()
     return receipt

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from coordinator.blob_response import blob_response
 from coordinator.deps import LedgerDep, Signed
-from coordinator.services import training
+from coordinator.services import step_timing, training
 from shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
 
 router = APIRouter(
@@ -38,6 +38,9 @@ async def accepted_file(submission_id: str, request: Request, signed: Signed, le
 
 
 @router.post("/metrics", status_code=204, responses={404: {"model": ErrorBody}})
-async def post_metrics(body: TrainerMetricsRequest, signed: Signed, ledger: LedgerDep) -> None:
-    """One policy step's summary (loss, rewards, lengths, clip fractions...) for the leaderboard."""
+async def post_metrics(body: TrainerMetricsRequest, request: Request, signed: Signed, ledger: LedgerDep) -> None:
+    """One policy step's summary (loss, rewards, lengths, clip fractions...) for the leaderboard;
+    the step's timing is exported to Prometheus as it completes."""
     await ledger.run_signed(signed, training.record_metrics, body, datetime.now(UTC))
+    for timing in await ledger.run(step_timing.step_timings, body.run_id, 1):
+        request.app.state.metrics.record_step(body.run_id, timing)

@@ -167,6 +167,7 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
         session.add(task)
     task.status = TaskStatus.leased
     task.leased_to = signer
+    task.leased_at = now
     task.lease_expires_at = now + timedelta(seconds=settings.task_lease_s)
     return spec(run, task)
 

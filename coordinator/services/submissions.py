@@ -85,9 +85,18 @@ def parse(data: bytes, expected: ExpectedFile) -> list[Rollout]:
     return rollouts
 
 
-def record(session: Session, signer: str, task_id: str, digest: str, rollouts: list[Rollout] | None, now: datetime) -> SubmissionReceipt:
+def record(
+    session: Session,
+    signer: str,
+    task_id: str,
+    digest: str,
+    rollouts: list[Rollout] | None,
+    now: datetime,
+    upload_started_at: datetime | None = None,
+) -> SubmissionReceipt:
     """Record a stored file, parsed by :func:`parse`, for a task leased to ``signer`` (the lease is
-    checked again: it may have ended meanwhile); the same file again gets the same receipt."""
+    checked again: it may have ended meanwhile); the same file again gets the same receipt.
+    ``upload_started_at``: when its upload began (default ``now``)."""
     expected = expected_file(session, signer, task_id, digest, now)
     if expected is None or rollouts is None:
         existing = session.scalar(select(Submission).where(Submission.task_id == task_id))
@@ -107,6 +116,7 @@ def record(session: Session, signer: str, task_id: str, digest: str, rollouts: l
         prompt_tokens=sum(len(r.prompt_tokens) for r in rollouts),
         status=SubmissionStatus.pending,
         created_at=now,
+        upload_started_at=upload_started_at or now,
     )
     session.add(submission)
     session.flush()

@@ -54,10 +54,10 @@ def record_metrics(session: Session, signer: str, body: TrainerMetricsRequest, n
         raise ApiError(404, ErrorCode.not_found, f"No run {body.run_id}.")
     row = session.scalar(select(TrainerMetrics).where(TrainerMetrics.run_id == body.run_id, TrainerMetrics.step == body.step))
     if row is None:
-        row = TrainerMetrics(run_id=body.run_id, step=body.step, metrics=body.metrics, created_at=now)
+        row = TrainerMetrics(run_id=body.run_id, step=body.step, metrics=body.metrics, created_at=now, cursor=body.cursor)
         session.add(row)
     else:
-        row.metrics = body.metrics  # a restarted trainer reposting its step
+        row.metrics, row.cursor = body.metrics, body.cursor  # a restarted trainer reposting its step
     return row
 
 

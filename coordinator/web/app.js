@@ -1,6 +1,6 @@
 // The leaderboard page: plain DOM, no dependencies, every string set as text (node-supplied data is untrusted).
 const REFRESH_MS = 5000;
-const COLORS = ["#0b57d0", "#b3261e", "#146c2e", "#7d5260"];
+const COLORS = ["#0b57d0", "#b3261e", "#146c2e", "#7d5260", "#8a5a00", "#006a6a"];
 const state = { sort: { key: "rank", dir: "ascending" }, search: "", runId: null };
 
 function h(tag, attrs = {}, ...children) {
@@ -78,7 +78,11 @@ function lineChart(title, series, xLabel) {
 const stepAxis = { name: "policy step", format: (x) => fmt.num(x) };
 const timeAxis = { name: "time", format: (x) => new Date(x).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }) };
 
-function charts(progress, throughput) {
+// Where each policy step's wall clock went, from the coordinator's own timestamps.
+const PHASES = [["node_s", "node (lease to upload)"], ["upload_s", "upload"], ["validation_s", "validation"],
+  ["trainer_wait_s", "trainer waiting"], ["training_s", "training"]];
+
+function charts(progress, throughput, timing) {
   const first = throughput.findIndex((b) => b.rollouts > 0);
   throughput = first > 0 ? throughput.slice(first - 1) : throughput; // the window opens just before the first upload
   const series = (rows, key) => rows.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
@@ -91,6 +95,7 @@ function charts(progress, throughput) {
     lineChart("Throughput", [
       { name: "rollouts / min", points: throughput.map((b) => [Date.parse(b.start), b.rollouts]) },
     ], timeAxis),
+    lineChart("Seconds per policy step", PHASES.map(([key, name]) => ({ name, points: series(timing, key) })), stepAxis),
   );
 }
 
@@ -190,16 +195,17 @@ async function showLeaderboard(view) {
   lastRows = rows;
   state.runId = net.run?.id ?? null;
   showRun(net);
-  const [progress, throughput] = state.runId
-    ? await Promise.all([get(`/v1/public/runs/${state.runId}/progress`), get(`/v1/public/runs/${state.runId}/throughput?minutes=60&bucket_s=60`)])
-    : [{ steps: [], evaluations: [] }, []];
+  const run = `/v1/public/runs/${state.runId}`;
+  const [progress, throughput, timing] = state.runId
+    ? await Promise.all([get(`${run}/progress`), get(`${run}/throughput?minutes=60&bucket_s=60`), get(`${run}/step-timing?limit=100`)])
+    : [{ steps: [], evaluations: [] }, [], []];
   const search = document.getElementById("search");
   const focused = document.activeElement === search;
   const input = h("input", { id: "search", type: "search", placeholder: "0x…", autocomplete: "off", value: state.search,
     oninput: (e) => { state.search = e.target.value; renderTable(); } });
   view.replaceChildren(
     h("section", { "aria-labelledby": "status-title" }, h("h2", { id: "status-title" }, "Network status"), statusPanel(net)),
-    h("section", { "aria-labelledby": "charts-title" }, h("h2", { id: "charts-title" }, "Training"), charts(progress, throughput)),
+    h("section", { "aria-labelledby": "charts-title" }, h("h2", { id: "charts-title" }, "Training"), charts(progress, throughput, timing)),
     h("section", { "aria-labelledby": "board-title" },
       h("h2", { id: "board-title" }, "Leaderboard"),
       h("label", { for: "search" }, "Search by address"), input,

@@ -1,0 +1,80 @@
+"""Step timing against a real coordinator, validator and trainer: each policy step's wall clock is
+split by the coordinator's own timestamps into the node's time, the upload, validation, the trainer
+waiting and the trainer working, published at /v1/public/runs/{id}/step-timing and in Prometheus."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from eth_account import Account
+from rich.console import Console
+from sqlalchemy import func, select
+
+from coordinator.db import make_sessionmaker
+from coordinator.models import ContributionEntry
+from coordinator.settings import CoordinatorSettings
+from node.work import finish, generate
+from shared.schemas import SamplingParams
+from tests.conftest import admin_token, serve
+from tests.helpers import make_run
+from tests.test_validation import grant, joined, lease, upload
+from trainer.loop import Trainer
+from trainer.settings import TrainerSettings
+from validator.worker import Validator
+
+HOLD_S = 0.5
+"""How long the node keeps each task between its lease and its upload."""
+QUEUE_S = 1.5
+"""How long the uploads wait before a validator starts."""
+
+
+def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000)
+    with serve(settings) as served:
+        run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=2, samples=4)
+        token = admin_token(served)
+        trainer_key, validator_key = Account.create(), Account.create()
+        grant(served, token, trainer_key.address, "trainer")
+        grant(served, token, validator_key.address, "validator")
+        node = joined(served)
+        for _ in range(8):  # 16 groups: enough for 3 with reward variance (measured in tests/test_trainer.py)
+            task = lease(served, node)
+            data = finish(generate(task)).data
+            time.sleep(HOLD_S)
+            upload(served, node, task, data)
+        time.sleep(QUEUE_S)
+        validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=8)
+        assert validator.run(max_submissions=8) == 8
+        validator.close()
+        trainer = Trainer(served.url, trainer_key, run_id, tmp_path / "origin", tmp_path / "ckpt", TrainerSettings(groups_per_step=3))
+        assert trainer.run(threading.Event(), steps=1) == 1
+        trainer.close()
+
+        timings = httpx.get(f"{served.url}/v1/public/runs/{run_id}/step-timing").json()
+        assert [t["step"] for t in timings] == [1]
+        (timing,) = timings
+        with make_sessionmaker(served.engine)() as session:
+            read = session.scalar(select(func.count()).where(ContributionEntry.kind == "credit", ContributionEntry.id <= trainer.state.cursor))
+        assert 1 <= timing["submissions"] == read < 8  # what the step read, not everything accepted
+        assert HOLD_S <= timing["node_s"] < 30
+        assert 0 <= timing["upload_s"] < HOLD_S
+        assert timing["validation_s"] >= QUEUE_S
+        # The trainer's clock starts at the run's first lease: it waited for everything above.
+        assert timing["trainer_wait_s"] >= 8 * HOLD_S + QUEUE_S
+        assert timing["training_s"] > 0
+        assert abs(timing["trainer_wait_s"] + timing["training_s"] - timing["interval_s"]) < 1e-6
+        assert timing["expired"] == 0 and timing["dropped_stale"] == 0
+
+        exported = httpx.get(f"{served.url}/metrics").text
+        for phase in ("node", "upload", "validation", "trainer_wait", "training", "interval"):
+            line = re.search(rf'intellect_policy_step_seconds\{{phase="{phase}",run="{run_id}"\}} (\S+)', exported)
+            assert line is not None, phase
+            assert abs(float(line.group(1)) - timing[f"{phase}_s"]) < 1e-6
+        assert f'intellect_policy_step{{run="{run_id}"}} 1.0' in exported
+
+        assert httpx.get(f"{served.url}/v1/public/runs/run-nope/step-timing").status_code == 404
+        assert httpx.get(f"{served.url}/v1/public/runs/{run_id}/step-timing?limit=0").status_code == 422
