@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
+POLL_S = 0.5
+"""How often a long poll looks again without a wake-up: what another replica changed shows within this."""
+
 
 class Wakeup:
     """``notify()`` wakes every current ``wait()``; later waiters wait for the next one."""

@@ -188,6 +188,8 @@ def work_loop(
     failure: list[BaseException] = []
     waiting: dict[str, str] = {}
     """Why the coordinator last gave no work (``reason``), until work comes again."""
+    retry_after = idle_wait
+    """When the coordinator said to ask again, at most ``idle_wait`` (a run waiting for its trainer clears in a second)."""
 
     def uploader() -> None:
         nonlocal done
@@ -223,6 +225,7 @@ def work_loop(
 
     def lease_next() -> TaskSpec | None:
         """Take a free slot and lease a task into it (the slot goes back when there is none)."""
+        nonlocal retry_after
         while not in_flight.acquire(timeout=0.5):
             if stop.is_set():
                 return None
@@ -238,6 +241,7 @@ def work_loop(
             if waiting.get("reason") != leased.reason:  # once per reason, not at every poll
                 console.print(f"[yellow]No new work: {leased.message}.[/yellow]")
             waiting["reason"] = leased.reason
+            retry_after = min(idle_wait, leased.retry_after_s)
             leased = None
         elif leased is not None and waiting.pop("reason", None):
             console.print("Work again.")
@@ -261,7 +265,7 @@ def work_loop(
             if task is None:
                 if beats is not None:
                     beats.activity = f"waiting: {waiting['reason']}" if waiting else "idle"
-                stop.wait(idle_wait)
+                stop.wait(retry_after if waiting else idle_wait)
                 continue
             leased += 1
             if max_tasks is None or leased < max_tasks:

@@ -175,8 +175,10 @@ class CoordinatorClient:
 
     # Trainers.
 
-    def accepted(self, run_id: str, after: int, limit: int) -> list[AcceptedRollouts]:
-        reply = self._send("GET", "/v1/trainer/rollouts", params={"run": run_id, "after": after, "limit": limit}, signed=True)
+    def accepted(self, run_id: str, after: int, limit: int, wait_s: float = 0.0) -> list[AcceptedRollouts]:
+        """Accepted submissions after cursor ``after``; the coordinator holds the request up to ``wait_s`` for the first."""
+        params = {"run": run_id, "after": after, "limit": limit, "wait_s": wait_s}
+        reply = self._send("GET", "/v1/trainer/rollouts", params=params, signed=True)
         return [AcceptedRollouts.model_validate(e) for e in reply.json()]
 
     def accepted_file(self, submission_id: str) -> bytes:

@@ -1,8 +1,10 @@
 """Work is handed out at the rate validators and the trainer consume it, the work closest to going
-stale is judged first, and a node (and the public status) is told why no work comes."""
+stale is judged first, and a node (and the public status) is told why no work comes; nobody waiting
+for work waits longer than it must (long-polled claims and trainer reads, a node asking again when told)."""
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -11,12 +13,18 @@ from pathlib import Path
 import httpx
 import pytest
 from eth_account import Account
+from rich.console import Console
 from sqlalchemy import update
 
 from coordinator.db import make_sessionmaker
 from coordinator.models import PolicyManifest, Role, Run, Submission, Task
 from coordinator.services import admission
 from coordinator.settings import CoordinatorSettings
+from node.client import NodeClient
+from node.hardware import probe
+from node.settings import NodeSettings
+from node.work import finisher_pool, stop_finishers
+from node.worker import work_loop
 from shared.signing import SignedAuth
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, signed_post
@@ -149,3 +157,60 @@ def test_a_claim_waits_for_work_to_arrive(coordinator: Served) -> None:
     waited = time.monotonic() - started
     assert [c["task"]["task_id"] for c in claims] == [task["task_id"]] and 0.9 < waited < 8
 
+
+
+def test_a_trainer_waiting_for_accepted_work_is_answered_when_a_verdict_accepts_it(coordinator: Served) -> None:
+    run_id = make_run(coordinator, prompts=1, samples=1)
+    node, validator, trainer = joined(coordinator), _grant(coordinator, "validator"), _grant(coordinator, "trainer")
+    task = lease(coordinator, node).json()
+    assert upload(coordinator, node, task["task_id"], rollout_file(task)).status_code == 200
+    claim = _claim(coordinator, validator)[0]
+    auth = SignedAuth(trainer, coordinator.audience)
+
+    def read(after: int, wait_s: float) -> tuple[httpx.Response, float]:
+        started = time.monotonic()
+        reply = httpx.get(f"{coordinator.url}/v1/trainer/rollouts", params={"run": run_id, "after": after, "wait_s": wait_s}, auth=auth, timeout=30)
+        return reply, time.monotonic() - started
+
+    threading.Timer(1.0, lambda: _verdict(coordinator, validator, claim, "all")).start()
+    reply, waited = read(0, 8)
+    assert [e["task_id"] for e in reply.json()] == [task["task_id"]] and 0.9 < waited < 8
+    # Nothing more comes: the whole wait, then nothing; a longer wait than the route allows is refused.
+    reply, waited = read(reply.json()[-1]["cursor"], 1)
+    assert reply.json() == [] and waited >= 1
+    assert read(0, 11)[0].status_code == 422
+
+
+def test_a_node_waiting_for_the_trainer_asks_again_within_a_second(sqlite_url: str, tmp_path: Path) -> None:
+    with serve(_settings(sqlite_url, tmp_path, backlog_floor=1)) as served:
+        run_id = make_run(served, prompts=1, samples=1)
+        validator, trainer = _grant(served, "validator"), _grant(served, "trainer")
+        auth = SignedAuth(trainer, served.audience)
+        httpx.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": 0}, auth=auth)  # a live trainer
+        other = joined(served)
+        task = lease(served, other).json()
+        assert upload(served, other, task["task_id"], rollout_file(task)).status_code == 200
+        assert _verdict(served, validator, _claim(served, validator)[0], "all").json()["status"] == "accepted"
+        assert lease(served, joined(served)).headers["x-intellect-wait"] == "trainer_capacity"
+
+        client = NodeClient(served.url, Account.create(), NodeSettings(state_dir=tmp_path / "node"))
+        client.register(probe(tmp_path / "node"), None)
+        out, finishers, stop = io.StringIO(), finisher_pool(), threading.Event()
+        done: list[float] = []
+        # Its heartbeat interval is 60 s here; the coordinator says to ask again in a second.
+        worker = threading.Thread(target=lambda: done.append(work_loop(client, Console(file=out, width=300), stop, None, 60.0, max_tasks=1, finishers=finishers)))
+        try:
+            worker.start()
+            time.sleep(1.5)
+            assert not done and "waiting for the trainer" in out.getvalue()
+            read = httpx.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": 0}, auth=auth).json()
+            freed = time.monotonic()
+            httpx.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": read[-1]["cursor"]}, auth=auth)
+            worker.join(timeout=60)
+            assert done == [1], out.getvalue()
+            assert time.monotonic() - freed < 30  # generated and uploaded after one short wait, not the 60 s one
+            assert "Work again." in out.getvalue()
+        finally:
+            stop.set()
+            stop_finishers(finishers)
+            client.close()

@@ -129,6 +129,10 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         expect(page.locator("figure", has_text="Reward per policy step").locator(".legend")).to_contain_text("equal to reward")
         accuracy_chart = page.locator("figure", has_text="Held-out accuracy").locator("svg.chart")
         assert int(accuracy_chart.get_attribute("data-points") or 0) >= 2
+        # Where each step's time went, by the coordinator's clock: five phases for each of the 3 steps.
+        timing_chart = page.locator("figure", has_text="Seconds per policy step").locator("svg.chart")
+        assert int(timing_chart.get_attribute("data-points") or 0) >= 10
+        expect(page.locator("figure", has_text="Seconds per policy step").locator(".legend")).to_contain_text("trainer waiting")
         page.screenshot(path=str(shots / "desktop.png"), full_page=True)
 
         # Sorting and search.

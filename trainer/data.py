@@ -46,11 +46,13 @@ class Batch:
     """Rows left out because their validator named them (a token decided by a disagreement numerics explain)."""
 
 
-def fetch_accepted(api: CoordinatorClient, run_id: str, after: int, oldest_step: int, limit: int = 100) -> list[tuple[AcceptedRollouts, list[Rollout] | None]]:
-    """Accepted submissions after cursor ``after``; the files of those whose policy is not
-    older than ``oldest_step`` (stale ones are only counted, so they are not downloaded)."""
+def fetch_accepted(
+    api: CoordinatorClient, run_id: str, after: int, oldest_step: int, limit: int = 100, wait_s: float = 0.0
+) -> list[tuple[AcceptedRollouts, list[Rollout] | None]]:
+    """Accepted submissions after cursor ``after`` (waiting up to ``wait_s`` for the first); the files
+    of those whose policy is not older than ``oldest_step`` (stale ones are only counted, so they are not downloaded)."""
     out: list[tuple[AcceptedRollouts, list[Rollout] | None]] = []
-    for entry in api.accepted(run_id, after, limit):
+    for entry in api.accepted(run_id, after, limit, wait_s):
         if entry.policy_step < oldest_step:
             out.append((entry, None))
         else:

@@ -95,9 +95,9 @@ class Trainer:
         oldest = self.state.step - self.run_info.async_level
         batch = Batch(cursor=self.state.cursor)
         while len(batch.groups) < self.settings.groups_per_step:
-            entries = fetch_accepted(self.api, self.run_id, batch.cursor, oldest)
+            entries = fetch_accepted(self.api, self.run_id, batch.cursor, oldest, wait_s=self.settings.accepted_wait_s)
             if not entries:
-                if stop.wait(self.settings.poll_interval_s):
+                if stop.is_set():
                     return None
                 continue
             for entry, rollouts in entries:

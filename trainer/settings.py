@@ -37,7 +37,8 @@ class TrainerSettings(RoleSettings):
     a batch carries a learning signal; off, such groups fill the batch with zero advantage."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (real models on GPU)."""
-    poll_interval_s: float = Field(1.0, gt=0)
-    """Wait between polls for accepted rollouts when there are not enough yet."""
+    accepted_wait_s: float = Field(2.0, gt=0, le=10)
+    """Longest wait of one request for accepted rollouts when there are not enough yet: the
+    coordinator answers the moment some are accepted (a long poll), so no step waits for a poll."""
     chunk_size: int = Field(32 << 20, ge=4096)
     """Shardcast chunk size of published steps."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -10,6 +11,7 @@ from fastapi import APIRouter, Query, Request, Response
 from coordinator.blob_response import blob_response
 from coordinator.deps import LedgerDep, Signed
 from coordinator.services import step_timing, training
+from coordinator.wakeup import POLL_S
 from shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
 
 router = APIRouter(
@@ -21,14 +23,23 @@ router = APIRouter(
 
 @router.get("/rollouts", response_model=list[AcceptedRollouts])
 async def accepted_rollouts(
+    request: Request,
     signed: Signed,
     ledger: LedgerDep,
     run: Annotated[str, Query(max_length=64)],
     after: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    wait_s: Annotated[float, Query(ge=0, le=10)] = 0.0,
 ) -> list[AcceptedRollouts]:
-    """Accepted submissions of ``run`` after cursor ``after``, in acceptance order."""
-    return await ledger.run_signed(signed, training.accepted_after, run, after, limit, datetime.now(UTC))
+    """Accepted submissions of ``run`` after cursor ``after``, in acceptance order; waits up to
+    ``wait_s`` for the first, answering the moment a verdict accepts some."""
+    deadline = time.monotonic() + wait_s
+    entries = await ledger.run_signed(signed, training.accepted_after, run, after, limit, datetime.now(UTC))
+    while not entries and (remaining := deadline - time.monotonic()) > 0:
+        await request.app.state.work_arrived.wait(min(POLL_S, remaining))
+        # The signature and its nonce were checked and recorded by the first pass.
+        entries = await ledger.run(training.accepted_after, signed.address, run, after, limit, datetime.now(UTC))
+    return entries
 
 
 @router.get("/submissions/{submission_id}/file", responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}})

@@ -10,11 +10,9 @@ from fastapi import APIRouter, Request, Response
 from coordinator.blob_response import blob_response
 from coordinator.deps import LedgerDep, Settings, Signed
 from coordinator.services import receipts, validation
+from coordinator.wakeup import POLL_S
 from shared.committee import PublicReceipt
 from shared.schemas import Claim, ClaimRequest, ErrorBody, VerdictRequest
-
-CLAIM_POLL_S = 0.5
-"""How often a waiting claim looks for work drawn for it."""
 
 router = APIRouter(
     prefix="/v1/validation",
@@ -31,8 +29,8 @@ async def claim(body: ClaimRequest, request: Request, signed: Signed, ledger: Le
     deadline = time.monotonic() + body.wait_s
     claims = await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC))
     while not claims and (remaining := deadline - time.monotonic()) > 0:
-        # Woken at once by an upload or verdict on this process; other replicas' within CLAIM_POLL_S.
-        await request.app.state.work_arrived.wait(min(CLAIM_POLL_S, remaining))
+        # Woken at once by an upload or verdict on this process; other replicas' within POLL_S.
+        await request.app.state.work_arrived.wait(min(POLL_S, remaining))
         # The signature and its nonce were checked and recorded by the first pass.
         claims = await ledger.run(validation.claim, signed.address, body, settings, datetime.now(UTC))
     return claims

@@ -31,6 +31,8 @@ NO_RUN = WorkWait(reason="no_run", message="this coordinator has no run yet; its
 
 STEPS_MEASURED = 5
 """Policy steps whose spacing gives the step period."""
+TRAINER_RETRY_S = 1.0
+"""When a node waiting for the trainer asks again: a trainer reads a policy step's worth at once."""
 
 
 def work_wait(session: Session, run: Run, settings: CoordinatorSettings, now: datetime) -> WorkWait | None:
@@ -56,7 +58,7 @@ def work_wait(session: Session, run: Run, settings: CoordinatorSettings, now: da
             message = f"no trainer has read this run's work in {settings.trainer_live_s:.0f} s; {unread} accepted files wait for one"
             return WorkWait(reason="no_trainer", message=message, retry_after_s=30)
         message = f"waiting for the trainer: {unread} accepted files are not read yet"
-        return WorkWait(reason="trainer_capacity", message=message, retry_after_s=5)
+        return WorkWait(reason="trainer_capacity", message=message, retry_after_s=TRAINER_RETRY_S)
     return None
 
 
