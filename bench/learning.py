@@ -74,7 +74,7 @@ def evenly(steps: list[int], evals: int) -> list[int]:
 
 
 def network(seconds: float, evals: int, problems: list[tuple[str, int]], async_level: int, online_filter: bool = True) -> Curve:
-    """The devnet's network, timed from its first lease (every role started and the node ready to generate)."""
+    """The devnet's network, timed from its first lease (every role spawned, the node ready to generate)."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         trainer_env = {"INTELLECT_TRAINER_ONLINE_FILTER": str(online_filter).lower()}
@@ -93,7 +93,7 @@ def network(seconds: float, evals: int, problems: list[tuple[str, int]], async_l
             url, run = net.coordinator.url, net.run_id
             published = {m["step"]: datetime.fromisoformat(m["created_at"]).timestamp() - started for m in _manifests(url, run)}
             progress = httpx.get(f"{url}/v1/public/runs/{run}/progress", timeout=30).json()
-            breakdown = httpx.get(f"{url}/v1/public/runs/{run}/step-timing", timeout=30).json()
+            breakdown = httpx.get(f"{url}/v1/public/runs/{run}/step-timing", params={"limit": 1000}, timeout=30).json()
         finally:
             net.stop()
             ledger.dispose()
@@ -175,7 +175,6 @@ def main() -> None:
         "network async, no online filter": network(args.seconds, args.evals, problems, async_level=2, online_filter=False),
         "network sync": network(args.seconds, args.evals, problems, async_level=0),
     }
-    torch.set_num_threads(1)
     for name, curve in curves.items():
         show(name, curve, args.seconds)
     shipped = curves["single process"].points[0][2]

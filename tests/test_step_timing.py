@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -15,10 +16,11 @@ from rich.console import Console
 from sqlalchemy import func, select
 
 from coordinator.db import make_sessionmaker
-from coordinator.models import ContributionEntry
+from coordinator.models import ContributionEntry, PolicyManifest, Submission, Task, TrainerMetrics
 from coordinator.settings import CoordinatorSettings
 from node.work import finish, generate
 from shared.schemas import SamplingParams
+from shared.states import SubmissionStatus
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run
 from tests.test_validation import grant, joined, lease, upload
@@ -78,3 +80,46 @@ def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: 
 
         assert httpx.get(f"{served.url}/v1/public/runs/run-nope/step-timing").status_code == 404
         assert httpx.get(f"{served.url}/v1/public/runs/{run_id}/step-timing?limit=0").status_code == 422
+
+
+def test_each_step_reads_its_own_cursor_range_and_the_newest_steps_come_alone(coordinator) -> None:  # type: ignore[no-untyped-def]
+    """A ledger laid out by hand, second by second: two steps, each reading two submissions, and one
+    submission expiring during step 2; every phase is known exactly."""
+    run_id = make_run(coordinator)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
+    # (leased, upload started, recorded, accepted) per submission, in acceptance order.
+    work = [(0, 2, 2.5, 4), (1, 3, 3.5, 5), (6, 8, 8.25, 9), (7, 9, 9.25, 11)]
+    with make_sessionmaker(coordinator.engine).begin() as session:
+        for i, (leased, started, recorded, accepted) in enumerate(work):
+            _submission(session, run_id, f"s{i}", at(leased), at(started), at(recorded), SubmissionStatus.accepted)
+            session.flush()
+            session.add(ContributionEntry(address="0x" + "1" * 40, submission_id=f"sub-s{i}", kind="credit", units=1.0, reason="", created_at=at(accepted), final_at=at(accepted)))
+        _submission(session, run_id, "late", at(5), at(6), at(6), SubmissionStatus.expired, validated_at=at(10))
+        session.flush()
+        ids = list(session.scalars(select(ContributionEntry.id).order_by(ContributionEntry.id)))
+        for step, published, cursor in ((1, 5.5, ids[1]), (2, 13, ids[3])):
+            session.add(PolicyManifest(run_id=run_id, step=step, signer="0x" + "2" * 40, digest="0" * 64, total_bytes=1, body="{}", created_at=at(published)))
+            session.add(TrainerMetrics(run_id=run_id, step=step, metrics={"dropped_stale": float(step)}, created_at=at(published), cursor=cursor))
+
+    first, second = httpx.get(f"{coordinator.url}/v1/public/runs/{run_id}/step-timing").json()
+    assert first == {
+        "step": 1, "interval_s": 5.5, "node_s": 2.0, "upload_s": 0.5, "validation_s": 1.5, "trainer_wait_s": 5.0,
+        "training_s": 0.5, "submissions": 2, "expired": 0, "expired_tokens": 0, "dropped_stale": 1.0,
+    }  # fmt: skip
+    assert second == {
+        "step": 2, "interval_s": 7.5, "node_s": 2.0, "upload_s": 0.25, "validation_s": 1.25, "trainer_wait_s": 5.5,
+        "training_s": 2.0, "submissions": 2, "expired": 1, "expired_tokens": 7, "dropped_stale": 2.0,
+    }  # fmt: skip
+    assert httpx.get(f"{coordinator.url}/v1/public/runs/{run_id}/step-timing?limit=1").json() == [second]
+
+
+def _submission(session, run_id: str, name: str, leased: datetime, started: datetime, recorded: datetime, status: str, validated_at: datetime | None = None) -> None:  # type: ignore[no-untyped-def]
+    session.add(Task(id=f"task-{name}", run_id=run_id, prompt_ids={"ids": []}, seed=1, policy_step=0, status="submitted", created_at=leased, leased_at=leased))
+    session.flush()  # no ORM relationship orders the two inserts
+    session.add(
+        Submission(
+            id=f"sub-{name}", task_id=f"task-{name}", run_id=run_id, address="0x" + "1" * 40, sha256="0" * 64, blob_key=name, rows=1,
+            tokens=7, status=status, created_at=recorded, upload_started_at=started, validated_at=validated_at,
+        )
+    )  # fmt: skip

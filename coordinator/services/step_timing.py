@@ -23,22 +23,27 @@ from shared.states import SubmissionStatus
 def step_timings(session: Session, run_id: str, limit: int = 200) -> list[StepTiming]:
     """The last ``limit`` published steps whose trainer reported its cursor, oldest first."""
     run = runs.get_run(session, run_id)
+    # Only the newest steps are read, so the trainer's per-step report costs the same at step 10 and 10,000.
+    reported = session.execute(
+        select(TrainerMetrics.step, TrainerMetrics.cursor, TrainerMetrics.metrics)
+        .where(TrainerMetrics.run_id == run_id, TrainerMetrics.cursor.is_not(None))
+        .order_by(TrainerMetrics.step.desc())
+        .limit(limit + 1)
+    ).all()
+    cursors: dict[int, int] = {0: 0} | {step: cursor for step, cursor, _ in reported}
+    stale: dict[int, float | None] = {step: metrics.get("dropped_stale") for step, _, metrics in reported}
+    oldest = min((step for step, _, _ in reported), default=1) - 1
     published = dict(
-        session.execute(select(PolicyManifest.step, PolicyManifest.created_at).where(PolicyManifest.run_id == run_id)).all()
+        session.execute(
+            select(PolicyManifest.step, PolicyManifest.created_at).where(PolicyManifest.run_id == run_id, PolicyManifest.step >= oldest)
+        ).all()
     )
-    cursors: dict[int, int] = {0: 0}
-    query = select(TrainerMetrics.step, TrainerMetrics.cursor, TrainerMetrics.metrics).where(
-        TrainerMetrics.run_id == run_id, TrainerMetrics.cursor.is_not(None)
-    )
-    stale: dict[int, float | None] = {}
-    for step, cursor, metrics in session.execute(query):
-        cursors[step] = cursor
-        stale[step] = metrics.get("dropped_stale")
     steps = sorted(s for s in cursors if s in published and s - 1 in cursors)[-limit:]
     if not steps:
         return []
-    first_lease = session.scalar(select(func.min(Task.leased_at)).where(Task.run_id == run_id))
-    started = first_lease or run.created_at
+    started = run.created_at
+    if steps[0] == 1:
+        started = session.scalar(select(func.min(Task.leased_at)).where(Task.run_id == run_id)) or started
 
     # Every accepted submission the listed steps read, in cursor order, in one query.
     low, high = cursors[steps[0] - 1], cursors[steps[-1]]
