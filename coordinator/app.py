@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from fastapi import FastAPI
 
+from coordinator.anchoring import Anchorer
 from coordinator.blobs import BlobStore, LocalBlobStore, S3BlobStore
 from coordinator.body_limit import BodyLimitMiddleware, PerClientLimitMiddleware
 from coordinator.db import (
@@ -20,7 +21,7 @@ from coordinator.errors import install_error_handlers
 from coordinator.ledger import Ledger
 from coordinator.loops import Loop
 from coordinator.metrics import Metrics, MetricsMiddleware
-from coordinator.routers import admin, appeals, health, nodes, page, public, shardcast, tasks, training, validation
+from coordinator.routers import admin, appeals, health, nodes, page, public, settlement, shardcast, tasks, training, validation
 from coordinator.services import nodes as node_service
 from coordinator.services.nonces import prune_nonces
 from coordinator.services.rate_limit import RateLimiter
@@ -50,6 +51,10 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
                 metrics.nodes.labels(status).set(count)
 
     loops = [Loop("node-status", settings.status_loop_interval_s, status_tick)]
+    anchorer = None
+    if settings.chain_rpc_url:
+        anchorer = Anchorer(sessions, settings)
+        loops.append(Loop("anchoring", min(settings.epoch_s, 5.0), anchorer.tick))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -74,6 +79,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.blobs = blob_store(settings)
     app.state.loops = loops
+    app.state.anchorer = anchorer
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     hourly = settings.registrations_per_ip_per_hour
     app.state.registration_limiter = RateLimiter(hourly / 3600, hourly)
@@ -91,7 +97,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(PerClientLimitMiddleware, max_in_flight=settings.max_requests_per_ip)
-    routers = (nodes, tasks, validation, appeals, training, shardcast, admin, public, health, page)
+    routers = (nodes, tasks, validation, appeals, training, shardcast, admin, public, settlement, health, page)
     for router in (module.router for module in routers):
         app.include_router(router)
     app.mount("/static", page.static, name="static")

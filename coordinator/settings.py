@@ -176,10 +176,43 @@ class CoordinatorSettings(RoleSettings):
     min_node_version: str = "0.1.0"
     """Oldest node client version allowed to register and heartbeat."""
 
+    chain_rpc_url: str | None = None
+    """JSON-RPC URL of the EVM chain this deployment settles on; None: no settlement (the SQL
+    ledger alone). Also advertised to nodes at ``/v1/public/chain`` for their claims."""
+
+    chain_token: Address | None = None
+    """The reward token's contract (what stakes and claims are paid in)."""
+
+    chain_stake_registry: Address | None = None
+    """The stake registry's contract; the coordinator's sender must hold its slasher role."""
+
+    chain_distributor: Address | None = None
+    """The credit distributor's contract; the coordinator's sender must hold its poster role."""
+
+    chain_keystore: Path | None = None
+    """Keystore of the coordinator's chain sender (it pays the gas for roots and slashes); its
+    password comes from ``INTELLECT_CHAIN_PASSWORD``."""
+
+    chain_confirmations: int = Field(1, ge=1, le=64)
+    """Blocks that must hold a root's transaction before its epoch counts as anchored."""
+
+    epoch_s: float = Field(3600.0, gt=0)
+    """How often an epoch closes: the tree of every address's cumulative final credit is built and
+    its root posted (skipped when no final credit changed, so an idle network spends no gas)."""
+
     @model_validator(mode="after")
     def _s3_needs_a_bucket(self) -> CoordinatorSettings:
         if self.blob_store == "s3" and not self.s3_bucket:
             raise ValueError("blob_store s3 needs s3_bucket (INTELLECT_S3_BUCKET)")
+        return self
+
+    @model_validator(mode="after")
+    def _settlement_needs_its_contracts(self) -> CoordinatorSettings:
+        needed = {"chain_token": self.chain_token, "chain_stake_registry": self.chain_stake_registry,
+                  "chain_distributor": self.chain_distributor, "chain_keystore": self.chain_keystore}  # fmt: skip
+        missing = [f"INTELLECT_{name.upper()}" for name, value in needed.items() if value is None]
+        if self.chain_rpc_url and missing:
+            raise ValueError(f"settlement (chain_rpc_url) also needs {', '.join(missing)}")
         return self
 
     @property

@@ -16,14 +16,14 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
+from node.cli_output import CoordinatorUrl, checked_url, console, err, fail
 from node.client import NodeError
 from node.hardware import probe, problems
 from node.settings import NodeSettings
+from node.settlement_cli import register as register_settlement
 from shared.schemas import checksum_address
-from shared.urls import url_problem
 from shared.wallet import (
     WalletError,
     create_wallet,
@@ -46,17 +46,11 @@ def _force_exit() -> None:
 app = typer.Typer(help="Run an Intellect Protocol node: lend this machine to decentralized RL training.", no_args_is_help=True)
 wallet = typer.Typer(help="Create and inspect wallets (encrypted v3 keystores).", no_args_is_help=True)
 app.add_typer(wallet, name="wallet")
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+register_settlement(app)
 
 StateDir = Annotated[
     Path | None, typer.Option("--state-dir", help="Where the node keeps its session; default ~/.intellect/node.")
 ]
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[red]{message}[/red]")
-    return typer.Exit(code)
 
 
 @wallet.command("new")
@@ -65,7 +59,7 @@ def wallet_new(out: Annotated[Path, typer.Option("--out", help="Keystore file to
     try:
         address = create_wallet(out, read_password(confirm=True))
     except WalletError as e:
-        raise _fail(str(e), 1) from None
+        raise fail(str(e), 1) from None
     console.print(f"Created wallet {address} in {out}. Back it up: losing it loses this identity and its rewards.")
 
 
@@ -75,18 +69,7 @@ def wallet_show(path: Annotated[Path, typer.Argument(help="Keystore file.")]) ->
     try:
         print(wallet_address(path))
     except WalletError as e:
-        raise _fail(str(e), 1) from None
-
-
-def _checked_url(url: str | None) -> str | None:
-    """A URL that can never reach a coordinator is a usage error at once (exit 2), not endless retries."""
-    problem = url_problem(url) if url is not None else None
-    if problem is not None:
-        raise typer.BadParameter(problem)
-    return url
-
-
-CoordinatorUrl = Annotated[str, typer.Option(help="Coordinator URL, e.g. http://127.0.0.1:8000.", callback=_checked_url)]
+        raise fail(str(e), 1) from None
 
 
 @app.command()
@@ -112,16 +95,16 @@ def join(
     try:
         operator_address = checksum_address(operator) if operator else None
     except ValueError as e:
-        raise _fail(f"--operator: {e}.", 2) from None
+        raise fail(f"--operator: {e}.", 2) from None
     try:
         account = load_wallet(wallet_file, read_password())
     except WalletError as e:
-        raise _fail(str(e), 1) from None
+        raise fail(str(e), 1) from None
     overrides = {"state_dir": state_dir, "backend": backend, "dtype": dtype}
     try:
         settings = NodeSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        raise _fail(f"Invalid setting: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}.", 2) from None
+        raise fail(f"Invalid setting: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}.", 2) from None
 
     def interrupt(*_: object) -> None:
         # Once: a second signal must not break off the stop it started (which takes a few seconds at most).
@@ -141,7 +124,7 @@ def join(
     except KeyboardInterrupt:
         console.print("Stopped.")
     except NodeError as e:
-        raise _fail(str(e), e.exit_code) from None
+        raise fail(str(e), e.exit_code) from None
     finally:
         # Only a vLLM node has an engine to close; importing the module now would load torch while
         # the node's threads wind down (that segfaulted a node on SIGTERM).
@@ -153,7 +136,7 @@ def join(
 @app.command()
 def check(
     coordinator: Annotated[
-        str | None, typer.Option(help="Also check that this coordinator is reachable and compatible.", callback=_checked_url)
+        str | None, typer.Option(help="Also check that this coordinator is reachable and compatible.", callback=checked_url)
     ] = None,
     state_dir: StateDir = None,
 ) -> None:
@@ -192,14 +175,14 @@ def receipts(
     try:
         address = wallet_address(wallet_file)
     except WalletError as e:
-        raise _fail(str(e), 1) from None
+        raise fail(str(e), 1) from None
     from shared.coordinator_client import CoordinatorClient, ProtocolError
 
     try:
         with CoordinatorClient(coordinator, give_up_s=ONE_SHOT_GIVE_UP_S) as api:
             found = api.receipts(address, limit)
     except ProtocolError as e:
-        raise _fail(f"Cannot read receipts from {coordinator}: {e}", 2) from None
+        raise fail(f"Cannot read receipts from {coordinator}: {e}", 2) from None
     table = Table("submission", "status", "credit", "verdicts", "reason", title=f"Receipts of {address}")
     for r in found:
         style = {"accepted": "green", "pending": "yellow"}.get(r.status, "red")
@@ -224,14 +207,14 @@ def appeal(
     try:
         account = load_wallet(wallet_file, read_password())
     except WalletError as e:
-        raise _fail(str(e), 1) from None
+        raise fail(str(e), 1) from None
     try:
         with CoordinatorClient(coordinator, account, give_up_s=ONE_SHOT_GIVE_UP_S) as api:
             filed = api.appeal(AppealRequest(address=account.address, submission_id=submission, reason=reason))
     except Unavailable as e:
-        raise _fail(f"Cannot reach the coordinator at {coordinator}: {e}", 2) from None
+        raise fail(f"Cannot reach the coordinator at {coordinator}: {e}", 2) from None
     except Refused as e:
-        raise _fail(f"The appeal was refused (HTTP {e.status}): {e.message}", 5) from None
+        raise fail(f"The appeal was refused (HTTP {e.status}): {e.message}", 5) from None
     console.print(f"Appeal {filed.id} filed for {filed.submission_id}; follow it with `intellect-node receipts`.")
 
 

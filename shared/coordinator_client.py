@@ -48,6 +48,7 @@ from shared.schemas import (
     VerdictRequest,
     WorkWait,
 )
+from shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry
 from shared.shardcast.manifest import ManifestEntry, SignedManifest
 from shared.signing import SignedAuth
 from shared.version import __version__
@@ -135,6 +136,24 @@ class CoordinatorClient:
     def receipts(self, address: str, limit: int) -> list[PublicReceipt]:
         reply = self._send("GET", "/v1/public/submissions", params={"address": address, "limit": limit})
         return [PublicReceipt.model_validate(r) for r in reply.json()]
+
+    # Settlement (public).
+
+    def chain_info(self) -> ChainInfo:
+        return ChainInfo.model_validate(self._send("GET", "/v1/public/chain").json())
+
+    def epochs(self, limit: int = 50) -> list[EpochInfo]:
+        return [EpochInfo.model_validate(e) for e in self._send("GET", "/v1/public/epochs", params={"limit": limit}).json()]
+
+    def epoch(self, epoch: int) -> EpochInfo:
+        return EpochInfo.model_validate(self._send("GET", f"/v1/public/epochs/{epoch}").json())
+
+    def epoch_proof(self, epoch: int, address: str) -> EpochProof:
+        return EpochProof.model_validate(self._send("GET", f"/v1/public/epochs/{epoch}/proofs/{address}").json())
+
+    def ledger_page(self, after: int, limit: int = 1000) -> list[LedgerEntry]:
+        reply = self._send("GET", "/v1/public/ledger", params={"after": after, "limit": limit})
+        return [LedgerEntry.model_validate(e) for e in reply.json()]
 
     # Nodes.
 

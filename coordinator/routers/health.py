@@ -21,9 +21,10 @@ def healthz(request: Request) -> JSONResponse:
     except Exception as e:  # reported, not raised: this endpoint exists to say what is wrong
         database = f"{type(e).__name__}: {e}"
     ok = database == "ok" and all(loop["alive"] for loop in loops.values())
-    return JSONResponse(
-        {"status": "ok" if ok else "degraded", "database": database, "loops": loops}, status_code=200 if ok else 503
-    )
+    body: dict[str, object] = {"status": "ok" if ok else "degraded", "database": database, "loops": loops}
+    if request.app.state.anchorer is not None:  # a chain outage is reported, never a reason for 503: the ledger goes on
+        body["settlement"] = request.app.state.anchorer.status()
+    return JSONResponse(body, status_code=200 if ok else 503)
 
 
 @router.get("/metrics")

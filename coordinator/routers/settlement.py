@@ -1,0 +1,58 @@
+"""Public settlement endpoints: where the deployment settles, its epochs, proofs to claim with,
+and the ledger export anyone rebuilds an epoch's root from (``intellect-node verify-epoch``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+
+from coordinator.deps import LedgerDep, Settings, client_rate_limit
+from coordinator.errors import ApiError
+from coordinator.services import settlement
+from shared.schemas import Address, ErrorBody, ErrorCode
+from shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry
+
+router = APIRouter(prefix="/v1/public", tags=["settlement"], dependencies=[Depends(client_rate_limit)])
+
+
+@router.get("/chain", response_model=ChainInfo)
+async def chain_info(request: Request, settings: Settings) -> ChainInfo:
+    anchorer = request.app.state.anchorer
+    if anchorer is None:
+        return ChainInfo(enabled=False)
+    return ChainInfo(
+        enabled=True, rpc_url=settings.chain_rpc_url, chain_id=anchorer.chain_id, token=settings.chain_token,
+        stake_registry=settings.chain_stake_registry, distributor=settings.chain_distributor, sender=anchorer.sender.address,
+    )  # fmt: skip
+
+
+@router.get("/epochs", response_model=list[EpochInfo])
+async def epochs(ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[EpochInfo]:
+    """Newest epochs first, each with its root's transaction once confirmed."""
+    return await ledger.run(settlement.epoch_infos, limit)
+
+
+@router.get("/epochs/{epoch}", response_model=EpochInfo, responses={404: {"model": ErrorBody}})
+async def epoch(epoch: Annotated[int, Path(ge=1, le=2**31 - 1)], ledger: LedgerDep) -> EpochInfo:
+    found = await ledger.run(settlement.epoch_infos, 1, epoch)
+    if not found:
+        raise ApiError(404, ErrorCode.not_found, f"No epoch {epoch}.")
+    return found[0]
+
+
+@router.get("/epochs/{epoch}/proofs/{address}", response_model=EpochProof, responses={404: {"model": ErrorBody}})
+async def proof(epoch: Annotated[int, Path(ge=1, le=2**31 - 1)], address: Address, ledger: LedgerDep) -> EpochProof:
+    """``address``'s cumulative final credit in ``epoch`` and its Merkle proof, for a claim."""
+    found = await ledger.run(settlement.proof, epoch, address)
+    if found is None:
+        raise ApiError(404, ErrorCode.not_found, f"{address} has no final credit in epoch {epoch}.")
+    return found
+
+
+@router.get("/ledger", response_model=list[LedgerEntry])
+async def ledger_export(
+    ledger: LedgerDep, after: Annotated[int, Query(ge=0, le=2**62)] = 0, limit: Annotated[int, Query(ge=1, le=5000)] = 1000
+) -> list[LedgerEntry]:
+    """Ledger entries after id ``after``, oldest first: page with the last id you got."""
+    return await ledger.run(settlement.ledger_page, after, limit)

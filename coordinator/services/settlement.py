@@ -1,0 +1,100 @@
+"""Epochs of settlement: closing one (its tree of cumulative final credit), proofs, anchors.
+
+An epoch closes only when some address's cumulative final credit changed since the last one, so
+an idle network spends no gas. Closing is a plain insert under the epoch number's primary key:
+of two replicas closing the same epoch one wins, the other's insert fails and it moves on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from coordinator.models import ContributionEntry
+from coordinator.settlement_models import Epoch, EpochAnchor, EpochLeaf
+from shared.merkle import CreditTree
+from shared.settlement import EpochInfo, EpochProof, LedgerEntry, cumulative_amounts
+
+
+def latest_epoch(session: Session) -> Epoch | None:
+    return session.scalar(select(Epoch).order_by(Epoch.epoch.desc()).limit(1))
+
+
+def leaves(session: Session, epoch: int) -> dict[str, int]:
+    rows = session.execute(select(EpochLeaf.address, EpochLeaf.cumulative).where(EpochLeaf.epoch == epoch))
+    return {address: int(cumulative) for address, cumulative in rows}
+
+
+def close_epoch(session: Session, now: datetime) -> Epoch | None:
+    """Add the next epoch (the caller commits), or None when no final credit changed."""
+    last = latest_epoch(session)
+    last_entry_id = session.scalar(select(func.max(ContributionEntry.id))) or 0
+    entries = session.execute(
+        select(ContributionEntry.id, ContributionEntry.address, ContributionEntry.units, ContributionEntry.final_at).where(
+            ContributionEntry.id <= last_entry_id, ContributionEntry.final_at <= now
+        )
+    )
+    amounts = cumulative_amounts(entries, last_entry_id, now)
+    if not amounts or (last is not None and leaves(session, last.epoch) == amounts):
+        return None
+    tree = CreditTree(amounts)
+    epoch = Epoch(
+        epoch=1 if last is None else last.epoch + 1, root="0x" + tree.root.hex(), last_entry_id=last_entry_id, cutoff=now,
+        addresses=len(amounts), total=str(sum(amounts.values())), created_at=now,
+    )  # fmt: skip
+    session.add(epoch)
+    session.flush()  # the epoch row first: a replica that closed it already fails here, before the leaves
+    session.add_all(EpochLeaf(epoch=epoch.epoch, address=a, cumulative=str(v)) for a, v in amounts.items())
+    return epoch
+
+
+def unanchored(session: Session) -> list[Epoch]:
+    anchored = select(EpochAnchor.epoch)
+    return list(session.scalars(select(Epoch).where(Epoch.epoch.not_in(anchored)).order_by(Epoch.epoch)))
+
+
+def record_anchor(session: Session, epoch: int, tx_hash: str, block: int, now: datetime) -> None:
+    if session.get(EpochAnchor, epoch) is None:
+        session.add(EpochAnchor(epoch=epoch, tx_hash=tx_hash, block=block, anchored_at=now))
+
+
+def epoch_infos(session: Session, limit: int, epoch: int | None = None) -> list[EpochInfo]:
+    """Newest first (or the one ``epoch``), each with its anchor once confirmed."""
+    query = select(Epoch, EpochAnchor).outerjoin(EpochAnchor, EpochAnchor.epoch == Epoch.epoch).order_by(Epoch.epoch.desc()).limit(limit)
+    if epoch is not None:
+        query = query.where(Epoch.epoch == epoch)
+    return [
+        EpochInfo(
+            epoch=e.epoch, root=e.root, last_entry_id=e.last_entry_id, cutoff=e.cutoff, addresses=e.addresses, total=e.total,
+            created_at=e.created_at, tx_hash=a and a.tx_hash, block=a and a.block, anchored_at=a and a.anchored_at,
+        )  # fmt: skip
+        for e, a in session.execute(query).all()
+    ]
+
+
+_trees: dict[str, CreditTree] = {}
+"""Recent trees by root (a root names its leaves, so a cached tree never goes stale)."""
+
+
+def proof(session: Session, epoch: int, address: str) -> EpochProof | None:
+    """``address``'s cumulative amount in ``epoch`` and its proof; None if it has no leaf there."""
+    root = session.scalar(select(Epoch.root).where(Epoch.epoch == epoch))
+    if root is None:
+        return None
+    tree = _trees.get(root)
+    if tree is None:
+        tree = _trees[root] = CreditTree(leaves(session, epoch))
+        for old in list(_trees)[:-4]:
+            _trees.pop(old, None)
+    cumulative = session.scalar(select(EpochLeaf.cumulative).where(EpochLeaf.epoch == epoch, EpochLeaf.address == address))
+    if cumulative is None:
+        return None
+    return EpochProof(epoch=epoch, address=address, cumulative=cumulative, proof=["0x" + s.hex() for s in tree.proof(address)], root="0x" + tree.root.hex())
+
+
+def ledger_page(session: Session, after: int, limit: int) -> list[LedgerEntry]:
+    """Ledger entries with id after ``after``, oldest first: the export anyone rebuilds roots from."""
+    rows = session.scalars(select(ContributionEntry).where(ContributionEntry.id > after).order_by(ContributionEntry.id).limit(limit))
+    return [LedgerEntry.model_validate(row, from_attributes=True) for row in rows]

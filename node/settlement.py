@@ -1,0 +1,80 @@
+"""Settlement from a node's side: reach the deployment's contracts, rebuild epochs from the public ledger.
+
+``rebuild_roots`` is the audit anyone can run: it reads the coordinator's public ledger export,
+applies the epoch's rule (:mod:`shared.settlement`) and builds the tree itself, so a root the
+coordinator posted that the ledger does not support is caught without trusting the coordinator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING
+
+from shared.coordinator_client import CoordinatorClient
+from shared.merkle import CreditTree
+from shared.settlement import EpochInfo, LedgerEntry, cumulative_amounts
+
+if TYPE_CHECKING:
+    from shared.chain import Settlement
+
+TOKEN_DECIMALS = 18
+
+
+class SettlementUnavailable(Exception):
+    """This deployment does not settle on a chain, or its chain cannot be reached."""
+
+
+def settlement_of(api: CoordinatorClient, rpc_url: str | None) -> Settlement:
+    """The deployment's contracts, through ``rpc_url`` or else the RPC the coordinator advertises."""
+    from shared.chain import ChainError, Settlement, connect
+
+    info = api.chain_info()
+    if not info.enabled or not (info.token and info.stake_registry and info.distributor):
+        raise SettlementUnavailable("this coordinator does not settle on a chain (it runs without --chain / INTELLECT_CHAIN_RPC_URL)")
+    url = rpc_url or info.rpc_url
+    if url is None:
+        raise SettlementUnavailable("the coordinator advertises no RPC URL: pass --rpc")
+    try:
+        w3 = connect(url)
+    except ChainError as e:
+        raise SettlementUnavailable(str(e)) from e
+    if info.chain_id is not None and w3.eth.chain_id != info.chain_id:
+        raise SettlementUnavailable(f"{url} serves chain {w3.eth.chain_id}, the coordinator settles on chain {info.chain_id}")
+    return Settlement.at(w3, info.token, info.stake_registry, info.distributor)
+
+
+def token_amount(text: str) -> int:
+    """``"12.5"`` tokens as base units; a clear ValueError for anything else."""
+    try:
+        amount = Decimal(text) * 10**TOKEN_DECIMALS
+    except InvalidOperation:
+        raise ValueError(f"{text!r} is not an amount") from None
+    if amount <= 0 or amount != amount.to_integral_value():
+        raise ValueError(f"{text!r}: give a positive amount with at most {TOKEN_DECIMALS} decimals")
+    return int(amount)
+
+
+def tokens(amount: int) -> str:
+    return f"{Decimal(amount) / 10**TOKEN_DECIMALS:f}"
+
+
+def rebuild_roots(api: CoordinatorClient, epochs: list[EpochInfo], progress: Callable[[int], None] = lambda _: None) -> dict[int, bytes | None]:
+    """Each epoch's root rebuilt from the public ledger (None: the ledger gives it no credit at all).
+    Reads the ledger once, up to the newest epoch's last entry; ``progress`` gets the last id read."""
+    last = max(e.last_entry_id for e in epochs)
+    entries: list[LedgerEntry] = []
+    after = 0
+    while after < last:
+        page = api.ledger_page(after, limit=5000)
+        if not page:
+            break
+        entries += page
+        after = page[-1].id
+        progress(min(after, last))
+    rows = [(e.id, e.address, e.units, e.final_at) for e in entries]
+    roots: dict[int, bytes | None] = {}
+    for epoch in epochs:
+        amounts = cumulative_amounts(rows, epoch.last_entry_id, epoch.cutoff)
+        roots[epoch.epoch] = CreditTree(amounts).root if amounts else None
+    return roots

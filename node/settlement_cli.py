@@ -1,0 +1,172 @@
+"""``intellect-node stake | unstake | claim | verify-epoch``: settlement on the deployment's chain.
+
+Exit codes: 0 done (or nothing to do, said so), 1 wallet problem or bad amount, 2 coordinator or
+chain unreachable, or no settlement there, 5 the chain refused (no gas, no stake, a revert: the
+reason is printed), 6 ``verify-epoch`` found a root the ledger does not support.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import Progress
+
+from node.cli_output import CoordinatorUrl, checked_url, console, fail
+from shared.wallet import WalletError, load_wallet, read_password
+
+Wallet = Annotated[Path, typer.Option("--wallet", help="Keystore that pays the gas; its password from INTELLECT_WALLET_PASSWORD or a prompt.")]
+Rpc = Annotated[str | None, typer.Option(help="EVM JSON-RPC URL to use instead of the one the coordinator advertises.", callback=checked_url)]
+
+
+@contextmanager
+def _settlement(coordinator: str, rpc: str | None, wallet_file: Path | None = None) -> Iterator[tuple[Any, Any, Any]]:
+    """(api, settlement, account); every failure becomes a message and an exit code."""
+    from node.settlement import SettlementUnavailable, settlement_of
+    from shared.chain import ChainError
+    from shared.coordinator_client import CoordinatorClient, ProtocolError
+
+    account = None
+    if wallet_file is not None:
+        try:
+            account = load_wallet(wallet_file, read_password())
+        except WalletError as e:
+            raise fail(str(e), 1) from None
+    try:
+        with CoordinatorClient(coordinator, give_up_s=30.0) as api:
+            yield api, settlement_of(api, rpc), account
+    except (ProtocolError, SettlementUnavailable) as e:
+        raise fail(f"Cannot settle through {coordinator}: {e}", 2) from None
+    except ChainError as e:
+        raise fail(f"The chain refused: {e}", 5) from None
+
+
+def _amount(text: str) -> int:
+    from node.settlement import token_amount
+
+    try:
+        return token_amount(text)
+    except ValueError as e:
+        raise fail(str(e), 1) from None
+
+
+def stake(
+    amount: Annotated[str, typer.Argument(help="Tokens to stake, e.g. 100 or 0.5.")],
+    wallet_file: Wallet,
+    coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+    rpc: Rpc = None,
+) -> None:
+    """Stake tokens in the deployment's stake registry (runs may require a stake to lease work)."""
+    from node.settlement import tokens
+
+    value = _amount(amount)
+    with _settlement(coordinator, rpc, wallet_file) as (_, chain, account):
+        held = chain.token.functions.balanceOf(account.address).call()
+        if held < value:
+            raise fail(f"{account.address} holds {tokens(held)} tokens, less than {amount}.", 5)
+        with console.status("Approving the stake registry…"):
+            if chain.token.functions.allowance(account.address, chain.registry.address).call() < value:
+                chain.transact(account, chain.token.functions.approve(chain.registry.address, value))
+        with console.status(f"Staking {amount}…"):
+            receipt = chain.transact(account, chain.registry.functions.stake(value))
+        console.print(f"Staked {amount}: {account.address} now stakes {tokens(chain.stake_of(account.address))} (tx {receipt['transactionHash'].to_0x_hex()}).")
+
+
+def unstake(
+    wallet_file: Wallet,
+    amount: Annotated[str | None, typer.Argument(help="Tokens to start unbonding; omit with --withdraw.")] = None,
+    withdraw: Annotated[bool, typer.Option("--withdraw", help="Withdraw what finished unbonding instead.")] = False,
+    coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+    rpc: Rpc = None,
+) -> None:
+    """Start unbonding stake (it can still be slashed until the delay ends), or --withdraw it after."""
+    import datetime as dt
+
+    from node.settlement import tokens
+
+    if (amount is None) == (not withdraw):
+        raise fail("Give an amount to unstake, or --withdraw (not both).", 1)
+    value = None if withdraw else _amount(amount or "")
+    with _settlement(coordinator, rpc, wallet_file) as (_, chain, account):
+        registry = chain.registry.functions
+        if value is None:
+            waiting = registry.unbonding(account.address).call()
+            with console.status(f"Withdrawing {tokens(waiting)}…"):
+                chain.transact(account, registry.withdraw())
+            console.print(f"Withdrew {tokens(waiting)} to {account.address}.")
+            return
+        with console.status(f"Unstaking {amount}…"):
+            chain.transact(account, registry.request_unstake(value))
+        until = dt.datetime.fromtimestamp(registry.withdrawable_at(account.address).call(), dt.UTC)
+        console.print(f"{tokens(registry.unbonding(account.address).call())} unbonding; withdraw with --withdraw after {until:%Y-%m-%d %H:%M} UTC.")
+
+
+def claim(wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8000", rpc: Rpc = None) -> None:
+    """Claim the reward tokens for this wallet's final credit, as of the newest root on chain."""
+    from node.settlement import tokens
+    from shared.coordinator_client import Refused
+    from shared.merkle import root_of
+
+    with _settlement(coordinator, rpc, wallet_file) as (api, chain, account):
+        epoch = chain.latest_epoch()
+        if epoch == 0:
+            console.print("Nothing to claim: no epoch has been anchored on chain yet.")
+            return
+        try:
+            found = api.epoch_proof(epoch, account.address)
+        except Refused as e:
+            if e.status != 404:
+                raise
+            console.print(f"Nothing to claim: {account.address} has no final credit in epoch {epoch} (credit is final after the dispute window).")
+            return
+        cumulative, proof = int(found.cumulative), [bytes.fromhex(p.removeprefix("0x")) for p in found.proof]
+        if root_of(account.address, cumulative, proof) != chain.root_at(epoch):
+            raise fail(f"The coordinator's proof for epoch {epoch} does not reach the root on chain; run `intellect-node verify-epoch {epoch}`.", 6)
+        already = chain.claimed(account.address)
+        if cumulative <= already:
+            console.print(f"Nothing to claim: {tokens(already)} claimed already, {tokens(cumulative)} earned up to epoch {epoch}.")
+            return
+        with console.status(f"Claiming {tokens(cumulative - already)} (epoch {epoch})…"):
+            receipt = chain.transact(account, chain.distributor.functions.claim(account.address, cumulative, proof))
+        console.print(f"Claimed {tokens(cumulative - already)} for {account.address} (tx {receipt['transactionHash'].to_0x_hex()}).")
+
+
+def verify_epoch(
+    epoch: Annotated[int | None, typer.Argument(help="The epoch to check; every anchored epoch if omitted.", min=1)] = None,
+    coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+    rpc: Rpc = None,
+) -> None:
+    """Rebuild epoch roots from the public ledger export and compare them with the roots on chain:
+    anyone can audit the coordinator. Exits 6 on any mismatch."""
+    from node.settlement import rebuild_roots
+
+    with _settlement(coordinator, rpc) as (api, chain, _):
+        epochs = [api.epoch(epoch)] if epoch is not None else [e for e in reversed(api.epochs(limit=500)) if e.tx_hash]
+        if not epochs:
+            console.print("No epoch anchored yet: nothing to verify.")
+            return
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("Reading the public ledger", total=max(e.last_entry_id for e in epochs))
+            rebuilt = rebuild_roots(api, epochs, lambda done: bar.update(task, completed=done))
+        bad = 0
+        for e in epochs:
+            on_chain = chain.root_at(e.epoch)
+            mine = rebuilt[e.epoch]
+            ours = "0x" + mine.hex() if mine else "none"
+            if mine is not None and on_chain == mine and e.root == ours:
+                console.print(f"[green]✓[/green] epoch {e.epoch}: {ours} ({e.addresses} addresses) matches the chain.")
+                continue
+            bad += 1
+            console.print(f"[red]✗ epoch {e.epoch}: the ledger gives {ours}, the chain holds 0x{on_chain.hex()}, the coordinator says {e.root}.[/red]")
+        if bad:
+            raise typer.Exit(6)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(stake)
+    app.command()(unstake)
+    app.command()(claim)
+    app.command("verify-epoch")(verify_epoch)

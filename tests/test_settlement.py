@@ -1,0 +1,232 @@
+"""Settlement against a real chain (anvil on loopback) and real coordinators: epochs close from
+final credit and anchor once, claims pay through ``intellect-node claim``, ``verify-epoch``
+rebuilds every root from the public ledger, stakes bond and unbond; the chain being down or a
+crash between posting and recording loses nothing and posts nothing twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from eth_account import Account
+from typer.testing import CliRunner
+
+from coordinator.anchoring import CHAIN_PASSWORD_ENV, Anchorer
+from coordinator.db import make_sessionmaker
+from coordinator.models import ContributionEntry, Submission, Task
+from coordinator.services.settlement import close_epoch
+from coordinator.settings import CoordinatorSettings
+from devnet.anvil import fund, rpc, start_anvil
+from devnet.processes import StartError, free_port
+from node.cli import app as node_cli
+from shared.chain import Settlement, connect
+from tests.conftest import Served, serve
+from tests.helpers import make_run
+
+TOKEN = 10**18
+PASSWORD = "test-password"  # conftest's INTELLECT_WALLET_PASSWORD
+
+
+@pytest.fixture(scope="module")
+def anvil(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    try:
+        process = start_anvil(tmp_path_factory.mktemp("anvil") / "anvil.log")
+    except StartError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"{e}; .ci/run must install it")
+        pytest.skip(str(e))
+    yield process.url
+    process.stop()
+
+
+@pytest.fixture
+def chain(anvil: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Fresh contracts, and the coordinator's sender (admin, poster, slasher) in a keystore."""
+    admin = Account.create()
+    fund(anvil, admin.address, 100 * TOKEN)
+    settlement = Settlement.deploy(connect(anvil), admin, unbonding_s=60, reward_supply=1_000_000 * TOKEN)
+    keystore = tmp_path / "chain-sender.json"
+    keystore.write_text(json.dumps(Account.encrypt(admin.key, "chain-password")))
+    monkeypatch.setenv(CHAIN_PASSWORD_ENV, "chain-password")
+    return settlement, admin, keystore
+
+
+def settled(database_url: str, tmp_path: Path, rpc_url: str, settlement: Settlement, keystore: Path) -> CoordinatorSettings:
+    return CoordinatorSettings(
+        database_url=database_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
+        chain_rpc_url=rpc_url, chain_token=settlement.token.address, chain_stake_registry=settlement.registry.address,
+        chain_distributor=settlement.distributor.address, chain_keystore=keystore, epoch_s=0.3,
+    )  # fmt: skip
+
+
+def wallet(tmp_path: Path, anvil: str | None = None):  # type: ignore[no-untyped-def]
+    account = Account.create()
+    path = tmp_path / f"{account.address}.json"
+    path.write_text(json.dumps(Account.encrypt(account.key, PASSWORD)))
+    if anvil is not None:
+        fund(anvil, account.address, 10 * TOKEN)
+    return account, path
+
+
+def lay_credit(served: Served, run_id: str, address: str, units: float, final: bool = True, kind: str = "credit") -> None:
+    """One ledger entry (with the task and submission it belongs to), final now or in an hour."""
+    now = datetime.now(UTC)
+    name = uuid.uuid4().hex[:12]
+    with make_sessionmaker(served.engine).begin() as session:
+        session.add(Task(id=f"t-{name}", run_id=run_id, prompt_ids={"ids": []}, seed=1, policy_step=0, status="submitted", created_at=now))
+        session.flush()
+        session.add(Submission(id=f"s-{name}", task_id=f"t-{name}", run_id=run_id, address=address, sha256="0" * 64, blob_key=name, rows=1, tokens=1, status="accepted", created_at=now))
+        session.flush()
+        final_at = now - timedelta(seconds=1) if final else now + timedelta(hours=1)
+        session.add(ContributionEntry(address=address, submission_id=f"s-{name}", kind=kind, units=units, reason="", created_at=now, final_at=final_at))
+
+
+def anchored(served: Served, epoch: int, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = httpx.get(f"{served.url}/v1/public/epochs").json()
+        done = [e for e in found if e["epoch"] == epoch and e["tx_hash"]]
+        if done:
+            return done[0]
+        time.sleep(0.1)
+    raise AssertionError(f"epoch {epoch} not anchored: {found}, health {httpx.get(f'{served.url}/healthz').json()}")
+
+
+def node(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(node_cli, list(args))
+    return result.exit_code, result.output
+
+
+def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root(database_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+    settlement, _, keystore = chain
+    (alice, alice_wallet), (bob, bob_wallet) = wallet(tmp_path, anvil), wallet(tmp_path, anvil)
+    carol = Account.create()
+    with serve(settled(database_url, tmp_path, anvil, settlement, keystore)) as served:
+        assert httpx.get(f"{served.url}/v1/public/chain").json()["distributor"] == settlement.distributor.address
+        run_id = make_run(served)
+        lay_credit(served, run_id, alice.address, 3.5)
+        lay_credit(served, run_id, bob.address, 2.0)
+        lay_credit(served, run_id, carol.address, 9.0, final=False)  # still inside the dispute window: not in the tree
+        first = anchored(served, 1)
+        assert settlement.root_at(1).hex() == first["root"].removeprefix("0x") and first["addresses"] == 2
+        assert first["total"] == str(int(5.5 * TOKEN))
+
+        code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", served.url)
+        assert code == 0 and "Claimed 3.5" in out, out
+        assert settlement.token.functions.balanceOf(alice.address).call() == int(3.5 * TOKEN)
+        code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", served.url)
+        assert code == 0 and "Nothing to claim: 3.5 claimed already" in out, out
+
+        # Epoch 2: alice earns more, bob's credit is clawed back (no leaf: nothing positive to claim).
+        lay_credit(served, run_id, alice.address, 1.25)
+        lay_credit(served, run_id, bob.address, -2.0, kind="clawback")
+        second = anchored(served, 2)
+        assert second["addresses"] == 1
+        code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", served.url)
+        assert code == 0 and "Claimed 1.25" in out, out
+        code, out = node("claim", "--wallet", str(bob_wallet), "--coordinator", served.url)
+        assert code == 0 and "has no final credit in epoch 2" in out, out
+        assert settlement.token.functions.balanceOf(bob.address).call() == 0
+
+        code, out = node("verify-epoch", "--coordinator", served.url)
+        assert code == 0 and "epoch 1" in out and "epoch 2" in out and out.count("matches the chain") == 2, out
+
+        # Nothing changed: no epoch 3, no gas spent.
+        time.sleep(1.5)
+        assert [e["epoch"] for e in httpx.get(f"{served.url}/v1/public/epochs").json()] == [2, 1]
+        proof = httpx.get(f"{served.url}/v1/public/epochs/2/proofs/{alice.address}").json()
+        assert proof["cumulative"] == str(int(4.75 * TOKEN))
+        assert httpx.get(f"{served.url}/v1/public/epochs/2/proofs/{bob.address}").status_code == 404
+        assert httpx.get(f"{served.url}/v1/public/epochs/0/proofs/{bob.address}").status_code == 422
+        assert httpx.get(f"{served.url}/v1/public/epochs/1/proofs/not-an-address").status_code == 422
+
+
+def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(sqlite_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+    settlement, admin, keystore = chain
+    w3 = settlement.w3
+    down = settled(sqlite_url, tmp_path, f"http://127.0.0.1:{free_port()}", settlement, keystore)
+    with serve(down) as served:
+        run_id = make_run(served)
+        lay_credit(served, run_id, Account.create().address, 1.0)
+        deadline = time.monotonic() + 20
+        while (health := httpx.get(f"{served.url}/healthz")).json()["settlement"]["unanchored_epochs"] < 1:
+            assert time.monotonic() < deadline, health.json()
+            time.sleep(0.1)
+        assert health.status_code == 200 and health.json()["settlement"]["chain"] != "ok"
+    live = settled(sqlite_url, tmp_path, anvil, settlement, keystore)
+    with serve(live) as served:
+        assert anchored(served, 1)["root"] == "0x" + settlement.root_at(1).hex()  # caught up after the outage
+
+    # A crash after the root was sent but before it was recorded: the next pass reads it back from
+    # the chain instead of sending it again.
+    lay_credit(served, run_id, Account.create().address, 2.0)
+    sessions = make_sessionmaker(served.engine)
+    with sessions.begin() as session:
+        epoch = close_epoch(session, datetime.now(UTC))
+        assert epoch is not None and epoch.epoch == 2
+        root = bytes.fromhex(epoch.root.removeprefix("0x"))
+    sent = settlement.transact(admin, settlement.distributor.functions.post_root(2, root))
+    nonce = w3.eth.get_transaction_count(admin.address)
+    anchorer = Anchorer(sessions, live.model_copy(update={"epoch_s": 3600}))
+    anchorer.tick()
+    assert anchorer.status()["unanchored_epochs"] == 0 and anchorer.chain_error is None
+    assert w3.eth.get_transaction_count(admin.address) == nonce
+    with served.engine.connect() as connection:
+        from sqlalchemy import text
+
+        assert connection.execute(text("SELECT tx_hash FROM epoch_anchors WHERE epoch = 2")).scalar() == sent["transactionHash"].to_0x_hex()
+
+    # Another root on chain for the next epoch (a second poster): refused, said, never overwritten;
+    # verify-epoch flags that epoch.
+    lay_credit(served, run_id, Account.create().address, 3.0)
+    settlement.transact(admin, settlement.distributor.functions.post_root(3, b"\x66" * 32))
+    with sessions.begin() as session:
+        assert close_epoch(session, datetime.now(UTC)) is not None
+    anchorer.tick()
+    assert "another root" in (anchorer.chain_error or "") and anchorer.status()["unanchored_epochs"] == 1
+    with serve(live) as served:
+        code, out = node("verify-epoch", "3", "--coordinator", served.url)
+        assert code == 6 and "✗ epoch 3" in out, out
+        code, out = node("verify-epoch", "1", "--coordinator", served.url)
+        assert code == 0, out
+
+
+def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+    settlement, admin, keystore = chain
+    account, path = wallet(tmp_path, anvil)
+    settlement.transact(admin, settlement.token.functions.mint(account.address, 50 * TOKEN))
+    with serve(settled(sqlite_url, tmp_path, anvil, settlement, keystore)) as served:
+        args = ["--wallet", str(path), "--coordinator", served.url]
+        code, out = node("stake", "10", *args)
+        assert code == 0 and "now stakes 10" in out, out
+        assert settlement.stake_of(account.address) == 10 * TOKEN
+        assert node("stake", "51", *args)[0] == 5
+        assert node("stake", "0", *args)[0] == 1 and node("stake", "1.5x", *args)[0] == 1
+        code, out = node("unstake", "4", *args)
+        assert code == 0 and "4 unbonding" in out, out
+        code, out = node("unstake", "--withdraw", *args)
+        assert code == 5 and "still unbonding" in out, out
+        rpc(anvil, "evm_increaseTime", 61)
+        rpc(anvil, "evm_mine")
+        code, out = node("unstake", "--withdraw", *args)
+        assert code == 0 and "Withdrew 4" in out, out
+        assert settlement.token.functions.balanceOf(account.address).call() == 44 * TOKEN
+
+        broke, broke_path = wallet(tmp_path)  # tokens, but no ETH for gas
+        settlement.transact(admin, settlement.token.functions.mint(broke.address, 5 * TOKEN))
+        code, out = node("stake", "1", "--wallet", str(broke_path), "--coordinator", served.url)
+        assert code == 5 and "insufficient gas" in out, out
+        code, out = node("claim", *args)
+        assert code == 0 and "Nothing to claim: no epoch" in out, out
+
+    plain = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")
+    with serve(plain) as served:
+        assert httpx.get(f"{served.url}/v1/public/chain").json() == {"enabled": False, "rpc_url": None, "chain_id": None, "token": None, "stake_registry": None, "distributor": None, "sender": None}
+        code, out = node("claim", "--wallet", str(path), "--coordinator", served.url)
+        assert code == 2 and "does not settle on a chain" in out, out
