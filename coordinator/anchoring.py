@@ -1,4 +1,5 @@
-"""The anchoring loop: close an epoch every ``epoch_s``, post each unanchored root, record it once confirmed.
+"""The settlement loop: close an epoch every ``epoch_s``, post each unanchored root, record it once
+confirmed; slash the stake of nodes banned for forgery once their dispute window is over.
 
 Idempotent across restarts and replicas: before posting, the chain is asked whether the epoch's
 root is there already (posted by a replica, or by this process before a crash) and, if so, the
@@ -49,6 +50,7 @@ class Anchorer:
         try:
             for epoch in waiting:
                 self._anchor(epoch)
+            self._slash()
             self.chain_error = None
         except Exception as e:  # the chain being down (or refusing) never stops the ledger: retried next tick
             self.chain_error = f"{type(e).__name__}: {e}"
@@ -76,7 +78,8 @@ class Anchorer:
             pass  # a replica closed this epoch first
         self._next_close = time.monotonic() + self.settings.epoch_s
 
-    def _chain(self) -> Any:
+    def chain(self) -> Any:
+        """The deployment's contracts, connected on first use (and again after a failure)."""
         if self._settlement is None:
             from shared.chain import Settlement, connect
 
@@ -86,10 +89,30 @@ class Anchorer:
             self.chain_id = self._settlement.w3.eth.chain_id
         return self._settlement
 
+    def _slash(self) -> None:
+        """Slash each ban that is due; like a root, a slash already on chain (sent before a crash) is
+        read back from its event, never sent twice."""
+        with self.sessions() as session:
+            due = epochs.slashes_due(session, datetime.now(UTC), self.settings.dispute_window_s)
+        for ban in due:
+            chain = self.chain()
+            registry = chain.registry
+            sent = [e for e in registry.events.Slashed.get_logs(from_block=0, argument_filters={"account": ban.address}) if bytes(e["args"]["evidence"]) == ban.evidence]
+            if sent:
+                amount, tx_hash = sent[0]["args"]["amount"], sent[0]["transactionHash"].to_0x_hex()
+            elif registry.functions.staked(ban.address).call() + registry.functions.unbonding(ban.address).call() == 0:
+                amount, tx_hash = 0, None
+            else:
+                receipt = chain.transact(self.sender, registry.functions.slash(ban.address, 2**256 - 1, ban.evidence), self.settings.chain_confirmations)
+                amount, tx_hash = registry.events.Slashed().process_receipt(receipt)[0]["args"]["amount"], receipt["transactionHash"].to_0x_hex()
+            with self.sessions.begin() as session:
+                epochs.record_slashing(session, ban, amount, tx_hash, datetime.now(UTC))
+            log.warning("slashed %s: %d base units, citing %s (tx %s)", ban.address, amount, ", ".join(ban.submissions), tx_hash)
+
     def _anchor(self, epoch: Epoch) -> None:
         from shared.chain import ChainError
 
-        chain = self._chain()
+        chain = self.chain()
         root = bytes.fromhex(epoch.root.removeprefix("0x"))
         on_chain = chain.root_at(epoch.epoch)
         if on_chain == b"\0" * 32:

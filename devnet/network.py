@@ -8,9 +8,11 @@ Used by ``intellect-devnet`` and by the tests that prove the network learns.
 from __future__ import annotations
 
 import secrets
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -25,7 +27,10 @@ from devnet.processes import (
     start_node,
     start_relay,
 )
-from shared.wallet import create_wallet
+from shared.wallet import create_wallet, wallet_address
+
+if TYPE_CHECKING:
+    from devnet.chain import DevChain
 
 
 @dataclass
@@ -36,6 +41,8 @@ class Network:
     run_id: str
     password: str
     processes: list[Process] = field(default_factory=list)
+    chain: DevChain | None = None
+    """Settlement on a local chain (``--chain``): every node staked before it asks for work."""
 
     @property
     def coordinator(self) -> Process:
@@ -56,6 +63,21 @@ class Network:
             timeout=30,
         )
         reply.raise_for_status()
+
+    def node_wallet(self, name: str) -> Path:
+        """A fresh wallet for a node, staked when the network settles on a chain."""
+        wallet, _ = self.wallet(name)
+        if self.chain is not None:
+            self.chain.stake(wallet, self.password)
+        return wallet
+
+    def start_adversary(self) -> str:
+        """A node that uploads forged rollouts (caught, banned, and slashed on a chain); its address."""
+        wallet = self.node_wallet("adversary")
+        command = [sys.executable, "-m", "devnet.adversary", "--wallet", str(wallet), "--coordinator", str(self.coordinator.url)]
+        command += ["--state-dir", str(self.workdir / "state" / "adversary")]
+        self.processes.append(spawn("adversary", command, self.workdir / "logs" / "adversary.log", {"INTELLECT_WALLET_PASSWORD": self.password}))
+        return wallet_address(wallet)
 
     def validators(self) -> list[Process]:
         return [p for p in self.processes if p.name.startswith("validator-")]
@@ -90,22 +112,29 @@ def start_network(
     node_env: dict[str, str] | None = None,
     steps: int = 0,
     keep_steps: int = 3,
+    chain: DevChain | None = None,
 ) -> Network:
     """Start every role; on a failure, stop what started and raise :class:`StartError` naming the process.
 
     ``steps``: the trainer stops after publishing this policy step (0: never); ``keep_steps``:
     how many policy steps the origin and relay keep: the default run's async level (2) + 1, so
-    every step a task may still use stays downloadable (more to evaluate a whole run afterwards).
+    every step a task may still use stays downloadable (more to evaluate a whole run afterwards);
+    ``chain``: settle on it (the run asks for a stake, credit turns final within seconds).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     database_url = database_url or f"sqlite:///{workdir / 'ledger.db'}"
     migrate(database_url, workdir / "logs" / "migrate.log")
     token = admin_token(database_url)
     (workdir / "admin-token").write_text(token + "\n")
+    if chain is not None:
+        from devnet.chain import DISPUTE_WINDOW_S, MIN_STAKE_TOKENS
+
+        run_options = [*run_options, "--min-stake", str(MIN_STAKE_TOKENS), "--dispute-window", str(DISPUTE_WINDOW_S)]
+        coordinator_env = {**chain.coordinator_env, **(coordinator_env or {})}
     run_id = create_run(database_url, "devnet-arithmetic", workdir / "logs" / "run.log", run_options)
     password = secrets.token_urlsafe(16)
     (workdir / "wallet-password").write_text(password + "\n")
-    net = Network(workdir, database_url, token, run_id, password)
+    net = Network(workdir, database_url, token, run_id, password, chain=chain)
     try:
         env = {"INTELLECT_BLOB_DIR": str(workdir / "blobs"), **(coordinator_env or {})}
         net.processes.append(start_coordinator(workdir, database_url, env=env))
@@ -131,8 +160,9 @@ def start_network(
         trainer_log = workdir / "logs" / "trainer.log"
         net.processes.append(spawn("trainer", trainer, trainer_log, {**secret, **(trainer_env or {})}))
         for i in range(nodes):
-            wallet, _ = net.wallet(f"node-{i}")
-            net.processes.append(start_node(workdir, f"node-{i}", wallet, url, password, node_env))
+            net.processes.append(start_node(workdir, f"node-{i}", net.node_wallet(f"node-{i}"), url, password, node_env))
+        if chain is not None:
+            net.processes.append(chain.anvil)
     except BaseException:
         net.stop()
         raise

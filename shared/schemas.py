@@ -61,6 +61,8 @@ class ErrorCode(enum.StrEnum):
     admin_forbidden = "admin_forbidden"
     node_not_registered = "node_not_registered"
     node_banned = "node_banned"
+    stake_too_low = "stake_too_low"
+    chain_unavailable = "chain_unavailable"
     version_unsupported = "version_unsupported"
     not_found = "not_found"
     no_run = "no_run"

@@ -78,6 +78,29 @@ class ChainInfo(BaseModel):
     """The coordinator's address on chain: it posts roots and slashes."""
 
 
+class NodeSettlement(BaseModel):
+    """One address on chain (token base units, decimal strings; None where the chain could not be read)."""
+
+    address: str
+    staked: str | None
+    unbonding: str | None
+    slashed: str
+    """As the coordinator recorded its slashes."""
+    earned: str
+    """Cumulative final credit in the newest anchored epoch."""
+    claimed: str | None
+    claimable: str | None
+
+
+class SettlementOverview(BaseModel):
+    """What the leaderboard page shows of settlement: recent epochs and nodes' stakes and claims."""
+
+    chain: ChainInfo
+    chain_error: str | None = None
+    epochs: list[EpochInfo] = []
+    nodes: list[NodeSettlement] = []
+
+
 def cumulative_amounts(entries: Iterable[tuple[int, str, float, datetime]], last_entry_id: int, cutoff: datetime) -> dict[str, int]:
     """``{checksum address: cumulative final amount}`` from ``(id, address, units, final_at)`` entries."""
     totals: dict[str, int] = {}

@@ -3,21 +3,27 @@ and the ledger export anyone rebuilds an epoch's root from (``intellect-node ver
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
 from coordinator.deps import LedgerDep, Settings, client_rate_limit
 from coordinator.errors import ApiError
-from coordinator.services import settlement
+from coordinator.services import leaderboard, settlement
 from shared.schemas import Address, ErrorBody, ErrorCode
-from shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry
+from shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry, NodeSettlement, SettlementOverview
 
 router = APIRouter(prefix="/v1/public", tags=["settlement"], dependencies=[Depends(client_rate_limit)])
 
 
 @router.get("/chain", response_model=ChainInfo)
 async def chain_info(request: Request, settings: Settings) -> ChainInfo:
+    return _chain_info(request, settings)
+
+
+def _chain_info(request: Request, settings: Settings) -> ChainInfo:
     anchorer = request.app.state.anchorer
     if anchorer is None:
         return ChainInfo(enabled=False)
@@ -56,3 +62,24 @@ async def ledger_export(
 ) -> list[LedgerEntry]:
     """Ledger entries after id ``after``, oldest first: page with the last id you got."""
     return await ledger.run(settlement.ledger_page, after, limit)
+
+
+@router.get("/settlement", response_model=SettlementOverview)
+async def overview(request: Request, ledger: LedgerDep, settings: Settings, limit: Annotated[int, Query(ge=1, le=200)] = 50) -> SettlementOverview:
+    """Recent epochs, and for the leading nodes (and every slashed one) their stake, slashes and
+    claims, read from the chain; the page shows this."""
+    info = _chain_info(request, settings)
+    if not info.enabled:
+        return SettlementOverview(chain=info)
+    recent = await ledger.run(settlement.epoch_infos, 10)
+    leading = [row.address for row in await ledger.run(leaderboard.ranking, datetime.now(UTC), limit)]
+    slashed = await ledger.run(settlement.slashed)
+    earned = await ledger.run(settlement.anchored_leaves)
+    addresses = list(dict.fromkeys(leading + sorted(slashed)))
+    try:
+        nodes = await asyncio.to_thread(settlement.node_settlement, request.app.state.anchorer.chain(), addresses, earned, slashed)
+    except Exception as e:  # the chain is down: the ledger's side is still worth showing
+        unknown = [NodeSettlement(address=a, staked=None, unbonding=None, slashed=str(slashed.get(a, 0)), earned=str(earned.get(a, 0)),
+                                  claimed=None, claimable=None) for a in addresses]  # fmt: skip
+        return SettlementOverview(chain=info, chain_error=f"{type(e).__name__}: {e}", epochs=recent, nodes=unknown)
+    return SettlementOverview(chain=info, epochs=recent, nodes=nodes)

@@ -24,8 +24,10 @@ router = APIRouter(prefix="/v1", tags=["tasks"], responses={401: {"model": Error
         404: {"model": ErrorBody},
     },
 )
-async def lease(body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> TaskSpec | Response:
-    leased = await ledger.run_signed(signed, runs.lease, body, settings, datetime.now(UTC))
+async def lease(request: Request, body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> TaskSpec | Response:
+    stakes = request.app.state.stakes
+    stake = None if stakes is None else await stakes.stake(signed.address)
+    leased = await ledger.run_signed(signed, runs.lease, body, settings, datetime.now(UTC), stake)
     if isinstance(leased, TaskSpec):
         return leased
     headers = {"x-intellect-wait": leased.reason, "x-intellect-wait-message": leased.message, "retry-after": f"{leased.retry_after_s:.0f}"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from datetime import datetime, timedelta
+from decimal import Decimal
 from functools import cache
 from typing import Any
 
@@ -46,6 +47,7 @@ def create_run(
     async_level: int = 2,
     dispute_window_s: float | None = None,
     audit: AuditPolicy | None = None,
+    min_stake: float = 0.0,
 ) -> Run:
     if environment not in ENVIRONMENTS:
         raise ApiError(422, ErrorCode.validation_error, f"Unknown environment {environment!r}; choose one of {', '.join(ENVIRONMENTS)}.")
@@ -68,6 +70,7 @@ def create_run(
         async_level=async_level,
         dispute_window_s=dispute_window_s,
         audit=audit.model_dump() if audit else None,
+        min_stake=min_stake,
     )
     session.add(run)
     return run
@@ -102,11 +105,14 @@ def spec(run: Run, task: Task) -> TaskSpec:
     )
 
 
-def lease(session: Session, signer: str, request: LeaseRequest, settings: CoordinatorSettings, now: datetime) -> TaskSpec | WorkWait:
+def lease(
+    session: Session, signer: str, request: LeaseRequest, settings: CoordinatorSettings, now: datetime, stake: int | None = None
+) -> TaskSpec | WorkWait:
     """A task leased to ``signer``: one it holds but is not working on (it restarted), else an
     open or expired one, else a new one if the run admits more work now
     (:mod:`coordinator.services.admission`; else why not); never one older than the run's window;
-    at most ``max_leases_per_node`` at a time."""
+    at most ``max_leases_per_node`` at a time; a run with a minimum stake needs ``stake`` (base units,
+    None: unknown) to reach it."""
     run_id = request.run_id
     node = session.get(Node, signer)
     if node is None:
@@ -124,6 +130,7 @@ def lease(session: Session, signer: str, request: LeaseRequest, settings: Coordi
             return admission.NO_RUN
     if run.status != RunStatus.active:
         return admission.paused(run)
+    _require_stake(run, signer, stake)
 
     # A task older than the run's window would only make rollouts that expire unjudged.
     oldest = max(0, run.policy_step - run.async_level)
@@ -188,7 +195,7 @@ def list_runs(session: Session) -> list[Run]:
     return list(session.scalars(select(Run).order_by(Run.created_at.desc())))
 
 
-UPDATABLE = frozenset({"model", "sampling", "prompts_per_task", "samples_per_prompt", "length_budget", "async_level", "dispute_window_s", "audit"})
+UPDATABLE = frozenset({"model", "sampling", "prompts_per_task", "samples_per_prompt", "length_budget", "async_level", "dispute_window_s", "audit", "min_stake"})
 
 
 def update_run(session: Session, run_id: str, changes: dict[str, Any]) -> Run:
@@ -199,6 +206,20 @@ def update_run(session: Session, run_id: str, changes: dict[str, Any]) -> Run:
         setattr(run, key, value)
     _require_submittable(run.prompts_per_task, run.samples_per_prompt, run.sampling["max_tokens"])
     return run
+
+
+def _require_stake(run: Run, signer: str, stake: int | None) -> None:
+    if not run.min_stake:
+        return
+    needed = int(Decimal(repr(run.min_stake)) * 10**18)
+    if stake is None:
+        raise ApiError(503, ErrorCode.chain_unavailable, "This run needs a stake and the stake registry cannot be read now; try again shortly.", headers={"Retry-After": "10"})
+    if stake < needed:
+        raise ApiError(
+            403, ErrorCode.stake_too_low,
+            f"Run {run.name} needs {run.min_stake:g} tokens staked; {signer} stakes {Decimal(stake) / 10**18:f}. Stake with `intellect-node stake`.",
+            {"needed": str(needed), "staked": str(stake)},
+        )  # fmt: skip
 
 
 def _require_submittable(prompts_per_task: int, samples_per_prompt: int, max_tokens: int) -> None:

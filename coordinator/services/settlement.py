@@ -1,4 +1,5 @@
-"""Epochs of settlement: closing one (its tree of cumulative final credit), proofs, anchors.
+"""Settlement's ledger side: epochs (each a tree of cumulative final credit), proofs, anchors,
+and the bans that are due to be slashed.
 
 An epoch closes only when some address's cumulative final credit changed since the last one, so
 an idle network spends no gas. Closing is a plain insert under the epoch number's primary key:
@@ -7,15 +8,20 @@ of two replicas closing the same epoch one wins, the other's insert fails and it
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
+from eth_utils import keccak
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import ContributionEntry
-from coordinator.settlement_models import Epoch, EpochAnchor, EpochLeaf
+from coordinator.models import ContributionEntry, Node, NodeStatusEvent, NodeStrike
+from coordinator.services.consequences import STRIKES_BAN
+from coordinator.settlement_models import Epoch, EpochAnchor, EpochLeaf, Slashing
 from shared.merkle import CreditTree
-from shared.settlement import EpochInfo, EpochProof, LedgerEntry, cumulative_amounts
+from shared.schemas import NodeStatus
+from shared.settlement import EpochInfo, EpochProof, LedgerEntry, NodeSettlement, cumulative_amounts
 
 
 def latest_epoch(session: Session) -> Epoch | None:
@@ -98,3 +104,69 @@ def ledger_page(session: Session, after: int, limit: int) -> list[LedgerEntry]:
     """Ledger entries with id after ``after``, oldest first: the export anyone rebuilds roots from."""
     rows = session.scalars(select(ContributionEntry).where(ContributionEntry.id > after).order_by(ContributionEntry.id).limit(limit))
     return [LedgerEntry.model_validate(row, from_attributes=True) for row in rows]
+
+
+@dataclass
+class DueSlash:
+    address: str
+    ban_event_id: int
+    submissions: list[str]
+    """The submissions whose hard rejections still count against the node: the evidence."""
+
+    @property
+    def evidence(self) -> bytes:
+        return keccak(",".join(sorted(self.submissions)).encode())
+
+
+def slashes_due(session: Session, now: datetime, window_s: float) -> list[DueSlash]:
+    """Nodes banned for strikes whose ban outlasted the dispute window (appeals could lift it until
+    then) and was not carried to the chain yet."""
+    due = []
+    banned = session.scalars(select(Node.address).where(Node.status == NodeStatus.banned, Node.ban_reason.endswith(STRIKES_BAN)))
+    for address in banned:
+        event = session.scalar(
+            select(NodeStatusEvent).where(NodeStatusEvent.address == address, NodeStatusEvent.to_status == NodeStatus.banned)
+            .order_by(NodeStatusEvent.id.desc()).limit(1)
+        )  # fmt: skip
+        if event is None or event.at > now - timedelta(seconds=window_s):
+            continue
+        if session.scalar(select(Slashing.id).where(Slashing.ban_event_id == event.id)) is not None:
+            continue
+        struck = select(NodeStrike.submission_id).where(NodeStrike.address == address, NodeStrike.submission_id.is_not(None))
+        counting = struck.group_by(NodeStrike.submission_id).having(func.sum(NodeStrike.units) > 0)
+        due.append(DueSlash(address, event.id, [s for s in session.scalars(counting) if s]))
+    return due
+
+
+def record_slashing(session: Session, due: DueSlash, amount: int, tx_hash: str | None, now: datetime) -> None:
+    session.add(Slashing(address=due.address, ban_event_id=due.ban_event_id, evidence="0x" + due.evidence.hex(),
+                         submissions=sorted(due.submissions), amount=str(amount), tx_hash=tx_hash, at=now))  # fmt: skip
+
+
+def slashed(session: Session) -> dict[str, int]:
+    """Base units slashed per address, as recorded."""
+    totals: dict[str, int] = {}
+    for address, amount in session.execute(select(Slashing.address, Slashing.amount)):
+        totals[address] = totals.get(address, 0) + int(amount)
+    return totals
+
+
+def anchored_leaves(session: Session) -> dict[str, int]:
+    """Leaves of the newest epoch confirmed on chain (what claims pay against now)."""
+    newest = session.scalar(select(func.max(EpochAnchor.epoch)))
+    return {} if newest is None else leaves(session, newest)
+
+
+def node_settlement(chain: Any, addresses: list[str], earned: dict[str, int], slashed: dict[str, int]) -> list[NodeSettlement]:
+    """Each address's stake and claims as the chain holds them (call from a worker thread: one RPC per value)."""
+    found = []
+    for address in addresses:
+        staked = chain.stake_of(address)
+        unbonding = chain.registry.functions.unbonding(address).call()
+        claimed = chain.claimed(address)
+        cumulative = earned.get(address, 0)
+        found.append(NodeSettlement(
+            address=address, staked=str(staked), unbonding=str(unbonding), slashed=str(slashed.get(address, 0)), earned=str(cumulative),
+            claimed=str(claimed), claimable=str(max(0, cumulative - claimed)),
+        ))  # fmt: skip
+    return found

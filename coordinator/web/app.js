@@ -31,6 +31,8 @@ const fmt = {
   },
   time: (iso) => (iso ? new Date(iso).toLocaleString() : "–"),
   short: (id) => (id.length > 16 ? `${id.slice(0, 12)}…` : id),
+  // Token base units (18 decimals, a decimal string: beyond a JS number) as tokens, to a millionth.
+  tokens: (x) => (x === null || x === undefined ? "–" : fmt.num(Number(BigInt(x) / 10n ** 12n) / 1e6, 2)),
 };
 
 // ---- charts -------------------------------------------------------------------------------------
@@ -186,12 +188,44 @@ function validatorsTable(validators) {
     h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 6 }, "No validators yet."))));
 }
 
+function settlementSection(overview) {
+  const epochs = overview.epochs.map((e) => h("tr", { "data-epoch": e.epoch },
+    h("td", { class: "num" }, fmt.num(e.epoch)),
+    h("td", {}, h("span", { class: "address", title: e.root }, fmt.short(e.root))),
+    h("td", { class: "num" }, fmt.num(e.addresses)),
+    h("td", { class: "num" }, fmt.tokens(e.total)),
+    h("td", {}, e.tx_hash ? h("span", { class: "address", title: e.tx_hash }, `${fmt.short(e.tx_hash)} (block ${e.block})`) : h("span", { class: "muted" }, "waiting for the chain")),
+    h("td", { class: "wide" }, fmt.time(e.cutoff)),
+  ));
+  const nodes = overview.nodes.map((n) => h("tr", { "data-node": n.address },
+    h("td", {}, h("a", { href: `#/node/${n.address}`, class: "address" }, fmt.short(n.address))),
+    ...[n.staked, n.unbonding, n.slashed, n.earned, n.claimed, n.claimable].map((v) => h("td", { class: "num" }, fmt.tokens(v))),
+  ));
+  const head = (titles, numeric) => h("thead", {}, h("tr", {}, titles.map((t, i) => h("th", { scope: "col", class: numeric(i) ? "num" : "" }, t))));
+  return h("section", { "aria-labelledby": "settlement-title" },
+    h("h2", { id: "settlement-title" }, "Settlement"),
+    h("p", { class: "muted" }, `Chain ${overview.chain.chain_id ?? "?"}: credit distributor `, h("span", { class: "address" }, overview.chain.distributor),
+      ", stake registry ", h("span", { class: "address" }, overview.chain.stake_registry),
+      ". Check any root yourself with intellect-node verify-epoch.", overview.chain_error ? h("span", { role: "status" }, ` The chain is not answering: ${overview.chain_error}`) : ""),
+    h("div", { class: "table-wrap" }, h("table", { id: "epochs" },
+      h("caption", {}, "Each epoch's Merkle root of cumulative final credit, and the transaction that anchored it"),
+      head(["Epoch", "Root", "Addresses", "Total (tokens)", "Transaction", "Cutoff"], (i) => i === 0 || i === 2 || i === 3),
+      h("tbody", {}, epochs.length ? epochs : h("tr", {}, h("td", { colspan: 6 }, "No epoch closed yet (credit becomes final after the dispute window)."))))),
+    h("div", { class: "table-wrap" }, h("table", { id: "stakes" },
+      h("caption", {}, "Stakes, slashes and claims (tokens)"),
+      head(["Node", "Staked", "Unbonding", "Slashed", "Earned", "Claimed", "Claimable"], (i) => i > 0),
+      h("tbody", {}, nodes.length ? nodes : h("tr", {}, h("td", { colspan: 7 }, "No nodes yet."))))),
+  );
+}
+
 function showRun(net) {
   document.getElementById("run-name").textContent = net.run ? `Run ${net.run.name} · ${net.run.environment} · ${net.run.model}` : "No active run";
 }
 
 async function showLeaderboard(view) {
-  const [net, rows, validators] = await Promise.all([get("/v1/public/network"), get("/v1/public/leaderboard"), get("/v1/public/validators")]);
+  const [net, rows, validators, settlement] = await Promise.all([
+    get("/v1/public/network"), get("/v1/public/leaderboard"), get("/v1/public/validators"), get("/v1/public/settlement"),
+  ]);
   lastRows = rows;
   state.runId = net.run?.id ?? null;
   showRun(net);
@@ -212,6 +246,7 @@ async function showLeaderboard(view) {
       h("div", { class: "table-wrap", id: "table-wrap" }, leaderboardTable(rows))),
     h("section", { "aria-labelledby": "validators-title" },
       h("h2", { id: "validators-title" }, "Validators"), h("div", { class: "table-wrap" }, validatorsTable(validators))),
+    settlement.chain.enabled ? settlementSection(settlement) : "",
   );
   if (focused) { input.focus(); input.setSelectionRange(input.value.length, input.value.length); }
 }

@@ -1,4 +1,5 @@
-"""Settlement: each epoch's credit tree (root and leaves) and its confirmed anchor on chain.
+"""Settlement: each epoch's credit tree (root and leaves) and its confirmed anchor on chain, runs'
+minimum stake, and the slashes that followed bans.
 
 Revision ID: 0011
 Revises: 0010
@@ -15,6 +16,19 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("min_stake", sa.Float(), nullable=False, server_default="0"))
+    op.create_table(
+        "slashings",
+        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+        sa.Column("address", sa.String(42), nullable=False, index=True),
+        sa.Column("ban_event_id", sa.Integer(), sa.ForeignKey("node_status_events.id"), nullable=False, unique=True),
+        sa.Column("evidence", sa.String(66), nullable=False),
+        sa.Column("submissions", sa.JSON(), nullable=False),
+        sa.Column("amount", sa.String(80), nullable=False),
+        sa.Column("tx_hash", sa.String(66), nullable=True),
+        sa.Column("at", sa.DateTime(), nullable=False),
+    )
     op.create_table(
         "epochs",
         sa.Column("epoch", sa.Integer(), primary_key=True, autoincrement=False),
@@ -44,3 +58,6 @@ def downgrade() -> None:
     op.drop_table("epoch_anchors")
     op.drop_table("epoch_leaves")
     op.drop_table("epochs")
+    op.drop_table("slashings")
+    with op.batch_alter_table("runs") as batch:
+        batch.drop_column("min_stake")

@@ -9,13 +9,14 @@ from fastapi import Query
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
-from coordinator.deps import LedgerDep
+from coordinator.deps import LedgerDep, Settings
+from coordinator.errors import ApiError
 from coordinator.models import Run
 from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
 from coordinator.services import runs
 from shared.environments.length import LengthBudget
 from shared.run_schemas import EvaluationRequest, RunCreate, RunInfo, RunSettings
-from shared.schemas import DEFAULT_MODEL, INT32_MAX, ErrorBody, SamplingParams
+from shared.schemas import DEFAULT_MODEL, INT32_MAX, ErrorBody, ErrorCode, SamplingParams
 from shared.states import RunStatus, TaskStatus
 
 router = admin_router("runs and tasks")
@@ -40,6 +41,11 @@ def _info(run: Run) -> RunInfo:
     return RunInfo.model_validate(run, from_attributes=True)
 
 
+def _stake_needs_a_chain(body: RunSettings, settings: Settings) -> None:
+    if body.min_stake and not settings.chain_rpc_url:
+        raise ApiError(422, ErrorCode.validation_error, "min_stake needs settlement on a chain (INTELLECT_CHAIN_RPC_URL); this coordinator has none.")
+
+
 def _changes(settings: RunSettings, run: Run | None) -> dict[str, Any]:
     """The set fields of ``settings`` as column values (the length budget is one JSON column)."""
     given = settings.model_dump(exclude_unset=True, exclude={"length_alpha", "target_length"})
@@ -60,15 +66,16 @@ async def list_runs(ledger: LedgerDep) -> list[RunInfo]:
 
 
 @router.post("/runs", response_model=RunInfo, status_code=201, responses={409: {"model": ErrorBody}, 422: {"model": ErrorBody}})
-async def create_run(body: RunCreate, ledger: LedgerDep, token: OperateToken) -> RunInfo:
+async def create_run(body: RunCreate, ledger: LedgerDep, token: OperateToken, settings: Settings) -> RunInfo:
     """Create an active run; nodes start leasing its tasks at once."""
+    _stake_needs_a_chain(body, settings)
 
     def work(session: Session) -> RunInfo:
         run = runs.create_run(
             session, body.name, body.environment, body.model or DEFAULT_MODEL, body.sampling or SamplingParams(max_tokens=48),
             body.prompts_per_task or 4, body.samples_per_prompt or 4,
             LengthBudget(alpha=body.length_alpha or 0.0, target_tokens=body.target_length or 1024), datetime.now(UTC),
-            2 if body.async_level is None else body.async_level, body.dispute_window_s, body.audit,
+            2 if body.async_level is None else body.async_level, body.dispute_window_s, body.audit, body.min_stake or 0.0,
         )  # fmt: skip
         session.flush()
         return _info(run)
@@ -82,8 +89,9 @@ async def get_run(run_id: str, ledger: LedgerDep) -> RunInfo:
 
 
 @router.patch("/runs/{run_id}", response_model=RunInfo, responses=NOT_FOUND)
-async def update_run(run_id: str, body: RunSettings, ledger: LedgerDep, token: OperateToken) -> RunInfo:
+async def update_run(run_id: str, body: RunSettings, ledger: LedgerDep, token: OperateToken, settings: Settings) -> RunInfo:
     """Change a run's settings; tasks already handed out keep the settings they were made with."""
+    _stake_needs_a_chain(body, settings)
 
     def work(session: Session) -> RunInfo:
         return _info(runs.update_run(session, run_id, _changes(body, runs.get_run(session, run_id))))
