@@ -83,6 +83,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     app.state.loops = loops
     app.state.anchorer = anchorer
     app.state.stakes = stakes
+    app.state.settlement_overviews = {}  # limit -> (monotonic time, overview): see routers/settlement.py
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     hourly = settings.registrations_per_ip_per_hour
     app.state.registration_limiter = RateLimiter(hourly / 3600, hourly)

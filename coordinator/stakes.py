@@ -1,6 +1,7 @@
 """Nodes' stakes, read from the chain's stake registry for the lease check, cached per address.
 
-A read costs one RPC per address per ``ttl_s``. When the chain cannot be read, the last value
+A read costs one RPC per address per ``ttl_s`` (a zero stake is read again after ``RETRY_S``:
+a node that just staked waits seconds, not a minute). When the chain cannot be read, the last value
 known stands; an address never read waits (503 with Retry-After) rather than being refused or
 let in on a guess. Reads run in a worker thread: the event loop never waits on the chain.
 """
@@ -28,7 +29,7 @@ class StakeBook:
     async def stake(self, address: str) -> int | None:
         """``address``'s active stake in token base units; None if it was never read and cannot be now."""
         hit = self._known.get(address)
-        if hit is not None and time.monotonic() - hit[0] < self._ttl_s:
+        if hit is not None and time.monotonic() - hit[0] < (self._ttl_s if hit[1] else RETRY_S):
             return hit[1]
         if time.monotonic() - self._failed_at < RETRY_S:  # down a moment ago: no request waits on it again so soon
             return None if hit is None else hit[1]

@@ -49,7 +49,7 @@ def send(w3: Web3, sender: LocalAccount, build: Callable[[dict[str, Any]], dict[
     """Sign and send the transaction ``build(params)`` makes; return its receipt once ``confirmations`` blocks hold it."""
     params: dict[str, Any] = {"from": sender.address, "nonce": w3.eth.get_transaction_count(sender.address, "pending"), "chainId": w3.eth.chain_id}
     balance = w3.eth.get_balance(sender.address)
-    if balance == 0:  # nodes refuse even to estimate a transaction its sender cannot pay for
+    if balance == 0:  # RPC nodes refuse even to estimate the gas of a sender that cannot pay any fee
         raise ChainError(f"insufficient gas: {sender.address} holds no ETH to pay the transaction fee")
     try:
         tx = build(params)
@@ -76,11 +76,6 @@ def send(w3: Web3, sender: LocalAccount, build: Callable[[dict[str, Any]], dict[
             raise ChainError(f"transaction {tx_hash.to_0x_hex()} mined but not {confirmations} blocks deep within {timeout_s:.0f} s")
         time.sleep(0.5)
     return receipt
-
-
-def call(fn: Any, params: dict[str, Any]) -> dict[str, Any]:
-    """``build`` for :func:`send`: a contract function call (gas estimated, so a revert surfaces here)."""
-    return fn.build_transaction(params)
 
 
 def revert_reason(error: Exception) -> str | None:
@@ -126,7 +121,8 @@ class Settlement:
         return s
 
     def transact(self, sender: LocalAccount, fn: Any, confirmations: int = 1) -> Any:
-        return send(self.w3, sender, lambda p: call(fn, p), confirmations=confirmations)
+        """Send the contract call ``fn`` (its gas is estimated first, so a revert surfaces before anything is sent)."""
+        return send(self.w3, sender, fn.build_transaction, confirmations=confirmations)
 
     def stake_of(self, address: str) -> int:
         return int(self.registry.functions.staked(Web3.to_checksum_address(address)).call())

@@ -65,7 +65,7 @@ def test_a_chain_devnet_stakes_anchors_slashes_and_pays(tmp_path: Path) -> None:
             expect(page.locator(f'#stakes tr[data-node="{cheat}" i] td').nth(3)).to_have_text("100.00")
             expect(page.locator(f'#stakes tr[data-node="{cheat}" i] td').nth(1)).to_have_text("0.00")
             claimed_cell = page.locator("#stakes tbody tr td:nth-child(6)").first
-            expect(claimed_cell).not_to_have_text("0.00")
+            expect(claimed_cell).not_to_have_text("0.00", timeout=15_000)  # the overview is cached for 5 s
             page.screenshot(path=str(tmp_path / "settlement.png"), full_page=True)
             browser.close()
     finally:

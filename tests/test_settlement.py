@@ -26,8 +26,8 @@ from devnet.anvil import fund, rpc, start_anvil
 from devnet.processes import StartError, free_port
 from node.cli import app as node_cli
 from shared.chain import Settlement, connect
-from tests.conftest import Served, serve
-from tests.helpers import make_run
+from tests.conftest import Served, admin_token, serve
+from tests.helpers import make_run, register_body, signed_post
 
 TOKEN = 10**18
 PASSWORD = "test-password"  # conftest's INTELLECT_WALLET_PASSWORD
@@ -230,3 +230,31 @@ def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, 
         assert httpx.get(f"{served.url}/v1/public/chain").json() == {"enabled": False, "rpc_url": None, "chain_id": None, "token": None, "stake_registry": None, "distributor": None, "sender": None}
         code, out = node("claim", "--wallet", str(path), "--coordinator", served.url)
         assert code == 2 and "does not settle on a chain" in out, out
+
+
+def test_a_run_with_a_minimum_stake_leases_only_to_staked_nodes(sqlite_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+    settlement, admin, keystore = chain
+    account, path = wallet(tmp_path, anvil)
+    settlement.transact(admin, settlement.token.functions.mint(account.address, 50 * TOKEN))
+    with serve(settled(sqlite_url, tmp_path, anvil, settlement, keystore)) as served:
+        headers = {"authorization": f"Bearer {admin_token(served)}"}
+        body = {"name": "staked", "min_stake": 20, "sampling": {"max_tokens": 8}, "prompts_per_task": 2, "samples_per_prompt": 2}
+        run = httpx.post(f"{served.url}/v1/admin/runs", json=body, headers=headers)
+        assert run.status_code == 201 and run.json()["min_stake"] == 20, run.text
+        assert signed_post(served.url, "/v1/nodes/register", account, served.audience, register_body(account)).status_code == 200
+        lease = {"address": account.address, "run_id": run.json()["id"]}
+        refused = signed_post(served.url, "/v1/tasks/lease", account, served.audience, lease)
+        assert refused.status_code == 403 and refused.json()["code"] == "stake_too_low", refused.text
+        assert "needs 20 tokens staked" in refused.json()["message"]
+        assert node("stake", "20", "--wallet", str(path), "--coordinator", served.url)[0] == 0
+        deadline = time.monotonic() + 15  # a zero stake is read again within seconds
+        while (leased := signed_post(served.url, "/v1/tasks/lease", account, served.audience, lease)).status_code == 403:
+            assert time.monotonic() < deadline, leased.text
+            time.sleep(0.5)
+        assert leased.status_code == 200 and leased.json()["run_id"] == run.json()["id"], leased.text
+
+    # Without settlement a run cannot ask for a stake it could never check.
+    with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")) as served:
+        body = {"name": "unstakeable", "min_stake": 1}
+        refused = httpx.post(f"{served.url}/v1/admin/runs", json=body, headers={"authorization": f"Bearer {admin_token(served)}"})
+        assert refused.status_code == 422 and "min_stake needs settlement" in refused.text

@@ -4,6 +4,7 @@ and the ledger export anyone rebuilds an epoch's root from (``intellect-node ver
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -14,6 +15,8 @@ from coordinator.errors import ApiError
 from coordinator.services import leaderboard, settlement
 from shared.schemas import Address, ErrorBody, ErrorCode
 from shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry, NodeSettlement, SettlementOverview
+
+OVERVIEW_TTL_S = 5.0
 
 router = APIRouter(prefix="/v1/public", tags=["settlement"], dependencies=[Depends(client_rate_limit)])
 
@@ -58,7 +61,7 @@ async def proof(epoch: Annotated[int, Path(ge=1, le=2**31 - 1)], address: Addres
 
 @router.get("/ledger", response_model=list[LedgerEntry])
 async def ledger_export(
-    ledger: LedgerDep, after: Annotated[int, Query(ge=0, le=2**62)] = 0, limit: Annotated[int, Query(ge=1, le=5000)] = 1000
+    ledger: LedgerDep, after: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0, limit: Annotated[int, Query(ge=1, le=5000)] = 1000
 ) -> list[LedgerEntry]:
     """Ledger entries after id ``after``, oldest first: page with the last id you got."""
     return await ledger.run(settlement.ledger_page, after, limit)
@@ -67,10 +70,20 @@ async def ledger_export(
 @router.get("/settlement", response_model=SettlementOverview)
 async def overview(request: Request, ledger: LedgerDep, settings: Settings, limit: Annotated[int, Query(ge=1, le=200)] = 50) -> SettlementOverview:
     """Recent epochs, and for the leading nodes (and every slashed one) their stake, slashes and
-    claims, read from the chain; the page shows this."""
+    claims, read from the chain; the page shows this. Cached a few seconds: each answer costs a
+    few chain reads per node, and nobody may make the coordinator hammer its RPC."""
     info = _chain_info(request, settings)
     if not info.enabled:
         return SettlementOverview(chain=info)
+    cache = request.app.state.settlement_overviews
+    hit = cache.get(limit)
+    if hit is not None and time.monotonic() - hit[0] < OVERVIEW_TTL_S:
+        return hit[1]
+    cache[limit] = (time.monotonic(), answer := await _overview(request, ledger, info, limit))
+    return answer
+
+
+async def _overview(request: Request, ledger: LedgerDep, info: ChainInfo, limit: int) -> SettlementOverview:
     recent = await ledger.run(settlement.epoch_infos, 10)
     leading = [row.address for row in await ledger.run(leaderboard.ranking, datetime.now(UTC), limit)]
     slashed = await ledger.run(settlement.slashed)
