@@ -94,10 +94,15 @@ def unstake(
         registry = chain.registry.functions
         if value is None:
             waiting = registry.unbonding(account.address).call()
+            if waiting == 0:
+                raise fail(f"Nothing to withdraw: {account.address} has no stake unbonding (start with `intellect-node unstake AMOUNT`).", 5)
             with console.status(f"Withdrawing {tokens(waiting)}…"):
                 chain.transact(account, registry.withdraw())
             console.print(f"Withdrew {tokens(waiting)} to {account.address}.")
             return
+        staked = chain.stake_of(account.address)
+        if staked < value:
+            raise fail(f"{account.address} stakes {tokens(staked)}, less than {amount}.", 5)
         with console.status(f"Unstaking {amount}…"):
             chain.transact(account, registry.request_unstake(value))
         until = dt.datetime.fromtimestamp(registry.withdrawable_at(account.address).call(), dt.UTC)

@@ -208,6 +208,10 @@ def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, 
         assert settlement.stake_of(account.address) == 10 * TOKEN
         assert node("stake", "51", *args)[0] == 5
         assert node("stake", "0", *args)[0] == 1 and node("stake", "1.5x", *args)[0] == 1
+        code, out = node("unstake", "--withdraw", *args)
+        assert code == 5 and "no stake unbonding" in out, out
+        code, out = node("unstake", "11", *args)
+        assert code == 5 and "stakes 10, less than 11" in out, out
         code, out = node("unstake", "4", *args)
         assert code == 0 and "4 unbonding" in out, out
         code, out = node("unstake", "--withdraw", *args)
@@ -258,3 +262,35 @@ def test_a_run_with_a_minimum_stake_leases_only_to_staked_nodes(sqlite_url, tmp_
         body = {"name": "unstakeable", "min_stake": 1}
         refused = httpx.post(f"{served.url}/v1/admin/runs", json=body, headers={"authorization": f"Bearer {admin_token(served)}"})
         assert refused.status_code == 422 and "min_stake needs settlement" in refused.text
+
+
+def test_replicas_close_and_anchor_each_epoch_once(database_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+    """Two coordinators' settlement loops on one ledger, sharing the sender, racing pass for pass."""
+    import threading
+
+    settlement, admin, keystore = chain
+    settings = settled(database_url, tmp_path, anvil, settlement, keystore).model_copy(update={"epoch_s": 3600})
+    with serve(settings.model_copy(update={"chain_rpc_url": None})) as served:  # lays the ledger; settles nothing itself
+        run_id = make_run(served)
+        for units in (1.0, 2.0, 3.0):
+            lay_credit(served, run_id, Account.create().address, units)
+        sessions = make_sessionmaker(served.engine)
+        replicas = [Anchorer(sessions, settings), Anchorer(sessions, settings)]
+        nonce = settlement.w3.eth.get_transaction_count(admin.address)
+        for _ in range(3):
+            passes = [threading.Thread(target=r.tick) for r in replicas]
+            for p in passes:
+                p.start()
+            for p in passes:
+                p.join()
+        with served.engine.connect() as connection:
+            from sqlalchemy import text
+
+            assert connection.execute(text("SELECT count(*) FROM epochs")).scalar() == 1
+            assert connection.execute(text("SELECT count(*) FROM epoch_anchors")).scalar() == 1
+            root = connection.execute(text("SELECT root FROM epochs")).scalar()
+        assert settlement.latest_epoch() == 1 and "0x" + settlement.root_at(1).hex() == root
+        # At most one root transaction got through; a racing duplicate is refused by the nonce or the contract.
+        posted = settlement.distributor.events.RootPosted.get_logs(from_block=0)
+        assert len(posted) == 1
+        assert settlement.w3.eth.get_transaction_count(admin.address) - nonce <= 2
