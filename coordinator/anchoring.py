@@ -97,7 +97,8 @@ class Anchorer:
         for ban in due:
             chain = self.chain()
             registry = chain.registry
-            sent = [e for e in registry.events.Slashed.get_logs(from_block=0, argument_filters={"account": ban.address}) if bytes(e["args"]["evidence"]) == ban.evidence]
+            logged = registry.events.Slashed.get_logs(from_block=self.settings.chain_from_block, argument_filters={"account": ban.address})
+            sent = [e for e in logged if bytes(e["args"]["evidence"]) == ban.evidence]
             if sent:
                 amount, tx_hash = sent[0]["args"]["amount"], sent[0]["transactionHash"].to_0x_hex()
             elif registry.functions.staked(ban.address).call() + registry.functions.unbonding(ban.address).call() == 0:
@@ -121,7 +122,7 @@ class Anchorer:
             receipt = chain.transact(self.sender, chain.distributor.functions.post_root(epoch.epoch, root), self.settings.chain_confirmations)
             tx_hash, block = receipt["transactionHash"].to_0x_hex(), receipt["blockNumber"]
         elif on_chain == root:  # posted before a crash, or by a replica: read the transaction back
-            event = chain.distributor.events.RootPosted.get_logs(from_block=0, argument_filters={"epoch": epoch.epoch})[0]
+            event = chain.distributor.events.RootPosted.get_logs(from_block=self.settings.chain_from_block, argument_filters={"epoch": epoch.epoch})[0]
             tx_hash, block = event["transactionHash"].to_0x_hex(), event["blockNumber"]
             if chain.w3.eth.block_number < block + self.settings.chain_confirmations - 1:
                 return  # not deep enough yet: recorded on a later tick

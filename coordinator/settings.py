@@ -193,6 +193,10 @@ class CoordinatorSettings(RoleSettings):
     """Keystore of the coordinator's chain sender (it pays the gas for roots and slashes); its
     password comes from ``INTELLECT_CHAIN_PASSWORD``."""
 
+    chain_from_block: int = Field(0, ge=0)
+    """The block the contracts were deployed at: the coordinator reads their events (a root or a
+    slash sent before a crash) from there on, since public RPCs refuse log ranges from genesis."""
+
     chain_confirmations: int = Field(1, ge=1, le=64)
     """Blocks that must hold a root's transaction before its epoch counts as anchored."""
 

@@ -171,9 +171,10 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
         epoch = close_epoch(session, datetime.now(UTC))
         assert epoch is not None and epoch.epoch == 2
         root = bytes.fromhex(epoch.root.removeprefix("0x"))
+    deployed_by = w3.eth.block_number  # events are read from a deployment's block on, not from genesis
     sent = settlement.transact(admin, settlement.distributor.functions.post_root(2, root))
     nonce = w3.eth.get_transaction_count(admin.address)
-    anchorer = Anchorer(sessions, live.model_copy(update={"epoch_s": 3600}))
+    anchorer = Anchorer(sessions, live.model_copy(update={"epoch_s": 3600, "chain_from_block": deployed_by}))
     anchorer.tick()
     assert anchorer.status()["unanchored_epochs"] == 0 and anchorer.chain_error is None
     assert w3.eth.get_transaction_count(admin.address) == nonce
