@@ -6,6 +6,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 
 import coordinator.settlement_models  # noqa: F401  (its tables join Base.metadata)
+import coordinator.shardcast_models  # noqa: F401  (its tables join Base.metadata)
 from coordinator.models import Base
 
 config = context.config

@@ -17,9 +17,10 @@ from rich.console import Console
 from sqlalchemy import update
 
 from coordinator.db import make_sessionmaker
-from coordinator.models import PolicyManifest, Role, Run, Submission, Task
+from coordinator.models import Role, Run, Submission, Task
 from coordinator.services import admission
 from coordinator.settings import CoordinatorSettings
+from coordinator.shardcast_models import PolicyManifest
 from node.client import NodeClient
 from node.hardware import probe
 from node.settings import NodeSettings

@@ -41,6 +41,7 @@ def test_models_match_migrations(database_url: str) -> None:
     from alembic.runtime.migration import MigrationContext
 
     import coordinator.settlement_models  # noqa: F401
+    import coordinator.shardcast_models  # noqa: F401
     from coordinator.models import Base
 
     engine = create_engine(normalize_database_url(database_url))

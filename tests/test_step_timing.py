@@ -16,8 +16,9 @@ from rich.console import Console
 from sqlalchemy import func, select
 
 from coordinator.db import make_sessionmaker
-from coordinator.models import ContributionEntry, PolicyManifest, Submission, Task, TrainerMetrics
+from coordinator.models import ContributionEntry, Submission, Task, TrainerMetrics
 from coordinator.settings import CoordinatorSettings
+from coordinator.shardcast_models import PolicyManifest
 from node.work import finish, generate
 from shared.schemas import SamplingParams
 from shared.states import SubmissionStatus

@@ -18,8 +18,9 @@ from safetensors.torch import load_file
 from sqlalchemy import select
 
 from coordinator.db import make_sessionmaker
-from coordinator.models import PolicyManifest, TrainerMetrics
+from coordinator.models import TrainerMetrics
 from coordinator.settings import CoordinatorSettings
+from coordinator.shardcast_models import PolicyManifest
 from node.work import finish, generate
 from shared.models import load_model
 from shared.schemas import SamplingParams

@@ -14,8 +14,8 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from coordinator.deps import LedgerDep, Settings, Signed, client_rate_limit
 from coordinator.errors import ApiError
-from coordinator.models import PolicyManifest
 from coordinator.services import roles, shardcast
+from coordinator.shardcast_models import PolicyManifest
 from shared.schemas import INT32_MAX, ErrorBody, ErrorCode, RelayInfo, RelayRegister, RelayReportRequest, RoleName
 from shared.shardcast.manifest import ManifestEntry, SignedManifest
 

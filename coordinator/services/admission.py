@@ -22,8 +22,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import ContributionEntry, PolicyManifest, Role, Run, Submission, Task
+from coordinator.models import ContributionEntry, Role, Run, Submission, Task
 from coordinator.settings import CoordinatorSettings
+from coordinator.shardcast_models import PolicyManifest
 from shared.schemas import RoleName, WorkWait
 from shared.states import RunStatus, SubmissionStatus, TaskStatus
 

@@ -13,8 +13,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
-from coordinator.models import PolicyManifest, Relay, RelayReport, Run
+from coordinator.models import Run
 from coordinator.services import roles
+from coordinator.shardcast_models import PolicyManifest, Relay, RelayReport
 from shared.schemas import ErrorCode, RelayRegister, RelayReportRequest, RoleName
 from shared.shardcast.manifest import ManifestError, SignedManifest
 

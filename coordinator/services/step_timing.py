@@ -14,8 +14,9 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import ContributionEntry, PolicyManifest, Submission, Task, TrainerMetrics
+from coordinator.models import ContributionEntry, Submission, Task, TrainerMetrics
 from coordinator.services import runs
+from coordinator.shardcast_models import PolicyManifest
 from shared.run_schemas import StepTiming
 from shared.states import SubmissionStatus
 
