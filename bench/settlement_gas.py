@@ -29,6 +29,7 @@ from web3 import EthereumTesterProvider, Web3
 
 from shared.chain import Settlement, send
 from shared.merkle import CreditTree
+from shared.money import TOKEN
 
 PER_FILE_LOG = """
 # pragma version 0.4.3
@@ -46,8 +47,6 @@ def submit_work(node: address, file: bytes32, units: uint64):
     self.work[file] = convert(node, uint256) << 96 | convert(units, uint256) << 32 | block.timestamp % (1 << 32)
     log WorkSubmitted(node=node, file=file, units=convert(units, uint256))
 """
-
-TOKEN = 10**18
 
 
 def funded(w3: Web3):  # type: ignore[no-untyped-def]

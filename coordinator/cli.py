@@ -201,16 +201,22 @@ def run_create(
         float | None, typer.Option(min=0, help="Seconds credit stays pending (clawback possible) before it is final; default: the coordinator's.")
     ] = None,
     min_stake: Annotated[
-        float, typer.Option(min=0, help="Tokens a node must have staked to lease this run's tasks (needs settlement on a chain); 0: none.")
-    ] = 0.0,
+        str, typer.Option(help="Tokens (an exact decimal, e.g. 50 or 0.5) a node must have staked to lease this run's tasks (needs settlement on a chain); 0: none.")
+    ] = "0",
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an active run that nodes can lease tasks of."""
     from coordinator.services.runs import create_run
     from shared.environments.length import LengthBudget
+    from shared.money import parse_tokens
     from shared.run_schemas import AuditPolicy
     from shared.schemas import DEFAULT_MODEL, SamplingParams
 
+    try:
+        stake = parse_tokens(min_stake, allow_zero=True)
+    except ValueError as e:
+        err.print(f"--min-stake: {e}.")
+        raise typer.Exit(2) from None
     sessions = _sessions(database_url)
     try:
         with sessions.begin() as session:
@@ -227,7 +233,7 @@ def run_create(
                 async_level,
                 dispute_window,
                 AuditPolicy(share=audit_share),
-                min_stake,
+                stake,
             )
     except ApiError as e:
         err.print(f"[red]{e.message}[/red]")

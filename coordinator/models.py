@@ -43,6 +43,23 @@ class UTCDateTime(TypeDecorator[datetime]):
         return None if value is None else value.replace(tzinfo=UTC)
 
 
+class TokenAmount(TypeDecorator[int]):
+    """Token base units: integers beyond any SQL integer type (18 decimals), kept as decimal text."""
+
+    impl = String(80)
+    cache_ok = True
+
+    def process_bind_param(self, value: int | None, dialect: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"a token amount is a non-negative integer of base units, not {value!r}")
+        return str(value)
+
+    def process_result_value(self, value: str | None, dialect: Any) -> int | None:
+        return None if value is None else int(value)
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSON}
 
@@ -137,8 +154,8 @@ class Run(Base):
     """How long this run's credit stays pending; None: the coordinator's default."""
     audit: Mapped[dict[str, Any] | None]
     """The run's :class:`shared.committee.AuditPolicy`; None: its defaults."""
-    min_stake: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
-    """Tokens a node must have staked to lease this run's tasks (0: none)."""
+    min_stake: Mapped[int] = mapped_column(TokenAmount, default=0, server_default="0")
+    """Token base units a node must have staked to lease this run's tasks (0: none)."""
     trainer_cursor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """The trainer's last read position (a credit entry id): accepted work after it is unread."""
 
@@ -311,7 +328,8 @@ class ContributionEntry(Base):
     submission_id: Mapped[str] = mapped_column(String(64), ForeignKey("submissions.id"), index=True)
     kind: Mapped[str] = mapped_column(String(16))
     """credit (first acceptance: the trainer reads these), clawback, or restore (credit given back)."""
-    units: Mapped[float] = mapped_column(Float)
+    units: Mapped[int] = mapped_column(BigInteger)
+    """Credit micro-units (:mod:`shared.money`): positive for credit and restores, negative for clawbacks."""
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(index=True)
     final_at: Mapped[datetime]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
@@ -127,8 +128,8 @@ class CoordinatorSettings(RoleSettings):
     dispute_window_s: float = Field(86400.0, ge=0)
     """How long credit stays pending (and can be clawed back) before it is final."""
 
-    prompt_token_weight: float = Field(0.1, ge=0)
-    """Work units per prompt token; each generated token is one unit."""
+    prompt_token_weight: Decimal = Field(Decimal("0.1"), ge=0, le=1000, decimal_places=6)
+    """Work units per prompt token, an exact decimal; each generated token is one unit."""
 
     max_strikes: int = Field(3, ge=1)
     """Strikes after which a node is banned: each hard rejection (forged or corrupted work) is one."""

@@ -18,12 +18,12 @@ from eth_account.signers.local import LocalAccount
 
 from devnet.anvil import fund, start_anvil
 from devnet.processes import Process, StartError
+from shared.money import TOKEN
 from shared.wallet import load_wallet
 
 if TYPE_CHECKING:
     from shared.chain import Settlement
 
-TOKEN = 10**18
 NODE_STAKE = 100 * TOKEN
 """What each devnet node stakes (the run asks for MIN_STAKE_TOKENS of it)."""
 MIN_STAKE_TOKENS = 50

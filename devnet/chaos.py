@@ -358,11 +358,11 @@ def audit(net: Network) -> Audit:
     lost = sum(1 for c in credits if c <= reach and c not in covered)
     duplicates = sum(n - 1 for n in covered.values()) + sum(n - 1 for _, n in per_submission)
     errors = []
-    net_units: dict[str, float] = {}
+    net_units: dict[str, int] = {}
     for submission_id, kind, units in entries:
-        net_units[submission_id] = net_units.get(submission_id, 0.0) + units
+        net_units[submission_id] = net_units.get(submission_id, 0) + units
         if kind == "credit" and statuses.get(submission_id) not in ("accepted", "invalidated"):
             errors.append(f"credit for {submission_id}, which is {statuses.get(submission_id)}")
-    errors += [f"clawback beyond credit on {s}" for s, u in net_units.items() if u < -1e-9]
+    errors += [f"clawback beyond credit on {s}" for s, u in net_units.items() if u < 0]
     unfinished = sum(1 for s in statuses.values() if s == "pending")
     return Audit(state["step"], lost, duplicates, unfinished, errors)

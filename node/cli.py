@@ -23,6 +23,7 @@ from node.client import NodeError
 from node.hardware import probe, problems
 from node.settings import NodeSettings
 from node.settlement_cli import register as register_settlement
+from shared import money
 from shared.schemas import checksum_address
 from shared.wallet import (
     WalletError,
@@ -188,7 +189,7 @@ def receipts(
         style = {"accepted": "green", "pending": "yellow"}.get(r.status, "red")
         status = f"[{style}]{r.status}[/{style}]" + (f" (appeal {r.appeal.status})" if r.appeal else "")
         verdicts = ", ".join(f"{v.validator[:8]}… {v.outcome}" + (" (voided)" if v.voided else "") for v in r.verdicts)
-        table.add_row(r.submission_id, status, f"{r.credit:.1f}", verdicts, r.reason or "")
+        table.add_row(r.submission_id, status, money.credit(r.credit), verdicts, r.reason or "")
     console.print(table)
 
 

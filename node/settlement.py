@@ -8,7 +8,6 @@ coordinator posted that the ledger does not support is caught without trusting t
 from __future__ import annotations
 
 from collections.abc import Callable
-from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 from shared.coordinator_client import CoordinatorClient
@@ -17,9 +16,6 @@ from shared.settlement import EpochInfo, LedgerEntry, cumulative_amounts
 
 if TYPE_CHECKING:
     from shared.chain import Settlement
-
-TOKEN_DECIMALS = 18
-
 
 class SettlementUnavailable(Exception):
     """This deployment does not settle on a chain, or its chain cannot be reached."""
@@ -42,21 +38,6 @@ def settlement_of(api: CoordinatorClient, rpc_url: str | None) -> Settlement:
     if info.chain_id is not None and w3.eth.chain_id != info.chain_id:
         raise SettlementUnavailable(f"{url} serves chain {w3.eth.chain_id}, the coordinator settles on chain {info.chain_id}")
     return Settlement.at(w3, info.token, info.stake_registry, info.distributor)
-
-
-def token_amount(text: str) -> int:
-    """``"12.5"`` tokens as base units; a clear ValueError for anything else."""
-    try:
-        amount = Decimal(text) * 10**TOKEN_DECIMALS
-    except InvalidOperation:
-        raise ValueError(f"{text!r} is not an amount") from None
-    if amount <= 0 or amount != amount.to_integral_value():
-        raise ValueError(f"{text!r}: give a positive amount with at most {TOKEN_DECIMALS} decimals")
-    return int(amount)
-
-
-def tokens(amount: int) -> str:
-    return f"{Decimal(amount) / 10**TOKEN_DECIMALS:f}"
 
 
 def rebuild_roots(api: CoordinatorClient, epochs: list[EpochInfo], progress: Callable[[int], None] = lambda _: None) -> dict[int, bytes | None]:

@@ -16,6 +16,7 @@ import typer
 from rich.progress import Progress
 
 from node.cli_output import CoordinatorUrl, checked_url, console, fail
+from shared.money import parse_tokens, tokens
 from shared.wallet import WalletError, load_wallet, read_password
 
 Wallet = Annotated[Path, typer.Option("--wallet", help="Keystore that pays the gas; its password from INTELLECT_WALLET_PASSWORD or a prompt.")]
@@ -45,10 +46,8 @@ def _settlement(coordinator: str, rpc: str | None, wallet_file: Path | None = No
 
 
 def _amount(text: str) -> int:
-    from node.settlement import token_amount
-
     try:
-        return token_amount(text)
+        return parse_tokens(text)
     except ValueError as e:
         raise fail(str(e), 1) from None
 
@@ -60,8 +59,6 @@ def stake(
     rpc: Rpc = None,
 ) -> None:
     """Stake tokens in the deployment's stake registry (runs may require a stake to lease work)."""
-    from node.settlement import tokens
-
     value = _amount(amount)
     with _settlement(coordinator, rpc, wallet_file) as (_, chain, account):
         held = chain.token.functions.balanceOf(account.address).call()
@@ -85,7 +82,7 @@ def unstake(
     """Start unbonding stake (it can still be slashed until the delay ends), or --withdraw it after."""
     import datetime as dt
 
-    from node.settlement import tokens
+
 
     if (amount is None) == (not withdraw):
         raise fail("Give an amount to unstake, or --withdraw (not both).", 1)
@@ -111,7 +108,7 @@ def unstake(
 
 def claim(wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8000", rpc: Rpc = None) -> None:
     """Claim the reward tokens for this wallet's final credit, as of the newest root on chain."""
-    from node.settlement import tokens
+
     from shared.coordinator_client import Refused
     from shared.merkle import root_of
 

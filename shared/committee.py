@@ -89,8 +89,8 @@ class PublicReceipt(BaseModel):
     """The deciding verdict's checks."""
     reason: str | None
     hard: bool | None
-    credit: float
-    """Net units this submission earned (credit less any clawback)."""
+    credit: int
+    """Net credit micro-units this submission earned (credit less any clawback; :mod:`shared.money`)."""
     validator: str | None
     """Who gave the deciding verdict."""
     created_at: datetime

@@ -12,9 +12,10 @@ from shared.schemas import NodeStatus, WorkWait
 
 class Credit(BaseModel):
     address: str
-    pending: float
-    """Units still inside the dispute window (they can be clawed back)."""
-    final: float
+    pending: int
+    """Credit micro-units (:mod:`shared.money`) still inside the dispute window (they can be clawed back)."""
+    final: int
+    """Credit micro-units past the dispute window."""
 
 
 class LeaderboardRow(BaseModel):
@@ -23,8 +24,9 @@ class LeaderboardRow(BaseModel):
     rank: int
     address: str
     status: NodeStatus
-    final_credit: float
-    pending_credit: float
+    final_credit: int
+    """Credit micro-units (:mod:`shared.money`)."""
+    pending_credit: int
     """Still inside the dispute window: a clawback can cancel it."""
     accepted_tokens: int
     accepted: int

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.money import TokenAmount
 from shared.schemas import INT32_MAX, Finite, SamplingParams
 
 
@@ -46,8 +47,8 @@ class RunInfo(BaseModel):
     length_budget: dict[str, Any]
     dispute_window_s: float | None
     """None: the coordinator's default."""
-    min_stake: float = 0.0
-    """Tokens a node must have staked to lease this run's tasks (0: none)."""
+    min_stake: TokenAmount = 0
+    """Token base units a node must have staked to lease this run's tasks (0: none)."""
     audit: AuditPolicy | None = None
     """None: :class:`AuditPolicy`'s defaults."""
     status: str
@@ -78,8 +79,8 @@ class RunSettings(BaseModel):
     """How long credit stays pending (clawback possible) before it is final."""
     audit: AuditPolicy | None = None
     """How much work a second validator checks before the trainer may read it."""
-    min_stake: float | None = Field(None, ge=0, le=1e15)
-    """Tokens a node must have staked in the deployment's stake registry to lease this run's tasks
+    min_stake: TokenAmount | None = None
+    """Token base units (a decimal string) a node must have staked in the deployment's stake registry to lease this run's tasks
     (0: none). Needs settlement on a chain (``INTELLECT_CHAIN_RPC_URL``)."""
 
 

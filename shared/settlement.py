@@ -1,8 +1,8 @@
 """What an epoch anchors, computed the same way by the coordinator and by anyone auditing it.
 
 An epoch covers the ledger entries up to ``last_entry_id`` that were final at ``cutoff``. Each
-entry's units become an integer amount first (micro-units, scaled to the token's 18 decimals), and
-only integers are summed: floating sums in another order would give another root. An address
+entry's credit micro-units become token base units (:data:`shared.money.TOKEN_BASE_PER_CREDIT`
+each) and only integers are summed, so every replica and auditor builds the same root. An address
 whose cumulative amount is not positive has no leaf.
 """
 
@@ -14,12 +14,7 @@ from datetime import datetime
 from eth_utils import to_checksum_address
 from pydantic import BaseModel
 
-WEI_PER_MICRO_UNIT = 10**12
-"""One credit unit pays one whole token (18 decimals); amounts are kept to a millionth of a unit."""
-
-
-def amount_of(units: float) -> int:
-    return round(units * 1_000_000) * WEI_PER_MICRO_UNIT
+from shared.money import TOKEN_BASE_PER_CREDIT
 
 
 class LedgerEntry(BaseModel):
@@ -29,7 +24,8 @@ class LedgerEntry(BaseModel):
     address: str
     submission_id: str
     kind: str
-    units: float
+    units: int
+    """Credit micro-units (:mod:`shared.money`)."""
     created_at: datetime
     final_at: datetime
 
@@ -101,11 +97,11 @@ class SettlementOverview(BaseModel):
     nodes: list[NodeSettlement] = []
 
 
-def cumulative_amounts(entries: Iterable[tuple[int, str, float, datetime]], last_entry_id: int, cutoff: datetime) -> dict[str, int]:
+def cumulative_amounts(entries: Iterable[tuple[int, str, int, datetime]], last_entry_id: int, cutoff: datetime) -> dict[str, int]:
     """``{checksum address: cumulative final amount}`` from ``(id, address, units, final_at)`` entries."""
     totals: dict[str, int] = {}
     for entry_id, address, units, final_at in entries:
         if entry_id <= last_entry_id and final_at <= cutoff:
             key = to_checksum_address(address)
-            totals[key] = totals.get(key, 0) + amount_of(units)
+            totals[key] = totals.get(key, 0) + units * TOKEN_BASE_PER_CREDIT
     return {address: amount for address, amount in totals.items() if amount > 0}

@@ -9,7 +9,7 @@ from web3 import EthereumTesterProvider, Web3
 from shared.chain import Settlement
 
 UNBONDING_S = 3600
-TOKEN = 10**18
+from shared.money import TOKEN
 
 
 def evm_chain() -> Web3:

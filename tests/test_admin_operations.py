@@ -187,7 +187,7 @@ def test_submissions_ledger_tokens_audit_and_leaderboard(sqlite_url: str, tmp_pa
         exported = httpx.get(f"{admin}/ledger", params={"format": "csv"}, headers=bearer(root))
         assert exported.headers["content-type"].startswith("text/csv")
         rows = list(csv.DictReader(io.StringIO(exported.text)))
-        assert [(int(r["id"]), float(r["units"]), r["kind"]) for r in rows] == [(e["id"], e["units"], e["kind"]) for e in entries]
+        assert [(int(r["id"]), int(r["units"]), r["kind"]) for r in rows] == [(e["id"], e["units"], e["kind"]) for e in entries]
         assert httpx.get(f"{admin}/ledger", params={"since": future}, headers=bearer(root)).json() == []
         past = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
         assert httpx.get(f"{admin}/ledger", params={"until": past, "format": "csv"}, headers=bearer(root)).text.count("\n") == 1

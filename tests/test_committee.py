@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
@@ -236,7 +235,7 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
         overturned = receipt(served, work)
         assert overturned.appeal.status == "overturned" and overturned.status == "accepted" and overturned.credit > 0
         assert {v.validator for v in overturned.verdicts if v.purpose == "appeal"} == {v.address for v in fresh}
-        assert receipt(served, earlier).credit == pytest.approx(earned)  # what the rejection clawed back is restored
+        assert receipt(served, earlier).credit == earned  # what the rejection clawed back is restored
         with make_sessionmaker(served.engine)() as session:
             assert session.get_one(Node, node.address).strikes == 0
             assert sorted(s.units for s in session.scalars(select(NodeStrike).where(NodeStrike.address == node.address))) == [-1, 1]

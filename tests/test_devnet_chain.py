@@ -17,6 +17,7 @@ from devnet.chain import MIN_STAKE_TOKENS, NODE_STAKE, start_chain
 from devnet.network import start_network
 from devnet.processes import StartError
 from node.cli import app as node_cli
+from shared.money import TOKEN
 from tests.helpers import chromium
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +33,7 @@ def test_a_chain_devnet_stakes_anchors_slashes_and_pays(tmp_path: Path) -> None:
     net = start_network(tmp_path, nodes=1, validators=2, chain=chain, coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": "1"})
     try:
         url = str(net.coordinator.url)
-        assert httpx.get(f"{url}/v1/public/runs/{net.run_id}").json()["min_stake"] == MIN_STAKE_TOKENS
+        assert httpx.get(f"{url}/v1/public/runs/{net.run_id}").json()["min_stake"] == str(MIN_STAKE_TOKENS * TOKEN)
         cheat = net.start_adversary()
         deadline = time.monotonic() + 420
         while True:

@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
@@ -26,10 +27,10 @@ from devnet.anvil import fund, rpc, start_anvil
 from devnet.processes import StartError, free_port
 from node.cli import app as node_cli
 from shared.chain import Settlement, connect
+from shared.money import CREDIT_PER_UNIT, TOKEN
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
 
-TOKEN = 10**18
 PASSWORD = "test-password"  # conftest's INTELLECT_WALLET_PASSWORD
 
 
@@ -74,8 +75,8 @@ def wallet(tmp_path: Path, anvil: str | None = None):  # type: ignore[no-untyped
     return account, path
 
 
-def lay_credit(served: Served, run_id: str, address: str, units: float, final: bool = True, kind: str = "credit") -> None:
-    """One ledger entry (with the task and submission it belongs to), final now or in an hour."""
+def lay_credit(served: Served, run_id: str, address: str, units: str, final: bool = True, kind: str = "credit") -> None:
+    """One ledger entry of ``units`` work units (an exact decimal) (with the task and submission it belongs to), final now or in an hour."""
     now = datetime.now(UTC)
     name = uuid.uuid4().hex[:12]
     with make_sessionmaker(served.engine).begin() as session:
@@ -84,7 +85,7 @@ def lay_credit(served: Served, run_id: str, address: str, units: float, final: b
         session.add(Submission(id=f"s-{name}", task_id=f"t-{name}", run_id=run_id, address=address, sha256="0" * 64, blob_key=name, rows=1, tokens=1, status="accepted", created_at=now))
         session.flush()
         final_at = now - timedelta(seconds=1) if final else now + timedelta(hours=1)
-        session.add(ContributionEntry(address=address, submission_id=f"s-{name}", kind=kind, units=units, reason="", created_at=now, final_at=final_at))
+        session.add(ContributionEntry(address=address, submission_id=f"s-{name}", kind=kind, units=int(Decimal(units) * CREDIT_PER_UNIT), reason="", created_at=now, final_at=final_at))
 
 
 def anchored(served: Served, epoch: int, timeout: float = 30) -> dict:
@@ -110,22 +111,22 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
     with serve(settled(database_url, tmp_path, anvil, settlement, keystore)) as served:
         assert httpx.get(f"{served.url}/v1/public/chain").json()["distributor"] == settlement.distributor.address
         run_id = make_run(served)
-        lay_credit(served, run_id, alice.address, 3.5)
-        lay_credit(served, run_id, bob.address, 2.0)
-        lay_credit(served, run_id, carol.address, 9.0, final=False)  # still inside the dispute window: not in the tree
+        lay_credit(served, run_id, alice.address, "3.5")
+        lay_credit(served, run_id, bob.address, "2.0")
+        lay_credit(served, run_id, carol.address, "9.0", final=False)  # still inside the dispute window: not in the tree
         first = anchored(served, 1)
         assert settlement.root_at(1).hex() == first["root"].removeprefix("0x") and first["addresses"] == 2
-        assert first["total"] == str(int(5.5 * TOKEN))
+        assert first["total"] == str(11 * TOKEN // 2)
 
         code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", served.url)
         assert code == 0 and "Claimed 3.5" in out, out
-        assert settlement.token.functions.balanceOf(alice.address).call() == int(3.5 * TOKEN)
+        assert settlement.token.functions.balanceOf(alice.address).call() == 7 * TOKEN // 2
         code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", served.url)
         assert code == 0 and "Nothing to claim: 3.5 claimed already" in out, out
 
         # Epoch 2: alice earns more, bob's credit is clawed back (no leaf: nothing positive to claim).
-        lay_credit(served, run_id, alice.address, 1.25)
-        lay_credit(served, run_id, bob.address, -2.0, kind="clawback")
+        lay_credit(served, run_id, alice.address, "1.25")
+        lay_credit(served, run_id, bob.address, "-2.0", kind="clawback")
         second = anchored(served, 2)
         assert second["addresses"] == 1
         code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", served.url)
@@ -141,7 +142,7 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
         time.sleep(1.5)
         assert [e["epoch"] for e in httpx.get(f"{served.url}/v1/public/epochs").json()] == [2, 1]
         proof = httpx.get(f"{served.url}/v1/public/epochs/2/proofs/{alice.address}").json()
-        assert proof["cumulative"] == str(int(4.75 * TOKEN))
+        assert proof["cumulative"] == str(19 * TOKEN // 4)
         assert httpx.get(f"{served.url}/v1/public/epochs/2/proofs/{bob.address}").status_code == 404
         assert httpx.get(f"{served.url}/v1/public/epochs/0/proofs/{bob.address}").status_code == 422
         assert httpx.get(f"{served.url}/v1/public/epochs/1/proofs/not-an-address").status_code == 422
@@ -153,7 +154,7 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
     down = settled(sqlite_url, tmp_path, f"http://127.0.0.1:{free_port()}", settlement, keystore)
     with serve(down) as served:
         run_id = make_run(served)
-        lay_credit(served, run_id, Account.create().address, 1.0)
+        lay_credit(served, run_id, Account.create().address, "1.0")
         deadline = time.monotonic() + 20
         while (health := httpx.get(f"{served.url}/healthz")).json()["settlement"]["unanchored_epochs"] < 1:
             assert time.monotonic() < deadline, health.json()
@@ -165,7 +166,7 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
 
     # A crash after the root was sent but before it was recorded: the next pass reads it back from
     # the chain instead of sending it again.
-    lay_credit(served, run_id, Account.create().address, 2.0)
+    lay_credit(served, run_id, Account.create().address, "2.0")
     sessions = make_sessionmaker(served.engine)
     with sessions.begin() as session:
         epoch = close_epoch(session, datetime.now(UTC))
@@ -185,7 +186,7 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
 
     # Another root on chain for the next epoch (a second poster): refused, said, never overwritten;
     # verify-epoch flags that epoch.
-    lay_credit(served, run_id, Account.create().address, 3.0)
+    lay_credit(served, run_id, Account.create().address, "3.0")
     settlement.transact(admin, settlement.distributor.functions.post_root(3, b"\x66" * 32))
     with sessions.begin() as session:
         assert close_epoch(session, datetime.now(UTC)) is not None
@@ -243,9 +244,9 @@ def test_a_run_with_a_minimum_stake_leases_only_to_staked_nodes(sqlite_url, tmp_
     settlement.transact(admin, settlement.token.functions.mint(account.address, 50 * TOKEN))
     with serve(settled(sqlite_url, tmp_path, anvil, settlement, keystore)) as served:
         headers = {"authorization": f"Bearer {admin_token(served)}"}
-        body = {"name": "staked", "min_stake": 20, "sampling": {"max_tokens": 8}, "prompts_per_task": 2, "samples_per_prompt": 2}
+        body = {"name": "staked", "min_stake": str(20 * TOKEN), "sampling": {"max_tokens": 8}, "prompts_per_task": 2, "samples_per_prompt": 2}
         run = httpx.post(f"{served.url}/v1/admin/runs", json=body, headers=headers)
-        assert run.status_code == 201 and run.json()["min_stake"] == 20, run.text
+        assert run.status_code == 201 and run.json()["min_stake"] == str(20 * TOKEN), run.text
         assert signed_post(served.url, "/v1/nodes/register", account, served.audience, register_body(account)).status_code == 200
         lease = {"address": account.address, "run_id": run.json()["id"]}
         refused = signed_post(served.url, "/v1/tasks/lease", account, served.audience, lease)
@@ -273,7 +274,7 @@ def test_replicas_close_and_anchor_each_epoch_once(database_url, tmp_path, anvil
     settings = settled(database_url, tmp_path, anvil, settlement, keystore).model_copy(update={"epoch_s": 3600})
     with serve(settings.model_copy(update={"chain_rpc_url": None})) as served:  # lays the ledger; settles nothing itself
         run_id = make_run(served)
-        for units in (1.0, 2.0, 3.0):
+        for units in ("1.0", "2.0", "3.0"):
             lay_credit(served, run_id, Account.create().address, units)
         sessions = make_sessionmaker(served.engine)
         replicas = [Anchorer(sessions, settings), Anchorer(sessions, settings)]

@@ -95,7 +95,7 @@ def test_each_step_reads_its_own_cursor_range_and_the_newest_steps_come_alone(co
         for i, (leased, started, recorded, accepted) in enumerate(work):
             _submission(session, run_id, f"s{i}", at(leased), at(started), at(recorded), SubmissionStatus.accepted)
             session.flush()
-            session.add(ContributionEntry(address="0x" + "1" * 40, submission_id=f"sub-s{i}", kind="credit", units=1.0, reason="", created_at=at(accepted), final_at=at(accepted)))
+            session.add(ContributionEntry(address="0x" + "1" * 40, submission_id=f"sub-s{i}", kind="credit", units=1_000_000, reason="", created_at=at(accepted), final_at=at(accepted)))
         _submission(session, run_id, "late", at(5), at(6), at(6), SubmissionStatus.expired, validated_at=at(10))
         session.flush()
         ids = list(session.scalars(select(ContributionEntry.id).order_by(ContributionEntry.id)))

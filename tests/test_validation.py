@@ -68,8 +68,8 @@ def check_ledger(served: Served) -> None:
     with make_sessionmaker(served.engine)() as session:
         entries = list(session.scalars(select(ContributionEntry)))
         statuses = {s.id: (s.address, s.status) for s in session.scalars(select(Submission))}
-    totals: dict[str, float] = {}
-    per_submission: dict[str, float] = {}
+    totals: dict[str, int] = {}
+    per_submission: dict[str, int] = {}
     for entry in entries:
         address, status = statuses[entry.submission_id]
         assert address == entry.address
@@ -77,13 +77,14 @@ def check_ledger(served: Served) -> None:
             assert entry.units > 0 and status in ("accepted", "invalidated", "pending", "rejected")
         else:
             assert (entry.kind, entry.units > 0) in (("clawback", False), ("restore", True))
-        totals[entry.address] = totals.get(entry.address, 0.0) + entry.units
-        per_submission[entry.submission_id] = per_submission.get(entry.submission_id, 0.0) + entry.units
-    assert all(total >= -1e-9 for total in per_submission.values()), "a clawback exceeded its credit"
-    assert all(per_submission.get(sid, 0) < 1e-9 for sid, (_, status) in statuses.items() if status not in ("accepted", "pending")), "rejected work kept credit"
+        totals[entry.address] = totals.get(entry.address, 0) + entry.units
+        per_submission[entry.submission_id] = per_submission.get(entry.submission_id, 0) + entry.units
+    assert all(isinstance(e.units, int) for e in entries), "money is integers"
+    assert all(total >= 0 for total in per_submission.values()), "a clawback exceeded its credit"
+    assert all(per_submission.get(sid, 0) == 0 for sid, (_, status) in statuses.items() if status not in ("accepted", "pending")), "rejected work kept credit"
     for address, total in totals.items():
         shown = httpx.get(f"{served.url}/v1/public/nodes/{address}/credit").json()
-        assert abs(shown["pending"] + shown["final"] - total) < 1e-6
+        assert shown["pending"] + shown["final"] == total
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from coordinator.models import ContributionEntry, Run, Submission
 from coordinator.settings import CoordinatorSettings
+from shared.money import credit_of
 
 
 def credit(session: Session, submission: Submission, settings: CoordinatorSettings, now: datetime) -> ContributionEntry | None:
@@ -24,7 +25,7 @@ def credit(session: Session, submission: Submission, settings: CoordinatorSettin
     if net_units(session, submission.id) > 0:
         return None
     before = session.scalar(select(ContributionEntry.id).where(ContributionEntry.submission_id == submission.id, ContributionEntry.kind == "credit").limit(1))
-    units = submission.tokens + settings.prompt_token_weight * submission.prompt_tokens
+    units = credit_of(submission.tokens, submission.prompt_tokens, settings.prompt_token_weight)
     window = session.get_one(Run, submission.run_id).dispute_window_s
     window = settings.dispute_window_s if window is None else window
     entry = ContributionEntry(
@@ -40,18 +41,18 @@ def credit(session: Session, submission: Submission, settings: CoordinatorSettin
     return entry
 
 
-def net_units(session: Session, submission_id: str) -> float:
+def net_units(session: Session, submission_id: str) -> int:
     return net_units_of(session, [submission_id])[submission_id]
 
 
-def net_units_of(session: Session, submission_ids: list[str]) -> dict[str, float]:
+def net_units_of(session: Session, submission_ids: list[str]) -> dict[str, int]:
     """Each submission's credit after claw-backs, in one query."""
     query = (
         select(ContributionEntry.submission_id, func.sum(ContributionEntry.units))
         .where(ContributionEntry.submission_id.in_(submission_ids))
         .group_by(ContributionEntry.submission_id)
     )
-    return {i: 0.0 for i in submission_ids} | {i: float(units) for i, units in session.execute(query).all()}
+    return {i: 0 for i in submission_ids} | {i: int(units) for i, units in session.execute(query).all()}
 
 
 def claw_back(
@@ -95,16 +96,16 @@ def restore(session: Session, cause: str, reason: str, now: datetime) -> list[Co
     return entries
 
 
-def balance(session: Session, address: str, now: datetime) -> tuple[float, float]:
-    """(pending, final) units of ``address``."""
+def balance(session: Session, address: str, now: datetime) -> tuple[int, int]:
+    """(pending, final) credit micro-units of ``address``."""
     is_final = ContributionEntry.final_at <= now
     pending, final = session.execute(
         select(
-            func.coalesce(func.sum(case((is_final, 0.0), else_=ContributionEntry.units)), 0.0),
-            func.coalesce(func.sum(case((is_final, ContributionEntry.units), else_=0.0)), 0.0),
+            func.coalesce(func.sum(case((is_final, 0), else_=ContributionEntry.units)), 0),
+            func.coalesce(func.sum(case((is_final, ContributionEntry.units), else_=0)), 0),
         ).where(ContributionEntry.address == address)
     ).one()
-    return float(pending), float(final)
+    return int(pending), int(final)
 
 
 def entries_between(session: Session, since: datetime | None, until: datetime | None, limit: int) -> list[ContributionEntry]:

@@ -33,13 +33,13 @@ def _submission_counts(session: Session, address: str | None = None) -> dict[str
     return out
 
 
-def _credits(session: Session, now: datetime) -> dict[str, tuple[float, float]]:
-    """address -> (pending, final)."""
+def _credits(session: Session, now: datetime) -> dict[str, tuple[int, int]]:
+    """address -> (pending, final) credit micro-units."""
     is_final = ContributionEntry.final_at <= now
     query = select(ContributionEntry.address, is_final, func.sum(ContributionEntry.units)).group_by(ContributionEntry.address, is_final)
-    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for who, final, units in session.execute(query):
-        out[who][1 if final else 0] += float(units)
+        out[who][1 if final else 0] += int(units)
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
@@ -50,7 +50,7 @@ def ranking(session: Session, now: datetime, limit: int) -> list[LeaderboardRow]
         mine = counts.get(node.address, {})
         accepted, tokens = mine.get(SubmissionStatus.accepted, (0, 0))
         rejected = sum(mine.get(s, (0, 0))[0] for s in REJECTED)
-        pending, final = credits.get(node.address, (0.0, 0.0))
+        pending, final = credits.get(node.address, (0, 0))
         rows.append(
             LeaderboardRow(
                 rank=0, address=node.address, status=NodeStatus(node.status), final_credit=final, pending_credit=pending,
@@ -66,7 +66,7 @@ def ranking(session: Session, now: datetime, limit: int) -> list[LeaderboardRow]
 
 def public_node(session: Session, address: str, now: datetime) -> PublicNode:
     node = nodes.get_node(session, address)
-    pending, final = _credits(session, now).get(address, (0.0, 0.0))
+    pending, final = _credits(session, now).get(address, (0, 0))
     counts = {status: n for status, (n, _) in _submission_counts(session, address).get(address, {}).items()}
     return PublicNode(
         address=node.address, status=NodeStatus(node.status), first_seen=node.first_seen, last_seen=node.last_seen,

@@ -90,7 +90,7 @@ def _receipts(session: Session, submissions: list[Submission]) -> list[PublicRec
 
 
 def _receipt(
-    submission: Submission, reviews: list[Review], appeal: Appeal | None, counts: dict[str, tuple[int, int, int]], units: float
+    submission: Submission, reviews: list[Review], appeal: Appeal | None, counts: dict[str, tuple[int, int, int]], units: int
 ) -> PublicReceipt:
     verdicts = [
         VerdictRecord(

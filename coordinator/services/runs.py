@@ -10,7 +10,6 @@ from __future__ import annotations
 import secrets
 import uuid
 from datetime import datetime, timedelta
-from decimal import Decimal
 from functools import cache
 from typing import Any
 
@@ -23,6 +22,7 @@ from coordinator.services import admission
 from coordinator.settings import CoordinatorSettings
 from shared.environments.length import LengthBudget
 from shared.environments.registry import ENVIRONMENTS, get_environment
+from shared.money import tokens
 from shared.rollout_file import shape_error
 from shared.run_schemas import AuditPolicy
 from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec, WorkWait
@@ -47,7 +47,7 @@ def create_run(
     async_level: int = 2,
     dispute_window_s: float | None = None,
     audit: AuditPolicy | None = None,
-    min_stake: float = 0.0,
+    min_stake: int = 0,
 ) -> Run:
     if environment not in ENVIRONMENTS:
         raise ApiError(422, ErrorCode.validation_error, f"Unknown environment {environment!r}; choose one of {', '.join(ENVIRONMENTS)}.")
@@ -211,13 +211,13 @@ def update_run(session: Session, run_id: str, changes: dict[str, Any]) -> Run:
 def _require_stake(run: Run, signer: str, stake: int | None) -> None:
     if not run.min_stake:
         return
-    needed = int(Decimal(repr(run.min_stake)) * 10**18)
+    needed = run.min_stake
     if stake is None:
         raise ApiError(503, ErrorCode.chain_unavailable, "This run needs a stake and the stake registry cannot be read now; try again shortly.", headers={"Retry-After": "10"})
     if stake < needed:
         raise ApiError(
             403, ErrorCode.stake_too_low,
-            f"Run {run.name} needs {run.min_stake:g} tokens staked; {signer} stakes {Decimal(stake) / 10**18:f}. Stake with `intellect-node stake`.",
+            f"Run {run.name} needs {tokens(needed)} tokens staked; {signer} stakes {tokens(stake)}. Stake with `intellect-node stake`.",
             {"needed": str(needed), "staked": str(stake)},
         )  # fmt: skip
 

@@ -31,8 +31,18 @@ const fmt = {
   },
   time: (iso) => (iso ? new Date(iso).toLocaleString() : "–"),
   short: (id) => (id.length > 16 ? `${id.slice(0, 12)}…` : id),
+  // An integer amount of base units (a number or a decimal string) as an exact decimal: BigInt
+  // arithmetic, never a float, so no rounding noise; at most `shown` decimals, trailing zeros dropped.
+  exact: (x, decimals, shown) => {
+    if (x === null || x === undefined) return "–";
+    const n = BigInt(x), unit = 10n ** BigInt(decimals), abs = n < 0n ? -n : n;
+    const frac = ((abs % unit) / 10n ** BigInt(decimals - shown)).toString().padStart(shown, "0").replace(/0+$/, "");
+    return `${n < 0n ? "-" : ""}${(abs / unit).toLocaleString("en")}${frac ? "." + frac : ""}`;
+  },
   // Token base units (18 decimals, a decimal string: beyond a JS number) as tokens, to a millionth.
-  tokens: (x) => (x === null || x === undefined ? "–" : fmt.num(Number(BigInt(x) / 10n ** 12n) / 1e6, 2)),
+  tokens: (x) => fmt.exact(x, 18, 6),
+  // Credit micro-units (integers) as work units.
+  credit: (x) => fmt.exact(x, 6, 2),
 };
 
 // ---- charts -------------------------------------------------------------------------------------
@@ -155,8 +165,8 @@ function leaderboardTable(rows) {
     h("td", { class: "num" }, r.rank),
     h("td", {}, h("a", { href: `#/node/${r.address}`, class: "address" }, fmt.short(r.address))),
     h("td", { class: `status-${r.status}` }, r.status),
-    h("td", { class: "num" }, fmt.num(r.final_credit)),
-    h("td", { class: "num wide" }, fmt.num(r.pending_credit)),
+    h("td", { class: "num" }, fmt.credit(r.final_credit)),
+    h("td", { class: "num wide" }, fmt.credit(r.pending_credit)),
     h("td", { class: "num wide" }, fmt.num(r.accepted_tokens)),
     h("td", { class: "num" }, fmt.pct(r.acceptance_rate)),
     h("td", { class: "wide" }, fmt.ago(r.last_seen)),
@@ -281,7 +291,7 @@ async function showNode(view, address) {
   ]);
   showRun(net);
   const stats = h("dl", { class: "stats" },
-    ...[["Status", node.status], ["Final credit", fmt.num(node.credit.final)], ["Pending credit", fmt.num(node.credit.pending)],
+    ...[["Status", node.status], ["Final credit", fmt.credit(node.credit.final)], ["Pending credit", fmt.credit(node.credit.pending)],
       ["Accepted", fmt.num(node.submissions.accepted ?? 0)], ["Rejected", fmt.num((node.submissions.rejected ?? 0) + (node.submissions.invalidated ?? 0))],
       ["Expired (stale before checked, no penalty)", fmt.num(node.submissions.expired ?? 0)],
       ["Last seen", fmt.ago(node.last_seen)]].map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
@@ -292,7 +302,7 @@ async function showNode(view, address) {
       r.status === "accepted" || r.status === "pending" || !r.reason ? "" : h("p", { class: "reason" }, r.reason)),
     checksCell(r.submission_id, r.checks),
     h("td", {}, verdictsCell(r)),
-    h("td", { class: "num" }, fmt.num(r.credit)),
+    h("td", { class: "num" }, fmt.credit(r.credit)),
     h("td", { class: "wide" }, fmt.time(r.created_at)),
     h("td", { class: "wide" }, fmt.time(r.validated_at)),
   ));

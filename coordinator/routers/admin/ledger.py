@@ -28,7 +28,8 @@ class EntryOut(BaseModel):
     submission_id: str
     kind: str
     """credit, clawback (negative units) or restore (a clawback or credit given back after a reversal)."""
-    units: float
+    units: int
+    """Credit micro-units (:mod:`shared.money`)."""
     reason: str
     created_at: datetime
     final_at: datetime

@@ -75,7 +75,7 @@ async def create_run(body: RunCreate, ledger: LedgerDep, token: OperateToken, se
             session, body.name, body.environment, body.model or DEFAULT_MODEL, body.sampling or SamplingParams(max_tokens=48),
             body.prompts_per_task or 4, body.samples_per_prompt or 4,
             LengthBudget(alpha=body.length_alpha or 0.0, target_tokens=body.target_length or 1024), datetime.now(UTC),
-            2 if body.async_level is None else body.async_level, body.dispute_window_s, body.audit, body.min_stake or 0.0,
+            2 if body.async_level is None else body.async_level, body.dispute_window_s, body.audit, body.min_stake or 0,
         )  # fmt: skip
         session.flush()
         return _info(run)
