@@ -78,6 +78,9 @@ class Node(Base):
 
     address: Mapped[str] = mapped_column(String(42), primary_key=True)
     operator_address: Mapped[str | None] = mapped_column(String(42))
+    """Who runs this node; set only with that operator's signature (:mod:`shared.links`), so no node
+    can claim a link to a validator in order to keep it out of its committee."""
+    operator_signature: Mapped[str | None] = mapped_column(String(132))
     specs: Mapped[dict[str, Any]]
     client_version: Mapped[str] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16), index=True)
@@ -218,6 +221,11 @@ class Submission(Base):
     """Rows of accepted work the trainer leaves out: a disagreement numerics explain decided a token."""
     verdict_signature: Mapped[str | None] = mapped_column(String(132))
     """The deciding validator's signature over its verdict (:mod:`shared.verdicts`)."""
+    held_at: Mapped[datetime | None]
+    """Since when its validators' split waits for an independent third one (none holds the role):
+    out of training and credit, and out of the run's validation backlog, until one does."""
+    trained_rows: Mapped[int | None] = mapped_column(Integer)
+    """Rows the trainer had already read when its acceptance was reversed (None: never happened)."""
 
 
 class Review(Base):
@@ -251,6 +259,9 @@ class Review(Base):
     """Whether the verdict matched its committee's decision; None when nobody else judged."""
     voided_at: Mapped[datetime | None]
     void_reason: Mapped[str | None] = mapped_column(Text)
+    retry_at: Mapped[datetime | None] = mapped_column(index=True)
+    """No validator could be drawn for it when last tried: not drawn for again before this time,
+    so reviews nobody can judge never crowd out those somebody can."""
 
 
 class Appeal(Base):

@@ -115,6 +115,10 @@ class CoordinatorSettings(RoleSettings):
     """Work is assigned only to validators that asked for work within this long. Long enough to
     cover an honest validator's busiest batch: a validator that asks more often gets no more of it."""
 
+    unassignable_retry_s: float = Field(5.0, gt=0)
+    """A review no live validator could be drawn for is not drawn for again before this long: work
+    nobody can judge yet (a hold, a thin committee) never crowds out work somebody can."""
+
     validator_max_strikes: int = Field(3, ge=1)
     """Times a validator may be outvoted by the majority (since it was granted the role) before the
     role is revoked and its recent verdicts are checked again."""

@@ -80,7 +80,11 @@ def join(
     ],
     coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
     operator: Annotated[
-        str | None, typer.Option(help="Address of the operator or pool that runs this node, if not the node itself.")
+        str | None,
+        typer.Option(help="Address of the operator or pool that runs this node, if not the node itself (needs --operator-signature)."),
+    ] = None,
+    operator_signature: Annotated[
+        str | None, typer.Option(help="The operator's signature of the link, from `intellect-node link-operator` run with the operator's wallet.")
     ] = None,
     state_dir: StateDir = None,
     backend: Annotated[
@@ -97,6 +101,9 @@ def join(
         operator_address = checksum_address(operator) if operator else None
     except ValueError as e:
         raise fail(f"--operator: {e}.", 2) from None
+    if (operator_address is None) != (operator_signature is None):
+        raise fail("--operator and --operator-signature go together: the operator signs the link with `intellect-node link-operator`.", 2)
+    link = (operator_address, operator_signature) if operator_address and operator_signature else None
     try:
         account = load_wallet(wallet_file, read_password())
     except WalletError as e:
@@ -121,7 +128,7 @@ def join(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, interrupt)
     try:
-        run_join(account, coordinator, settings, console, operator_address=operator_address, stop=threading.Event())
+        run_join(account, coordinator, settings, console, operator=link, stop=threading.Event())
     except KeyboardInterrupt:
         console.print("Stopped.")
     except NodeError as e:
@@ -217,6 +224,35 @@ def appeal(
     except Refused as e:
         raise fail(f"The appeal was refused (HTTP {e.status}): {e.message}", 5) from None
     console.print(f"Appeal {filed.id} filed for {filed.submission_id}; follow it with `intellect-node receipts`.")
+
+
+@app.command()
+def link_operator(
+    node: Annotated[str, typer.Option("--node", help="Address of the node this operator runs.")],
+    wallet_file: Annotated[Path, typer.Option("--wallet", help="The operator's keystore (not the node's).")],
+    coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+) -> None:
+    """Sign, with the operator's wallet, that it runs NODE on this coordinator; prints the signature
+    the node passes as `join --operator ADDRESS --operator-signature SIGNATURE`. A link counts only
+    when the operator signed it: then validators it runs never judge that node's work."""
+    from shared.coordinator_client import CoordinatorClient, ProtocolError
+    from shared.links import sign_link
+
+    try:
+        address = checksum_address(node)
+    except ValueError as e:
+        raise fail(f"--node: {e}.", 2) from None
+    try:
+        account = load_wallet(wallet_file, read_password())
+    except WalletError as e:
+        raise fail(str(e), 1) from None
+    try:
+        with CoordinatorClient(coordinator, give_up_s=ONE_SHOT_GIVE_UP_S) as api:
+            audience = api.public_status().audience
+    except ProtocolError as e:
+        raise fail(f"Cannot reach the coordinator at {coordinator}: {e}", 2) from None
+    console.print(f"# {account.address} operates {address} on {coordinator}; on the node run:", highlight=False, markup=False)
+    print(f"intellect-node join --operator {account.address} --operator-signature {sign_link(account, audience, address)} --wallet NODE_WALLET --coordinator {coordinator}")
 
 
 def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:

@@ -28,6 +28,10 @@ from shared.version import __version__
 EXIT_CLOCK, EXIT_BANNED, EXIT_VERSION, EXIT_REJECTED = 2, 3, 4, 5
 
 
+OperatorLink = tuple[str, str]
+"""(operator address, the operator's signature of the link: :func:`shared.links.sign_link`)."""
+
+
 class NodeError(Exception):
     """A problem the node cannot retry its way out of; the message says what to do."""
 
@@ -87,8 +91,11 @@ class NodeClient:
         """The coordinator's public status; also fixes the audience this client signs for."""
         return self.api.public_status()
 
-    def register(self, specs: NodeSpecs, operator_address: str | None) -> RegisterResponse:
-        body = RegisterRequest(address=self.account.address, operator_address=operator_address, specs=specs, client_version=__version__)
+    def register(self, specs: NodeSpecs, operator: OperatorLink | None) -> RegisterResponse:
+        address, signature = operator or (None, None)
+        body = RegisterRequest(
+            address=self.account.address, operator_address=address, operator_signature=signature, specs=specs, client_version=__version__
+        )
         with _translated():
             return self.api.register(body)
 

@@ -28,6 +28,7 @@ from node.client import (
     NodeClient,
     NodeError,
     NotRegistered,
+    OperatorLink,
     TaskLost,
     clock_skew_error,
     version_error,
@@ -103,7 +104,7 @@ def join(
     settings: NodeSettings,
     console: Console,
     *,
-    operator_address: str | None = None,
+    operator: OperatorLink | None = None,
     stop: threading.Event,
 ) -> None:
     """Run until ``stop`` is set; raises :class:`NodeError` for what retrying cannot fix."""
@@ -128,11 +129,11 @@ def join(
         ):
             console.print(f"Resuming as {account.address} on {client.base_url} (registered {session.registered_at}).")
         else:
-            session = _register(client, status.audience, state_dir, console, operator_address)
+            session = _register(client, status.audience, state_dir, console, operator)
 
         beats = Heartbeats(
             client, session, state_dir, console, stop, status.heartbeat_interval_s,
-            lambda: _register(client, status.audience, state_dir, console, operator_address),
+            lambda: _register(client, status.audience, state_dir, console, operator),
         )  # fmt: skip
         weights = Weights(client.api, state_dir / "weights", console)
         beats.weights = weights
@@ -328,10 +329,10 @@ def _live_progress(console: Console) -> Iterator[Callable[[TaskResult], None]]:
 
 
 def _register(
-    client: NodeClient, audience: str, state_dir: Path, console: Console, operator_address: str | None
+    client: NodeClient, audience: str, state_dir: Path, console: Console, operator: OperatorLink | None
 ) -> NodeSession:
     specs = probe(state_dir)
-    reply = client.register(specs, operator_address)
+    reply = client.register(specs, operator)
     session = NodeSession(
         coordinator=client.base_url,
         audience=audience,

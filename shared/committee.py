@@ -74,6 +74,9 @@ class ValidatorStanding(BaseModel):
     strikes: int
     """Times it was outvoted, since it was last granted the role."""
     revoke_reason: str | None
+    rows_trained_then_rejected: int = 0
+    """Rows of work it approved that the trainer had read before the acceptance was reversed (what
+    its lies, if they were lies, cost the model); withheld work the trainer never read is not counted."""
 
 
 class PublicReceipt(BaseModel):
@@ -104,6 +107,11 @@ class PublicReceipt(BaseModel):
     verdicts: list[VerdictRecord] = []
     """Every verdict on this submission, in order, each signed by its validator."""
     appeal: AppealInfo | None = None
+    held: bool = False
+    """Its validators split and no independent third validator holds the role yet: out of training
+    and credit, nobody struck, until one does."""
+    trained_rows: int | None = None
+    """Rows the trainer had read before its acceptance was reversed (None: never reversed)."""
 
 
 class AdminReceipt(PublicReceipt):

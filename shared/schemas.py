@@ -123,6 +123,9 @@ class RegisterRequest(Request):
     """The signer's own address; a body naming anyone else is refused."""
     operator_address: Address | None = None
     """The wallet of the person or pool running this node, when it differs from the node's."""
+    operator_signature: str | None = Field(None, max_length=132)
+    """The operator's signature of the link (:func:`shared.links.sign_link`): without it, no
+    ``operator_address`` is accepted (a link counts only when the linked address signed it)."""
     specs: NodeSpecs
     client_version: str = Field(pattern=VERSION_PATTERN, max_length=64)
 
@@ -192,7 +195,7 @@ class WorkWait(BaseModel):
     """Why a node gets no new task now; the lease answers 204 with it in headers
     (``X-Intellect-Wait``: the reason, ``X-Intellect-Wait-Message``, ``Retry-After``)."""
 
-    reason: Literal["no_run", "paused", "no_validator", "validation_capacity", "no_trainer", "trainer_capacity"]
+    reason: Literal["no_run", "paused", "no_validator", "validation_capacity", "no_trainer", "trainer_capacity", "held"]
     message: str
     """One sentence for the operator (ASCII: it travels in a header)."""
     retry_after_s: float

@@ -59,13 +59,18 @@ def receipt(served: Served, submission_id: str) -> PublicReceipt:
     return PublicReceipt.model_validate(httpx.get(f"{served.url}/v1/public/submissions/{submission_id}").json())
 
 
-def trainer_reads(served: Served, trainer: LocalAccount, run_id: str) -> set[str]:
+def trainer_reads(served: Served, trainer: LocalAccount, run_id: str, after: int = 0, limit: int = 500) -> set[str]:
+    return {r["submission_id"] for r in trainer_page(served, trainer, run_id, after, limit)}
+
+
+def trainer_page(served: Served, trainer: LocalAccount, run_id: str, after: int = 0, limit: int = 500) -> list[dict]:
+    """What the trainer reads after its cursor ``after`` (reading from ``after`` says all up to it was used)."""
     from shared.signing import sign_request
 
-    path, query = "/v1/trainer/rollouts", f"after=0&limit=500&run={run_id}"
+    path, query = "/v1/trainer/rollouts", f"after={after}&limit={limit}&run={run_id}"
     reply = httpx.get(f"{served.url}{path}?{query}", headers=sign_request(trainer, "GET", path, query, b"", served.audience))
     assert reply.status_code == 200, reply.text
-    return {r["submission_id"] for r in reply.json()}
+    return reply.json()
 
 
 def validate_until(served: Served, validators: list[Validator], done: Callable[[], bool], timeout: float = 300) -> None:
@@ -86,6 +91,11 @@ def validate_until(served: Served, validators: list[Validator], done: Callable[[
             t.join(60)
         for v in validators:
             v.close()
+
+
+def strikes_of(served: Served, address: str) -> int:
+    with make_sessionmaker(served.engine)() as session:
+        return session.get_one(Node, address).strikes
 
 
 def undecided(served: Served, ids: set[str]) -> set[str]:
@@ -166,6 +176,10 @@ def test_unaudited_approvals_are_caught_at_the_configured_rate(database_url: str
         while batch := judge_all(served, rogue, lambda c: "accept"):
             approved += batch
         assert sorted(approved) == sorted(ids)
+        # The trainer reads (and so uses) what is accepted now, before any audit comes back: nothing
+        # is left to withhold when the rogue is caught, so only the configured share is audited.
+        read = trainer_page(served, trainer, run_id)
+        trainer_page(served, trainer, run_id, after=read[-1]["cursor"])
         while judge_all(served, first, lambda c: "hard") + judge_all(served, second, lambda c: "hard"):
             pass
         audited = [i for i in ids if any(v.purpose == "audit" for v in receipt(served, i).verdicts)]
@@ -217,6 +231,14 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
             assert reply.status_code in (403, 404, 409), reply.text
         assert {k: v for k, v in served.snapshot().items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
 
+        # Only the two that judged it hold the role: nobody could hear an appeal, so it is refused at once.
+        unheard = signed_post(served.url, "/v1/appeals", node, served.audience, {"address": node.address, "submission_id": work})
+        assert unheard.status_code == 409 and "nobody could hear" in unheard.json()["message"]
+        assert {k: v for k, v in served.snapshot().items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
+        fresh = [Account.create(), Account.create()]
+        for v in fresh:
+            grant(served, token, v.address, "validator")
+
         shown = subprocess.run(
             ["intellect-node", "appeal", work, "--wallet", str(wallet), "--coordinator", served.url, "--reason", "my work is honest"],
             capture_output=True, text=True, timeout=60, env={**os.environ, "INTELLECT_WALLET_PASSWORD": "pw"},
@@ -226,9 +248,6 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
         assert again.status_code == 409
         assert judge_all(served, rogues[0], lambda c: "hard") == [] == judge_all(served, rogues[1], lambda c: "hard")  # never theirs to hear
 
-        fresh = [Account.create(), Account.create()]
-        for v in fresh:
-            grant(served, token, v.address, "validator")
         validators = [Validator(served.url, v, tmp_path / v.address, Console(quiet=True)) for v in fresh]
         validate_until(served, validators, lambda: receipt(served, work).appeal.status != "open" and not undecided(served, {earlier}))
 
@@ -262,11 +281,26 @@ def test_appeals_are_rate_limited_and_one_validator_networks_say_what_they_waive
         judge_all(served, only, lambda c: "hard" if c["submission_id"] in ids[:2] else "accept")
         assert "second opinion waived" in (receipt(served, ids[0]).reason or "")
         assert receipt(served, ids[2]).status == "accepted" and "audit waived" in (receipt(served, ids[2]).reason or "")
+        # Nobody that has not judged it holds the role: the appeal is refused at once, and nothing is recorded.
+        before = served.snapshot()
+        unheard = signed_post(served.url, "/v1/appeals", node, served.audience, {"address": node.address, "submission_id": ids[0]})
+        assert unheard.status_code == 409 and "nobody could hear" in unheard.json()["message"]
+        assert {k: v for k, v in served.snapshot().items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
+
+        other = Account.create()
+        grant(served, admin_token(served), other.address, "validator")
         first = signed_post(served.url, "/v1/appeals", node, served.audience, {"address": node.address, "submission_id": ids[0]})
         assert first.status_code == 201 and first.json()["status"] == "open"
         before = served.snapshot()
         second = signed_post(served.url, "/v1/appeals", node, served.audience, {"address": node.address, "submission_id": ids[1]})
         assert second.status_code == 429 and int(second.headers["retry-after"]) > 3600
         assert {k: v for k, v in served.snapshot().items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
-        # Nobody that has not judged it holds the role yet: the appeal waits, it is not decided by the same validator.
-        assert claim(served, only) == [] and receipt(served, ids[0]).appeal.status == "open"
+        assert claim(served, only) == []  # never decided by the validator that judged it
+
+        # The other validator agrees with the rejection: the appeal fails, and that costs the node a strike.
+        strikes = lambda: strikes_of(served, node.address)  # noqa: E731
+        before_appeal = strikes()
+        assert judge_all(served, other, lambda c: "hard") == [ids[0]]
+        decided = receipt(served, ids[0])
+        assert decided.appeal.status == "upheld" and decided.status == "rejected"
+        assert strikes() == before_appeal + 1

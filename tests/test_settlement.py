@@ -76,16 +76,23 @@ def wallet(tmp_path: Path, anvil: str | None = None):  # type: ignore[no-untyped
 
 
 def lay_credit(served: Served, run_id: str, address: str, units: str, final: bool = True, kind: str = "credit") -> None:
-    """One ledger entry of ``units`` work units (an exact decimal) (with the task and submission it belongs to), final now or in an hour."""
+    """One ledger entry of ``units`` work units (an exact decimal), final now or in an hour."""
+    lay_credits(served, run_id, [(address, units, kind)], final)
+
+
+def lay_credits(served: Served, run_id: str, entries: list[tuple[str, str, str]], final: bool = True) -> None:
+    """Ledger entries ``(address, units, kind)`` (with the tasks and submissions they belong to), in
+    one transaction: an epoch closing meanwhile sees all of them or none."""
     now = datetime.now(UTC)
-    name = uuid.uuid4().hex[:12]
+    final_at = now - timedelta(seconds=1) if final else now + timedelta(hours=1)
     with make_sessionmaker(served.engine).begin() as session:
-        session.add(Task(id=f"t-{name}", run_id=run_id, prompt_ids={"ids": []}, seed=1, policy_step=0, status="submitted", created_at=now))
-        session.flush()
-        session.add(Submission(id=f"s-{name}", task_id=f"t-{name}", run_id=run_id, address=address, sha256="0" * 64, blob_key=name, rows=1, tokens=1, status="accepted", created_at=now))
-        session.flush()
-        final_at = now - timedelta(seconds=1) if final else now + timedelta(hours=1)
-        session.add(ContributionEntry(address=address, submission_id=f"s-{name}", kind=kind, units=int(Decimal(units) * CREDIT_PER_UNIT), reason="", created_at=now, final_at=final_at))
+        for address, units, kind in entries:
+            name = uuid.uuid4().hex[:12]
+            session.add(Task(id=f"t-{name}", run_id=run_id, prompt_ids={"ids": []}, seed=1, policy_step=0, status="submitted", created_at=now))
+            session.flush()
+            session.add(Submission(id=f"s-{name}", task_id=f"t-{name}", run_id=run_id, address=address, sha256="0" * 64, blob_key=name, rows=1, tokens=1, status="accepted", created_at=now))
+            session.flush()
+            session.add(ContributionEntry(address=address, submission_id=f"s-{name}", kind=kind, units=int(Decimal(units) * CREDIT_PER_UNIT), reason="", created_at=now, final_at=final_at))
 
 
 def anchored(served: Served, epoch: int, timeout: float = 30) -> dict:
@@ -111,8 +118,7 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
     with serve(settled(database_url, tmp_path, anvil, settlement, keystore)) as served:
         assert httpx.get(f"{served.url}/v1/public/chain").json()["distributor"] == settlement.distributor.address
         run_id = make_run(served)
-        lay_credit(served, run_id, alice.address, "3.5")
-        lay_credit(served, run_id, bob.address, "2.0")
+        lay_credits(served, run_id, [(alice.address, "3.5", "credit"), (bob.address, "2.0", "credit")])
         lay_credit(served, run_id, carol.address, "9.0", final=False)  # still inside the dispute window: not in the tree
         first = anchored(served, 1)
         assert settlement.root_at(1).hex() == first["root"].removeprefix("0x") and first["addresses"] == 2
@@ -125,8 +131,7 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
         assert code == 0 and "Nothing to claim: 3.5 claimed already" in out, out
 
         # Epoch 2: alice earns more, bob's credit is clawed back (no leaf: nothing positive to claim).
-        lay_credit(served, run_id, alice.address, "1.25")
-        lay_credit(served, run_id, bob.address, "-2.0", kind="clawback")
+        lay_credits(served, run_id, [(alice.address, "1.25", "credit"), (bob.address, "-2.0", "clawback")])
         second = anchored(served, 2)
         assert second["addresses"] == 1
         code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", served.url)

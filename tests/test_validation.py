@@ -23,6 +23,7 @@ from coordinator.models import ContributionEntry, Node, Role, Submission
 from coordinator.settings import CoordinatorSettings
 from node.work import finish, generate
 from shared.committee import PublicReceipt
+from shared.links import sign_link
 from shared.rollout_file import read_rollouts, write_rollouts
 from shared.schemas import CHECKS, SamplingParams, TaskSpec
 from shared.verdicts import verdict_signer
@@ -298,7 +299,8 @@ def test_a_validator_never_gets_work_of_its_own_or_linked_addresses(sqlite_url: 
             return upload(served, node, (task := lease(served, node)), finish(generate(task)).data)
 
         own = work_of(insider)  # the validator's address also runs a node
-        operated = work_of(Account.create(), operator_address=insider.address)  # a node the validator operates
+        node = Account.create()  # a node the validator operates, a link the validator signed
+        operated = work_of(node, operator_address=insider.address, operator_signature=sign_link(insider, served.audience, node.address))
         grouped = work_of(partner)  # linked by the operator's setting
         assert claim(insider) == []
         assert sorted(claim(stranger)) == sorted([own, operated, grouped])

@@ -21,9 +21,13 @@ from shared.schemas import (
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
 
 
-@router.post("/register", response_model=RegisterResponse, responses={403: {"model": ErrorBody}, 426: {"model": ErrorBody}})
-async def register(body: RegisterRequest, signed: Signed, ledger: LedgerDep, settings: Settings, gate: RegistrationGate) -> RegisterResponse:
-    node = await ledger.run_signed(signed, nodes.register, body, settings, datetime.now(UTC), gate)
+@router.post("/register", response_model=RegisterResponse, responses={403: {"model": ErrorBody}, 422: {"model": ErrorBody}, 426: {"model": ErrorBody}})
+async def register(
+    body: RegisterRequest, request: Request, signed: Signed, ledger: LedgerDep, settings: Settings, gate: RegistrationGate
+) -> RegisterResponse:
+    """Register this node (again: its specs are refreshed). An ``operator_address`` needs that
+    operator's ``operator_signature`` of the link (``intellect-node link-operator``); else 422."""
+    node = await ledger.run_signed(signed, nodes.register, body, settings, datetime.now(UTC), request.app.state.audience, gate)
     return RegisterResponse(
         address=node.address,
         status=NodeStatus(node.status),

@@ -8,32 +8,36 @@ committee then re-checks its recent verdicts, see :mod:`coordinator.services.com
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import Review, Role, ValidatorStrike
+from coordinator.models import Review, Role, Submission, ValidatorStrike
 from coordinator.services import roles
 from coordinator.settings import CoordinatorSettings
 from shared.committee import ValidatorStanding
 from shared.schemas import RoleName
 
 
-def strike(session: Session, validator: str, submission_id: str, reason: str, settings: CoordinatorSettings, now: datetime) -> bool:
-    """Record that ``validator`` was outvoted (once per submission); True when this strike just cost it the role."""
+def strike(
+    session: Session, validator: str, submission_id: str, reason: str, settings: CoordinatorSettings, now: datetime
+) -> Literal["struck", "revoked"] | None:
+    """Record that ``validator`` was outvoted (once per submission): "revoked" when this strike just
+    cost it the role, "struck" when it keeps it, None when nothing new was recorded or it held no role."""
     if session.scalar(select(ValidatorStrike.id).where(ValidatorStrike.validator == validator, ValidatorStrike.submission_id == submission_id)):
-        return False
+        return None
     session.add(ValidatorStrike(validator=validator, submission_id=submission_id, reason=reason, at=now))
     role = roles.active(session, validator, RoleName.validator)
     if role is None:
-        return False
+        return None
     session.flush()
     count = strikes_since(session, validator, role.granted_at)
     if count < settings.validator_max_strikes:
-        return False
+        return "struck"
     role.revoked_at = now
     role.revoke_reason = f"outvoted by the majority {count} times (the limit is {settings.validator_max_strikes})"
-    return True
+    return "revoked"
 
 
 def strikes_since(session: Session, validator: str, since: datetime) -> int:
@@ -67,11 +71,23 @@ def rate(compared: int, agreed: int) -> float | None:
     return agreed / compared if compared else None
 
 
+def rows_trained_then_rejected(session: Session, validators: set[str]) -> dict[str, int]:
+    """Per validator, rows of work it approved that the trainer read before the acceptance fell."""
+    query = (
+        select(Review.validator, func.sum(Submission.trained_rows))
+        .join(Submission, Submission.id == Review.submission_id)
+        .where(Review.validator.in_(validators), Review.outcome == "accept", Submission.trained_rows > 0, Submission.outcome != "accept")
+        .group_by(Review.validator)
+    )
+    return {v: int(n) for v, n in session.execute(query)}
+
+
 def standings(session: Session) -> list[ValidatorStanding]:
     """Every address that ever held the validator role, the active ones first."""
     grants = list(session.scalars(select(Role).where(Role.role == RoleName.validator).order_by(Role.id)))
     latest = {g.address: g for g in grants}  # the newest grant of each address says where it stands
     counts = agreement(session, set(latest))
+    trained = rows_trained_then_rejected(session, set(latest))
     out = []
     for address, grant in latest.items():
         verdicts, compared, agreed = counts[address]
@@ -79,7 +95,7 @@ def standings(session: Session) -> list[ValidatorStanding]:
             ValidatorStanding(
                 address=address, active=grant.revoked_at is None, verdicts=verdicts, compared=compared, agreed=agreed,
                 agreement_rate=rate(compared, agreed), strikes=strikes_since(session, address, grant.granted_at),
-                revoke_reason=grant.revoke_reason,
+                revoke_reason=grant.revoke_reason, rows_trained_then_rejected=trained.get(address, 0),
             )
         )  # fmt: skip
     return sorted(out, key=lambda s: (not s.active, -s.verdicts))

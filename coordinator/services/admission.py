@@ -68,8 +68,12 @@ def paused(run: Run) -> WorkWait:
 
 
 def backlog(session: Session, run_id: str, now: datetime) -> int:
-    """Submissions awaiting a decision plus tasks being worked on: what validators will have to check."""
-    pending = session.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == run_id, Submission.status == SubmissionStatus.pending))
+    """Submissions awaiting a decision plus tasks being worked on: what validators will have to check
+    (held splits wait for a validator that does not exist yet, not for capacity: they do not count)."""
+    pending = session.scalar(
+        select(func.count()).select_from(Submission)
+        .where(Submission.run_id == run_id, Submission.status == SubmissionStatus.pending, Submission.held_at.is_(None))
+    )  # fmt: skip
     working = session.scalar(
         select(func.count()).select_from(Task).where(Task.run_id == run_id, Task.status == TaskStatus.leased, Task.lease_expires_at > now)
     )

@@ -4,6 +4,11 @@ One appeal per submission, only of a rejection, only within the run's dispute wi
 decision, and at most ``appeals_per_day`` per node. The appeal's committee (see
 :mod:`coordinator.services.committee`) decides anew; its decision replaces the old one, and
 credit and strikes follow as new ledger rows.
+
+Appeals cost: one that fails (the rejection stands) is a strike against the node. An appeal
+nobody could hear (every validator holding the role judged the work already, or is linked to the
+node) is refused when filed, and nothing is recorded: it never waits in the queue. Appeals are
+drawn for after all other work, so no number of them delays honest work's validation.
 """
 
 from __future__ import annotations
@@ -53,4 +58,11 @@ def file(session: Session, signer: str, body: AppealRequest, settings: Coordinat
     session.add(appeal)
     session.flush()
     committee.progress(session, submission, settings, now)
+    heard_by = committee.open_reviews_of(session, [submission.id]).get(submission.id)
+    if heard_by is None or not committee.could_be_judged(session, heard_by, settings):
+        # The transaction rolls back: no appeal, no review.
+        raise ApiError(
+            409, ErrorCode.conflict,
+            "No validator that has not judged this work holds the role, so nobody could hear this appeal; nothing was filed.",
+        )  # fmt: skip
     return AppealInfo.model_validate(appeal, from_attributes=True)

@@ -13,11 +13,23 @@ How the verdicts decide (:func:`progress`):
 3. Three verdicts: the majority stands (accepted if most accept, hard if most say forged, else soft).
 
 Validators on the losing side are outvoted (:mod:`coordinator.services.accountability`). When no
-validator holding the role could judge independently, the extra review is waived and the receipt
-says so; when validators who could are not live, the review waits for them. A node's appeal gets
-a new committee of validators that had not judged the work, decided the same way (at least two
-verdicts), and its decision replaces the old one. When a validator loses its role, its recent
-verdicts are voided and the submissions they decided are re-opened and judged again.
+validator holding the role could judge independently, an audit or second opinion is waived and the
+receipt says so; a *split* is never decided that way: the submission is **held** (out of training,
+credit and the run's backlog, nobody struck) until an independent third validator holds the role.
+When validators who could judge are not live, the review waits for them. Work some validator
+called forged is judged to the end even after it went stale, so a forger cannot outwait its
+committee. A node's appeal gets a new committee of validators that had not judged the work,
+decided the same way (at least two verdicts), and its decision replaces the old one; an appeal
+that nobody eligible could hear is refused when filed (:mod:`coordinator.services.appeals`).
+
+Drawing never starves: appeals are drawn for after every other review, and a review nobody could
+be drawn for is set aside for ``unassignable_retry_s``, so it never fills the scan of waiting work.
+
+A node that any validator called forged (or that has a strike) is audited at the run's suspect
+share. When a validator is outvoted, every acceptance it decided alone that the trainer has not
+read yet is withheld and audited; when it loses its role, its recent verdicts are voided and the
+submissions they decided are judged again. Accepted work reversed after the trainer read it is
+counted (:attr:`Submission.trained_rows`) against the validators that approved it.
 """
 
 from __future__ import annotations
@@ -27,10 +39,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import case, exists, func, or_, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import Appeal, Node, Review, Role, Run, Submission, Task
+from coordinator.models import Appeal, ContributionEntry, Node, Review, Role, Run, Submission, Task
 from coordinator.services import accountability, consequences, roles
 from coordinator.settings import CoordinatorSettings
 from shared.committee import Outcome, Purpose
@@ -41,15 +53,17 @@ from shared.states import AppealStatus, SubmissionStatus
 ASSIGN_SCAN = 256
 """Most waiting reviews drawn for at each claim: bounds one claim's work whatever the backlog."""
 
-URGENT_FIRST = (Task.policy_step, Review.opened_at, Review.id)
-"""Review order (with Submission and Task joined): the oldest policy goes stale first."""
+URGENT_FIRST = (case((Review.purpose == "appeal", 1), else_=0), Task.policy_step, Review.opened_at, Review.id)
+"""Review order (with Submission and Task joined): appeals after all other work, then the oldest
+policy first (it goes stale first)."""
 
 EXPIRED = "policy step {step} fell out of the run's window {oldest}..{newest} before its validators finished: expired, no credit, no penalty"
 
 
 def linked(session: Session, address: str, settings: CoordinatorSettings) -> set[str]:
     """Addresses ``address`` is not independent of: itself, the nodes it operates, its operator and
-    that operator's other nodes, and any group of ``settings.linked_addresses`` it is in."""
+    that operator's other nodes, and any group of ``settings.linked_addresses`` it is in. Operator
+    links exist only with the operator's signature (:func:`coordinator.services.nodes.register`)."""
     node = session.get(Node, address)
     operators = {address} | ({node.operator_address} if node is not None and node.operator_address else set())
     out = operators | set(session.scalars(select(Node.address).where(Node.operator_address.in_(operators))))
@@ -79,6 +93,7 @@ def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> No
             .join(Submission, Submission.id == Review.submission_id)
             .join(Task, Task.id == Submission.task_id)
             .where(Review.outcome.is_(None), Review.voided_at.is_(None), or_(Review.validator.is_(None), Review.expires_at <= now))
+            .where(or_(Review.retry_at.is_(None), Review.retry_at <= now))
             .order_by(*URGENT_FIRST)
             .limit(ASSIGN_SCAN)
             .with_for_update(skip_locked=True, of=Review)
@@ -92,9 +107,10 @@ def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> No
         if candidates:
             review.validator = secrets.choice(candidates)
             review.expires_at = now + timedelta(seconds=settings.validation_claim_s)
-            review.claimed_at = None
-        elif review.validator is not None and review.expires_at is not None:
+            review.claimed_at = review.retry_at = None
+        else:
             review.validator = review.expires_at = review.claimed_at = None
+            review.retry_at = now + timedelta(seconds=settings.unassignable_retry_s)
 
 
 def _independent(session: Session, review: Review, validators: Sequence[str], links: dict[str, set[str]]) -> list[str]:
@@ -105,7 +121,7 @@ def _independent(session: Session, review: Review, validators: Sequence[str], li
     return [v for v in validators if not links[v] & barred]
 
 
-def _could_be_judged(session: Session, review: Review, settings: CoordinatorSettings) -> bool:
+def could_be_judged(session: Session, review: Review, settings: CoordinatorSettings) -> bool:
     """Whether any validator holding the role, live or not, may judge ``review``'s submission."""
     holders = roles.holders(session, RoleName.validator)
     return bool(_independent(session, review, holders, {v: linked(session, v, settings) for v in holders}))
@@ -120,7 +136,7 @@ def progress(session: Session, submission: Submission, settings: CoordinatorSett
         r for r in session.scalars(select(Review).where(Review.submission_id == submission.id).order_by(Review.id))
         if r.voided_at is None and r.appeal_id == (appeal.id if appeal else None)
     ]  # fmt: skip
-    if appeal is None and submission.outcome is None and stale(session, submission):
+    if appeal is None and submission.outcome is None and stale(session, submission) and not any(r.outcome == "hard" for r in reviews):
         return expire(session, submission, now)
     if any(r.outcome is None for r in reviews):
         return
@@ -136,10 +152,23 @@ def progress(session: Session, submission: Submission, settings: CoordinatorSett
             return None
         return _decide(session, submission, outcomes[0], reviews, appeal, settings, now, f"{extra.replace('_', ' ')} waived: no independent validator holds the role")
     if len(reviews) == 2 and outcomes[0] != outcomes[1]:
-        if _open_if_judgeable(session, submission, "appeal" if appeal else "tiebreak", now, appeal, settings):
-            return None
-        return _decide(session, submission, "soft", reviews, appeal, settings, now, "its validators disagree and no third could judge: no credit, no strike")
+        if not _open_if_judgeable(session, submission, "appeal" if appeal else "tiebreak", now, appeal, settings):
+            _hold(session, submission, outcomes, appeal, now)
+        return None
     return _decide(session, submission, majority(outcomes), reviews, appeal, settings, now)
+
+
+HELD = "held: its validators split ({split}) and no independent third validator holds the role; out of training and credit, nobody struck, until one does"
+
+
+def _hold(session: Session, submission: Submission, outcomes: list[Outcome], appeal: Appeal | None, now: datetime) -> None:
+    """A split nobody independent can break: never decided on a thin committee (either side could be
+    the liar), so the tie-break waits, drawn for as soon as an independent validator holds the role."""
+    open_review(session, submission, "appeal" if appeal else "tiebreak", now, appeal)
+    submission.held_at = submission.held_at or now
+    if appeal is None:
+        submission.status = SubmissionStatus.pending
+        submission.reason = HELD.format(split=", ".join(outcomes))
 
 
 def majority(outcomes: Sequence[Outcome]) -> Outcome:
@@ -167,9 +196,33 @@ def audit_chance(session: Session, submission: Submission, validator: str, setti
     accepted = session.scalar(select(func.count()).where(Submission.address == submission.address, Submission.status == SubmissionStatus.accepted)) or 0
     if accepted < policy.new_node_accepted:
         chance = max(chance, policy.new_node_share)
+    if suspect_node(session, submission.address):
+        chance = max(chance, policy.suspect_share)
     if accountability.suspect(session, validator, policy.new_validator_verdicts):
         chance = max(chance, policy.suspect_share)
     return chance
+
+
+def suspect_node(session: Session, address: str) -> bool:
+    """A node with a strike, or whose work any validator called forged (a verdict not voided): its
+    approvals are audited like a suspect validator's, so a rogue cannot wave its forgeries through."""
+    node = session.get(Node, address)
+    if node is not None and node.strikes > 0:
+        return True
+    called_forged = (
+        select(Review.id).join(Submission, Submission.id == Review.submission_id)
+        .where(Submission.address == address, Review.outcome == "hard", Review.voided_at.is_(None)).limit(1)
+    )  # fmt: skip
+    return session.scalar(called_forged) is not None
+
+
+def _rows_trained(session: Session, submission: Submission) -> int:
+    """Rows of accepted ``submission`` the trainer has read: all it trains on, if its cursor passed the credit."""
+    cursor = session.get_one(Run, submission.run_id).trainer_cursor
+    first = session.scalar(select(func.min(ContributionEntry.id)).where(ContributionEntry.submission_id == submission.id, ContributionEntry.kind == "credit"))
+    if first is None or first > cursor:
+        return 0
+    return submission.rows - len(submission.untrained_rows or [])
 
 
 def _open_if_judgeable(
@@ -177,7 +230,7 @@ def _open_if_judgeable(
 ) -> bool:
     review = open_review(session, submission, purpose, now, appeal)
     session.flush()
-    if _could_be_judged(session, review, settings):
+    if could_be_judged(session, review, settings):
         return True
     session.delete(review)
     return False
@@ -188,6 +241,9 @@ def _decide(
     settings: CoordinatorSettings, now: datetime, note: str | None = None,
 ) -> None:  # fmt: skip
     prev: Outcome | None = submission.outcome  # type: ignore[assignment]
+    if outcome == "accept":
+        submission.trained_rows = None  # counted only where an acceptance is reversed (set by reopen)
+    submission.held_at = None
     deciding = [r for r in reviews if r.outcome == outcome]
     lead = deciding[0] if deciding else reviews[0]
     failed = [c for c in lead.checks or [] if c["passed"] is False]
@@ -210,6 +266,9 @@ def _decide(
     if appeal is not None and appeal.status == AppealStatus.open:
         appeal.status = AppealStatus.upheld if outcome == appeal.prior_outcome else AppealStatus.overturned
         appeal.decided_at = now
+        if appeal.status == AppealStatus.upheld:
+            # What an appeal costs: validators' passes for nothing, paid for with a strike.
+            consequences.strike(session, submission.address, submission.id, f"appeal of {submission.id} failed: the rejection stands", settings, now)
         judged += [
             r for r in session.scalars(select(Review).where(Review.submission_id == submission.id, Review.appeal_id.is_(None)))
             if r.voided_at is None and r.outcome is not None
@@ -221,8 +280,11 @@ def _decide(
     for review in judged:
         if not review.agreed and review.validator is not None:
             why = f"said {review.outcome} where the majority decided {outcome}" + (" on appeal" if review.appeal_id != (appeal.id if appeal else None) else "")
-            if accountability.strike(session, review.validator, submission.id, why, settings, now):
+            struck = accountability.strike(session, review.validator, submission.id, why, settings, now)
+            if struck == "revoked":
                 recheck_verdicts_of(session, review.validator, settings, now)
+            elif struck == "struck":
+                withhold_approvals_of(session, review.validator, settings, now)
 
 
 def stale(session: Session, submission: Submission) -> bool:
@@ -243,12 +305,14 @@ def expire(session: Session, submission: Submission, now: datetime) -> None:
 
 
 def expire_stale(session: Session, now: datetime) -> None:
-    """:func:`expire` every undecided submission whose policy fell out of its run's window."""
+    """:func:`expire` every undecided submission whose policy fell out of its run's window, unless a
+    validator called it forged: that is judged to the end, or a forger would outwait its committee."""
     query = (
         select(Submission)
         .join(Task, Task.id == Submission.task_id)
         .join(Run, Run.id == Submission.run_id)
         .where(Submission.status == SubmissionStatus.pending, Submission.outcome.is_(None), Task.policy_step < Run.policy_step - Run.async_level)
+        .where(~exists().where(Review.submission_id == Submission.id, Review.outcome == "hard", Review.voided_at.is_(None)))
         .with_for_update(skip_locked=True, of=Submission)
     )
     for submission in session.scalars(query):
@@ -278,8 +342,35 @@ def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorS
         if submission.status != SubmissionStatus.pending:
             if not any(r.outcome == submission.outcome for r in reviews):
                 continue  # it was outvoted there: the decision stands without it
-            submission.status = SubmissionStatus.pending
+            reopen(session, submission)
         progress(session, submission, settings, now)
+
+
+def reopen(session: Session, submission: Submission) -> None:
+    """Take decided ``submission`` back to pending (out of the trainer's reads until decided again),
+    noting how many of its rows the trainer had read already: they count if the acceptance falls."""
+    if submission.outcome == "accept" and submission.status == SubmissionStatus.accepted:
+        submission.trained_rows = _rows_trained(session, submission)
+    submission.status = SubmissionStatus.pending
+
+
+def withhold_approvals_of(session: Session, validator: str, settings: CoordinatorSettings, now: datetime) -> None:
+    """After ``validator`` was outvoted: every acceptance it decided alone (nobody else judged it)
+    that the trainer has not read yet goes back to pending with an audit, so what a caught rogue
+    waved through reaches the trainer only if an independent validator agrees."""
+    alone = (
+        select(Submission)
+        .join(Review, Review.submission_id == Submission.id)
+        .join(Run, Run.id == Submission.run_id)
+        .join(ContributionEntry, (ContributionEntry.submission_id == Submission.id) & (ContributionEntry.kind == "credit"))
+        .where(Review.validator == validator, Review.outcome == "accept", Review.agreed.is_(None), Review.voided_at.is_(None))
+        .where(Submission.status == SubmissionStatus.accepted, Submission.validator == validator, ContributionEntry.id > Run.trainer_cursor)
+        .with_for_update(of=Submission)
+    )  # fmt: skip
+    for submission in session.scalars(alone).unique():
+        reopen(session, submission)
+        submission.reason = f"withheld from training: its only validator {validator} was outvoted elsewhere; an audit decides"
+        open_review(session, submission, "audit", now)
 
 
 def open_reviews_of(session: Session, submission_ids: list[str]) -> dict[str, Review]:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from coordinator.errors import ApiError
 from coordinator.models import Node, NodeStatusEvent
 from coordinator.settings import CoordinatorSettings
+from shared.links import link_signer
 from shared.schemas import ErrorCode, HeartbeatRequest, NodeStatus, RegisterRequest
 
 S = NodeStatus
@@ -62,12 +63,15 @@ def register(
     body: RegisterRequest,
     settings: CoordinatorSettings,
     now: datetime,
+    audience: str,
     admit_new: Callable[[], None] | None = None,
 ) -> Node:
     """Create the node, or refresh its specs when it registers again (idempotent per address).
     ``admit_new``, when given, is called before a new address is created and raises to refuse it
-    (the API passes the client IP's registration allowance)."""
+    (the API passes the client IP's registration allowance). An operator link is kept only with
+    the operator's signature of it (:mod:`shared.links`)."""
     check_version(body.client_version, settings)
+    _require_signed_link(body, signer, audience)
     node = session.get(Node, signer)
     if node is not None and node.status == S.banned:
         raise ApiError(403, ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
@@ -77,11 +81,22 @@ def register(
         node = Node(address=signer, first_seen=now, status=None)
         session.add(node)
         transition(session, node, S.registered, "registered", now)
-    node.operator_address = body.operator_address
+    node.operator_address, node.operator_signature = body.operator_address, body.operator_signature if body.operator_address else None
     node.specs = body.specs.model_dump()
     node.client_version = body.client_version
     node.last_seen = now
     return node
+
+
+def _require_signed_link(body: RegisterRequest, node: str, audience: str) -> None:
+    if body.operator_address is None:
+        return
+    if body.operator_signature is None or link_signer(body.operator_signature, audience, node) != body.operator_address:
+        raise ApiError(
+            422, ErrorCode.signature_invalid,
+            f"operator_address {body.operator_address} needs that operator's signature of the link to this node on this deployment "
+            "(operator_signature; the operator makes it with `intellect-node link-operator`).",
+        )  # fmt: skip
 
 
 _HEARTBEAT = (

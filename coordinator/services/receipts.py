@@ -118,4 +118,6 @@ def _receipt(
         verdict_signature=submission.verdict_signature,
         verdicts=verdicts,
         appeal=AppealInfo.model_validate(appeal, from_attributes=True) if appeal else None,
+        held=submission.held_at is not None,
+        trained_rows=submission.trained_rows,
     )

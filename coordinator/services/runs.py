@@ -13,11 +13,11 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
-from coordinator.models import Evaluation, Node, Run, Task
+from coordinator.models import Evaluation, Node, Run, Submission, Task
 from coordinator.services import admission
 from coordinator.settings import CoordinatorSettings
 from shared.environments.length import LengthBudget
@@ -142,6 +142,10 @@ def lease(
         return spec(run, held)
     # Held tasks this run has left behind are dead work: they do not count against the limit.
     alive = holding.where(or_(Task.run_id != run.id, Task.policy_step >= oldest))
+    held_files = session.scalar(select(func.count()).where(Submission.address == signer, Submission.held_at.is_not(None))) or 0
+    if held_files >= settings.max_leases_per_node:
+        message = f"{held_files} of this node's files are held: its validators split and no independent third validator holds the role yet"
+        return WorkWait(reason="held", message=message, retry_after_s=60)
     if len(session.scalars(alive).all()) >= settings.max_leases_per_node:
         raise ApiError(
             409, ErrorCode.conflict, f"This node already holds {settings.max_leases_per_node} tasks; submit them first."

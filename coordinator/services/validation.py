@@ -13,9 +13,9 @@ as a hard rejection does.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
@@ -30,7 +30,11 @@ from shared.verdicts import verdict_signer
 
 def claim(session: Session, signer: str, body: ClaimRequest, settings: CoordinatorSettings, now: datetime) -> list[Claim]:
     """Up to ``body.limit`` reviews assigned to ``signer`` that it has not fetched yet, oldest first."""
-    roles.require(session, signer, RoleName.validator).last_seen = now
+    role = roles.require(session, signer, RoleName.validator)
+    if role.last_seen is None or role.last_seen < now - timedelta(seconds=settings.validator_live_s):
+        # A validator back (or new) may be the one that reviews set aside were waiting for.
+        session.execute(update(Review).where(Review.retry_at.is_not(None)).values(retry_at=None))
+    role.last_seen = now
     session.flush()
     committee.assign(session, settings, now)
     query = (
