@@ -89,7 +89,7 @@ def main() -> None:
         for address in nodes:
             cumulative[address] += rng.randrange(1, 10**21)
         tree = CreditTree(cumulative)
-        anchors.append(gas_of(w3, admin, chain.distributor.functions.post_root(epoch, tree.root)))
+        anchors.append(gas_of(w3, admin, chain.distributor.functions.post_root(epoch, tree.root, w3.eth.get_block("latest")["timestamp"])))
     claims = [
         gas_of(w3, admin, chain.distributor.functions.claim(address, cumulative[address], tree.proof(address)))
         for address in rng.sample(nodes, min(args.samples, len(nodes)))

@@ -7,9 +7,25 @@
         cumulative amount in the latest root and what it has already claimed. Roots only append
         and epochs strictly increase, so no root is ever replaced or replayed.
 
+        Each root names its cutoff: it counts only credit final at that time, and a cutoff later
+        than the block that posts it is refused (that would pay credit still open to dispute).
+
         Leaf: keccak256(keccak256(abi_encode(account, cumulative))); inner node: keccak256 of its
-        two children, the smaller first (so a proof needs no positions).
+        two children, the smaller first (so a proof needs no positions): the tree snekmate's
+        audited Merkle proof verification checks. Roles come from snekmate's access control.
 """
+
+from ethereum.ercs import IERC165
+implements: IERC165
+
+from snekmate.auth.interfaces import IAccessControl
+implements: IAccessControl
+
+from snekmate.auth import access_control
+initializes: access_control
+exports: access_control.__interface__
+
+from snekmate.utils import merkle_proof_verification
 
 interface ERC20:
     def transfer(receiver: address, amount: uint256) -> bool: nonpayable
@@ -17,6 +33,7 @@ interface ERC20:
 event RootPosted:
     epoch: indexed(uint256)
     root: bytes32
+    cutoff: uint256
 
 event Claimed:
     account: indexed(address)
@@ -24,49 +41,42 @@ event Claimed:
     amount: uint256
     cumulative: uint256
 
-event PosterSet:
-    account: indexed(address)
-    enabled: bool
-
+POSTER_ROLE: public(constant(bytes32)) = keccak256("POSTER_ROLE")
 MAX_DEPTH: constant(uint256) = 64
 
 TOKEN: public(immutable(address))
-admin: public(address)
-posters: public(HashMap[address, bool])
 latest_epoch: public(uint256)
 roots: public(HashMap[uint256, bytes32])
+cutoffs: public(HashMap[uint256, uint256])
 claimed: public(HashMap[address, uint256])
 
 
 @deploy
 def __init__(token: address):
     assert token != empty(address), "no token"
+    access_control.__init__()
     TOKEN = token
-    self.admin = msg.sender
 
 
 @external
-def set_poster(account: address, enabled: bool):
-    assert msg.sender == self.admin, "only the admin sets posters"
-    self.posters[account] = enabled
-    log PosterSet(account=account, enabled=enabled)
-
-
-@external
-def post_root(epoch: uint256, root: bytes32):
-    assert self.posters[msg.sender], "only a poster posts roots"
+def post_root(epoch: uint256, root: bytes32, cutoff: uint256):
+    """Append ``root`` of cumulative credit final at ``cutoff`` (unix seconds) as ``epoch``."""
+    access_control._check_role(POSTER_ROLE, msg.sender)
     assert epoch > self.latest_epoch, "epoch not after the latest"
     assert root != empty(bytes32), "empty root"
+    assert cutoff <= block.timestamp, "cutoff in the future: that credit is still open to dispute"
+    assert cutoff >= self.cutoffs[self.latest_epoch], "cutoff before the latest root's"
     self.roots[epoch] = root
+    self.cutoffs[epoch] = cutoff
     self.latest_epoch = epoch
-    log RootPosted(epoch=epoch, root=root)
+    log RootPosted(epoch=epoch, root=root, cutoff=cutoff)
 
 
 @view
 @external
 def claimable(account: address, cumulative: uint256, proof: DynArray[bytes32, MAX_DEPTH]) -> uint256:
     """What ``claim`` would pay now (0 if the proof does not match the latest root)."""
-    if self._root_of(account, cumulative, proof) != self.roots[self.latest_epoch]:
+    if not self._proves(account, cumulative, proof, self.roots[self.latest_epoch]):
         return 0
     if cumulative <= self.claimed[account]:
         return 0
@@ -78,7 +88,7 @@ def claim(account: address, cumulative: uint256, proof: DynArray[bytes32, MAX_DE
     """Pay ``account`` its cumulative amount in the latest root less what it already claimed."""
     epoch: uint256 = self.latest_epoch
     assert epoch > 0, "no root posted"
-    assert self._root_of(account, cumulative, proof) == self.roots[epoch], "proof does not match the latest root"
+    assert self._proves(account, cumulative, proof, self.roots[epoch]), "proof does not match the latest root"
     already: uint256 = self.claimed[account]
     assert cumulative > already, "nothing to claim"
     self.claimed[account] = cumulative
@@ -87,13 +97,7 @@ def claim(account: address, cumulative: uint256, proof: DynArray[bytes32, MAX_DE
     return cumulative - already
 
 
-@pure
+@view
 @internal
-def _root_of(account: address, cumulative: uint256, proof: DynArray[bytes32, MAX_DEPTH]) -> bytes32:
-    node: bytes32 = keccak256(keccak256(abi_encode(account, cumulative)))
-    for sibling: bytes32 in proof:
-        if convert(node, uint256) < convert(sibling, uint256):
-            node = keccak256(concat(node, sibling))
-        else:
-            node = keccak256(concat(sibling, node))
-    return node
+def _proves(account: address, cumulative: uint256, proof: DynArray[bytes32, MAX_DEPTH], root: bytes32) -> bool:
+    return merkle_proof_verification._verify(proof, root, keccak256(keccak256(abi_encode(account, cumulative))))

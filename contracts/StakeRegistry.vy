@@ -6,7 +6,18 @@
         stake can still be slashed: a cheater cannot withdraw ahead of the penalty. Addresses
         holding the slasher role (the coordinator's sender) slash, citing the evidence's hash;
         slashed tokens go to the beneficiary (e.g. the credit distributor, funding honest work).
+        Roles come from snekmate's audited access control.
 """
+
+from ethereum.ercs import IERC165
+implements: IERC165
+
+from snekmate.auth.interfaces import IAccessControl
+implements: IAccessControl
+
+from snekmate.auth import access_control
+initializes: access_control
+exports: access_control.__interface__
 
 interface ERC20:
     def transfer(receiver: address, amount: uint256) -> bool: nonpayable
@@ -31,15 +42,11 @@ event Slashed:
     evidence: bytes32
     slasher: address
 
-event SlasherSet:
-    account: indexed(address)
-    enabled: bool
+SLASHER_ROLE: public(constant(bytes32)) = keccak256("SLASHER_ROLE")
 
 TOKEN: public(immutable(address))
 UNBONDING_S: public(immutable(uint256))
-admin: public(address)
 beneficiary: public(address)
-slashers: public(HashMap[address, bool])
 staked: public(HashMap[address, uint256])
 unbonding: public(HashMap[address, uint256])
 withdrawable_at: public(HashMap[address, uint256])
@@ -50,17 +57,10 @@ slashed: public(HashMap[address, uint256])
 def __init__(token: address, unbonding_s: uint256, beneficiary: address):
     assert token != empty(address), "no token"
     assert beneficiary != empty(address), "no beneficiary"
+    access_control.__init__()
     TOKEN = token
     UNBONDING_S = unbonding_s
-    self.admin = msg.sender
     self.beneficiary = beneficiary
-
-
-@external
-def set_slasher(account: address, enabled: bool):
-    assert msg.sender == self.admin, "only the admin sets slashers"
-    self.slashers[account] = enabled
-    log SlasherSet(account=account, enabled=enabled)
 
 
 @external
@@ -97,7 +97,7 @@ def withdraw() -> uint256:
 @external
 def slash(account: address, amount: uint256, evidence: bytes32) -> uint256:
     """Take up to ``amount`` from the account's stake, active first, then unbonding; returns what was taken."""
-    assert self.slashers[msg.sender], "only a slasher slashes"
+    access_control._check_role(SLASHER_ROLE, msg.sender)
     from_staked: uint256 = min(amount, self.staked[account])
     from_unbonding: uint256 = min(amount - from_staked, self.unbonding[account])
     taken: uint256 = from_staked + from_unbonding

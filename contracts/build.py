@@ -19,16 +19,37 @@ ARTIFACTS = HERE / "artifacts"
 COMPILER = "0.4.3"
 
 
+SNEKMATE = "0.1.2"
+"""The audited Vyper modules the contracts import (access control, Merkle proofs), pinned like the compiler."""
+
+
+def _snekmate_root() -> Path:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("snekmate")
+    except PackageNotFoundError:
+        found = None
+    if found != SNEKMATE:
+        raise SystemExit(f"contracts import snekmate=={SNEKMATE}, found {found}: pip install snekmate=={SNEKMATE}")
+    import snekmate
+
+    return Path(next(iter(snekmate.__path__))).parent
+
+
 def compile_contract(source: Path) -> dict[str, object]:
     import vyper
 
     if vyper.__version__ != COMPILER:
         raise SystemExit(f"contracts compile with vyper=={COMPILER}, found {vyper.__version__}: pip install vyper=={COMPILER}")
+    from vyper.compiler.input_bundle import FilesystemInputBundle
+
     text = source.read_text()
-    out = vyper.compile_code(text, contract_path=source.name, output_formats=["abi", "bytecode"])
+    bundle = FilesystemInputBundle([HERE, _snekmate_root()])
+    out = vyper.compile_code(text, contract_path=source.name, input_bundle=bundle, output_formats=["abi", "bytecode"])
     return {
         "contract": source.stem,
-        "compiler": f"vyper {COMPILER}",
+        "compiler": f"vyper {COMPILER}, snekmate {SNEKMATE}",
         "source_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "abi": out["abi"],
         "bytecode": out["bytecode"],

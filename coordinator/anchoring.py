@@ -71,7 +71,7 @@ class Anchorer:
             return
         try:
             with self.sessions.begin() as session:
-                closed = epochs.close_epoch(session, now)
+                closed = epochs.close_epoch(session, now, self.settings.chain_cutoff_lag_s)
             if closed is not None:
                 log.info("epoch %d closed: %d addresses, root %s", closed.epoch, closed.addresses, closed.root)
         except IntegrityError:
@@ -119,7 +119,7 @@ class Anchorer:
         if on_chain == b"\0" * 32:
             if chain.latest_epoch() >= epoch.epoch:
                 raise ChainError(f"epoch {epoch.epoch} can no longer be posted: the chain is at epoch {chain.latest_epoch()} (another poster?)")
-            receipt = chain.transact(self.sender, chain.distributor.functions.post_root(epoch.epoch, root), self.settings.chain_confirmations)
+            receipt = chain.transact(self.sender, chain.distributor.functions.post_root(epoch.epoch, root, int(epoch.cutoff.timestamp())), self.settings.chain_confirmations)
             tx_hash, block = receipt["transactionHash"].to_0x_hex(), receipt["blockNumber"]
         elif on_chain == root:  # posted before a crash, or by a replica: read the transaction back
             event = chain.distributor.events.RootPosted.get_logs(from_block=self.settings.chain_from_block, argument_filters={"epoch": epoch.epoch})[0]

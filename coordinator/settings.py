@@ -205,6 +205,10 @@ class CoordinatorSettings(RoleSettings):
     chain_confirmations: int = Field(1, ge=1, le=64)
     """Blocks that must hold a root's transaction before its epoch counts as anchored."""
 
+    chain_cutoff_lag_s: int = Field(15, ge=0, le=3600)
+    """How far an epoch's cutoff trails the coordinator's clock: the distributor refuses a cutoff
+    later than the block that posts the root, and a chain's block times may trail ours."""
+
     epoch_s: float = Field(3600.0, gt=0)
     """How often an epoch closes: the tree of every address's cumulative final credit is built and
     its root posted (skipped when no final credit changed, so an idle network spends no gas)."""

@@ -47,7 +47,7 @@ class DevChain:
             "INTELLECT_CHAIN_RPC_URL": str(self.anvil.url), "INTELLECT_CHAIN_TOKEN": s.token.address,
             "INTELLECT_CHAIN_STAKE_REGISTRY": s.registry.address, "INTELLECT_CHAIN_DISTRIBUTOR": s.distributor.address,
             "INTELLECT_CHAIN_KEYSTORE": str(self.keystore), "INTELLECT_CHAIN_PASSWORD": self.password,
-            "INTELLECT_EPOCH_S": str(EPOCH_S), "INTELLECT_DISPUTE_WINDOW_S": str(DISPUTE_WINDOW_S),
+            "INTELLECT_EPOCH_S": str(EPOCH_S), "INTELLECT_CHAIN_CUTOFF_LAG_S": "1", "INTELLECT_DISPUTE_WINDOW_S": str(DISPUTE_WINDOW_S),
         }  # fmt: skip
 
     def stake(self, wallet: Path, password: str) -> None:

@@ -15,7 +15,7 @@ from shared.merkle import CreditTree
 from shared.settlement import EpochInfo, LedgerEntry, cumulative_amounts
 
 if TYPE_CHECKING:
-    from shared.chain import Settlement
+    from shared.chain import PostedRoot, Settlement
 
 class SettlementUnavailable(Exception):
     """This deployment does not settle on a chain, or its chain cannot be reached."""
@@ -59,3 +59,34 @@ def rebuild_roots(api: CoordinatorClient, epochs: list[EpochInfo], progress: Cal
         amounts = cumulative_amounts(rows, epoch.last_entry_id, epoch.cutoff)
         roots[epoch.epoch] = CreditTree(amounts).root if amounts else None
     return roots
+
+
+def audit_epochs(
+    epochs: list[int], posted: dict[int, PostedRoot], listed: dict[int, EpochInfo], rebuilt: dict[int, bytes | None], chain_latest: int
+) -> list[tuple[int, str | None]]:
+    """Each of ``epochs`` with what is wrong with it (None: nothing; "waiting ...": listed, not yet
+    posted, and still postable). ``posted``: the chain's roots by epoch; ``listed``: the coordinator's;
+    ``rebuilt``: the roots the public ledger gives for the listed ones."""
+    out: list[tuple[int, str | None]] = []
+    for n in epochs:
+        chain, ours = posted.get(n), listed.get(n)
+        if ours is None:
+            out.append((n, "the chain holds a root the coordinator does not list: nobody can rebuild it from the ledger"))
+            continue
+        if chain is None:
+            late = n <= chain_latest  # epochs only increase on chain: this one can never be posted now
+            out.append((n, "listed without its transaction, and the chain has moved past it" if late else "waiting to be anchored"))
+            continue
+        mine = rebuilt.get(n)
+        problems = []
+        if ours.tx_hash != chain.tx_hash:
+            problems.append(f"the coordinator lists transaction {ours.tx_hash or 'none'}, the root came in {chain.tx_hash}")
+        if chain.cutoff > chain.block_time:
+            problems.append(f"its cutoff {chain.cutoff} lies after the block that posted it ({chain.block_time}): credit still open to dispute was paid")
+        if int(ours.cutoff.timestamp()) != chain.cutoff:
+            problems.append(f"the coordinator's cutoff {int(ours.cutoff.timestamp())} is not the chain's {chain.cutoff}")
+        if mine is None or mine != chain.root or ours.root != "0x" + chain.root.hex():
+            shown = "0x" + mine.hex() if mine else "none"
+            problems.append(f"the ledger gives {shown}, the chain holds 0x{chain.root.hex()}, the coordinator says {ours.root}")
+        out.append((n, "; ".join(problems) or None))
+    return out

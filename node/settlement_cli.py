@@ -17,6 +17,7 @@ from rich.progress import Progress
 
 from node.cli_output import CoordinatorUrl, checked_url, console, fail
 from shared.money import parse_tokens, tokens
+from shared.settlement import EpochInfo
 from shared.wallet import WalletError, load_wallet, read_password
 
 Wallet = Annotated[Path, typer.Option("--wallet", help="Keystore that pays the gas; its password from INTELLECT_WALLET_PASSWORD or a prompt.")]
@@ -137,34 +138,55 @@ def claim(wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8
 
 
 def verify_epoch(
-    epoch: Annotated[int | None, typer.Argument(help="The epoch to check; every anchored epoch if omitted.", min=1)] = None,
+    epoch: Annotated[int | None, typer.Argument(help="The epoch to check; every epoch if omitted.", min=1)] = None,
     coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
     rpc: Rpc = None,
 ) -> None:
-    """Rebuild epoch roots from the public ledger export and compare them with the roots on chain:
-    anyone can audit the coordinator. Exits 6 on any mismatch."""
-    from node.settlement import rebuild_roots
+    """Audit settlement: every root the distributor ever accepted (its events, not the coordinator's
+    list) must be one the coordinator lists with its transaction, rebuilt from the public ledger,
+    with a cutoff no later than the block that posted it (else credit still open to dispute would
+    be paid). Exits 6, one sentence per finding, on anything else."""
+    from node.settlement import audit_epochs, rebuild_roots
 
     with _settlement(coordinator, rpc) as (api, chain, _):
-        epochs = [api.epoch(epoch)] if epoch is not None else [e for e in reversed(api.epochs(limit=500)) if e.tx_hash]
-        if not epochs:
-            console.print("No epoch anchored yet: nothing to verify.")
-            return
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("Reading the public ledger", total=max(e.last_entry_id for e in epochs))
-            rebuilt = rebuild_roots(api, epochs, lambda done: bar.update(task, completed=done))
-        bad = 0
-        for e in epochs:
-            on_chain = chain.root_at(e.epoch)
-            mine = rebuilt[e.epoch]
-            ours = "0x" + mine.hex() if mine else "none"
-            if mine is not None and on_chain == mine and e.root == ours:
-                console.print(f"[green]✓[/green] epoch {e.epoch}: {ours} ({e.addresses} addresses) matches the chain.")
-                continue
-            bad += 1
-            console.print(f"[red]✗ epoch {e.epoch}: the ledger gives {ours}, the chain holds 0x{on_chain.hex()}, the coordinator says {e.root}.[/red]")
-        if bad:
+        posted = chain.posted_roots(api.chain_info().from_block)
+        listed = {e.epoch: e for e in api.epochs(limit=500)}
+        wanted = sorted({*posted, *listed} if epoch is None else {epoch})
+        for n in wanted:
+            if n not in listed:
+                found = _listed(api, n)
+                if found is not None:
+                    listed[n] = found
+        if not wanted or not any(n in posted or n in listed for n in wanted):
+            console.print("No epoch anchored yet: nothing to verify." if epoch is None else f"Epoch {epoch} is neither on chain nor listed.")
+            if epoch is None:
+                return
             raise typer.Exit(6)
+        buildable = [listed[n] for n in wanted if n in listed]
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("Reading the public ledger", total=max([e.last_entry_id for e in buildable], default=0))
+            rebuilt = rebuild_roots(api, buildable, lambda done: bar.update(task, completed=done)) if buildable else {}
+        findings = audit_epochs(wanted, posted, {n: listed[n] for n in wanted if n in listed}, rebuilt, chain.latest_epoch())
+        for n, problem in findings:
+            if problem is None:
+                console.print(f"[green]✓[/green] epoch {n}: {listed[n].root} ({listed[n].addresses} addresses) matches the chain and the ledger.")
+            elif problem.startswith("waiting"):
+                console.print(f"[yellow]…[/yellow] epoch {n}: {problem}")
+            else:
+                console.print(f"[red]✗ epoch {n}: {problem}[/red]")
+        if any(p is not None and not p.startswith("waiting") for _, p in findings):
+            raise typer.Exit(6)
+
+
+def _listed(api: Any, n: int) -> EpochInfo | None:
+    from shared.coordinator_client import Refused
+
+    try:
+        return api.epoch(n)  # type: ignore[no-any-return]
+    except Refused as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 from web3.contract import Contract
-from web3.exceptions import ContractLogicError, TimeExhausted, Web3Exception
+from web3.exceptions import ContractLogicError, MethodUnavailable, TimeExhausted, Web3Exception
 
 CONTRACTS = ("RewardToken", "StakeRegistry", "CreditDistributor")
 
@@ -94,6 +94,16 @@ def deploy(w3: Web3, sender: LocalAccount, name: str, *args: Any, confirmations:
     return str(receipt["contractAddress"])
 
 
+@dataclass(frozen=True)
+class PostedRoot:
+    """One root as the chain holds it: what it counts (credit final at ``cutoff``) and when it came."""
+
+    root: bytes
+    cutoff: int
+    tx_hash: str
+    block_time: int
+
+
 @dataclass
 class Settlement:
     """The three contracts of one deployment."""
@@ -115,20 +125,41 @@ class Settlement:
         distributor = deploy(w3, admin, "CreditDistributor", token)
         registry = deploy(w3, admin, "StakeRegistry", token, unbonding_s, distributor)
         s = cls.at(w3, token, registry, distributor)
-        s.transact(admin, s.distributor.functions.set_poster(admin.address, True))
-        s.transact(admin, s.registry.functions.set_slasher(admin.address, True))
+        s.transact(admin, s.distributor.functions.grantRole(s.distributor.functions.POSTER_ROLE().call(), admin.address))
+        s.transact(admin, s.registry.functions.grantRole(s.registry.functions.SLASHER_ROLE().call(), admin.address))
         s.transact(admin, s.token.functions.mint(distributor, reward_supply))
         return s
 
     def transact(self, sender: LocalAccount, fn: Any, confirmations: int = 1) -> Any:
-        """Send the contract call ``fn`` (its gas is estimated first, so a revert surfaces before anything is sent)."""
-        return send(self.w3, sender, fn.build_transaction, confirmations=confirmations)
+        """Send the contract call ``fn`` (its gas is estimated first, so a revert surfaces before anything is sent).
+
+        Estimated on the pending block, the one the call will be mined in: checks against the block's
+        time (a root's cutoff) must see now, not the last block's time, which on a quiet chain is old."""
+
+        def build(params: dict[str, Any]) -> dict[str, Any]:
+            try:
+                gas = fn.estimate_gas({"from": params["from"]}, block_identifier="pending")
+            except MethodUnavailable:  # the in-process tester has one block, always current: no pending to ask
+                gas = fn.estimate_gas({"from": params["from"]})
+            return fn.build_transaction({**params, "gas": gas})
+
+        return send(self.w3, sender, build, confirmations=confirmations)
 
     def stake_of(self, address: str) -> int:
         return int(self.registry.functions.staked(Web3.to_checksum_address(address)).call())
 
     def root_at(self, epoch: int) -> bytes:
         return bytes(self.distributor.functions.roots(epoch).call())
+
+    def posted_roots(self, from_block: int) -> dict[int, PostedRoot]:
+        """Every root the distributor ever accepted (its ``RootPosted`` events), by epoch."""
+        out = {}
+        for event in self.distributor.events.RootPosted.get_logs(from_block=from_block):
+            block = self.w3.eth.get_block(event["blockNumber"])
+            out[int(event["args"]["epoch"])] = PostedRoot(
+                bytes(event["args"]["root"]), int(event["args"]["cutoff"]), event["transactionHash"].to_0x_hex(), int(block["timestamp"])
+            )
+        return out
 
     def latest_epoch(self) -> int:
         return int(self.distributor.functions.latest_epoch().call())

@@ -72,6 +72,8 @@ class ChainInfo(BaseModel):
     distributor: str | None = None
     sender: str | None = None
     """The coordinator's address on chain: it posts roots and slashes."""
+    from_block: int = 0
+    """The block the contracts were deployed at: their events (every root ever posted) start there."""
 
 
 class NodeSettlement(BaseModel):

@@ -26,39 +26,59 @@ def stake(s: Settlement, account, amount: int) -> None:
     s.transact(account, s.registry.functions.stake(amount))
 
 
+def post(s: Settlement, poster, epoch: int, root: bytes, cutoff: int | None = None) -> None:
+    """Post ``root`` as ``epoch``, its cutoff the chain's latest block time unless given."""
+    at = s.w3.eth.get_block("latest")["timestamp"] if cutoff is None else cutoff
+    s.transact(poster, s.distributor.functions.post_root(epoch, root, at))
+
+
 def test_only_role_holders_post_roots_slash_and_mint(chain):
     w3, s, admin, alice, _, stranger = chain
-    with pytest.raises(ChainError, match="only a poster posts roots"):
-        s.transact(stranger, s.distributor.functions.post_root(10**9, b"\x01" * 32))
-    with pytest.raises(ChainError, match="only the admin sets posters"):
-        s.transact(stranger, s.distributor.functions.set_poster(stranger.address, True))
-    with pytest.raises(ChainError, match="only the admin sets slashers"):
-        s.transact(stranger, s.registry.functions.set_slasher(stranger.address, True))
-    with pytest.raises(ChainError, match="only a slasher slashes"):
+    missing = "access_control: account is missing role"
+    with pytest.raises(ChainError, match=missing):
+        post(s, stranger, 10**9, b"\x01" * 32)
+    poster, slasher = s.distributor.functions.POSTER_ROLE().call(), s.registry.functions.SLASHER_ROLE().call()
+    with pytest.raises(ChainError, match=missing):
+        s.transact(stranger, s.distributor.functions.grantRole(poster, stranger.address))
+    with pytest.raises(ChainError, match=missing):
+        s.transact(stranger, s.registry.functions.grantRole(slasher, stranger.address))
+    with pytest.raises(ChainError, match=missing):
         s.transact(stranger, s.registry.functions.slash(alice.address, 1, b"\0" * 32))
     with pytest.raises(ChainError, match="only the minter mints"):
         s.transact(stranger, s.token.functions.mint(stranger.address, 1))
-    assert s.distributor.functions.posters(admin.address).call() and not s.distributor.functions.posters(stranger.address).call()
+    assert s.distributor.functions.hasRole(poster, admin.address).call() and not s.distributor.functions.hasRole(poster, stranger.address).call()
+    assert s.registry.functions.hasRole(slasher, admin.address).call() and not s.registry.functions.hasRole(slasher, stranger.address).call()
 
 
 def test_roots_only_append_and_epochs_strictly_increase(chain):
     w3, s, admin, *_ = chain
     start = s.latest_epoch()
-    s.transact(admin, s.distributor.functions.post_root(start + 1, b"\x11" * 32))
+    post(s, admin, start + 1, b"\x11" * 32)
     with pytest.raises(ChainError, match="epoch not after the latest"):
-        s.transact(admin, s.distributor.functions.post_root(start + 1, b"\x22" * 32))  # replayed epoch, other root
+        post(s, admin, start + 1, b"\x22" * 32)  # replayed epoch, other root
     with pytest.raises(ChainError, match="epoch not after the latest"):
-        s.transact(admin, s.distributor.functions.post_root(start, b"\x22" * 32))  # out of order
+        post(s, admin, start, b"\x22" * 32)  # out of order
     with pytest.raises(ChainError, match="empty root"):
-        s.transact(admin, s.distributor.functions.post_root(start + 2, b"\0" * 32))
+        post(s, admin, start + 2, b"\0" * 32)
     assert s.root_at(start + 1) == b"\x11" * 32 and s.latest_epoch() == start + 1
+
+
+def test_a_root_cannot_count_credit_still_open_to_dispute(chain):
+    w3, s, admin, *_ = chain
+    start, now = s.latest_epoch(), w3.eth.get_block("latest")["timestamp"]
+    with pytest.raises(ChainError, match="cutoff in the future"):
+        post(s, admin, start + 1, b"\x33" * 32, cutoff=now + 3600)
+    post(s, admin, start + 1, b"\x33" * 32, cutoff=now)
+    with pytest.raises(ChainError, match="cutoff before the latest"):
+        post(s, admin, start + 2, b"\x44" * 32, cutoff=now - 1)
+    assert s.distributor.functions.cutoffs(start + 1).call() == now
 
 
 def test_claims_pay_the_difference_once_and_never_beyond_the_root(chain):
     w3, s, admin, alice, bob, stranger = chain
     epoch = s.latest_epoch() + 1
     tree = CreditTree({alice.address: 5 * TOKEN, bob.address: 7 * TOKEN})
-    s.transact(admin, s.distributor.functions.post_root(epoch, tree.root))
+    post(s, admin, epoch, tree.root)
     before = s.token.functions.balanceOf(alice.address).call()
     s.transact(alice, s.distributor.functions.claim(alice.address, 5 * TOKEN, tree.proof(alice.address)))
     assert s.token.functions.balanceOf(alice.address).call() - before == 5 * TOKEN
@@ -73,7 +93,7 @@ def test_claims_pay_the_difference_once_and_never_beyond_the_root(chain):
     assert s.claimed(bob.address) == 7 * TOKEN
     # The next epoch raises alice's cumulative credit: she gets the difference, and only the latest root pays.
     later = CreditTree({alice.address: 8 * TOKEN, bob.address: 7 * TOKEN})
-    s.transact(admin, s.distributor.functions.post_root(epoch + 1, later.root))
+    post(s, admin, epoch + 1, later.root)
     with pytest.raises(ChainError, match="proof does not match"):
         s.transact(alice, s.distributor.functions.claim(alice.address, 5 * TOKEN, tree.proof(alice.address)))
     assert s.distributor.functions.claimable(alice.address, 8 * TOKEN, later.proof(alice.address)).call() == 3 * TOKEN
@@ -122,7 +142,7 @@ def test_the_contract_accepts_every_proof_our_tree_makes(chain, amounts):
     accounts = {Account.create().address: amount for amount in amounts}
     tree = CreditTree(accounts)
     epoch = s.latest_epoch() + 1
-    s.transact(admin, s.distributor.functions.post_root(epoch, tree.root))
+    post(s, admin, epoch, tree.root)
     for address, amount in accounts.items():
         assert s.distributor.functions.claimable(address, amount, tree.proof(address)).call() == amount
         assert s.distributor.functions.claimable(address, amount + 1, tree.proof(address)).call() == 0

@@ -34,7 +34,7 @@ def test_silence_then_return(database_url: str) -> None:
     t0 = datetime.now(UTC)
     with sessions.begin() as session:
         nodes.register(session, address, RegisterRequest(address=address, specs=SPECS, client_version=__version__), settings, t0, "test-audience")
-        nodes.heartbeat(session, address, HeartbeatRequest(address=address, client_version=__version__), settings, t0, "test-audience")
+        nodes.heartbeat(session, address, HeartbeatRequest(address=address, client_version=__version__), settings, t0)
 
     def evaluate(after_s: float) -> str:
         with sessions.begin() as session:

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from eth_account import Account
+from sqlalchemy import select
 from typer.testing import CliRunner
 
 from coordinator.anchoring import CHAIN_PASSWORD_ENV, Anchorer
@@ -58,11 +59,15 @@ def chain(anvil: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type:
     return settlement, admin, keystore
 
 
+CUTOFF_LAG_S = 2
+"""Cutoffs trail the clock this much: anvil estimates gas on a block whose time is the last one's."""
+
+
 def settled(database_url: str, tmp_path: Path, rpc_url: str, settlement: Settlement, keystore: Path) -> CoordinatorSettings:
     return CoordinatorSettings(
         database_url=database_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
         chain_rpc_url=rpc_url, chain_token=settlement.token.address, chain_stake_registry=settlement.registry.address,
-        chain_distributor=settlement.distributor.address, chain_keystore=keystore, epoch_s=0.3,
+        chain_distributor=settlement.distributor.address, chain_keystore=keystore, epoch_s=0.3, chain_cutoff_lag_s=CUTOFF_LAG_S,
     )  # fmt: skip
 
 
@@ -84,7 +89,7 @@ def lay_credits(served: Served, run_id: str, entries: list[tuple[str, str, str]]
     """Ledger entries ``(address, units, kind)`` (with the tasks and submissions they belong to), in
     one transaction: an epoch closing meanwhile sees all of them or none."""
     now = datetime.now(UTC)
-    final_at = now - timedelta(seconds=1) if final else now + timedelta(hours=1)
+    final_at = now - timedelta(seconds=CUTOFF_LAG_S + 2) if final else now + timedelta(hours=1)
     with make_sessionmaker(served.engine).begin() as session:
         for address, units, kind in entries:
             name = uuid.uuid4().hex[:12]
@@ -104,6 +109,10 @@ def anchored(served: Served, epoch: int, timeout: float = 30) -> dict:
             return done[0]
         time.sleep(0.1)
     raise AssertionError(f"epoch {epoch} not anchored: {found}, health {httpx.get(f'{served.url}/healthz').json()}")
+
+
+def admin_headers(served: Served) -> dict[str, str]:
+    return {"authorization": f"Bearer {admin_token(served)}"}
 
 
 def node(*args: str) -> tuple[int, str]:
@@ -129,6 +138,13 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
         assert settlement.token.functions.balanceOf(alice.address).call() == 7 * TOKEN // 2
         code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", served.url)
         assert code == 0 and "Nothing to claim: 3.5 claimed already" in out, out
+
+        # Credit a root counts is never clawed back: the chain may pay it already. An admin finding
+        # bob's work invalid afterwards leaves his anchored credit where it is.
+        with make_sessionmaker(served.engine)() as session:
+            bobs = session.scalar(select(ContributionEntry.submission_id).where(ContributionEntry.address == bob.address))
+        reply = httpx.post(f"{served.url}/v1/admin/submissions/{bobs}/invalidate", json={"reason": "found later"}, headers=admin_headers(served))
+        assert reply.status_code == 200 and reply.json()["credit"] == 2 * CREDIT_PER_UNIT, reply.text
 
         # Epoch 2: alice earns more, bob's credit is clawed back (no leaf: nothing positive to claim).
         lay_credits(served, run_id, [(alice.address, "1.25", "credit"), (bob.address, "-2.0", "clawback")])
@@ -174,11 +190,11 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
     lay_credit(served, run_id, Account.create().address, "2.0")
     sessions = make_sessionmaker(served.engine)
     with sessions.begin() as session:
-        epoch = close_epoch(session, datetime.now(UTC))
+        epoch = close_epoch(session, datetime.now(UTC), CUTOFF_LAG_S)
         assert epoch is not None and epoch.epoch == 2
         root = bytes.fromhex(epoch.root.removeprefix("0x"))
     deployed_by = w3.eth.block_number  # events are read from a deployment's block on, not from genesis
-    sent = settlement.transact(admin, settlement.distributor.functions.post_root(2, root))
+    sent = settlement.transact(admin, settlement.distributor.functions.post_root(2, root, int(epoch.cutoff.timestamp())))
     nonce = w3.eth.get_transaction_count(admin.address)
     anchorer = Anchorer(sessions, live.model_copy(update={"epoch_s": 3600, "chain_from_block": deployed_by}))
     anchorer.tick()
@@ -192,9 +208,9 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
     # Another root on chain for the next epoch (a second poster): refused, said, never overwritten;
     # verify-epoch flags that epoch.
     lay_credit(served, run_id, Account.create().address, "3.0")
-    settlement.transact(admin, settlement.distributor.functions.post_root(3, b"\x66" * 32))
+    settlement.transact(admin, settlement.distributor.functions.post_root(3, b"\x66" * 32, int(time.time())))
     with sessions.begin() as session:
-        assert close_epoch(session, datetime.now(UTC)) is not None
+        assert close_epoch(session, datetime.now(UTC), CUTOFF_LAG_S) is not None
     anchorer.tick()
     assert "another root" in (anchorer.chain_error or "") and anchorer.status()["unanchored_epochs"] == 1
     with serve(live) as served:
@@ -202,6 +218,13 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
         assert code == 6 and "✗ epoch 3" in out, out
         code, out = node("verify-epoch", "1", "--coordinator", served.url)
         assert code == 0, out
+
+        # A root the coordinator never listed (another poster's): the audit reads every root the
+        # contract accepted from its events, so it finds it, although no listing names it.
+        settlement.transact(admin, settlement.distributor.functions.post_root(9, b"\x77" * 32, int(time.time())))
+        code, out = node("verify-epoch", "--coordinator", served.url)
+        assert code == 6 and "✗ epoch 9: the chain holds a root the coordinator does not list" in out, out
+        assert "✗ epoch 3: the coordinator lists transaction none" in out and "✓ epoch 1" in out, out
 
 
 def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
@@ -238,7 +261,7 @@ def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, 
 
     plain = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")
     with serve(plain) as served:
-        assert httpx.get(f"{served.url}/v1/public/chain").json() == {"enabled": False, "rpc_url": None, "chain_id": None, "token": None, "stake_registry": None, "distributor": None, "sender": None}
+        assert httpx.get(f"{served.url}/v1/public/chain").json() == {"enabled": False, "rpc_url": None, "chain_id": None, "token": None, "stake_registry": None, "distributor": None, "sender": None, "from_block": 0}
         code, out = node("claim", "--wallet", str(path), "--coordinator", served.url)
         assert code == 2 and "does not settle on a chain" in out, out
 

@@ -33,6 +33,7 @@ def _chain_info(request: Request, settings: Settings) -> ChainInfo:
     return ChainInfo(
         enabled=True, rpc_url=settings.chain_rpc_url, chain_id=anchorer.chain_id, token=settings.chain_token,
         stake_registry=settings.chain_stake_registry, distributor=settings.chain_distributor, sender=anchorer.sender.address,
+        from_block=settings.chain_from_block,
     )  # fmt: skip
 
 

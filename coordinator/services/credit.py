@@ -5,6 +5,10 @@ rejection, or an admin invalidating accepted work, appends negative clawback ent
 node's credit that is still pending, each naming the submission that caused it; if that
 rejection is overturned, restore entries give the credit back. Balances are sums of entries,
 nothing else.
+
+Credit a closed settlement epoch counts is never clawed back: its root may be on chain already,
+and a clawback after it would stay claimable there until the next root. A later finding against
+such work still strikes (and so bans and slashes) the node; only the credit stays.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from coordinator.models import ContributionEntry, Run, Submission
 from coordinator.settings import CoordinatorSettings
+from coordinator.settlement_models import Epoch
 from shared.money import credit_of
 
 
@@ -60,13 +65,17 @@ def claw_back(
 ) -> list[ContributionEntry]:
     """Negative entries cancelling ``address``'s still-pending credit (of submission ``only``, if
     given; ``even_final``: its final credit too, for work found invalid), caused by submission ``cause``."""
-    query = select(ContributionEntry.submission_id, func.sum(ContributionEntry.units), func.max(ContributionEntry.final_at)).where(
-        ContributionEntry.address == address
-    )
+    query = select(
+        ContributionEntry.submission_id, func.sum(ContributionEntry.units), func.max(ContributionEntry.final_at),
+        func.min(ContributionEntry.id), func.min(ContributionEntry.final_at),
+    ).where(ContributionEntry.address == address)  # fmt: skip
     if only is not None:
         query = query.where(ContributionEntry.submission_id == only)
+    epoch = session.scalar(select(Epoch).order_by(Epoch.epoch.desc()).limit(1))
     entries = []
-    for submission_id, units, final_at in session.execute(query.group_by(ContributionEntry.submission_id)).all():
+    for submission_id, units, final_at, first_id, first_final in session.execute(query.group_by(ContributionEntry.submission_id)).all():
+        if epoch is not None and first_id <= epoch.last_entry_id and first_final <= epoch.cutoff:
+            continue  # counted in a root that may already pay it: it stays
         if units > 0 and (even_final or final_at > now):
             entry = ContributionEntry(
                 address=address, submission_id=submission_id, kind="clawback", units=-units, reason=reason,

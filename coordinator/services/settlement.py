@@ -33,21 +33,23 @@ def leaves(session: Session, epoch: int) -> dict[str, int]:
     return {address: int(cumulative) for address, cumulative in rows}
 
 
-def close_epoch(session: Session, now: datetime) -> Epoch | None:
-    """Add the next epoch (the caller commits), or None when no final credit changed."""
+def close_epoch(session: Session, now: datetime, lag_s: int = 0) -> Epoch | None:
+    """Add the next epoch (the caller commits), or None when no final credit changed. Its cutoff is
+    a whole second (the chain's unit) ``lag_s`` before ``now``."""
+    cutoff = (now - timedelta(seconds=lag_s)).replace(microsecond=0)
     last = latest_epoch(session)
     last_entry_id = session.scalar(select(func.max(ContributionEntry.id))) or 0
     entries = session.execute(
         select(ContributionEntry.id, ContributionEntry.address, ContributionEntry.units, ContributionEntry.final_at).where(
-            ContributionEntry.id <= last_entry_id, ContributionEntry.final_at <= now
+            ContributionEntry.id <= last_entry_id, ContributionEntry.final_at <= cutoff
         )
     )
-    amounts = cumulative_amounts(entries, last_entry_id, now)
+    amounts = cumulative_amounts(entries, last_entry_id, cutoff)
     if not amounts or (last is not None and leaves(session, last.epoch) == amounts):
         return None
     tree = CreditTree(amounts)
     epoch = Epoch(
-        epoch=1 if last is None else last.epoch + 1, root="0x" + tree.root.hex(), last_entry_id=last_entry_id, cutoff=now,
+        epoch=1 if last is None else last.epoch + 1, root="0x" + tree.root.hex(), last_entry_id=last_entry_id, cutoff=cutoff,
         addresses=len(amounts), total=str(sum(amounts.values())), created_at=now,
     )  # fmt: skip
     session.add(epoch)
