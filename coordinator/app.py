@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -80,6 +81,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     app.state.audience = audience
     app.state.metrics = metrics
     app.state.blobs = blob_store(settings)
+    app.state.staging = Counter()  # uploads being staged, per claimed address
     app.state.loops = loops
     app.state.anchorer = anchorer
     app.state.stakes = stakes

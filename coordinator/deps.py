@@ -11,7 +11,9 @@ import functools
 import hashlib
 import json
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -20,7 +22,7 @@ from coordinator.errors import ApiError
 from coordinator.ledger import Ledger
 from coordinator.media import is_json
 from coordinator.models import AdminToken
-from coordinator.services import admin_tokens
+from coordinator.services import admin_tokens, submissions
 from coordinator.services.rate_limit import RateLimiter
 from coordinator.settings import CoordinatorSettings
 from coordinator.signed import SignedRequest
@@ -97,15 +99,31 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
     return signed
 
 
-async def signed_upload(request: Request, settings: Settings) -> AsyncIterator[tuple[SignedRequest, StagedUpload]]:
+async def signed_upload(request: Request, settings: Settings, ledger: LedgerDep) -> AsyncIterator[tuple[SignedRequest, StagedUpload]]:
     """A signed request whose (large, binary) body is staged to a file as it arrives and hashed
-    once; the staged file is removed after the response unless the handler stored it."""
+    once; the staged file is removed after the response unless the handler stored it.
+
+    Nothing is staged for an upload its headers already condemn (:func:`submissions.admit_upload`),
+    and each address stages at most ``max_leases_per_node`` new files at once (and one retry of a
+    submitted one): its own share, so one sender's flood never makes an honest node's upload wait,
+    and a stranger replaying a node's public task ids can hold up only that node's retries."""
     claimed = _signature_headers(request, settings)
-    staged = await stage(request, request.app.state.blobs.staging)
+    retry = await ledger.run(submissions.admit_upload, claimed[0], claimed[2], request.query_params.get("task", ""), datetime.now(UTC))
+    staging: Counter[str] = request.app.state.staging
+    who = f"{claimed[0].lower()}:{'retry' if retry else 'new'}"
+    if staging[who] >= (1 if retry else settings.max_leases_per_node):
+        raise ApiError(429, ErrorCode.rate_limited, f"This address already uploads {staging[who]} files at once.", headers={"Retry-After": "2"})
+    staging[who] += 1
     try:
-        yield await _verify(request, claimed, staged.sha256), staged
+        staged = await stage(request, request.app.state.blobs.staging)
+        try:
+            yield await _verify(request, claimed, staged.sha256), staged
+        finally:
+            await asyncio.to_thread(staged.discard)  # freeing a large file's blocks takes milliseconds
     finally:
-        await asyncio.to_thread(staged.discard)  # freeing a large file's blocks takes milliseconds
+        staging[who] -= 1
+        if not staging[who]:
+            del staging[who]
 
 
 def _sha256(body: bytes) -> str:

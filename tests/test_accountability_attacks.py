@@ -4,6 +4,10 @@ appeal floods, and what a caught rogue validator had already waved through."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -205,3 +209,72 @@ def test_a_caught_validators_unread_approvals_are_withheld_and_what_was_trained_
 def make_run_with(served: Served, audit: AuditPolicy) -> str:
     return make_run(served, sampling=SamplingParams(max_tokens=4), prompts=1, samples=2, audit=audit)
 
+
+
+
+def _declare_upload(served: Served, headers: dict[str, str], task_id: str) -> int:
+    """Send an upload's headers declaring 64 MiB and its first mebibyte, then wait for the answer
+    without sending the rest; the status the coordinator answered with."""
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        head = f"POST /v1/submissions?task={task_id} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/octet-stream\r\n"
+        head += f"content-length: {64 << 20}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        conn.sendall(head.encode() + b"\0" * (1 << 20))
+        return int(conn.recv(4096).split(b" ", 2)[1])
+
+
+class StagingWatch:
+    """The most bytes the coordinator's staging directory held while the block ran."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory, self.most, self.stop = directory, 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            held = sum(f.stat().st_size for f in self.directory.glob("*") if f.is_file()) if self.directory.exists() else 0
+            self.most = max(self.most, held)
+            time.sleep(0.002)
+
+    def __enter__(self) -> StagingWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_upload_bodies_condemned_by_their_headers_are_never_staged(sqlite_url: str, tmp_path: Path) -> None:
+    from shared.signing import sign_request
+
+    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", body_idle_timeout_s=1.0, **FAST)
+    with serve(settings) as served:
+        make_run_with(served, AuditPolicy())
+        node = joined(served)
+        task = lease(served, node)
+        incoming = tmp_path / "blobs" / ".incoming"
+        query = f"task={task.task_id}"
+
+        # Twelve strangers' 64 MiB bodies (fresh wallets, well-formed signatures over nothing): each
+        # refused from its headers; the staging directory never holds a byte of them.
+        strangers = [sign_request(Account.create(), "POST", "/v1/submissions", query, b"", served.audience) for _ in range(12)]
+        with StagingWatch(incoming) as watch, ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda h: _declare_upload(served, h, task.task_id), strangers))
+        assert answers == [401] * 12 and watch.most == 0
+
+        # Someone who knows the node's live task id and claims its address gets at most the address's
+        # own share staged at once (three bodies), the rest 429; each is dropped when it stalls.
+        claims = [{**h, "x-intellect-address": node.address} for h in strangers[:6]]
+        with StagingWatch(incoming) as watch, ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda h: _declare_upload(served, h, task.task_id), claims))
+        assert sorted(answers) == [408] * 3 + [429] * 3, answers
+        assert 0 < watch.most <= 3 * (1 << 20)
+
+        # The node's own upload goes through; its nonce, used again, is refused before its body is read.
+        data = finish(generate(task)).data
+        headers = sign_request(node, "POST", "/v1/submissions", query, data, served.audience)
+        assert httpx.post(f"{served.url}/v1/submissions?{query}", content=data, headers=headers).status_code == 200
+        with StagingWatch(incoming) as watch:
+            assert _declare_upload(served, headers, task.task_id) == 401
+        assert watch.most == 0

@@ -16,11 +16,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator.errors import ApiError
-from coordinator.models import Run, Submission, Task
+from coordinator.models import Node, Nonce, Run, Submission, Task
 from coordinator.services import committee
 from coordinator.services.runs import params_of
 from shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
-from shared.schemas import ErrorCode, SubmissionReceipt, sequence_seed
+from shared.schemas import ErrorCode, NodeStatus, SubmissionReceipt, checksum_address, sequence_seed
 from shared.states import SubmissionStatus, TaskStatus
 
 
@@ -47,6 +47,37 @@ class ExpectedFile:
     samples: int
 
 
+def admit_upload(session: Session, claimed: str, nonce: str, task_id: str, now: datetime) -> bool:
+    """Refuse, from its headers alone, an upload that could never be recorded, before a byte of its
+    body is staged: the claimed signer must be a registered node that is not banned and hold a live
+    lease on ``task_id`` (or have submitted it: a retry, answered with the same receipt), and the
+    nonce must be new. True for a retry. (The signature covers the body's hash, so it is checked
+    once the body is in: a stranger who passes this knows a live lease's task id.)"""
+    try:
+        node = session.get(Node, checksum_address(claimed))
+    except ValueError:
+        node = None
+    if node is None:
+        raise ApiError(401, ErrorCode.node_not_registered, "The claimed signer is not a registered node; nothing was read.")
+    if node.status == NodeStatus.banned:
+        raise ApiError(403, ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
+    if session.scalar(select(Nonce.id).where(Nonce.address == node.address, Nonce.nonce == nonce)) is not None:
+        raise ApiError(401, ErrorCode.nonce_reused, "This request's nonce was already used; sign a fresh request.")
+    if session.scalar(select(Submission.id).where(Submission.task_id == task_id, Submission.address == node.address)) is not None:
+        return True
+    _require_live_lease(session.get(Task, task_id), task_id, node.address, now)
+    return False
+
+
+def _require_live_lease(task: Task | None, task_id: str, address: str, now: datetime) -> None:
+    if task is None:
+        raise ApiError(404, ErrorCode.not_found, f"No task {task_id}.")
+    if task.leased_to != address or task.status != TaskStatus.leased:
+        raise ApiError(403, ErrorCode.task_not_leased, "This task is not leased to you.")
+    if task.lease_expires_at is None or task.lease_expires_at <= now:
+        raise ApiError(409, ErrorCode.lease_expired, "The lease on this task expired; lease a new task.")
+
+
 def expected_file(session: Session, signer: str, task_id: str, digest: str, now: datetime) -> ExpectedFile | None:
     """What the file for a task leased to ``signer`` may hold; None when this very file is stored already.
 
@@ -59,10 +90,7 @@ def expected_file(session: Session, signer: str, task_id: str, digest: str, now:
         if existing.sha256 == digest and existing.address == signer:
             return None
         raise ApiError(409, ErrorCode.conflict, "A different file was already submitted for this task.")
-    if task.leased_to != signer or task.status != TaskStatus.leased:
-        raise ApiError(403, ErrorCode.task_not_leased, "This task is not leased to you.")
-    if task.lease_expires_at is None or task.lease_expires_at <= now:
-        raise ApiError(409, ErrorCode.lease_expired, "The lease on this task expired; lease a new task.")
+    _require_live_lease(task, task_id, signer, now)
     params = params_of(session.get_one(Run, task.run_id), task)
     samples = params["samples_per_prompt"]
     prompts = [pid for pid in task.prompt_ids["ids"] for _ in range(samples)]
