@@ -52,14 +52,16 @@ class EpochAnchor(Base):
 
 
 class Slashing(Base):
-    """A ban for forged or corrupted work, carried to the chain after the dispute window: the node's
-    stake was slashed (``amount`` base units; "0" when it had none left), citing ``submissions``."""
+    """A ban for forged or corrupted work (``ban_event_id``), or a validator's revocation for being
+    outvoted (``role_id``), carried to the chain after the dispute window: the address's stake was
+    slashed (``amount`` base units; "0" when it had none left), citing ``submissions``."""
 
     __tablename__ = "slashings"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     address: Mapped[str] = mapped_column(String(42), index=True)
-    ban_event_id: Mapped[int] = mapped_column(Integer, ForeignKey("node_status_events.id"), unique=True)
+    ban_event_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("node_status_events.id"), unique=True)
+    role_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("roles.id"), unique=True)
     evidence: Mapped[str] = mapped_column(String(66))
     """keccak256 of the sorted submission ids, joined by commas: what the chain's Slashed event cites."""
     submissions: Mapped[list[str]] = mapped_column(JSON)

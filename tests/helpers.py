@@ -62,6 +62,7 @@ def make_run(served, **kw) -> str:  # type: ignore[no-untyped-def]
             LengthBudget(),
             datetime.now(UTC),
             audit=kw.get("audit"),
+            min_stake=kw.get("min_stake", 0),
         )
         return run.id
 

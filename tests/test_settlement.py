@@ -324,3 +324,56 @@ def test_replicas_close_and_anchor_each_epoch_once(database_url, tmp_path, anvil
         posted = settlement.distributor.events.RootPosted.get_logs(from_block=0)
         assert len(posted) == 1
         assert settlement.w3.eth.get_transaction_count(admin.address) - nonce <= 2
+
+
+def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_outvoted_it(sqlite_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+    from node.work import finish, generate
+    from shared.run_schemas import AuditPolicy
+    from shared.schemas import SamplingParams
+    from tests.test_committee import judge_all
+    from tests.test_validation import grant, lease, upload
+
+    settlement, admin, keystore = chain
+    worker, rogue, first, second = (wallet(tmp_path, anvil)[0] for _ in range(4))
+    for account in (worker, rogue, first, second):
+        settlement.transact(admin, settlement.token.functions.mint(account.address, 20 * TOKEN))
+    settings = settled(sqlite_url, tmp_path, anvil, settlement, keystore).model_copy(
+        update={"dispute_window_s": 1.0, "validator_max_strikes": 1, "rate_limit_per_s": 1000, "rate_limit_burst": 1000}
+    )
+    with serve(settings) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=4), prompts=1, samples=2, audit=AuditPolicy(share=1.0), min_stake=20 * TOKEN)
+        token = admin_token(served)
+        for v in (rogue, first, second):
+            grant(served, token, v.address, "validator")
+        refused = signed_post(served.url, "/v1/validation/claim", rogue, served.audience, {"address": rogue.address, "limit": 1})
+        assert refused.status_code == 403 and refused.json()["code"] == "stake_too_low", refused.text
+        assert "Validating while a run asks 20 tokens" in refused.json()["message"]
+        for account in (worker, rogue, first, second):
+            settlement.transact(account, settlement.token.functions.approve(settlement.registry.address, 20 * TOKEN))
+            settlement.transact(account, settlement.registry.functions.stake(20 * TOKEN))
+        assert signed_post(served.url, "/v1/nodes/register", worker, served.audience, register_body(worker)).status_code == 200
+
+        deadline = time.monotonic() + 15  # zero stakes are read again within seconds
+        while signed_post(served.url, "/v1/validation/claim", rogue, served.audience, {"address": rogue.address, "limit": 1}).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        while (task := signed_post(served.url, "/v1/tasks/lease", worker, served.audience, {"address": worker.address})).status_code != 200:
+            assert time.monotonic() < deadline, task.text
+            time.sleep(0.5)
+        forged = upload(served, worker, (t := lease(served, worker)), finish(generate(t)).data)
+        assert judge_all(served, rogue, lambda c: "accept") == [forged]  # the only live validator looks first
+        assert judge_all(served, first, lambda c: "hard") == [forged]  # the audit disagrees
+        assert judge_all(served, second, lambda c: "hard") == [forged]  # the tie-break outvotes the rogue
+
+        deadline = time.monotonic() + 30
+        while settlement.registry.functions.slashed(rogue.address).call() == 0:
+            assert time.monotonic() < deadline, httpx.get(f"{served.url}/healthz").json()
+            time.sleep(0.3)
+        assert settlement.registry.functions.slashed(rogue.address).call() == 20 * TOKEN
+        with served.engine.connect() as connection:
+            from sqlalchemy import text
+
+            (cited, role_id), = connection.execute(text("SELECT submissions, role_id FROM slashings WHERE address = :a"), {"a": rogue.address}).all()
+        assert json.loads(cited) == [forged] and role_id is not None
+        for honest in (first, second):
+            assert settlement.registry.functions.slashed(honest.address).call() == 0

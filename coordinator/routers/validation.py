@@ -27,12 +27,14 @@ async def claim(body: ClaimRequest, request: Request, signed: Signed, ledger: Le
     going stale first), each leased until ``claim_expires_at``; waits up to ``wait_s`` for some,
     then an empty list. Validators cannot choose."""
     deadline = time.monotonic() + body.wait_s
-    claims = await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC))
+    stakes = request.app.state.stakes
+    stake = None if stakes is None else await stakes.stake(signed.address)
+    claims = await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC), stake)
     while not claims and (remaining := deadline - time.monotonic()) > 0:
         # Woken at once by an upload or verdict on this process; other replicas' within POLL_S.
         await request.app.state.work_arrived.wait(min(POLL_S, remaining))
         # The signature and its nonce were checked and recorded by the first pass.
-        claims = await ledger.run(validation.claim, signed.address, body, settings, datetime.now(UTC))
+        claims = await ledger.run(validation.claim, signed.address, body, settings, datetime.now(UTC), stake)
     return claims
 
 

@@ -19,6 +19,9 @@ from coordinator.settings import CoordinatorSettings
 from shared.committee import ValidatorStanding
 from shared.schemas import RoleName
 
+OUTVOTED = "outvoted by the majority"
+"""How a revocation for strikes begins: such a validator is slashed once the dispute window passed."""
+
 
 def strike(
     session: Session, validator: str, submission_id: str, reason: str, settings: CoordinatorSettings, now: datetime
@@ -36,7 +39,7 @@ def strike(
     if count < settings.validator_max_strikes:
         return "struck"
     role.revoked_at = now
-    role.revoke_reason = f"outvoted by the majority {count} times (the limit is {settings.validator_max_strikes})"
+    role.revoke_reason = f"{OUTVOTED} {count} times (the limit is {settings.validator_max_strikes})"
     return "revoked"
 
 

@@ -213,15 +213,18 @@ def update_run(session: Session, run_id: str, changes: dict[str, Any]) -> Run:
 
 
 def _require_stake(run: Run, signer: str, stake: int | None) -> None:
-    if not run.min_stake:
-        return
-    needed = run.min_stake
+    if run.min_stake:
+        require_stake(f"Run {run.name}", signer, run.min_stake, stake)
+
+
+def require_stake(who_asks: str, signer: str, needed: int, stake: int | None) -> None:
+    """403 ``stake_too_low`` unless ``stake`` (None: the registry cannot be read now: 503) reaches ``needed``."""
     if stake is None:
-        raise ApiError(503, ErrorCode.chain_unavailable, "This run needs a stake and the stake registry cannot be read now; try again shortly.", headers={"Retry-After": "10"})
+        raise ApiError(503, ErrorCode.chain_unavailable, "A stake is needed and the stake registry cannot be read now; try again shortly.", headers={"Retry-After": "10"})
     if stake < needed:
         raise ApiError(
             403, ErrorCode.stake_too_low,
-            f"Run {run.name} needs {tokens(needed)} tokens staked; {signer} stakes {tokens(stake)}. Stake with `intellect-node stake`.",
+            f"{who_asks} needs {tokens(needed)} tokens staked; {signer} stakes {tokens(stake)}. Stake with `intellect-node stake`.",
             {"needed": str(needed), "staked": str(stake)},
         )  # fmt: skip
 

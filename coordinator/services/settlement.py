@@ -16,11 +16,12 @@ from eth_utils import keccak
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import ContributionEntry, Node, NodeStatusEvent, NodeStrike
+from coordinator.models import ContributionEntry, Node, NodeStatusEvent, NodeStrike, Role, ValidatorStrike
+from coordinator.services.accountability import OUTVOTED
 from coordinator.services.consequences import STRIKES_BAN
 from coordinator.settlement_models import Epoch, EpochAnchor, EpochLeaf, Slashing
 from shared.merkle import CreditTree
-from shared.schemas import NodeStatus
+from shared.schemas import NodeStatus, RoleName
 from shared.settlement import EpochInfo, EpochProof, LedgerEntry, NodeSettlement, cumulative_amounts
 
 
@@ -111,9 +112,12 @@ def ledger_page(session: Session, after: int, limit: int) -> list[LedgerEntry]:
 @dataclass
 class DueSlash:
     address: str
-    ban_event_id: int
+    ban_event_id: int | None
+    """The node's ban, or None for a validator's revocation (``role_id``)."""
     submissions: list[str]
-    """The submissions whose hard rejections still count against the node: the evidence."""
+    """The evidence: the submissions whose hard rejections still count against the node, or on
+    which the validator was outvoted (their receipts show every signed verdict)."""
+    role_id: int | None = None
 
     @property
     def evidence(self) -> bytes:
@@ -137,11 +141,27 @@ def slashes_due(session: Session, now: datetime, window_s: float) -> list[DueSla
         struck = select(NodeStrike.submission_id).where(NodeStrike.address == address, NodeStrike.submission_id.is_not(None))
         counting = struck.group_by(NodeStrike.submission_id).having(func.sum(NodeStrike.units) > 0)
         due.append(DueSlash(address, event.id, [s for s in session.scalars(counting) if s]))
+    return due + _revocations_due(session, now - timedelta(seconds=window_s))
+
+
+def _revocations_due(session: Session, before: datetime) -> list[DueSlash]:
+    """Validators revoked for being outvoted before ``before`` whom no admin granted the role again."""
+    due = []
+    revoked = select(Role).where(Role.role == RoleName.validator, Role.revoked_at <= before, Role.revoke_reason.startswith(OUTVOTED))
+    for role in session.scalars(revoked):
+        if session.scalar(select(Slashing.id).where(Slashing.role_id == role.id)) is not None:
+            continue
+        if session.scalar(select(Role.id).where(Role.address == role.address, Role.role == RoleName.validator, Role.id > role.id)) is not None:
+            continue
+        outvoted = select(ValidatorStrike.submission_id).where(
+            ValidatorStrike.validator == role.address, ValidatorStrike.at >= role.granted_at, ValidatorStrike.at <= role.revoked_at
+        )
+        due.append(DueSlash(role.address, None, sorted(set(session.scalars(outvoted))), role_id=role.id))
     return due
 
 
 def record_slashing(session: Session, due: DueSlash, amount: int, tx_hash: str | None, now: datetime) -> None:
-    session.add(Slashing(address=due.address, ban_event_id=due.ban_event_id, evidence="0x" + due.evidence.hex(),
+    session.add(Slashing(address=due.address, ban_event_id=due.ban_event_id, role_id=due.role_id, evidence="0x" + due.evidence.hex(),
                          submissions=sorted(due.submissions), amount=str(amount), tx_hash=tx_hash, at=now))  # fmt: skip
 
 

@@ -21,16 +21,24 @@ from sqlalchemy.orm import Session
 from coordinator.errors import ApiError
 from coordinator.models import Review, Run, Submission, Task
 from coordinator.services import committee, consequences, credit, roles
-from coordinator.services.runs import spec
+from coordinator.services.runs import require_stake, spec
 from coordinator.settings import CoordinatorSettings
+from shared.money import tokens
 from shared.schemas import Claim, ClaimRequest, ErrorCode, RoleName, VerdictRequest
-from shared.states import SubmissionStatus
+from shared.states import RunStatus, SubmissionStatus
 from shared.verdicts import verdict_signer
 
 
-def claim(session: Session, signer: str, body: ClaimRequest, settings: CoordinatorSettings, now: datetime) -> list[Claim]:
-    """Up to ``body.limit`` reviews assigned to ``signer`` that it has not fetched yet, oldest first."""
+def claim(
+    session: Session, signer: str, body: ClaimRequest, settings: CoordinatorSettings, now: datetime, stake: int | None = None
+) -> list[Claim]:
+    """Up to ``body.limit`` reviews assigned to ``signer`` that it has not fetched yet, oldest first.
+    Validators stake like nodes: while an active run asks a minimum stake, a validator below it
+    (``stake``, base units; None: unknown) is refused, so a revoked one has something to lose."""
     role = roles.require(session, signer, RoleName.validator)
+    needed = max((r.min_stake for r in session.scalars(select(Run).where(Run.status == RunStatus.active, Run.min_stake != 0))), default=0)
+    if needed:
+        require_stake(f"Validating while a run asks {tokens(needed)} tokens", signer, needed, stake)
     if role.last_seen is None or role.last_seen < now - timedelta(seconds=settings.validator_live_s):
         # A validator back (or new) may be the one that reviews set aside were waiting for.
         session.execute(update(Review).where(Review.retry_at.is_not(None)).values(retry_at=None))
