@@ -53,8 +53,12 @@ def claim(
         .order_by(*committee.URGENT_FIRST)
         .limit(body.limit)
     )
+    drawn = list(session.scalars(query))
+    # Appeals come last and one at a time: a validator never sits on a batch of them while honest
+    # work waits, so an appeal delays honest work by one check at most.
+    others = [r for r in drawn if r.purpose != "appeal"]
     claims = []
-    for review in session.scalars(query):
+    for review in others or drawn[:1]:
         review.claimed_at = now
         submission = session.get_one(Submission, review.submission_id)
         task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
