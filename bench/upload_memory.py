@@ -2,7 +2,9 @@
 while many clients at once send (a) signed uploads that trickle in, (b) bodies declared larger
 than the limit, (c) deeply nested JSON (which once crashed the process), (d) a rollout file of a
 few KB declaring 150 M tokens for a real leased task (its baseline: what reading the same file
-with plain pyarrow holds, measured in its own process), (e) large signed uploads at full speed;
+with plain pyarrow holds, measured in its own process), (e) 12 anonymous 64 MiB bodies for a node's
+live lease, signed by fresh wallets (refused on their headers: the bytes staged meanwhile, and the
+node's own upload's answer time during them), (f) large signed uploads for live leases at full speed;
 a real node heartbeats from another address throughout. The large-upload flood runs twice: with the in-flight body budget
 (``max_body_bytes_in_flight``) as configured, and with the budget lifted (the baseline). Prints
 per phase: peak memory above idle, answers by status, and the node's heartbeat latency; the ratio
@@ -117,14 +119,30 @@ def in_parallel(one: Callable[[int], None], count: int) -> None:
         t.join()
 
 
+def leased_tasks(url: str, audience: str, count: int) -> list[tuple[Account, str]]:
+    """``count`` live leases, three per fresh node (its most): (node, task id) each."""
+    nodes = [Account.create() for _ in range(-(-count // 3))]
+    register(url, nodes, audience)
+    leases: list[tuple[Account, str]] = []
+    for node in nodes:
+        held: list[str] = []
+        while len(held) < 3 and len(leases) < count:
+            body = {"address": node.address, "working_on": held}
+            reply = httpx.post(f"{url}/v1/tasks/lease", json=body, auth=SignedAuth(node, audience), timeout=60)
+            reply.raise_for_status()
+            held.append(reply.json()["task_id"])
+            leases.append((node, held[-1]))
+    return leases
+
+
 def big_uploads(url: str, audience: str, count: int, size: int) -> Counter[int]:
-    """``count`` validly signed uploads of ``size`` bytes, from 16 addresses, each sent at full speed
-    but its last byte, and all last bytes together: the worst case, every body in the coordinator's
-    memory at once. Each must be read whole to check its signature (then it names no task: 404)."""
-    node = Account.create()
-    register(url, [node], audience)
+    """``count`` validly signed uploads of ``size`` bytes for live leases (three per node), from 16
+    addresses, each sent at full speed but its last byte, and all last bytes together: the worst
+    case, every body in the coordinator's memory at once. Each passes the header checks and must be
+    read whole to check its signature (then it is no rollout file: 422)."""
     data = bytes(size)
-    signed = [sign_request(node, "POST", "/v1/submissions", "task=task-none", data, audience) for _ in range(count)]
+    leases = leased_tasks(url, audience, count)
+    signed = [sign_request(node, "POST", "/v1/submissions", f"task={task}", data, audience) for node, task in leases]
     host, port = url.removeprefix("http://").split(":")
     statuses: Counter[int] = Counter()
     barrier = threading.Barrier(count)
@@ -132,7 +150,7 @@ def big_uploads(url: str, audience: str, count: int, size: int) -> Counter[int]:
     def one(i: int) -> None:
         head = "".join(f"{k}: {v}\r\n" for k, v in signed[i].items())
         with socket.create_connection((host, int(port)), source_address=(f"127.0.1.{i % 16 + 1}", 0), timeout=300) as conn:
-            conn.sendall(f"POST /v1/submissions?task=task-none HTTP/1.1\r\nhost: {host}\r\ncontent-length: {size}\r\n{head}\r\n".encode())
+            conn.sendall(f"POST /v1/submissions?task={leases[i][1]} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {size}\r\n{head}\r\n".encode())
             conn.settimeout(1.0)
             try:
                 early = conn.recv(4096)  # refused on its headers alone (the budget)
@@ -151,18 +169,18 @@ def big_uploads(url: str, audience: str, count: int, size: int) -> Counter[int]:
 
 
 def slow_bodies(url: str, audience: str, count: int, declared: int, hold_s: float) -> Counter[int]:
-    """``count`` connections that each declare a signed upload of ``declared`` bytes (so the
-    coordinator must read it to check the signature) and send one byte a second for ``hold_s``."""
-    node = Account.create()
-    register(url, [node], audience)
-    signed = sign_request(node, "POST", "/v1/submissions", "task=x", bytes(declared), audience)
+    """``count`` connections that each declare a signed upload of ``declared`` bytes for one node's
+    live lease (so the coordinator must read it to check the signature) and send one byte a second
+    for ``hold_s``: the node's share admits three at once, the rest are refused (429)."""
+    (node, task), = leased_tasks(url, audience, 1)
+    signed = sign_request(node, "POST", "/v1/submissions", f"task={task}", bytes(declared), audience)
     head = "".join(f"{k}: {v}\r\n" for k, v in signed.items())
     host, port = url.removeprefix("http://").split(":")
     statuses: Counter[int] = Counter()
 
     def one(i: int) -> None:
         with socket.create_connection((host, int(port)), source_address=(f"127.0.2.{i % 200 + 1}", 0), timeout=60) as conn:
-            conn.sendall(f"POST /v1/submissions?task=x HTTP/1.1\r\nhost: {host}\r\ncontent-length: {declared}\r\n{head}\r\n".encode())
+            conn.sendall(f"POST /v1/submissions?task={task} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {declared}\r\n{head}\r\n".encode())
             conn.settimeout(1.0)
             deadline, reply = time.monotonic() + hold_s, b""
             while time.monotonic() < deadline:
@@ -174,6 +192,48 @@ def slow_bodies(url: str, audience: str, count: int, declared: int, hold_s: floa
             statuses[int(reply.split(b" ", 2)[1]) if reply else 0] += 1  # 0: still being received when we hung up
 
     in_parallel(one, count)
+    return statuses
+
+
+def anonymous_bodies(url: str, audience: str, count: int, size: int, staging: Path) -> Counter[int | str]:
+    """``count`` bodies of ``size`` bytes sent at full speed for a node's live lease, each signed by a
+    fresh wallet (no node): refused on their headers. Also the most bytes the coordinator's staging
+    directory held meanwhile, and an honest upload's answer time for the same node during the flood."""
+    (node, task), = leased_tasks(url, audience, 1)
+    data = bytes(size)
+    query = f"task={task}"
+    heads = ["".join(f"{k}: {v}\r\n" for k, v in sign_request(Account.create(), "POST", "/v1/submissions", query, data, audience).items()) for _ in range(count)]
+    host, port = url.removeprefix("http://").split(":")
+    statuses: Counter[int | str] = Counter()
+    most, done = 0, threading.Event()
+
+    def watch() -> None:
+        nonlocal most
+        while not done.is_set():
+            most = max(most, sum(f.stat().st_size for f in staging.glob("*") if f.is_file()) if staging.exists() else 0)
+            time.sleep(0.002)
+
+    def one(i: int) -> None:
+        with socket.create_connection((host, int(port)), source_address=(f"127.0.3.{i % 200 + 1}", 0), timeout=120) as conn:
+            conn.sendall(f"POST /v1/submissions?{query} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {size}\r\n{heads[i]}\r\n".encode())
+            try:
+                conn.sendall(data)
+            except OSError:
+                pass  # refused and closed mid-body: what we want
+            statuses[int(conn.recv(4096).split(b" ", 2)[1])] += 1
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    flood = threading.Thread(target=in_parallel, args=(one, count))
+    flood.start()
+    honest = bytes(1 << 20)  # not a rollout file (422), but read whole and judged: the honest path's cost
+    started = time.monotonic()
+    reply = httpx.post(f"{url}/v1/submissions?{query}", content=honest, headers=sign_request(node, "POST", "/v1/submissions", query, honest, audience), timeout=120)
+    statuses[f"honest {reply.status_code} in ms"] = round((time.monotonic() - started) * 1000)
+    flood.join()
+    done.set()
+    watcher.join()
+    statuses["staged_mib"] = most >> 20
     return statuses
 
 
@@ -269,6 +329,7 @@ def main() -> int:
                     ("declared 1 TiB", oversized, (process.url, 200)),
                     ("deeply nested JSON", deep_json, (process.url, audience, 10)),
                     ("150 M-token rollout file", token_bomb, (process.url, audience, 150_000_000)),
+                    ("anonymous 64 MiB bodies", anonymous_bodies, (process.url, audience, 12, size, workdir / "blobs" / ".incoming")),
                 ]
             phases.append(("large uploads", big_uploads, (process.url, audience, args.uploads, size)))
             for phase, attack, attack_args in phases:

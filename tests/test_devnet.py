@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -119,6 +120,9 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         rogue_row = page.locator(f'#validators tr[data-validator="{devnet.address("rogue-validator")}" i]')
         expect(rogue_row.locator("td").nth(1)).to_have_text("revoked")
         expect(page.locator("#validators tbody tr")).to_have_count(3)
+        # What its approvals cost the model, as a whole number of rows the API agrees with.
+        trained = next(v for v in httpx.get(f"{page_url}v1/public/validators").json() if v["address"].lower() == devnet.address("rogue-validator"))
+        expect(rogue_row.locator("td").nth(6)).to_have_text(f"{trained['rows_trained_then_rejected']:,}")
 
         # Charts are drawn from the trainer's metrics and the devnet's evaluations.
         reward_chart = page.locator("figure", has_text="Reward per policy step").locator("svg.chart")

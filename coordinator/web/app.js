@@ -190,12 +190,14 @@ function validatorsTable(validators) {
     h("td", { class: "num wide" }, fmt.num(v.compared)),
     h("td", { class: "num" }, fmt.pct(v.agreement_rate)),
     h("td", { class: "num" }, fmt.num(v.strikes)),
+    h("td", { class: "num" }, fmt.num(v.rows_trained_then_rejected)),
   ));
   return h("table", { id: "validators" },
-    h("caption", {}, "Agreement: how often a validator's verdict matched the majority when another validator judged the same work"),
-    h("thead", {}, h("tr", {}, ["Validator", "Role", "Verdicts", "Compared", "Agreement", "Strikes"].map((t, i) =>
+    h("caption", {}, "Agreement: how often a validator's verdict matched the majority when another validator judged the same work. "
+      + "Trained, then rejected: rows of work it approved that the trainer had read before the approval was reversed"),
+    h("thead", {}, h("tr", {}, ["Validator", "Role", "Verdicts", "Compared", "Agreement", "Strikes", "Trained, then rejected"].map((t, i) =>
       h("th", { scope: "col", class: i >= 2 ? (i === 3 ? "num wide" : "num") : "" }, t)))),
-    h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 6 }, "No validators yet."))));
+    h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 7 }, "No validators yet."))));
 }
 
 function settlementSection(overview) {
@@ -297,7 +299,7 @@ async function showNode(view, address) {
       ["Last seen", fmt.ago(node.last_seen)]].map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
   const rows = receipts.map((r) => h("tr", {},
     h("td", {}, h("a", { href: `/v1/public/submissions/${r.submission_id}`, class: "address" }, fmt.short(r.submission_id))),
-    h("td", { class: `status-${r.status}` }, r.status, r.hard ? " (hard)" : "",
+    h("td", { class: `status-${r.status}` }, r.status, r.hard ? " (hard)" : "", r.held ? " (held: waiting for an independent validator)" : "",
       // Why it failed or expired, in plain sight: the checks' details stay one click away.
       r.status === "accepted" || r.status === "pending" || !r.reason ? "" : h("p", { class: "reason" }, r.reason)),
     checksCell(r.submission_id, r.checks),
