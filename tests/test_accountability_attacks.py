@@ -4,6 +4,7 @@ appeal floods, and what a caught rogue validator had already waved through."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -14,11 +15,13 @@ import httpx
 import pytest
 from eth_account import Account
 from sqlalchemy import select, update
+from typer.testing import CliRunner
 
 from coordinator.db import make_sessionmaker
 from coordinator.models import Node, Run, ValidatorStrike
 from coordinator.services import committee
 from coordinator.settings import CoordinatorSettings
+from node.cli import app as node_cli
 from node.work import finish, generate
 from shared.links import sign_link
 from shared.run_schemas import AuditPolicy
@@ -64,8 +67,16 @@ def test_a_node_cannot_link_itself_to_a_validator_it_does_not_control(sqlite_url
             assert reply.status_code == 422 and "operator_signature" in reply.json()["message"], reply.text
         assert without_nonces(served.snapshot()) == before
 
-        # The operator's own signature makes the link, and then it counts.
-        signed = {"operator_address": honest.address, "operator_signature": sign_link(honest, served.audience, forger.address)}
+        # The operator's own signature, made with its wallet by the CLI, makes the link; then it counts.
+        wallet = tmp_path / "operator.json"
+        wallet.write_text(json.dumps(Account.encrypt(honest.key, "pw")))
+        made = CliRunner().invoke(node_cli, ["link-operator", "--node", forger.address, "--wallet", str(wallet), "--coordinator", served.url],
+                                  env={"INTELLECT_WALLET_PASSWORD": "pw"})  # fmt: skip
+        assert made.exit_code == 0, made.output
+        signature = made.output.split("--operator-signature ")[1].split()[0]
+        unsigned = CliRunner().invoke(node_cli, ["join", "--wallet", str(wallet), "--operator", honest.address, "--coordinator", served.url])
+        assert unsigned.exit_code == 2 and "go together" in unsigned.output, unsigned.output
+        signed = {"operator_address": honest.address, "operator_signature": signature}
         assert signed_post(served.url, "/v1/nodes/register", forger, served.audience, register_body(forger, **signed)).status_code == 200
         with make_sessionmaker(served.engine)() as session:
             assert forger.address in committee.linked(session, honest.address, served.settings)
