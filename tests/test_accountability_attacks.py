@@ -126,9 +126,11 @@ def test_a_split_on_a_thin_committee_is_held_and_the_forger_is_struck_once_a_thi
 
         grant(served, token, third.address, "validator")
         broken: list[str] = []
-        while batch := judge_all(served, third, lambda c: "hard"):  # a scan of two draws two at a time
+        while batch := judge_all(served, third, lambda c: "hard" if c["submission_id"] in held else "accept"):  # a scan of two: two at a time
             broken += batch
-        assert sorted(broken) == sorted(held)
+        # Besides the ties, perhaps the honest file: if the rogue alone had accepted it, its strikes
+        # here withhold that acceptance for an audit (the trainer had not read it).
+        assert set(held) <= set(broken) <= {*held, fine}, (broken, held)
         for sid in held:
             r = receipt(served, sid)
             assert r.status == "rejected" and r.hard and not r.held
@@ -188,6 +190,7 @@ def test_a_caught_validators_unread_approvals_are_withheld_and_what_was_trained_
 
         # The rogue is outvoted once: an honest validator calls the next file forged, the rogue
         # approves it as second opinion, and a third honest validator breaks the tie.
+        time.sleep(1.1)  # the rogue falls out of the live set: the honest one is drawn for the first look
         nxt = upload(served, forger, (t := lease(served, forger)), forge(t))
         assert judge_all(served, first, lambda c: "hard") == [nxt]
         assert judge_all(served, rogue, lambda c: "accept") == [nxt]
