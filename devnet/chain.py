@@ -1,8 +1,9 @@
-"""``intellect-devnet --chain``: anvil, the contracts deployed on it, and every node funded and staked.
+"""``intellect-devnet --chain``: anvil, the contracts deployed on it, and every node and validator funded and staked.
 
 The coordinator's sender deploys the contracts (so it holds the poster and slasher roles) and
 its keystore goes to the coordinator through the usual ``INTELLECT_CHAIN_*`` settings. Each node
-gets gas money and test tokens, and stakes them before it first asks for work.
+and validator gets gas money and test tokens, and stakes them before it first asks for work (runs
+there ask a stake of nodes and validators alike).
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def main(
         typer.Option(
             "--chain",
             help="Settle on a local EVM chain: start anvil (npm install -g @foundry-rs/anvil), deploy the contracts, stake every "
-            "node, anchor epochs of final credit, slash banned cheaters; the page shows stakes and claims.",
+            "node and validator, anchor epochs of final credit, slash banned cheaters; the page shows stakes and claims.",
         ),
     ] = False,
 ) -> None:
@@ -148,7 +148,7 @@ def main(
         if adversary or rogue_validator:
             accomplice = network.start_adversary()
         if rogue_validator:
-            wallet, rogue = network.wallet("rogue-validator")
+            wallet, rogue = network.staked_wallet("rogue-validator")
             network.grant(rogue, "validator")
             command = [sys.executable, "-m", "devnet.rogue_validator", "--wallet", str(wallet), "--coordinator", network.coordinator.url]
             command += ["--accomplice", accomplice, "--state-dir", str(workdir / "state" / "rogue-validator")]

@@ -42,7 +42,7 @@ class Network:
     password: str
     processes: list[Process] = field(default_factory=list)
     chain: DevChain | None = None
-    """Settlement on a local chain (``--chain``): every node staked before it asks for work."""
+    """Settlement on a local chain (``--chain``): every node and validator staked before it asks for work."""
 
     @property
     def coordinator(self) -> Process:
@@ -64,16 +64,16 @@ class Network:
         )
         reply.raise_for_status()
 
-    def node_wallet(self, name: str) -> Path:
-        """A fresh wallet for a node, staked when the network settles on a chain."""
-        wallet, _ = self.wallet(name)
+    def staked_wallet(self, name: str) -> tuple[Path, str]:
+        """A fresh wallet for a node or a validator, staked when the network settles on a chain."""
+        wallet, address = self.wallet(name)
         if self.chain is not None:
             self.chain.stake(wallet, self.password)
-        return wallet
+        return wallet, address
 
     def start_adversary(self) -> str:
         """A node that uploads forged rollouts (caught, banned, and slashed on a chain); its address."""
-        wallet = self.node_wallet("adversary")
+        wallet, _ = self.staked_wallet("adversary")
         command = [sys.executable, "-m", "devnet.adversary", "--wallet", str(wallet), "--coordinator", str(self.coordinator.url)]
         command += ["--state-dir", str(self.workdir / "state" / "adversary")]
         self.processes.append(spawn("adversary", command, self.workdir / "logs" / "adversary.log", {"INTELLECT_WALLET_PASSWORD": self.password}))
@@ -92,8 +92,8 @@ class Network:
 
 
 def start_validator(net: Network, name: str) -> Process:
-    """A validator with a fresh wallet, granted the role, checking until stopped."""
-    wallet, address = net.wallet(name)
+    """A validator with a fresh wallet (staked on a chain, as runs there ask), granted the role, checking until stopped."""
+    wallet, address = net.staked_wallet(name)
     net.grant(address, "validator")
     command = [*script("intellect-validator"), "run", "--wallet", str(wallet), "--coordinator", net.coordinator.url]  # type: ignore[list-item]
     command += ["--state-dir", str(net.workdir / "state" / name)]
@@ -160,7 +160,7 @@ def start_network(
         trainer_log = workdir / "logs" / "trainer.log"
         net.processes.append(spawn("trainer", trainer, trainer_log, {**secret, **(trainer_env or {})}))
         for i in range(nodes):
-            net.processes.append(start_node(workdir, f"node-{i}", net.node_wallet(f"node-{i}"), url, password, node_env))
+            net.processes.append(start_node(workdir, f"node-{i}", net.staked_wallet(f"node-{i}")[0], url, password, node_env))
         if chain is not None:
             net.processes.append(chain.anvil)
     except BaseException:

@@ -32,15 +32,17 @@ const fmt = {
   time: (iso) => (iso ? new Date(iso).toLocaleString() : "–"),
   short: (id) => (id.length > 16 ? `${id.slice(0, 12)}…` : id),
   // An integer amount of base units (a number or a decimal string) as an exact decimal: BigInt
-  // arithmetic, never a float, so no rounding noise; at most `shown` decimals, trailing zeros dropped.
-  exact: (x, decimals, shown) => {
+  // arithmetic, never a float, so no rounding noise; at most `shown` decimals, trailing zeros
+  // dropped down to `least`.
+  exact: (x, decimals, shown, least = 0) => {
     if (x === null || x === undefined) return "–";
     const n = BigInt(x), unit = 10n ** BigInt(decimals), abs = n < 0n ? -n : n;
-    const frac = ((abs % unit) / 10n ** BigInt(decimals - shown)).toString().padStart(shown, "0").replace(/0+$/, "");
+    const digits = ((abs % unit) / 10n ** BigInt(decimals - shown)).toString().padStart(shown, "0");
+    const frac = digits.replace(/0+$/, "").padEnd(least, "0");
     return `${n < 0n ? "-" : ""}${(abs / unit).toLocaleString("en")}${frac ? "." + frac : ""}`;
   },
   // Token base units (18 decimals, a decimal string: beyond a JS number) as tokens, to a millionth.
-  tokens: (x) => fmt.exact(x, 18, 6),
+  tokens: (x) => fmt.exact(x, 18, 6, 2),
   // Credit micro-units (integers) as work units.
   credit: (x) => fmt.exact(x, 6, 2),
 };
