@@ -16,37 +16,20 @@ caught, per 1,000 verdicts and as a share of its lies; then, with the default st
 how many verdicts it gave before it lost its role, and how many forgeries were credited (so
 readable by the trainer) before that.
 
-Part 3, an appeal flood. Hundreds of fresh wallets each get a file rejected by two of three
-validators, then all appeal at once (the third could hear them). Meanwhile an honest node uploads;
-three scripted validators (a fixed 20 ms per verdict) judge whatever is drawn for them. Honest
-validation latency (upload to decision) p50/p99, with the flood and without it (the baseline).
-
-Part 4, forged rows trained per rogue grant, at the default audit policy. Three validators are
-drawn at random: two honest, one rogue that judges honestly until it is trusted (20 verdicts),
-then approves its accomplice's forgeries until its first strike. The accomplice first earns 20
-honest acceptances, then forges every file (4 prompts x 4 samples: 16 rows). A trainer reads
-accepted work as fast as it appears. Per grant (a fresh rogue and accomplice each time): forged
-rows the trainer read. Goal: at most 16.
-
-    python bench/committee.py [--tasks 24] [--verdicts 1000] [--wallets 200] [--grants 10] [--parts 1,2,3,4]
+    python bench/committee.py [--tasks 24] [--verdicts 1000]
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -225,157 +208,13 @@ def detection(workdir: Path, share: float, verdicts: int, max_strikes: int) -> D
         return Detection(given, lies, caught, len(credited & forged), revoked)
 
 
-def raw_post(d: Deployment, account: LocalAccount, path: str, body: dict) -> httpx.Response:
-    raw = json.dumps(body).encode()
-    headers = {"content-type": "application/json", **sign_request(account, "POST", path, "", raw, d.audience)}
-    return httpx.post(d.url + path, content=raw, headers=headers, timeout=60)
-
-
-def decided_in(d: Deployment, ids: list[str]) -> list[float]:
-    """Seconds from upload to decision of each of ``ids`` (all decided)."""
-    out = []
-    for sid in ids:
-        r = httpx.get(f"{d.url}/v1/public/submissions/{sid}", timeout=30).json()
-        out.append((datetime.fromisoformat(r["validated_at"]) - datetime.fromisoformat(r["created_at"])).total_seconds())
-    return out
-
-
-def appeal_flood(workdir: Path, wallets: int, honest_files: int) -> tuple[list[float], Counter[int]]:
-    """Honest validation latencies, and the flood's appeals by answer (none when ``wallets`` is 0)."""
-    run = {"prompts_per_task": 1, "samples_per_prompt": 1, "sampling": {"temperature": 1.0, "max_tokens": 4}}
-    env = {"INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "100000", "INTELLECT_MAX_STRIKES": "1000000"}
-    with deployment(workdir, 1.0, run, env) as d:
-        validators = [Account.create() for _ in range(3)]
-        for v in validators:
-            d.grant(v, "validator")
-        flood = {}
-        for _ in range(wallets):
-            w = d.node()
-            flood[d.submit(w)] = w
-        while sum(judge(d, v, lambda _: "soft") for v in validators):
-            pass
-        answers: Counter[int] = Counter()
-        with ThreadPoolExecutor(16) as pool:
-            for reply in pool.map(lambda item: raw_post(d, item[1], "/v1/appeals", {"address": item[1].address, "submission_id": item[0]}), flood.items()):
-                answers[reply.status_code] += 1
-        honest, stop = d.node(), threading.Event()
-
-        def work(v: LocalAccount) -> None:
-            while not stop.is_set():
-                if not judge(d, v, lambda s: "soft" if s in flood else "accept", pause_s=0.02):
-                    time.sleep(0.05)
-
-        threads = [threading.Thread(target=work, args=(v,), daemon=True) for v in validators]
-        for t in threads:
-            t.start()
-        ids = []
-        for _ in range(honest_files):
-            ids.append(d.submit(honest))
-            time.sleep(0.1)
-        while any(httpx.get(f"{d.url}/v1/public/submissions/{i}", timeout=30).json()["status"] == "pending" for i in ids):
-            time.sleep(0.2)
-        stop.set()
-        for t in threads:
-            t.join()
-        return decided_in(d, ids), answers
-
-
-def forged_rows_per_grant(workdir: Path, grants: int) -> list[tuple[int, int]]:
-    """Per rogue grant: (forgeries the rogue approved, forged rows the trainer read), at the default
-    audit policy and run shape."""
-    run = {"prompts_per_task": 4, "samples_per_prompt": 4, "sampling": {"temperature": 1.0, "max_tokens": 4}}
-    env = {"INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "100000"}
-    with deployment(workdir, None, run, env) as d:
-        honest_validators = [Account.create(), Account.create()]
-        for v in honest_validators:
-            d.grant(v, "validator")
-        trainer = Account.create()
-        d.grant(trainer, "trainer")
-        honest, cursor, found = d.node(), 0, []
-        for _ in range(grants):
-            rogue, accomplice = Account.create(), d.node()
-            d.grant(rogue, "validator")
-            forged: set[str] = set()
-            given, trained, banned = 0, 0, False
-            while not banned:
-                d.submit(honest)
-                try:
-                    sid = d.submit(accomplice)
-                except RuntimeError as e:
-                    if "banned" not in str(e):
-                        raise
-                    banned = True
-                    sid = None
-                accepted_honestly = int(httpx.get(f"{d.url}/v1/public/nodes/{accomplice.address}", timeout=30).json()["submissions"].get("accepted", 0))
-                if sid is not None and accepted_honestly >= 20:
-                    forged.add(sid)
-                struck = struck_validator(d, rogue)
-                lying = given >= 20 and not struck
-                given += judge(d, rogue, functools.partial(truth, forged=frozenset(forged), lying=lying))
-                for v in honest_validators:
-                    judge(d, v, functools.partial(truth, forged=frozenset(forged), lying=False))
-                read = trainer_reads(d, trainer, cursor)
-                if read:
-                    cursor = read[-1]["cursor"]
-                    trained += 16 * sum(1 for r in read if r["submission_id"] in forged)
-                if struck and not d.pending():
-                    break
-            lies = sum(
-                any(v["validator"] == rogue.address and v["outcome"] == "accept" for v in httpx.get(f"{d.url}/v1/public/submissions/{sid}", timeout=30).json()["verdicts"])
-                for sid in forged
-            )  # fmt: skip
-            found.append((lies, trained))
-        return found
-
-
-def truth(submission_id: str, forged: frozenset[str], lying: bool) -> str:
-    return "accept" if lying or submission_id not in forged else "hard"
-
-
-def struck_validator(d: Deployment, validator: LocalAccount) -> bool:
-    standings = httpx.get(f"{d.url}/v1/public/validators", timeout=30).json()
-    return any(s["address"] == validator.address and s["strikes"] > 0 for s in standings)
-
-
-def trainer_reads(d: Deployment, trainer: LocalAccount, after: int) -> list[dict]:
-    path, query = "/v1/trainer/rollouts", f"after={after}&limit=500&run={d.run_id}"
-    reply = httpx.get(f"{d.url}{path}?{query}", headers=sign_request(trainer, "GET", path, query, b"", d.audience), timeout=60)
-    reply.raise_for_status()
-    return reply.json()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=24, help="Tasks (8 rows each) per cost configuration.")
     parser.add_argument("--verdicts", type=int, default=1000, help="Rogue verdicts per detection configuration.")
-    parser.add_argument("--wallets", type=int, default=200, help="Wallets appealing at once in the flood.")
-    parser.add_argument("--honest-files", type=int, default=40, help="Honest files whose validation latency is measured, per flood case.")
-    parser.add_argument("--grants", type=int, default=10, help="Rogue validator grants measured in part 4.")
-    parser.add_argument("--parts", default="1,2,3,4", help="Which parts to run, e.g. 3,4.")
     args = parser.parse_args()
-    parts = {int(p) for p in args.parts.split(",")}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        if 3 in parts:
-            print(f"Part 3: honest validation latency, without and with {args.wallets} wallets appealing at once")
-            quiet, _ = appeal_flood(root / "flood-0", 0, args.honest_files)
-            loud, answers = appeal_flood(root / "flood-1", args.wallets, args.honest_files)
-            print(f"  no flood (baseline): p50 {percentile(quiet, 0.5):.2f} s, p99 {percentile(quiet, 0.99):.2f} s over {len(quiet)} files")
-            print(f"  {args.wallets} appeals: answered {dict(sorted(answers.items()))}; honest p50 {percentile(loud, 0.5):.2f} s, p99 {percentile(loud, 0.99):.2f} s")
-        if 4 in parts:
-            found = forged_rows_per_grant(root / "grants", args.grants)
-            rows = [r for _, r in found]
-            print(f"Part 4: per rogue grant (default audit policy), forgeries it approved: {[lies for lies, _ in found]}")
-            print(f"  forged rows the trainer read: {rows}; mean {statistics.mean(rows):.1f}, max {max(rows)} (goal: at most 16)")
-        if 3 in parts:
-            print(f"honest validation p99 with the appeal flood / without: x{percentile(loud, 0.99) / percentile(quiet, 0.99):.2f}")
-        if not parts & {1, 2}:
-            return
         print(f"Part 1: validator CPU per accepted row, {args.tasks} tasks x 8 rows each")
         base, base_verdicts, base_rows = cost(root / "base", 0.0, 1, args.tasks)
         print(f"  one validator (baseline)     {base * 1000:7.2f} ms/row   {base_verdicts} verdicts for {base_rows} rows")
