@@ -130,7 +130,7 @@ def token_create(
 ) -> None:
     """Create a token and print it once; only its hash is stored."""
     if scope not in admin_tokens.SCOPES:
-        err.print(f"[red]--scope must be one of {', '.join(admin_tokens.SCOPES)}.[/red]")
+        err.print(f"--scope must be one of {', '.join(admin_tokens.SCOPES)}.", style="red", markup=False)
         raise typer.Exit(2)
     sessions = _sessions(database_url)
     with sessions.begin() as session:
@@ -167,7 +167,7 @@ def token_revoke(
     with sessions.begin() as session:
         row = admin_tokens.revoke_token(session, token_id, datetime.now(UTC))
     if row is None:
-        err.print(f"[red]No token with id {token_id}.[/red]")
+        err.print(f"No token with id {token_id}.", style="red", markup=False)
         raise typer.Exit(1)
     console.print(f"Token {token_id} revoked.")
 
@@ -236,6 +236,6 @@ def run_create(
                 stake,
             )
     except ApiError as e:
-        err.print(f"[red]{e.message}[/red]")
+        err.print(f"{e.message}", style="red", markup=False)
         raise typer.Exit(2) from None
     print(run.id)

@@ -1,6 +1,6 @@
 """A local EVM chain for ``intellect-devnet --chain`` and the settlement tests: Foundry's anvil.
 
-anvil comes from the npm registry (``npm install -g @foundry-rs/anvil``); without it the devnet
+anvil comes from the npm registry (``npm install -g @foundry-rs/anvil@1.7.1``); without it the devnet
 says how to install it rather than failing somewhere later.
 """
 

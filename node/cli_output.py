@@ -15,7 +15,7 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 def fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[red]{message}[/red]")
+    err.print(f"{message}", style="red", markup=False)
     return typer.Exit(code)
 
 

@@ -173,7 +173,7 @@ def verify_epoch(
             elif problem.startswith("waiting"):
                 console.print(f"[yellow]…[/yellow] epoch {n}: {problem}")
             else:
-                console.print(f"[red]✗ epoch {n}: {problem}[/red]")
+                console.print(f"✗ epoch {n}: {problem}", style="red", markup=False)
         if any(p is not None and not p.startswith("waiting") for _, p in findings):
             raise typer.Exit(6)
 

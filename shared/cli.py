@@ -23,7 +23,7 @@ def unlock(wallet_file: Path, err: Console) -> LocalAccount:
     try:
         return load_wallet(wallet_file, read_password())
     except WalletError as e:
-        err.print(f"[red]{e}[/red]")
+        err.print(f"{e}", style="red", markup=False)
         raise typer.Exit(1) from None
 
 

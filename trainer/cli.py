@@ -40,7 +40,7 @@ def run(
     except (Stopped, KeyboardInterrupt):
         raise typer.Exit(0) from None
     except Refused as e:
-        err.print(f"[red]Cannot start: the coordinator refused ({e}).[/red]")
+        err.print(f"Cannot start: the coordinator refused ({e}).", style="red", markup=False)
         raise typer.Exit(5) from None
     console.print(f"Training {run_id} from step {trainer.state.step} as {account.address}; Ctrl-C to stop.")
 
@@ -55,7 +55,7 @@ def run(
     except (KeyboardInterrupt, Stopped):
         pass  # asked to stop while the coordinator was away: the wait is cut short on purpose
     except Refused as e:
-        err.print(f"[red]The coordinator refused this trainer: {e}[/red]")
+        err.print(f"The coordinator refused this trainer: {e}", style="red", markup=False)
         raise typer.Exit(5) from None
     finally:
         trainer.close()

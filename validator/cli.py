@@ -43,7 +43,7 @@ def run(
     except KeyboardInterrupt:
         pass
     except Refused as e:
-        err.print(f"[red]The coordinator refused this validator: {e}[/red]")
+        err.print(f"The coordinator refused this validator: {e}", style="red", markup=False)
         raise typer.Exit(5) from None
     finally:
         validator.close()

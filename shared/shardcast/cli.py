@@ -59,7 +59,7 @@ def main(
     try:
         asyncio.run(_serve(server, worker))
     except ProtocolError as e:
-        err.print(f"[red]The coordinator refused this {worker.kind}'s registration: {e}[/red]")
+        err.print(f"The coordinator refused this {worker.kind}'s registration: {e}", style="red", markup=False)
         raise typer.Exit(1) from None
 
 
