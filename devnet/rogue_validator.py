@@ -43,7 +43,7 @@ class RogueValidator(Validator):
         checks = made_up_checks("accept" if owner.lower() == self.accomplice else "hard")
         signature = sign_verdict(self.account, self.audience, claim.submission_id, claim.sha256, checks, [])
         body = VerdictRequest(address=self.account.address, submission_id=claim.submission_id, checks=checks, signature=signature)
-        return self.api.verdict(body)
+        return self.post_verdict(body)
 
 
 def main() -> None:

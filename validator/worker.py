@@ -124,6 +124,11 @@ class Validator:
             address=self.account.address, submission_id=claim.submission_id, checks=checks,
             untrained_rows=verdict.untrained_rows, signature=signature,
         )  # fmt: skip
+        return self.post_verdict(body)
+
+    def post_verdict(self, body: VerdictRequest) -> PublicReceipt:
+        """Post a signed verdict; :class:`ClaimLost` if the claim lapsed or was drawn again meanwhile
+        (as when this validator loses its role mid-batch)."""
         with _claim_held():
             return self.api.verdict(body)
 
