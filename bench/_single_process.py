@@ -52,9 +52,14 @@ def tasks(workdir: Path, run_options: list[str]) -> Iterator[TaskSpec]:
         chosen = [ids[(cursor + i) % len(ids)] for i in range(run.prompts_per_task)]
         cursor = (cursor + run.prompts_per_task) % len(ids)
         task = Task(
-            id=f"task-{secrets.token_hex(16)}", run_id=run.id, prompt_ids={"ids": chosen}, seed=secrets.randbits(62),
-            policy_step=0, lease_expires_at=datetime.now(UTC), params=task_params(run),
-        )  # fmt: skip
+            id=f"task-{secrets.token_hex(16)}",
+            run_id=run.id,
+            prompt_ids={"ids": chosen},
+            seed=secrets.randbits(62),
+            policy_step=0,
+            lease_expires_at=datetime.now(UTC),
+            params=task_params(run),
+        )
         yield spec(run, task)
 
 

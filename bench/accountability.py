@@ -74,7 +74,10 @@ def appeal_flood(workdir: Path, wallets: int, honest_files: int) -> tuple[list[f
             pass
         answers: Counter[int] = Counter()
         with ThreadPoolExecutor(16) as pool:
-            for reply in pool.map(lambda item: raw_post(d, item[1], "/v1/appeals", {"address": item[1].address, "submission_id": item[0]}), flood.items()):
+            for reply in pool.map(
+                lambda item: raw_post(d, item[1], "/v1/appeals", {"address": item[1].address, "submission_id": item[0]}),
+                flood.items(),
+            ):
                 answers[reply.status_code] += 1
         honest, stop = d.node(), threading.Event()
 
@@ -124,7 +127,11 @@ def forged_rows_per_grant(workdir: Path, grants: int) -> list[tuple[int, int]]:
                         raise
                     banned = True
                     sid = None
-                accepted_honestly = int(httpx.get(f"{d.url}/v1/public/nodes/{accomplice.address}", timeout=30).json()["submissions"].get("accepted", 0))
+                accepted_honestly = int(
+                    httpx.get(f"{d.url}/v1/public/nodes/{accomplice.address}", timeout=30)
+                    .json()["submissions"]
+                    .get("accepted", 0)
+                )
                 if sid is not None and accepted_honestly >= 20:
                     forged.add(sid)
                 struck = struck_validator(d, rogue)
@@ -139,9 +146,12 @@ def forged_rows_per_grant(workdir: Path, grants: int) -> list[tuple[int, int]]:
                 if struck and not d.pending():
                     break
             lies = sum(
-                any(v["validator"] == rogue.address and v["outcome"] == "accept" for v in httpx.get(f"{d.url}/v1/public/submissions/{sid}", timeout=30).json()["verdicts"])
+                any(
+                    v["validator"] == rogue.address and v["outcome"] == "accept"
+                    for v in httpx.get(f"{d.url}/v1/public/submissions/{sid}", timeout=30).json()["verdicts"]
+                )
                 for sid in forged
-            )  # fmt: skip
+            )
             found.append((lies, trained))
         return found
 
@@ -170,7 +180,9 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wallets", type=int, default=200, help="Wallets appealing at once in the flood.")
-    parser.add_argument("--honest-files", type=int, default=40, help="Honest files whose validation latency is measured, per flood case.")
+    parser.add_argument(
+        "--honest-files", type=int, default=40, help="Honest files whose validation latency is measured, per flood case."
+    )
     parser.add_argument("--grants", type=int, default=10, help="Rogue validator grants measured in part 2.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,8 +190,12 @@ def main() -> None:
         print(f"Part 1: honest validation latency, without and with {args.wallets} wallets appealing at once")
         quiet, _ = appeal_flood(root / "flood-0", 0, args.honest_files)
         loud, answers = appeal_flood(root / "flood-1", args.wallets, args.honest_files)
-        print(f"  no flood (baseline): p50 {percentile(quiet, 0.5):.2f} s, p99 {percentile(quiet, 0.99):.2f} s over {len(quiet)} files")
-        print(f"  {args.wallets} appeals: answered {dict(sorted(answers.items()))}; honest p50 {percentile(loud, 0.5):.2f} s, p99 {percentile(loud, 0.99):.2f} s")
+        print(
+            f"  no flood (baseline): p50 {percentile(quiet, 0.5):.2f} s, p99 {percentile(quiet, 0.99):.2f} s over {len(quiet)} files"
+        )
+        print(
+            f"  {args.wallets} appeals: answered {dict(sorted(answers.items()))}; honest p50 {percentile(loud, 0.5):.2f} s, p99 {percentile(loud, 0.99):.2f} s"
+        )
         found = forged_rows_per_grant(root / "grants", args.grants)
         rows = [r for _, r in found]
         print(f"Part 2: per rogue grant (default audit policy), forgeries it approved: {[lies for lies, _ in found]}")

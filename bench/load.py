@@ -36,13 +36,17 @@ from shared.signing import SignedAuth, sign_request  # noqa: E402
 from shared.version import __version__  # noqa: E402
 
 ENV = {
-    "INTELLECT_RATE_LIMIT_PER_S": "1000000", "INTELLECT_RATE_LIMIT_BURST": "1000000", "INTELLECT_MAX_REQUESTS_PER_IP": "100000",
-    "INTELLECT_HEARTBEAT_INTERVAL_S": "2", "INTELLECT_STATUS_LOOP_INTERVAL_S": "0.5",
+    "INTELLECT_RATE_LIMIT_PER_S": "1000000",
+    "INTELLECT_RATE_LIMIT_BURST": "1000000",
+    "INTELLECT_MAX_REQUESTS_PER_IP": "100000",
+    "INTELLECT_HEARTBEAT_INTERVAL_S": "2",
+    "INTELLECT_STATUS_LOOP_INTERVAL_S": "0.5",
     "INTELLECT_MAX_VALIDATION_BACKLOG": "1000000",
     "INTELLECT_BACKLOG_FLOOR": "1000000",
     # Every simulated node connects from loopback: per-IP bounds would count them as one client.
-    "INTELLECT_MAX_CONNECTIONS_PER_IP": "100000", "INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "1000000",
-}  # fmt: skip
+    "INTELLECT_MAX_CONNECTIONS_PER_IP": "100000",
+    "INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "1000000",
+}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -57,8 +61,11 @@ def register(url: str, accounts: list, audience: str) -> None:
 
             async def one(account) -> None:  # type: ignore[no-untyped-def]
                 async with gate:
-                    body = {"address": account.address, "client_version": __version__,
-                            "specs": {"cpu_cores": 2, "ram_bytes": 1 << 34, "disk_free_bytes": 1 << 36}}  # fmt: skip
+                    body = {
+                        "address": account.address,
+                        "client_version": __version__,
+                        "specs": {"cpu_cores": 2, "ram_bytes": 1 << 34, "disk_free_bytes": 1 << 36},
+                    }
                     (await client.post("/v1/nodes/register", json=body, auth=SignedAuth(account, audience))).raise_for_status()
 
             await asyncio.gather(*(one(a) for a in accounts))
@@ -70,11 +77,24 @@ def rollout_file(task: dict) -> bytes:
     rows, index = [], 0
     for prompt_id in task["prompt_ids"]:
         for _ in range(task["samples_per_prompt"]):
-            rows.append(Rollout(
-                task_id=task["task_id"], run_id=task["run_id"], policy_step=task["policy_step"], prompt_id=prompt_id,
-                prompt_tokens=[1, 4, 5], completion_tokens=[6, 7, 2], logprobs=[-0.5] * 3, finish_reason="stop",
-                reward=1.0, task_reward=1.0, length_penalty=0.0, target_length=0, seed=sequence_seed(task["seed"], index), proofs=b"",
-            ))  # fmt: skip
+            rows.append(
+                Rollout(
+                    task_id=task["task_id"],
+                    run_id=task["run_id"],
+                    policy_step=task["policy_step"],
+                    prompt_id=prompt_id,
+                    prompt_tokens=[1, 4, 5],
+                    completion_tokens=[6, 7, 2],
+                    logprobs=[-0.5] * 3,
+                    finish_reason="stop",
+                    reward=1.0,
+                    task_reward=1.0,
+                    length_penalty=0.0,
+                    target_length=0,
+                    seed=sequence_seed(task["seed"], index),
+                    proofs=b"",
+                )
+            )
             index += 1
     return write_rollouts(rows)
 
@@ -93,14 +113,19 @@ def submissions(urls: list[str], accounts: list, audience: str, concurrency: int
             nonlocal errors
             client = clients[i % len(clients)]
             async with gate:
-                lease = await client.post("/v1/tasks/lease", json={"address": account.address}, auth=SignedAuth(account, audience))
+                lease = await client.post(
+                    "/v1/tasks/lease", json={"address": account.address}, auth=SignedAuth(account, audience)
+                )
                 if lease.status_code != 200:
                     errors += 1
                     return
                 task = lease.json()
                 data = rollout_file(task)
                 query = f"task={task['task_id']}"
-                headers = {"content-type": "application/octet-stream", **sign_request(account, "POST", "/v1/submissions", query, data, audience)}
+                headers = {
+                    "content-type": "application/octet-stream",
+                    **sign_request(account, "POST", "/v1/submissions", query, data, audience),
+                }
                 started = time.perf_counter()
                 reply = await client.post(f"/v1/submissions?{query}", content=data, headers=headers)
                 latencies.append(time.perf_counter() - started)
@@ -114,11 +139,17 @@ def submissions(urls: list[str], accounts: list, audience: str, concurrency: int
 
     elapsed = asyncio.run(go())
     ordered = sorted(latencies)
-    return {"per_s": (len(accounts) - errors) / elapsed, "p50_ms": 1000 * ordered[len(ordered) // 2],
-            "p99_ms": 1000 * ordered[int(len(ordered) * 0.99) - 1], "errors": errors}  # fmt: skip
+    return {
+        "per_s": (len(accounts) - errors) / elapsed,
+        "p50_ms": 1000 * ordered[len(ordered) // 2],
+        "p99_ms": 1000 * ordered[int(len(ordered) * 0.99) - 1],
+        "errors": errors,
+    }
 
 
-def sweep(label: str, coordinators: list[Process], accounts: list, audience: str, rates: list[float], seconds: float) -> list[dict]:
+def sweep(
+    label: str, coordinators: list[Process], accounts: list, audience: str, rates: list[float], seconds: float
+) -> list[dict]:
     host = coordinators[0].url.removeprefix("http://")  # type: ignore[union-attr]
     hostname = host.split(":")[0]
     ports = [int(c.url.rsplit(":", 1)[1]) for c in coordinators]  # type: ignore[union-attr]
@@ -130,10 +161,20 @@ def sweep(label: str, coordinators: list[Process], accounts: list, audience: str
         cores = [(cpu_seconds(c.popen.pid) - b) / elapsed for c, b in zip(coordinators, cpu_before)]
         ordered = sorted(latencies)
         ok = sum(n for s, n in statuses.items() if 200 <= s < 300)
-        row = {"config": label, "offered": rate, "per_s": ok / elapsed, "p50_ms": 1000 * ordered[len(ordered) // 2],
-               "p99_ms": 1000 * ordered[int(len(ordered) * 0.99) - 1], "errors": len(latencies) - ok, "cores": cores}  # fmt: skip
-        print(f"  {label:<22} offered {rate:6.0f}/s  served {row['per_s']:6.0f}/s  p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms"
-              f"  errors {row['errors']:4d}  coordinator cores {'+'.join(f'{c:.2f}' for c in cores)}", flush=True)  # fmt: skip
+        row = {
+            "config": label,
+            "offered": rate,
+            "per_s": ok / elapsed,
+            "p50_ms": 1000 * ordered[len(ordered) // 2],
+            "p99_ms": 1000 * ordered[int(len(ordered) * 0.99) - 1],
+            "errors": len(latencies) - ok,
+            "cores": cores,
+        }
+        print(
+            f"  {label:<22} offered {rate:6.0f}/s  served {row['per_s']:6.0f}/s  p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms"
+            f"  errors {row['errors']:4d}  coordinator cores {'+'.join(f'{c:.2f}' for c in cores)}",
+            flush=True,
+        )
         rows.append(row)
     return rows
 
@@ -157,7 +198,10 @@ def run_config(label: str, urls: list[str], workdir: Path, accounts: list, args:
         register(base, accounts, audience)
         rows = sweep(label, coordinators, accounts, audience, args.rates, args.seconds)
         subs = submissions([c.url for c in coordinators], accounts, audience)  # type: ignore[misc]
-        print(f"  {label:<22} submissions {subs['per_s']:6.0f}/s  upload p50 {subs['p50_ms']:.1f} ms  p99 {subs['p99_ms']:.1f} ms  errors {subs['errors']}", flush=True)
+        print(
+            f"  {label:<22} submissions {subs['per_s']:6.0f}/s  upload p50 {subs['p50_ms']:.1f} ms  p99 {subs['p99_ms']:.1f} ms  errors {subs['errors']}",
+            flush=True,
+        )
         twice = None
         if replicas > 1:
             time.sleep(8)  # silence: every node passes 'unhealthy after missed heartbeats' while both status loops run
@@ -191,7 +235,11 @@ def main() -> None:
         for label, replicas in (("sqlite, 1 coordinator", 1), ("postgres, 1 coordinator", 1), ("postgres, 2 coordinators", 2)):
             workdir = Path(tmp) / label.replace(" ", "").replace(",", "-")
             workdir.mkdir()
-            url = f"sqlite:///{workdir / 'ledger.db'}" if label.startswith("sqlite") else create_database(server, f"load{len(results)}")
+            url = (
+                f"sqlite:///{workdir / 'ledger.db'}"
+                if label.startswith("sqlite")
+                else create_database(server, f"load{len(results)}")
+            )
             migrate(url, workdir / "logs" / "migrate.log")
             (workdir / "token").write_text(admin_token(url))
             results[label] = run_config(label, [url], workdir, accounts, args, replicas)
@@ -199,7 +247,9 @@ def main() -> None:
     print()
     for label, result in results.items():
         best = max(r["per_s"] for r in result["rows"])
-        print(f"{label:<26} best {best:6.0f} heartbeats/s; {saturation(result['rows'])}; submissions {result['submissions']['per_s']:.0f}/s")
+        print(
+            f"{label:<26} best {best:6.0f} heartbeats/s; {saturation(result['rows'])}; submissions {result['submissions']['per_s']:.0f}/s"
+        )
     one, two = results["postgres, 1 coordinator"], results["postgres, 2 coordinators"]
     print(f"background work done twice with 2 replicas: {two['twice']} transitions (must be 0)")
     ratio = max(r["per_s"] for r in two["rows"]) / max(r["per_s"] for r in one["rows"])

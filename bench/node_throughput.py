@@ -45,13 +45,23 @@ def main() -> None:
         url = f"sqlite:///{workdir / 'ledger.db'}"
         migrate(url, workdir / "logs" / "migrate.log")
         coordinator_command(
-            ["run", "create", "--name", "bench", "--prompts-per-task", str(args.prompts), "--samples-per-prompt", str(args.samples),
-             "--max-tokens", "48", "--database-url", url]
-        )  # fmt: skip
-        coordinator = start_coordinator(workdir, url, env={"INTELLECT_BLOB_DIR": str(workdir / "blobs")})
-        client = NodeClient(
-            coordinator.url, Account.create(), NodeSettings(state_dir=workdir / "node"), stop=threading.Event()
+            [
+                "run",
+                "create",
+                "--name",
+                "bench",
+                "--prompts-per-task",
+                str(args.prompts),
+                "--samples-per-prompt",
+                str(args.samples),
+                "--max-tokens",
+                "48",
+                "--database-url",
+                url,
+            ]
         )
+        coordinator = start_coordinator(workdir, url, env={"INTELLECT_BLOB_DIR": str(workdir / "blobs")})
+        client = NodeClient(coordinator.url, Account.create(), NodeSettings(state_dir=workdir / "node"), stop=threading.Event())
         finishers = finisher_pool()
         try:
             client.public_status()
@@ -74,7 +84,9 @@ def main() -> None:
 
             results: list[TaskResult] = []
             start = time.perf_counter()
-            work_loop(client, quiet, threading.Event(), None, 0.1, max_tasks=args.tasks, on_done=results.append, finishers=finishers)
+            work_loop(
+                client, quiet, threading.Event(), None, 0.1, max_tasks=args.tasks, on_done=results.append, finishers=finishers
+            )
             total_s = time.perf_counter() - start
             # The machine is shared: the baseline brackets the measured loop and counts their mean.
             generate_s = (before_s + generation_alone()) / 2

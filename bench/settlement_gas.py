@@ -51,7 +51,9 @@ def submit_work(node: address, file: bytes32, units: uint64):
 
 def funded(w3: Web3):  # type: ignore[no-untyped-def]
     account = Account.create()
-    w3.eth.wait_for_transaction_receipt(w3.eth.send_transaction({"from": w3.eth.accounts[0], "to": account.address, "value": 10**20}))
+    w3.eth.wait_for_transaction_receipt(
+        w3.eth.send_transaction({"from": w3.eth.accounts[0], "to": account.address, "value": 10**20})
+    )
     return account
 
 
@@ -89,7 +91,9 @@ def main() -> None:
         for address in nodes:
             cumulative[address] += rng.randrange(1, 10**21)
         tree = CreditTree(cumulative)
-        anchors.append(gas_of(w3, admin, chain.distributor.functions.post_root(epoch, tree.root, w3.eth.get_block("latest")["timestamp"])))
+        anchors.append(
+            gas_of(w3, admin, chain.distributor.functions.post_root(epoch, tree.root, w3.eth.get_block("latest")["timestamp"]))
+        )
     claims = [
         gas_of(w3, admin, chain.distributor.functions.claim(address, cumulative[address], tree.proof(address)))
         for address in rng.sample(nodes, min(args.samples, len(nodes)))
@@ -100,13 +104,21 @@ def main() -> None:
     ours = args.epochs * anchor + args.nodes * claim
     baseline = files * submission
     print(f"EVM gas, {args.samples} transactions of each kind measured (py-evm, Cancun rules)")
-    print(f"  anchor one epoch (post_root), any number of addresses: {anchor:>9,.0f} gas (first {anchors[0]:,}, then {statistics.mean(anchors[1:] or anchors):,.0f})")
-    print(f"  first claim, {args.nodes:,}-address tree ({len(tree.proof(nodes[0]))} proof hashes): {claim:>9,.0f} gas (min {min(claims):,}, max {max(claims):,})")
+    print(
+        f"  anchor one epoch (post_root), any number of addresses: {anchor:>9,.0f} gas (first {anchors[0]:,}, then {statistics.mean(anchors[1:] or anchors):,.0f})"
+    )
+    print(
+        f"  first claim, {args.nodes:,}-address tree ({len(tree.proof(nodes[0]))} proof hashes): {claim:>9,.0f} gas (min {min(claims):,}, max {max(claims):,})"
+    )
     print(f"  baseline: record one submitted file (lean lower bound):  {submission:>9,.0f} gas")
     print(f"{args.nodes:,} nodes x {args.submissions} submissions = {files:,} files, {args.epochs} epochs, one claim per node:")
-    print(f"  ours:     {args.epochs} anchors + {args.nodes:,} claims = {args.epochs + args.nodes:>9,} transactions, {ours:>15,.0f} gas")
+    print(
+        f"  ours:     {args.epochs} anchors + {args.nodes:,} claims = {args.epochs + args.nodes:>9,} transactions, {ours:>15,.0f} gas"
+    )
     print(f"  baseline: one transaction per file         = {files:>9,} transactions, {baseline:>15,.0f} gas")
-    print(f"  if every node claimed every epoch instead (at first-claim gas, an upper bound): {args.epochs * (anchor + args.nodes * claim):,.0f} gas ({baseline / (args.epochs * (anchor + args.nodes * claim)):.1f}x less than the baseline)")
+    print(
+        f"  if every node claimed every epoch instead (at first-claim gas, an upper bound): {args.epochs * (anchor + args.nodes * claim):,.0f} gas ({baseline / (args.epochs * (anchor + args.nodes * claim)):.1f}x less than the baseline)"
+    )
     print(f"gas ratio, baseline / ours: {baseline / ours:.1f}x")
 
 

@@ -81,7 +81,9 @@ def ours(workdir: Path, size: int, clients: int) -> tuple[float, list[float]]:
 
         def grant(address: str, role: str) -> None:
             reply = httpx.post(
-                f"{coordinator}/v1/admin/roles", json={"address": address, "role": role}, headers={"authorization": f"Bearer {token}"}
+                f"{coordinator}/v1/admin/roles",
+                json={"address": address, "role": role},
+                headers={"authorization": f"Bearer {token}"},
             )
             reply.raise_for_status()
 
@@ -91,7 +93,9 @@ def ours(workdir: Path, size: int, clients: int) -> tuple[float, list[float]]:
             wallet = workdir / f"{name}.json"
             grant(create_wallet(wallet, PASSWORD), "relay")
             upstreams = [] if kind == "origin" else [processes[1].url]
-            processes.append(start_relay(workdir, name, wallet, PASSWORD, coordinator, upstreams=upstreams, origin=kind == "origin"))  # type: ignore[list-item]
+            processes.append(
+                start_relay(workdir, name, wallet, PASSWORD, coordinator, upstreams=upstreams, origin=kind == "origin")
+            )  # type: ignore[list-item]
         relay_url = processes[2].url
         while len(httpx.get(f"{coordinator}/v1/relays").json()) < 2:
             time.sleep(0.05)
@@ -101,8 +105,10 @@ def ours(workdir: Path, size: int, clients: int) -> tuple[float, list[float]]:
         waiting = [
             subprocess.Popen(
                 [sys.executable, "-c", CLIENT, coordinator, run_id, str(workdir / f"client-{i}")],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             for i in range(clients)
         ]
         time.sleep(3)  # the clients finish importing
@@ -152,7 +158,13 @@ def naive(workdir: Path, size: int, clients: int) -> float:
 
     def http_server(directory: Path) -> str:
         port = free_port()
-        servers.append(spawn("http", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(directory)], workdir / "http.log"))
+        servers.append(
+            spawn(
+                "http",
+                [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(directory)],
+                workdir / "http.log",
+            )
+        )
         url = f"http://127.0.0.1:{port}"
         while True:
             try:

@@ -97,7 +97,13 @@ class Heartbeats(Background):
         self.statuses: Counter[int] = Counter()
 
     def _run(self) -> None:
-        body = {"address": self.account.address, "client_version": __version__, "activity": "generating", "metrics": {}, "weights": {}}
+        body = {
+            "address": self.account.address,
+            "client_version": __version__,
+            "activity": "generating",
+            "metrics": {},
+            "weights": {},
+        }
         while not self.done.is_set():
             started = time.perf_counter()
             status = self.client.post("/v1/nodes/heartbeat", json=body, auth=self.auth).status_code
@@ -150,7 +156,9 @@ def big_uploads(url: str, audience: str, count: int, size: int) -> Counter[int]:
     def one(i: int) -> None:
         head = "".join(f"{k}: {v}\r\n" for k, v in signed[i].items())
         with socket.create_connection((host, int(port)), source_address=(f"127.0.1.{i % 16 + 1}", 0), timeout=300) as conn:
-            conn.sendall(f"POST /v1/submissions?task={leases[i][1]} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {size}\r\n{head}\r\n".encode())
+            conn.sendall(
+                f"POST /v1/submissions?task={leases[i][1]} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {size}\r\n{head}\r\n".encode()
+            )
             conn.settimeout(1.0)
             try:
                 early = conn.recv(4096)  # refused on its headers alone (the budget)
@@ -172,7 +180,7 @@ def slow_bodies(url: str, audience: str, count: int, declared: int, hold_s: floa
     """``count`` connections that each declare a signed upload of ``declared`` bytes for one node's
     live lease (so the coordinator must read it to check the signature) and send one byte a second
     for ``hold_s``: the node's share admits three at once, the rest are refused (429)."""
-    (node, task), = leased_tasks(url, audience, 1)
+    ((node, task),) = leased_tasks(url, audience, 1)
     signed = sign_request(node, "POST", "/v1/submissions", f"task={task}", bytes(declared), audience)
     head = "".join(f"{k}: {v}\r\n" for k, v in signed.items())
     host, port = url.removeprefix("http://").split(":")
@@ -180,7 +188,9 @@ def slow_bodies(url: str, audience: str, count: int, declared: int, hold_s: floa
 
     def one(i: int) -> None:
         with socket.create_connection((host, int(port)), source_address=(f"127.0.2.{i % 200 + 1}", 0), timeout=60) as conn:
-            conn.sendall(f"POST /v1/submissions?task={task} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {declared}\r\n{head}\r\n".encode())
+            conn.sendall(
+                f"POST /v1/submissions?task={task} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {declared}\r\n{head}\r\n".encode()
+            )
             conn.settimeout(1.0)
             deadline, reply = time.monotonic() + hold_s, b""
             while time.monotonic() < deadline:
@@ -199,10 +209,15 @@ def anonymous_bodies(url: str, audience: str, count: int, size: int, staging: Pa
     """``count`` bodies of ``size`` bytes sent at full speed for a node's live lease, each signed by a
     fresh wallet (no node): refused on their headers. Also the most bytes the coordinator's staging
     directory held meanwhile, and an honest upload's answer time for the same node during the flood."""
-    (node, task), = leased_tasks(url, audience, 1)
+    ((node, task),) = leased_tasks(url, audience, 1)
     data = bytes(size)
     query = f"task={task}"
-    heads = ["".join(f"{k}: {v}\r\n" for k, v in sign_request(Account.create(), "POST", "/v1/submissions", query, data, audience).items()) for _ in range(count)]
+    heads = [
+        "".join(
+            f"{k}: {v}\r\n" for k, v in sign_request(Account.create(), "POST", "/v1/submissions", query, data, audience).items()
+        )
+        for _ in range(count)
+    ]
     host, port = url.removeprefix("http://").split(":")
     statuses: Counter[int | str] = Counter()
     most, done = 0, threading.Event()
@@ -215,7 +230,9 @@ def anonymous_bodies(url: str, audience: str, count: int, size: int, staging: Pa
 
     def one(i: int) -> None:
         with socket.create_connection((host, int(port)), source_address=(f"127.0.3.{i % 200 + 1}", 0), timeout=120) as conn:
-            conn.sendall(f"POST /v1/submissions?{query} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {size}\r\n{heads[i]}\r\n".encode())
+            conn.sendall(
+                f"POST /v1/submissions?{query} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {size}\r\n{heads[i]}\r\n".encode()
+            )
             try:
                 conn.sendall(data)
             except OSError:
@@ -228,7 +245,12 @@ def anonymous_bodies(url: str, audience: str, count: int, size: int, staging: Pa
     flood.start()
     honest = bytes(1 << 20)  # not a rollout file (422), but read whole and judged: the honest path's cost
     started = time.monotonic()
-    reply = httpx.post(f"{url}/v1/submissions?{query}", content=honest, headers=sign_request(node, "POST", "/v1/submissions", query, honest, audience), timeout=120)
+    reply = httpx.post(
+        f"{url}/v1/submissions?{query}",
+        content=honest,
+        headers=sign_request(node, "POST", "/v1/submissions", query, honest, audience),
+        timeout=120,
+    )
     statuses[f"honest {reply.status_code} in ms"] = round((time.monotonic() - started) * 1000)
     flood.join()
     done.set()
@@ -254,9 +276,16 @@ def deep_json(url: str, audience: str, rounds: int) -> Counter[int]:
     register(url, [node], audience)
     statuses: Counter[int] = Counter()
     for _ in range(rounds):
-        for path, depth, signed in (("/v1/admin/roles", 120_000, False), ("/v1/nodes/heartbeat", 200_000, False), ("/v1/nodes/heartbeat", 200_000, True)):
+        for path, depth, signed in (
+            ("/v1/admin/roles", 120_000, False),
+            ("/v1/nodes/heartbeat", 200_000, False),
+            ("/v1/nodes/heartbeat", 200_000, True),
+        ):
             body = b"[" * depth + b"]" * depth
-            headers = {"content-type": "application/json", **(sign_request(node, "POST", path, "", body, audience) if signed else {})}
+            headers = {
+                "content-type": "application/json",
+                **(sign_request(node, "POST", path, "", body, audience) if signed else {}),
+            }
             statuses[httpx.post(url + path, content=body, headers=headers, timeout=60).status_code] += 1
     return statuses
 
@@ -266,13 +295,25 @@ def token_bomb(url: str, audience: str, tokens: int) -> Counter[int | str]:
     node = Account.create()
     register(url, [node], audience)
     task = httpx.post(f"{url}/v1/tasks/lease", json={"address": node.address}, auth=SignedAuth(node, audience), timeout=60).json()
-    rows = [(pid, sequence_seed(task["seed"], i)) for i, pid in enumerate(p for p in task["prompt_ids"] for _ in range(task["samples_per_prompt"]))]
+    rows = [
+        (pid, sequence_seed(task["seed"], i))
+        for i, pid in enumerate(p for p in task["prompt_ids"] for _ in range(task["samples_per_prompt"]))
+    ]
     columns = {
-        "task_id": [task["task_id"]] * len(rows), "run_id": [task["run_id"]] * len(rows), "policy_step": [task["policy_step"]] * len(rows),
-        "prompt_id": [pid for pid, _ in rows], "prompt_tokens": [[1, 2]] * len(rows), "logprobs": [[-0.5]] * len(rows),
-        "finish_reason": ["length"] * len(rows), "reward": [0.0] * len(rows), "task_reward": [0.0] * len(rows),
-        "length_penalty": [0.0] * len(rows), "target_length": [0] * len(rows), "seed": [seed for _, seed in rows], "proofs": [b""] * len(rows),
-    }  # fmt: skip
+        "task_id": [task["task_id"]] * len(rows),
+        "run_id": [task["run_id"]] * len(rows),
+        "policy_step": [task["policy_step"]] * len(rows),
+        "prompt_id": [pid for pid, _ in rows],
+        "prompt_tokens": [[1, 2]] * len(rows),
+        "logprobs": [[-0.5]] * len(rows),
+        "finish_reason": ["length"] * len(rows),
+        "reward": [0.0] * len(rows),
+        "task_reward": [0.0] * len(rows),
+        "length_penalty": [0.0] * len(rows),
+        "target_length": [0] * len(rows),
+        "seed": [seed for _, seed in rows],
+        "proofs": [b""] * len(rows),
+    }
     lengths = [tokens] + [1] * (len(rows) - 1)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     columns["completion_tokens"] = pa.ListArray.from_arrays(offsets, np.zeros(offsets[-1], np.int32))
@@ -285,12 +326,21 @@ def token_bomb(url: str, audience: str, tokens: int) -> Counter[int | str]:
     reply = httpx.post(f"{url}/v1/submissions?{query}", content=bomb, headers=headers, timeout=120)
     answer_ms = (time.monotonic() - started) * 1000
     plain = subprocess.run(  # the baseline: the same bytes read by pyarrow without our limits
-        [sys.executable, "-c", "import io, resource, sys, pyarrow.parquet as pq; pq.read_table(io.BytesIO(sys.stdin.buffer.read())); "
-         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
-        input=bomb, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import io, resource, sys, pyarrow.parquet as pq; pq.read_table(io.BytesIO(sys.stdin.buffer.read())); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)",
+        ],
+        input=bomb,
+        capture_output=True,
+    )
     # Plain pyarrow may not survive the file at all (it aborts on the allocation): that is the baseline then.
-    baseline = {"plain_pyarrow_peak_mib": int(plain.stdout) // 1024} if plain.returncode == 0 else {f"plain_pyarrow_died_exit_{plain.returncode}": 1}
+    baseline = (
+        {"plain_pyarrow_peak_mib": int(plain.stdout) // 1024}
+        if plain.returncode == 0
+        else {f"plain_pyarrow_died_exit_{plain.returncode}": 1}
+    )
     return Counter({reply.status_code: 1, "file_kib": len(bomb) // 1024, "answer_ms": round(answer_ms), **baseline})
 
 
@@ -314,7 +364,9 @@ def main() -> int:
     parser.add_argument("--slow", type=int, default=240, help="trickling connections (from 200 addresses)")
     args = parser.parse_args()
     size, budget = args.upload_mib << 20, args.budget_mib << 20
-    print(f"{args.uploads} uploads x {args.upload_mib} MiB = {args.uploads * args.upload_mib} MiB offered at once; budget {args.budget_mib} MiB")
+    print(
+        f"{args.uploads} uploads x {args.upload_mib} MiB = {args.uploads * args.upload_mib} MiB offered at once; budget {args.budget_mib} MiB"
+    )
     peaks: dict[str, int] = {}
     for label, limit in (("budget", budget), ("no budget", 1 << 50)):
         workdir = Path(tempfile.mkdtemp(prefix="upload-memory-"))
@@ -331,7 +383,11 @@ def main() -> int:
                     ("declared 1 TiB", oversized, (process.url, 200)),
                     ("deeply nested JSON", deep_json, (process.url, audience, 10)),
                     ("150 M-token rollout file", token_bomb, (process.url, audience, 150_000_000)),
-                    ("anonymous 64 MiB bodies", anonymous_bodies, (process.url, audience, 12, size, workdir / "blobs" / ".incoming")),
+                    (
+                        "anonymous 64 MiB bodies",
+                        anonymous_bodies,
+                        (process.url, audience, 12, size, workdir / "blobs" / ".incoming"),
+                    ),
                 ]
             phases.append(("large uploads", big_uploads, (process.url, audience, args.uploads, size)))
             for phase, attack, attack_args in phases:
@@ -342,14 +398,19 @@ def main() -> int:
                         statuses = attacker.submit(attack, *attack_args).result()
                         took = time.monotonic() - started
                 alive = "alive" if process.popen.poll() is None else f"DEAD (exit {process.popen.returncode})"
-                print(f"[{label}] {phase}: peak {(sampled.peak - idle) / 2**20:.0f} MiB above idle ({idle / 2**20:.0f} MiB), "
-                      f"answers {dict(statuses)}, {took:.1f} s; coordinator {alive}; node heartbeats {node.summary()}", flush=True)  # fmt: skip
+                print(
+                    f"[{label}] {phase}: peak {(sampled.peak - idle) / 2**20:.0f} MiB above idle ({idle / 2**20:.0f} MiB), "
+                    f"answers {dict(statuses)}, {took:.1f} s; coordinator {alive}; node heartbeats {node.summary()}",
+                    flush=True,
+                )
                 if phase == "large uploads":
                     peaks[label] = sampled.peak - idle
         finally:
             process.stop()
-    print(f"peak memory above idle under the large-upload flood: {peaks['budget'] / 2**20:.0f} MiB with the budget, "
-          f"{peaks['no budget'] / 2**20:.0f} MiB without")  # fmt: skip
+    print(
+        f"peak memory above idle under the large-upload flood: {peaks['budget'] / 2**20:.0f} MiB with the budget, "
+        f"{peaks['no budget'] / 2**20:.0f} MiB without"
+    )
     print(f"ratio without/with budget: {peaks['no budget'] / max(peaks['budget'], 1):.2f}")
     return 0
 

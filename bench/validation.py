@@ -31,11 +31,20 @@ from validator.checks import CheckSettings, Context, validate
 
 def task(model: str, i: int, prompts: int, samples: int, tokens: int) -> TaskSpec:
     return TaskSpec(
-        task_id=f"bench-{i}", run_id="bench", environment="arithmetic", model=model,
-        prompt_ids=[f"a{i * prompts + k}" for k in range(prompts)], samples_per_prompt=samples, seed=i, policy_step=0,
-        sampling=SamplingParams(temperature=1.0, max_tokens=tokens, stop_on_eos=False), length_alpha=0.0,
-        target_length=1024, length_over_only=False, lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
-    )  # fmt: skip
+        task_id=f"bench-{i}",
+        run_id="bench",
+        environment="arithmetic",
+        model=model,
+        prompt_ids=[f"a{i * prompts + k}" for k in range(prompts)],
+        samples_per_prompt=samples,
+        seed=i,
+        policy_step=0,
+        sampling=SamplingParams(temperature=1.0, max_tokens=tokens, stop_on_eos=False),
+        length_alpha=0.0,
+        target_length=1024,
+        length_over_only=False,
+        lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
+    )
 
 
 def measure(name: str, model_path: str, args: argparse.Namespace) -> float:
@@ -80,10 +89,17 @@ def main() -> None:
         _, tokenizer = load_model()
         torch.manual_seed(0)
         config = LlamaConfig(
-            vocab_size=tokenizer.vocab_size, hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
-            num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=512,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        )  # fmt: skip
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=768,
+            intermediate_size=2048,
+            num_hidden_layers=6,
+            num_attention_heads=12,
+            num_key_value_heads=12,
+            max_position_embeddings=512,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         LlamaForCausalLM(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         larger = measure("random Llama 6 x 768", str(Path(tmp)), args)

@@ -50,11 +50,20 @@ BATCHES = (1, 4, 16, 64)
 def make_task(seed: int, temperature: float, max_tokens: int) -> TaskSpec:
     ids = sorted(PROBLEMS)
     return TaskSpec(
-        task_id=f"task-{seed}", run_id="run-bench", environment="arithmetic", model="tiny-arith",
-        prompt_ids=[ids[(seed * 4 + i) % len(ids)] for i in range(4)], samples_per_prompt=4, seed=seed, policy_step=0,
-        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), length_alpha=0.0, target_length=1024,
-        length_over_only=False, lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
-    )  # fmt: skip
+        task_id=f"task-{seed}",
+        run_id="run-bench",
+        environment="arithmetic",
+        model="tiny-arith",
+        prompt_ids=[ids[(seed * 4 + i) % len(ids)] for i in range(4)],
+        samples_per_prompt=4,
+        seed=seed,
+        policy_step=0,
+        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens),
+        length_alpha=0.0,
+        target_length=1024,
+        length_over_only=False,
+        lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
+    )
 
 
 def check(data: bytes, task: TaskSpec, batch: int) -> Verdict:
@@ -98,8 +107,15 @@ def honest(dtype: str, temperature: float, rows: int, max_tokens: int, first_see
         untrained += len(verdict.untrained_rows)
         previous_rejected += 0 if previous_check(data, task) else 16
         tasks += 1
-    return {"rows": tasks * 16, "tasks": tasks, "rejected_rows": rejected_rows, "rejected_tasks": rejected_tasks,
-            "untrained": untrained, "previous_rejected_rows": previous_rejected, "s": time.perf_counter() - started}  # fmt: skip
+    return {
+        "rows": tasks * 16,
+        "tasks": tasks,
+        "rejected_rows": rejected_rows,
+        "rejected_tasks": rejected_tasks,
+        "untrained": untrained,
+        "previous_rejected_rows": previous_rejected,
+        "s": time.perf_counter() - started,
+    }
 
 
 def forgeries(dtype: str) -> dict[str, Callable[[Generated], bytes]]:
@@ -158,15 +174,20 @@ def main() -> int:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.5, 0.8, 1.0, 1.2])
     args = parser.parse_args()
 
-    print(f"honest nodes: {args.rows} rows per configuration, 16-row tasks, validator batches {BATCHES}, limit {args.max_tokens} tokens")
+    print(
+        f"honest nodes: {args.rows} rows per configuration, 16-row tasks, validator batches {BATCHES}, limit {args.max_tokens} tokens"
+    )
     previous = {"bfloat16": [0, 0], "float32": [0, 0]}
     current = {"bfloat16": 0, "float32": 0}
     for dtype in ("float32", "bfloat16"):
         for n, temperature in enumerate(args.temperatures):
             r = honest(dtype, temperature, args.rows, args.max_tokens, first_seed=10_000 * (n + 1))
-            print(f"  {dtype:8s} T={temperature:<4} rows {r['rows']:5.0f}  rejected rows {r['rejected_rows']:3.0f} "
-                  f"(tasks {r['rejected_tasks']:.0f}/{r['tasks']:.0f})  untrained rows {r['untrained']:3.0f}  "
-                  f"previous check rejected rows {r['previous_rejected_rows']:4.0f}  {r['s']:.0f} s", flush=True)  # fmt: skip
+            print(
+                f"  {dtype:8s} T={temperature:<4} rows {r['rows']:5.0f}  rejected rows {r['rejected_rows']:3.0f} "
+                f"(tasks {r['rejected_tasks']:.0f}/{r['tasks']:.0f})  untrained rows {r['untrained']:3.0f}  "
+                f"previous check rejected rows {r['previous_rejected_rows']:4.0f}  {r['s']:.0f} s",
+                flush=True,
+            )
             current[dtype] += int(r["rejected_rows"])
             previous[dtype][0] += int(r["previous_rejected_rows"])
             previous[dtype][1] += int(r["rows"])
@@ -176,8 +197,10 @@ def main() -> int:
         forged(dtype, args.forged_tasks, args.max_tokens)
 
     rows = previous["bfloat16"][1]
-    print(f"honest bf16 rows rejected: previous check {previous['bfloat16'][0]} of {rows}, this check {current['bfloat16']} of {rows} "
-          f"(ratio previous/now: {previous['bfloat16'][0] / max(current['bfloat16'], 1):.0f}x, now {'0' if not current['bfloat16'] else current['bfloat16']})")  # fmt: skip
+    print(
+        f"honest bf16 rows rejected: previous check {previous['bfloat16'][0]} of {rows}, this check {current['bfloat16']} of {rows} "
+        f"(ratio previous/now: {previous['bfloat16'][0] / max(current['bfloat16'], 1):.0f}x, now {'0' if not current['bfloat16'] else current['bfloat16']})"
+    )
     return 0
 
 

@@ -83,8 +83,14 @@ def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> fl
 def measure(ledger: Path) -> Waste:
     db = sqlite3.connect(ledger)
     subs = db.execute("SELECT tokens, status, reason, created_at, validated_at FROM submissions").fetchall()
-    expired = sum(t for t, status, reason, *_ in subs if status == "expired" or (status == "rejected" and "outside the run's window" in (reason or "")))
-    reviews = db.execute("SELECT claimed_at, judged_at FROM reviews WHERE claimed_at IS NOT NULL AND judged_at IS NOT NULL").fetchall()
+    expired = sum(
+        t
+        for t, status, reason, *_ in subs
+        if status == "expired" or (status == "rejected" and "outside the run's window" in (reason or ""))
+    )
+    reviews = db.execute(
+        "SELECT claimed_at, judged_at FROM reviews WHERE claimed_at IS NOT NULL AND judged_at IS NOT NULL"
+    ).fetchall()
     busy = _union([(_times(c), _times(j)) for c, j in reviews])  # type: ignore[misc]
     start = min(_times(c) for *_, c, _ in subs)  # type: ignore[type-var]
     end = max(_times(v) or _times(c) for *_, c, v in subs)  # type: ignore[type-var]
@@ -132,7 +138,9 @@ def main() -> None:
         print(f"intellect-devnet --steps 0 --nodes 2 --validators 1, {args.minutes:g} minutes each, SQLite ledger", flush=True)
         if args.before:
             tree = Path(tmp) / "before-src"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True, capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True, capture_output=True
+            )
             try:
                 results["before"] = run_devnet(tree, Path(tmp) / "before", args.minutes)
                 report("before", results["before"])
@@ -143,7 +151,9 @@ def main() -> None:
         if "before" in results:
             b, a = results["before"], results["after"]
             ratio = f"{b.expired_share / a.expired_share:.1f}x less" if a.expired_share else "none left"
-            print(f"expired share {b.expired_share:.2%} -> {a.expired_share:.2%} ({ratio}); validator idle while work waited {b.idle_while_waiting:.1%} -> {a.idle_while_waiting:.1%}")
+            print(
+                f"expired share {b.expired_share:.2%} -> {a.expired_share:.2%} ({ratio}); validator idle while work waited {b.idle_while_waiting:.1%} -> {a.idle_while_waiting:.1%}"
+            )
 
 
 if __name__ == "__main__":

@@ -60,7 +60,9 @@ def render(artifact: dict[str, object]) -> str:
     return json.dumps(artifact, indent=1, sort_keys=True) + "\n"
 
 
-def main(check: bool = typer.Option(False, "--check", help="Fail if a checked-in artifact differs from its compiled source.")) -> None:
+def main(
+    check: bool = typer.Option(False, "--check", help="Fail if a checked-in artifact differs from its compiled source."),
+) -> None:
     """Compile every contracts/*.vy into contracts/artifacts/."""
     stale = []
     for source in sorted(HERE.glob("*.vy")):
@@ -74,7 +76,9 @@ def main(check: bool = typer.Option(False, "--check", help="Fail if a checked-in
         path.write_text(text)
         print(f"wrote {path.relative_to(HERE.parent)}")
     if stale:
-        print(f"artifacts differ from their source: {', '.join(stale)}; run python -m contracts.build and commit", file=sys.stderr)
+        print(
+            f"artifacts differ from their source: {', '.join(stale)}; run python -m contracts.build and commit", file=sys.stderr
+        )
         raise typer.Exit(1)
 
 

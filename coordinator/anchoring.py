@@ -97,15 +97,24 @@ class Anchorer:
         for ban in due:
             chain = self.chain()
             registry = chain.registry
-            logged = registry.events.Slashed.get_logs(from_block=self.settings.chain_from_block, argument_filters={"account": ban.address})
+            logged = registry.events.Slashed.get_logs(
+                from_block=self.settings.chain_from_block, argument_filters={"account": ban.address}
+            )
             sent = [e for e in logged if bytes(e["args"]["evidence"]) == ban.evidence]
             if sent:
                 amount, tx_hash = sent[0]["args"]["amount"], sent[0]["transactionHash"].to_0x_hex()
             elif registry.functions.staked(ban.address).call() + registry.functions.unbonding(ban.address).call() == 0:
                 amount, tx_hash = 0, None
             else:
-                receipt = chain.transact(self.sender, registry.functions.slash(ban.address, 2**256 - 1, ban.evidence), self.settings.chain_confirmations)
-                amount, tx_hash = registry.events.Slashed().process_receipt(receipt)[0]["args"]["amount"], receipt["transactionHash"].to_0x_hex()
+                receipt = chain.transact(
+                    self.sender,
+                    registry.functions.slash(ban.address, 2**256 - 1, ban.evidence),
+                    self.settings.chain_confirmations,
+                )
+                amount, tx_hash = (
+                    registry.events.Slashed().process_receipt(receipt)[0]["args"]["amount"],
+                    receipt["transactionHash"].to_0x_hex(),
+                )
             with self.sessions.begin() as session:
                 epochs.record_slashing(session, ban, amount, tx_hash, datetime.now(UTC))
             log.warning("slashed %s: %d base units, citing %s (tx %s)", ban.address, amount, ", ".join(ban.submissions), tx_hash)
@@ -118,16 +127,26 @@ class Anchorer:
         on_chain = chain.root_at(epoch.epoch)
         if on_chain == b"\0" * 32:
             if chain.latest_epoch() >= epoch.epoch:
-                raise ChainError(f"epoch {epoch.epoch} can no longer be posted: the chain is at epoch {chain.latest_epoch()} (another poster?)")
-            receipt = chain.transact(self.sender, chain.distributor.functions.post_root(epoch.epoch, root, int(epoch.cutoff.timestamp())), self.settings.chain_confirmations)
+                raise ChainError(
+                    f"epoch {epoch.epoch} can no longer be posted: the chain is at epoch {chain.latest_epoch()} (another poster?)"
+                )
+            receipt = chain.transact(
+                self.sender,
+                chain.distributor.functions.post_root(epoch.epoch, root, int(epoch.cutoff.timestamp())),
+                self.settings.chain_confirmations,
+            )
             tx_hash, block = receipt["transactionHash"].to_0x_hex(), receipt["blockNumber"]
         elif on_chain == root:  # posted before a crash, or by a replica: read the transaction back
-            event = chain.distributor.events.RootPosted.get_logs(from_block=self.settings.chain_from_block, argument_filters={"epoch": epoch.epoch})[0]
+            event = chain.distributor.events.RootPosted.get_logs(
+                from_block=self.settings.chain_from_block, argument_filters={"epoch": epoch.epoch}
+            )[0]
             tx_hash, block = event["transactionHash"].to_0x_hex(), event["blockNumber"]
             if chain.w3.eth.block_number < block + self.settings.chain_confirmations - 1:
                 return  # not deep enough yet: recorded on a later tick
         else:
-            raise ChainError(f"epoch {epoch.epoch} holds another root on chain (0x{on_chain.hex()}), not this ledger's {epoch.root}")
+            raise ChainError(
+                f"epoch {epoch.epoch} holds another root on chain (0x{on_chain.hex()}), not this ledger's {epoch.root}"
+            )
         with self.sessions.begin() as session:
             epochs.record_anchor(session, epoch.epoch, tx_hash, block, datetime.now(UTC))
         log.info("epoch %d anchored in %s (block %d)", epoch.epoch, tx_hash, block)

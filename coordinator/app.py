@@ -112,5 +112,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
 
 def blob_store(settings: CoordinatorSettings) -> BlobStore:
     if settings.blob_store == "s3":
-        return S3BlobStore(settings.s3_bucket, prefix=settings.s3_prefix, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)  # type: ignore[arg-type]
+        return S3BlobStore(
+            settings.s3_bucket, prefix=settings.s3_prefix, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region
+        )  # type: ignore[arg-type]
     return LocalBlobStore(settings.blob_root)

@@ -58,7 +58,9 @@ class BodyLimitMiddleware:
         reserve = int(declared) if declared is not None else limit if b"chunked" in headers.get(b"transfer-encoding", b"") else 0
         # Bodies larger than a JSON request may use only 7/8 of the budget: a flood of uploads
         # leaves room for the heartbeats and leases of nodes that are already working.
-        ceiling = None if self.budget_bytes is None else self.budget_bytes * 7 // 8 if reserve > self.max_bytes else self.budget_bytes
+        ceiling = (
+            None if self.budget_bytes is None else self.budget_bytes * 7 // 8 if reserve > self.max_bytes else self.budget_bytes
+        )
         if ceiling is not None and reserve and self.admitted_bytes + reserve > ceiling:
             message = "The coordinator is receiving as much as it holds at once; retry shortly."
             await _refuse(scope, send, 503, ErrorCode.overloaded, message, headers={"Retry-After": "2"})
@@ -146,7 +148,13 @@ class PerClientLimitMiddleware:
 
 
 async def _refuse(
-    scope: Scope, send: Send, status: int, code: ErrorCode, message: str, close: bool = False, headers: dict[str, str] | None = None
+    scope: Scope,
+    send: Send,
+    status: int,
+    code: ErrorCode,
+    message: str,
+    close: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> None:
     headers = {**(headers or {}), **({"connection": "close"} if close else {})}
     response = error_response(status, code, message, headers=headers or None)

@@ -195,13 +195,24 @@ def run_create(
         int, typer.Option(min=0, max=64, help="Accept rollouts of policies at most this many steps old (0: synchronous).")
     ] = 2,
     audit_share: Annotated[
-        float, typer.Option(min=0, max=1, help="Share of accepted work a second validator checks before training (new nodes and suspect validators get more).")
+        float,
+        typer.Option(
+            min=0,
+            max=1,
+            help="Share of accepted work a second validator checks before training (new nodes and suspect validators get more).",
+        ),
     ] = 0.1,
     dispute_window: Annotated[
-        float | None, typer.Option(min=0, help="Seconds credit stays pending (clawback possible) before it is final; default: the coordinator's.")
+        float | None,
+        typer.Option(
+            min=0, help="Seconds credit stays pending (clawback possible) before it is final; default: the coordinator's."
+        ),
     ] = None,
     min_stake: Annotated[
-        str, typer.Option(help="Tokens (an exact decimal, e.g. 50 or 0.5) a node must have staked to lease this run's tasks (needs settlement on a chain); 0: none.")
+        str,
+        typer.Option(
+            help="Tokens (an exact decimal, e.g. 50 or 0.5) a node must have staked to lease this run's tasks (needs settlement on a chain); 0: none."
+        ),
     ] = "0",
     database_url: DatabaseUrl = None,
 ) -> None:

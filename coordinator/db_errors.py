@@ -54,7 +54,9 @@ def explain(error: OperationalError, url: str) -> DatabaseError:
     parsed = make_url(url)
     where = f"{parsed.host or 'localhost'}:{parsed.port or 5432}"
     if "resolve host" in detail or "translate host name" in detail:
-        return DatabaseError(f"Cannot resolve the database host {parsed.host!r}: check the host name in the database URL ({shown(url)}).")
+        return DatabaseError(
+            f"Cannot resolve the database host {parsed.host!r}: check the host name in the database URL ({shown(url)})."
+        )
     if "Connection refused" in detail or "timeout expired" in detail or "No route to host" in detail:
         return DatabaseError(f"Nothing answers at {where} for {shown(url)}: start PostgreSQL there, or fix the host and port.")
     if "authentication failed" in detail or "no password supplied" in detail:
@@ -62,5 +64,7 @@ def explain(error: OperationalError, url: str) -> DatabaseError:
     if "does not exist" in detail:
         return DatabaseError(f"PostgreSQL at {where} says: {detail}; create it first (createdb), then migrate.")
     if "unable to open database file" in detail:
-        return DatabaseError(f"Cannot open the SQLite file of {shown(url)}: does its directory exist, and may this user write there?")
+        return DatabaseError(
+            f"Cannot open the SQLite file of {shown(url)}: does its directory exist, and may this user write there?"
+        )
     return DatabaseError(f"Cannot use the database at {shown(url)}: {detail}.")

@@ -99,7 +99,9 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
     return signed
 
 
-async def signed_upload(request: Request, settings: Settings, ledger: LedgerDep) -> AsyncIterator[tuple[SignedRequest, StagedUpload]]:
+async def signed_upload(
+    request: Request, settings: Settings, ledger: LedgerDep
+) -> AsyncIterator[tuple[SignedRequest, StagedUpload]]:
     """A signed request whose (large, binary) body is staged to a file as it arrives and hashed
     once; the staged file is removed after the response unless the handler stored it.
 
@@ -108,11 +110,18 @@ async def signed_upload(request: Request, settings: Settings, ledger: LedgerDep)
     submitted one): its own share, so one sender's flood never makes an honest node's upload wait,
     and a stranger replaying a node's public task ids can hold up only that node's retries."""
     claimed = _signature_headers(request, settings)
-    retry = await ledger.run(submissions.admit_upload, claimed[0], claimed[2], request.query_params.get("task", ""), datetime.now(UTC))
+    retry = await ledger.run(
+        submissions.admit_upload, claimed[0], claimed[2], request.query_params.get("task", ""), datetime.now(UTC)
+    )
     staging: Counter[str] = request.app.state.staging
     who = f"{claimed[0].lower()}:{'retry' if retry else 'new'}"
     if staging[who] >= (1 if retry else settings.max_leases_per_node):
-        raise ApiError(429, ErrorCode.rate_limited, f"This address already uploads {staging[who]} files at once.", headers={"Retry-After": "2"})
+        raise ApiError(
+            429,
+            ErrorCode.rate_limited,
+            f"This address already uploads {staging[who]} files at once.",
+            headers={"Retry-After": "2"},
+        )
     staging[who] += 1
     try:
         staged = await stage(request, request.app.state.blobs.staging)
@@ -139,7 +148,12 @@ def _signature_headers(request: Request, settings: CoordinatorSettings) -> tuple
     signature = headers.get(signing.HEADER_SIGNATURE)
     if not (address and timestamp_raw and nonce and signature):
         raise ApiError(401, ErrorCode.signature_missing, "This endpoint needs a signed request (x-intellect-* headers).")
-    if not (timestamp_raw.isascii() and timestamp_raw.isdigit() and len(timestamp_raw) <= 12 and signing.NONCE_PATTERN.fullmatch(nonce)):
+    if not (
+        timestamp_raw.isascii()
+        and timestamp_raw.isdigit()
+        and len(timestamp_raw) <= 12
+        and signing.NONCE_PATTERN.fullmatch(nonce)
+    ):
         raise ApiError(
             401, ErrorCode.signature_malformed, "The timestamp must be unix seconds and the nonce 16-64 hex characters."
         )
@@ -160,7 +174,14 @@ async def _verify(request: Request, claimed: tuple[str, int, str, str], body_sha
     address, timestamp, nonce, signature = claimed
     try:
         signer_address = signing.recover_signer(
-            request.method, request.url.path, request.url.query, body_sha256, timestamp, nonce, request.app.state.audience, signature
+            request.method,
+            request.url.path,
+            request.url.query,
+            body_sha256,
+            timestamp,
+            nonce,
+            request.app.state.audience,
+            signature,
         )
     except ValueError:
         raise ApiError(401, ErrorCode.signature_malformed, "The signature cannot be decoded.") from None

@@ -62,15 +62,21 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DataError)
     @app.exception_handler(OverflowError)
     async def _unstorable(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(422, ErrorCode.validation_error, "The request holds a value the ledger cannot store (a NUL byte, or a number too large).")
+        return error_response(
+            422,
+            ErrorCode.validation_error,
+            "The request holds a value the ledger cannot store (a NUL byte, or a number too large).",
+        )
 
     @app.exception_handler(BlobStoreUnavailable)
     async def _storage(_: Request, exc: BlobStoreUnavailable) -> JSONResponse:
         log.error("blob store unavailable: %s", exc)
         return error_response(
-            503, ErrorCode.storage_unavailable, "The coordinator's file store is unavailable; nothing was recorded, try again shortly.",
+            503,
+            ErrorCode.storage_unavailable,
+            "The coordinator's file store is unavailable; nothing was recorded, try again shortly.",
             headers={"retry-after": str(STORAGE_RETRY_AFTER_S)},
-        )  # fmt: skip
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

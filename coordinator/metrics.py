@@ -31,9 +31,11 @@ class Metrics:
         )
         self.step = Gauge("intellect_policy_step", "The last policy step with a timing, per run", ["run"], registry=self.registry)
         self.step_seconds = Gauge(
-            "intellect_policy_step_seconds", "Where the last policy step's wall clock went, per run and phase", ["run", "phase"],
+            "intellect_policy_step_seconds",
+            "Where the last policy step's wall clock went, per run and phase",
+            ["run", "phase"],
             registry=self.registry,
-        )  # fmt: skip
+        )
 
     def record_step(self, run_id: str, timing: StepTiming) -> None:
         self.step.labels(run_id).set(timing.step)

@@ -221,8 +221,12 @@ class CoordinatorSettings(RoleSettings):
 
     @model_validator(mode="after")
     def _settlement_needs_its_contracts(self) -> CoordinatorSettings:
-        needed = {"chain_token": self.chain_token, "chain_stake_registry": self.chain_stake_registry,
-                  "chain_distributor": self.chain_distributor, "chain_keystore": self.chain_keystore}  # fmt: skip
+        needed = {
+            "chain_token": self.chain_token,
+            "chain_stake_registry": self.chain_stake_registry,
+            "chain_distributor": self.chain_distributor,
+            "chain_keystore": self.chain_keystore,
+        }
         missing = [f"INTELLECT_{name.upper()}" for name, value in needed.items() if value is None]
         if self.chain_rpc_url and missing:
             raise ValueError(f"settlement (chain_rpc_url) also needs {', '.join(missing)}")

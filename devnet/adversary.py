@@ -42,7 +42,9 @@ def forge(task: TaskSpec) -> bytes:
     rollouts = read_rollouts(finish(generate(task)).data)
     rng = random.Random(task.seed)
     for r in rollouts:
-        prove_with(model, tokenizer.eos_token_id, r, [rng.randrange(3, tokenizer.vocab_size) for _ in range(task.sampling.max_tokens)])
+        prove_with(
+            model, tokenizer.eos_token_id, r, [rng.randrange(3, tokenizer.vocab_size) for _ in range(task.sampling.max_tokens)]
+        )
     return write_rollouts(rollouts)
 
 

@@ -37,7 +37,9 @@ def start_anvil(log_path: Path, block_time_s: float | None = None) -> Process:
         if process.popen.poll() is not None:
             raise StartError(f"anvil exited with code {process.popen.returncode}:\n{process.tail()}")
         try:
-            if httpx.post(process.url, json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=2).is_success:
+            if httpx.post(
+                process.url, json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=2
+            ).is_success:
                 return process
         except httpx.HTTPError:
             pass

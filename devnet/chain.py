@@ -45,11 +45,16 @@ class DevChain:
     def coordinator_env(self) -> dict[str, str]:
         s = self.settlement
         return {
-            "INTELLECT_CHAIN_RPC_URL": str(self.anvil.url), "INTELLECT_CHAIN_TOKEN": s.token.address,
-            "INTELLECT_CHAIN_STAKE_REGISTRY": s.registry.address, "INTELLECT_CHAIN_DISTRIBUTOR": s.distributor.address,
-            "INTELLECT_CHAIN_KEYSTORE": str(self.keystore), "INTELLECT_CHAIN_PASSWORD": self.password,
-            "INTELLECT_EPOCH_S": str(EPOCH_S), "INTELLECT_CHAIN_CUTOFF_LAG_S": "1", "INTELLECT_DISPUTE_WINDOW_S": str(DISPUTE_WINDOW_S),
-        }  # fmt: skip
+            "INTELLECT_CHAIN_RPC_URL": str(self.anvil.url),
+            "INTELLECT_CHAIN_TOKEN": s.token.address,
+            "INTELLECT_CHAIN_STAKE_REGISTRY": s.registry.address,
+            "INTELLECT_CHAIN_DISTRIBUTOR": s.distributor.address,
+            "INTELLECT_CHAIN_KEYSTORE": str(self.keystore),
+            "INTELLECT_CHAIN_PASSWORD": self.password,
+            "INTELLECT_EPOCH_S": str(EPOCH_S),
+            "INTELLECT_CHAIN_CUTOFF_LAG_S": "1",
+            "INTELLECT_DISPUTE_WINDOW_S": str(DISPUTE_WINDOW_S),
+        }
 
     def stake(self, wallet: Path, password: str) -> None:
         """Gas money and NODE_STAKE test tokens for the wallet's address, all of it staked."""
@@ -76,8 +81,17 @@ def start_chain(workdir: Path) -> DevChain:
         keystore = workdir / "wallets" / "chain-sender.json"
         keystore.parent.mkdir(parents=True, exist_ok=True)
         keystore.write_text(json.dumps(Account.encrypt(sender.key, password)))
-        (workdir / "chain.json").write_text(json.dumps({"rpc_url": anvil.url, "token": settlement.token.address,
-            "stake_registry": settlement.registry.address, "distributor": settlement.distributor.address}, indent=2))  # fmt: skip
+        (workdir / "chain.json").write_text(
+            json.dumps(
+                {
+                    "rpc_url": anvil.url,
+                    "token": settlement.token.address,
+                    "stake_registry": settlement.registry.address,
+                    "distributor": settlement.distributor.address,
+                },
+                indent=2,
+            )
+        )
     except BaseException:
         anvil.stop()
         raise

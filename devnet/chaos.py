@@ -24,7 +24,11 @@ from sqlalchemy import create_engine, func, select
 from devnet.network import Network
 from devnet.processes import Process
 
-CHAOS_COORDINATOR_ENV = {"INTELLECT_VALIDATION_CLAIM_S": "10", "INTELLECT_TASK_LEASE_S": "20", "INTELLECT_MAX_VALIDATION_BACKLOG": "24"}
+CHAOS_COORDINATOR_ENV = {
+    "INTELLECT_VALIDATION_CLAIM_S": "10",
+    "INTELLECT_TASK_LEASE_S": "20",
+    "INTELLECT_MAX_VALIDATION_BACKLOG": "24",
+}
 """Short claims and leases, so work held by a killed role returns to the queue within seconds; a
 short validation backlog, so the drain at the end takes seconds whatever the machine's speed."""
 
@@ -326,7 +330,9 @@ def drain(net: Network, stall_s: float = 120) -> int:
             last, progress_at = now, time.monotonic()
         elif time.monotonic() - progress_at > stall_s:
             logs = "".join(f"\n{p.name} log:\n{p.tail()}" for p in net.validators())
-            raise TimeoutError(f"{now} of {backlog} submissions still pending, no verdict for {stall_s:.0f} s;{logs}{exited(net)}")
+            raise TimeoutError(
+                f"{now} of {backlog} submissions still pending, no verdict for {stall_s:.0f} s;{logs}{exited(net)}"
+            )
     return backlog
 
 
@@ -343,10 +349,14 @@ def audit(net: Network) -> Audit:
     with engine.connect() as connection:
         credits = [c for (c,) in connection.execute(select(ContributionEntry.id).where(ContributionEntry.kind == "credit"))]
         per_submission = connection.execute(
-            select(ContributionEntry.submission_id, func.count()).where(ContributionEntry.kind == "credit").group_by(ContributionEntry.submission_id)
+            select(ContributionEntry.submission_id, func.count())
+            .where(ContributionEntry.kind == "credit")
+            .group_by(ContributionEntry.submission_id)
         ).all()
         statuses = dict(connection.execute(select(Submission.id, Submission.status)).all())
-        entries = connection.execute(select(ContributionEntry.submission_id, ContributionEntry.kind, ContributionEntry.units)).all()
+        entries = connection.execute(
+            select(ContributionEntry.submission_id, ContributionEntry.kind, ContributionEntry.units)
+        ).all()
     engine.dispose()
 
     covered: dict[int, int] = {}

@@ -84,7 +84,9 @@ class Accuracy(threading.Thread):
 @app.command()
 def main(
     nodes: Annotated[int, typer.Option(min=1, max=32, help="Nodes to start, each with a fresh wallet.")] = 2,
-    steps: Annotated[int, typer.Option(min=0, help="Stop after the trainer publishes this policy step; 0 runs until Ctrl-C.")] = 5,
+    steps: Annotated[
+        int, typer.Option(min=0, help="Stop after the trainer publishes this policy step; 0 runs until Ctrl-C.")
+    ] = 5,
     workdir: Annotated[
         Path | None, typer.Option(help="Where logs, wallets, the ledger and the summary go; default: a new temp dir.")
     ] = None,
@@ -93,7 +95,9 @@ def main(
     ] = None,
     heartbeat_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between node heartbeats.")] = 2.0,
     validators: Annotated[int, typer.Option(min=1, max=8, help="Honest validators (two or more: nobody is trusted alone).")] = 2,
-    adversary: Annotated[bool, typer.Option("--adversary", help="Add a node that uploads forged rollouts, to watch it caught and banned.")] = False,
+    adversary: Annotated[
+        bool, typer.Option("--adversary", help="Add a node that uploads forged rollouts, to watch it caught and banned.")
+    ] = False,
     rogue_validator: Annotated[
         bool,
         typer.Option(
@@ -139,18 +143,34 @@ def main(
             settlement = start_chain(workdir)
             console.print(f"Chain: anvil at {settlement.anvil.url}, contracts in {workdir / 'chain.json'}")
         network = start_network(
-            workdir, nodes=nodes, validators=validators, database_url=database_url, run_options=RUN, steps=steps,
+            workdir,
+            nodes=nodes,
+            validators=validators,
+            database_url=database_url,
+            run_options=RUN,
+            steps=steps,
             coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
-            node_env={"INTELLECT_NODE_BACKEND": backend.value}, chain=settlement,
-        )  # fmt: skip
-        console.print(f"Leaderboard: [bold]{network.coordinator.url}/[/bold]  (API: /docs; admin token in {workdir / 'admin-token'})")
+            node_env={"INTELLECT_NODE_BACKEND": backend.value},
+            chain=settlement,
+        )
+        console.print(
+            f"Leaderboard: [bold]{network.coordinator.url}/[/bold]  (API: /docs; admin token in {workdir / 'admin-token'})"
+        )
         secret = {"INTELLECT_WALLET_PASSWORD": network.password}
         if adversary or rogue_validator:
             accomplice = network.start_adversary()
         if rogue_validator:
             wallet, rogue = network.staked_wallet("rogue-validator")
             network.grant(rogue, "validator")
-            command = [sys.executable, "-m", "devnet.rogue_validator", "--wallet", str(wallet), "--coordinator", network.coordinator.url]
+            command = [
+                sys.executable,
+                "-m",
+                "devnet.rogue_validator",
+                "--wallet",
+                str(wallet),
+                "--coordinator",
+                network.coordinator.url,
+            ]
             command += ["--accomplice", accomplice, "--state-dir", str(workdir / "state" / "rogue-validator")]
             network.processes.append(spawn("rogue-validator", command, workdir / "logs" / "rogue-validator.log", secret))  # type: ignore[arg-type]
         accuracy = Accuracy(network, stop)
@@ -175,7 +195,9 @@ def main(
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         console.print(f"Stopped. Logs, ledger and summary.json are in {workdir}")
         if "accuracy_before" in summary:
-            console.print(f"Held-out accuracy {summary['accuracy_before']:.2f} -> {summary['accuracy_after']:.2f} over {summary['policy_step']} policy steps.")
+            console.print(
+                f"Held-out accuracy {summary['accuracy_before']:.2f} -> {summary['accuracy_after']:.2f} over {summary['policy_step']} policy steps."
+            )
 
 
 def _interrupt(*_: object) -> None:
@@ -217,7 +239,9 @@ def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
             for p in network.processes:
                 # The trainer ends after its last step, the adversary once banned, the rogue validator once
                 # revoked; anything else ending is a failure.
-                if p.popen.poll() is not None and not (p.name in ("trainer", "adversary", "rogue-validator") and p.popen.returncode == 0):
+                if p.popen.poll() is not None and not (
+                    p.name in ("trainer", "adversary", "rogue-validator") and p.popen.returncode == 0
+                ):
                     raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
             progress = _progress(network)
             listing = httpx.get(f"{network.coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()
@@ -229,13 +253,22 @@ def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
             time.sleep(0.5)
 
 
-def _dashboard(network: Network, progress: dict, listing: dict, accuracy: dict[int, float], steps: int, work: dict | None) -> Group:
+def _dashboard(
+    network: Network, progress: dict, listing: dict, accuracy: dict[int, float], steps: int, work: dict | None
+) -> Group:
     latest = progress["steps"][-1] if progress["steps"] else {}
     subs = progress["submissions"]
-    measured = f"{accuracy[max(accuracy)]:.2f} at step {max(accuracy)} (from {accuracy[0]:.2f})" if 0 in accuracy else "measuring..."
+    measured = (
+        f"{accuracy[max(accuracy)]:.2f} at step {max(accuracy)} (from {accuracy[0]:.2f})" if 0 in accuracy else "measuring..."
+    )
     run = Table.grid(padding=(0, 2))
     run.add_row("policy step", f"{int(latest.get('step', 0))}" + (f" / {steps}" if steps else ""), "held-out accuracy", measured)
-    run.add_row("rollout files", f"{subs['accepted']} accepted, {subs['rejected']} rejected, {subs['expired']} expired", "validation backlog", str(subs["pending"]))
+    run.add_row(
+        "rollout files",
+        f"{subs['accepted']} accepted, {subs['rejected']} rejected, {subs['expired']} expired",
+        "validation backlog",
+        str(subs["pending"]),
+    )
     run.add_row("task reward (last step)", f"{latest.get('task_reward', 0):.3f}", "leaderboard", f"{network.coordinator.url}/")
     run.add_row("new work", work["message"] if work else "handed out", "", "")
     nodes = Table("node", "status", "activity", "tasks done", "tokens/s", "last reward", title="Nodes")
@@ -243,7 +276,9 @@ def _dashboard(network: Network, progress: dict, listing: dict, accuracy: dict[i
         beat = node.get("last_heartbeat") or {}
         metrics = beat.get("metrics", {})
         nodes.add_row(
-            node["address"], node["status"], beat.get("activity", "-"),
+            node["address"],
+            node["status"],
+            beat.get("activity", "-"),
             *(f"{metrics[k]:g}" if k in metrics else "-" for k in ("tasks_done", "tokens_per_s", "last_reward")),
-        )  # fmt: skip
+        )
     return Group(run, nodes)

@@ -76,7 +76,9 @@ class Network:
         wallet, _ = self.staked_wallet("adversary")
         command = [sys.executable, "-m", "devnet.adversary", "--wallet", str(wallet), "--coordinator", str(self.coordinator.url)]
         command += ["--state-dir", str(self.workdir / "state" / "adversary")]
-        self.processes.append(spawn("adversary", command, self.workdir / "logs" / "adversary.log", {"INTELLECT_WALLET_PASSWORD": self.password}))
+        self.processes.append(
+            spawn("adversary", command, self.workdir / "logs" / "adversary.log", {"INTELLECT_WALLET_PASSWORD": self.password})
+        )
         return wallet_address(wallet)
 
     def validators(self) -> list[Process]:

@@ -25,7 +25,9 @@ from shared.sampling import sample, sampling_scores, token_logprobs
 from shared.tasks import AssignedRow
 
 
-def continue_seeded(model: torch.nn.Module, prompt: list[int], prefix: list[int], seed: int, generated: Generated, eos: int) -> list[int]:
+def continue_seeded(
+    model: torch.nn.Module, prompt: list[int], prefix: list[int], seed: int, generated: Generated, eos: int
+) -> list[int]:
     """``prefix`` continued with the seeded sampler (position by position, as an honest node would)."""
     params = generated.task.sampling
     tokens = list(prefix)
@@ -48,11 +50,15 @@ def completion_of(model: torch.nn.Module, prompt: list[int], tokens: list[int], 
 
 def _reward(row: AssignedRow, tokens: list[int], generated: Generated) -> float:
     tokenizer = load_tokenizer(generated.task.model)
-    task_reward = environment_for(generated.task.environment).task_reward(tokenizer.decode(tokens, skip_special_tokens=True), row.problem)
+    task_reward = environment_for(generated.task.environment).task_reward(
+        tokenizer.decode(tokens, skip_special_tokens=True), row.problem
+    )
     return reward(task_reward, len(tokens), generated.budget)[0]
 
 
-def _near_ties(model: torch.nn.Module, prompt: list[int], tokens: list[int], seed: int, generated: Generated, slack: float) -> list[tuple[int, int]]:
+def _near_ties(
+    model: torch.nn.Module, prompt: list[int], tokens: list[int], seed: int, generated: Generated, slack: float
+) -> list[tuple[int, int]]:
     """(position, runner-up token) wherever the runner-up is within ``slack`` of the logit scale."""
     params = generated.task.sampling
     with torch.inference_mode():
@@ -76,7 +82,9 @@ def cherry_pick(
         best_tokens, best_reward = completion.tokens, _reward(row, completion.tokens, generated)
         start, attempts = 0, 0
         while attempts < tries:
-            ties = [(t, alt) for t, alt in _near_ties(model, row.prompt_tokens, best_tokens, row.seed, generated, slack) if t >= start]
+            ties = [
+                (t, alt) for t, alt in _near_ties(model, row.prompt_tokens, best_tokens, row.seed, generated, slack) if t >= start
+            ]
             improved = False
             for t, alt in ties:
                 attempts += 1
@@ -105,10 +113,17 @@ def shifted_logprobs(generated: Generated, shift: float, every_token: bool) -> b
     return finish(dataclasses.replace(generated, completions=completions)).data
 
 
-def resampled(generated: Generated, model: torch.nn.Module, eos: int, seed_offset: int = 0, temperature: float | None = None) -> bytes:
+def resampled(
+    generated: Generated, model: torch.nn.Module, eos: int, seed_offset: int = 0, temperature: float | None = None
+) -> bytes:
     """Rows sampled with seeds ``seed + seed_offset`` and/or another temperature, proven and scored honestly."""
     params = generated.task.sampling
-    other = dataclasses.replace(generated, task=generated.task.model_copy(update={"sampling": params.model_copy(update={"temperature": temperature or params.temperature})}))
+    other = dataclasses.replace(
+        generated,
+        task=generated.task.model_copy(
+            update={"sampling": params.model_copy(update={"temperature": temperature or params.temperature})}
+        ),
+    )
     completions = []
     for row in generated.rows:
         tokens = continue_seeded(model, row.prompt_tokens, [], row.seed + seed_offset, other, eos)

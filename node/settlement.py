@@ -17,6 +17,7 @@ from shared.settlement import EpochInfo, LedgerEntry, cumulative_amounts
 if TYPE_CHECKING:
     from shared.chain import PostedRoot, Settlement
 
+
 class SettlementUnavailable(Exception):
     """This deployment does not settle on a chain, or its chain cannot be reached."""
 
@@ -27,7 +28,9 @@ def settlement_of(api: CoordinatorClient, rpc_url: str | None) -> Settlement:
 
     info = api.chain_info()
     if not info.enabled or not (info.token and info.stake_registry and info.distributor):
-        raise SettlementUnavailable("this coordinator does not settle on a chain (it runs without --chain / INTELLECT_CHAIN_RPC_URL)")
+        raise SettlementUnavailable(
+            "this coordinator does not settle on a chain (it runs without --chain / INTELLECT_CHAIN_RPC_URL)"
+        )
     url = rpc_url or info.rpc_url
     if url is None:
         raise SettlementUnavailable("the coordinator advertises no RPC URL: pass --rpc")
@@ -40,7 +43,9 @@ def settlement_of(api: CoordinatorClient, rpc_url: str | None) -> Settlement:
     return Settlement.at(w3, info.token, info.stake_registry, info.distributor)
 
 
-def rebuild_roots(api: CoordinatorClient, epochs: list[EpochInfo], progress: Callable[[int], None] = lambda _: None) -> dict[int, bytes | None]:
+def rebuild_roots(
+    api: CoordinatorClient, epochs: list[EpochInfo], progress: Callable[[int], None] = lambda _: None
+) -> dict[int, bytes | None]:
     """Each epoch's root rebuilt from the public ledger (None: the ledger gives it no credit at all).
     Reads the ledger once, up to the newest epoch's last entry; ``progress`` gets the last id read."""
     last = max(e.last_entry_id for e in epochs)
@@ -62,7 +67,11 @@ def rebuild_roots(api: CoordinatorClient, epochs: list[EpochInfo], progress: Cal
 
 
 def audit_epochs(
-    epochs: list[int], posted: dict[int, PostedRoot], listed: dict[int, EpochInfo], rebuilt: dict[int, bytes | None], chain_latest: int
+    epochs: list[int],
+    posted: dict[int, PostedRoot],
+    listed: dict[int, EpochInfo],
+    rebuilt: dict[int, bytes | None],
+    chain_latest: int,
 ) -> list[tuple[int, str | None]]:
     """Each of ``epochs`` with what is wrong with it (None: nothing; "waiting ...": listed, not yet
     posted, and still postable). ``posted``: the chain's roots by epoch; ``listed``: the coordinator's;
@@ -75,14 +84,18 @@ def audit_epochs(
             continue
         if chain is None:
             late = n <= chain_latest  # epochs only increase on chain: this one can never be posted now
-            out.append((n, "listed without its transaction, and the chain has moved past it" if late else "waiting to be anchored"))
+            out.append(
+                (n, "listed without its transaction, and the chain has moved past it" if late else "waiting to be anchored")
+            )
             continue
         mine = rebuilt.get(n)
         problems = []
         if ours.tx_hash != chain.tx_hash:
             problems.append(f"the coordinator lists transaction {ours.tx_hash or 'none'}, the root came in {chain.tx_hash}")
         if chain.cutoff > chain.block_time:
-            problems.append(f"its cutoff {chain.cutoff} lies after the block that posted it ({chain.block_time}): credit still open to dispute was paid")
+            problems.append(
+                f"its cutoff {chain.cutoff} lies after the block that posted it ({chain.block_time}): credit still open to dispute was paid"
+            )
         if int(ours.cutoff.timestamp()) != chain.cutoff:
             problems.append(f"the coordinator's cutoff {int(ours.cutoff.timestamp())} is not the chain's {chain.cutoff}")
         if mine is None or mine != chain.root or ours.root != "0x" + chain.root.hex():

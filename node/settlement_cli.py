@@ -20,8 +20,12 @@ from shared.money import parse_tokens, tokens
 from shared.settlement import EpochInfo
 from shared.wallet import WalletError, load_wallet, read_password
 
-Wallet = Annotated[Path, typer.Option("--wallet", help="Keystore that pays the gas; its password from INTELLECT_WALLET_PASSWORD or a prompt.")]
-Rpc = Annotated[str | None, typer.Option(help="EVM JSON-RPC URL to use instead of the one the coordinator advertises.", callback=checked_url)]
+Wallet = Annotated[
+    Path, typer.Option("--wallet", help="Keystore that pays the gas; its password from INTELLECT_WALLET_PASSWORD or a prompt.")
+]
+Rpc = Annotated[
+    str | None, typer.Option(help="EVM JSON-RPC URL to use instead of the one the coordinator advertises.", callback=checked_url)
+]
 
 
 @contextmanager
@@ -70,7 +74,9 @@ def stake(
                 chain.transact(account, chain.token.functions.approve(chain.registry.address, value))
         with console.status(f"Staking {amount}…"):
             receipt = chain.transact(account, chain.registry.functions.stake(value))
-        console.print(f"Staked {amount}: {account.address} now stakes {tokens(chain.stake_of(account.address))} (tx {receipt['transactionHash'].to_0x_hex()}).")
+        console.print(
+            f"Staked {amount}: {account.address} now stakes {tokens(chain.stake_of(account.address))} (tx {receipt['transactionHash'].to_0x_hex()})."
+        )
 
 
 def unstake(
@@ -83,8 +89,6 @@ def unstake(
     """Start unbonding stake (it can still be slashed until the delay ends), or --withdraw it after."""
     import datetime as dt
 
-
-
     if (amount is None) == (not withdraw):
         raise fail("Give an amount to unstake, or --withdraw (not both).", 1)
     value = None if withdraw else _amount(amount or "")
@@ -93,7 +97,10 @@ def unstake(
         if value is None:
             waiting = registry.unbonding(account.address).call()
             if waiting == 0:
-                raise fail(f"Nothing to withdraw: {account.address} has no stake unbonding (start with `intellect-node unstake AMOUNT`).", 5)
+                raise fail(
+                    f"Nothing to withdraw: {account.address} has no stake unbonding (start with `intellect-node unstake AMOUNT`).",
+                    5,
+                )
             with console.status(f"Withdrawing {tokens(waiting)}…"):
                 chain.transact(account, registry.withdraw())
             console.print(f"Withdrew {tokens(waiting)} to {account.address}.")
@@ -104,7 +111,9 @@ def unstake(
         with console.status(f"Unstaking {amount}…"):
             chain.transact(account, registry.request_unstake(value))
         until = dt.datetime.fromtimestamp(registry.withdrawable_at(account.address).call(), dt.UTC)
-        console.print(f"{tokens(registry.unbonding(account.address).call())} unbonding; withdraw with --withdraw after {until:%Y-%m-%d %H:%M} UTC.")
+        console.print(
+            f"{tokens(registry.unbonding(account.address).call())} unbonding; withdraw with --withdraw after {until:%Y-%m-%d %H:%M} UTC."
+        )
 
 
 def claim(wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8000", rpc: Rpc = None) -> None:
@@ -123,18 +132,27 @@ def claim(wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8
         except Refused as e:
             if e.status != 404:
                 raise
-            console.print(f"Nothing to claim: {account.address} has no final credit in epoch {epoch} (credit is final after the dispute window).")
+            console.print(
+                f"Nothing to claim: {account.address} has no final credit in epoch {epoch} (credit is final after the dispute window)."
+            )
             return
         cumulative, proof = int(found.cumulative), [bytes.fromhex(p.removeprefix("0x")) for p in found.proof]
         if root_of(account.address, cumulative, proof) != chain.root_at(epoch):
-            raise fail(f"The coordinator's proof for epoch {epoch} does not reach the root on chain; run `intellect-node verify-epoch {epoch}`.", 6)
+            raise fail(
+                f"The coordinator's proof for epoch {epoch} does not reach the root on chain; run `intellect-node verify-epoch {epoch}`.",
+                6,
+            )
         already = chain.claimed(account.address)
         if cumulative <= already:
-            console.print(f"Nothing to claim: {tokens(already)} claimed already, {tokens(cumulative)} earned up to epoch {epoch}.")
+            console.print(
+                f"Nothing to claim: {tokens(already)} claimed already, {tokens(cumulative)} earned up to epoch {epoch}."
+            )
             return
         with console.status(f"Claiming {tokens(cumulative - already)} (epoch {epoch})…"):
             receipt = chain.transact(account, chain.distributor.functions.claim(account.address, cumulative, proof))
-        console.print(f"Claimed {tokens(cumulative - already)} for {account.address} (tx {receipt['transactionHash'].to_0x_hex()}).")
+        console.print(
+            f"Claimed {tokens(cumulative - already)} for {account.address} (tx {receipt['transactionHash'].to_0x_hex()})."
+        )
 
 
 def verify_epoch(
@@ -158,7 +176,9 @@ def verify_epoch(
                 if found is not None:
                     listed[n] = found
         if not wanted or not any(n in posted or n in listed for n in wanted):
-            console.print("No epoch anchored yet: nothing to verify." if epoch is None else f"Epoch {epoch} is neither on chain nor listed.")
+            console.print(
+                "No epoch anchored yet: nothing to verify." if epoch is None else f"Epoch {epoch} is neither on chain nor listed."
+            )
             if epoch is None:
                 return
             raise typer.Exit(6)
@@ -169,7 +189,9 @@ def verify_epoch(
         findings = audit_epochs(wanted, posted, {n: listed[n] for n in wanted if n in listed}, rebuilt, chain.latest_epoch())
         for n, problem in findings:
             if problem is None:
-                console.print(f"[green]✓[/green] epoch {n}: {listed[n].root} ({listed[n].addresses} addresses) matches the chain and the ledger.")
+                console.print(
+                    f"[green]✓[/green] epoch {n}: {listed[n].root} ({listed[n].addresses} addresses) matches the chain and the ledger."
+                )
             elif problem.startswith("waiting"):
                 console.print(f"[yellow]…[/yellow] epoch {n}: {problem}")
             else:

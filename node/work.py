@@ -38,7 +38,9 @@ class TaskResult:
     generate_s: float
 
 
-def backend_for(model: str, kind: BackendKind = "torch", dtype: Dtype = "float32") -> tuple[InferenceBackend, PreTrainedTokenizerBase]:
+def backend_for(
+    model: str, kind: BackendKind = "torch", dtype: Dtype = "float32"
+) -> tuple[InferenceBackend, PreTrainedTokenizerBase]:
     """A backend generating with ``model`` (loading is the expensive part) and its tokenizer."""
     if kind == "vllm":
         from node.inference.vllm_backend import engine_for

@@ -55,9 +55,15 @@ class Heartbeats(threading.Thread):
     """Sends heartbeats every interval; records a fatal error and sets ``stop`` when one occurs."""
 
     def __init__(
-        self, client: NodeClient, session: NodeSession, state_dir: Path, console: Console, stop: threading.Event,
-        interval: float, reregister,  # type: ignore[no-untyped-def]
-    ) -> None:  # fmt: skip
+        self,
+        client: NodeClient,
+        session: NodeSession,
+        state_dir: Path,
+        console: Console,
+        stop: threading.Event,
+        interval: float,
+        reregister,  # type: ignore[no-untyped-def]
+    ) -> None:
         super().__init__(name="heartbeats", daemon=True)
         self.client, self.session, self.state_dir, self.console, self.stop = client, session, state_dir, console, stop
         self.interval = interval
@@ -108,9 +114,7 @@ def join(
     stop: threading.Event,
 ) -> None:
     """Run until ``stop`` is set; raises :class:`NodeError` for what retrying cannot fix."""
-    client = NodeClient(
-        coordinator, account, settings, on_retry=lambda m: console.print(f"[yellow]{m}[/yellow]"), stop=stop
-    )
+    client = NodeClient(coordinator, account, settings, on_retry=lambda m: console.print(f"[yellow]{m}[/yellow]"), stop=stop)
     state_dir = settings.state_dir / account.address.lower()
     beats: Heartbeats | None = None
     try:
@@ -132,9 +136,14 @@ def join(
             session = _register(client, status.audience, state_dir, console, operator)
 
         beats = Heartbeats(
-            client, session, state_dir, console, stop, status.heartbeat_interval_s,
+            client,
+            session,
+            state_dir,
+            console,
+            stop,
+            status.heartbeat_interval_s,
             lambda: _register(client, status.audience, state_dir, console, operator),
-        )  # fmt: skip
+        )
         weights = Weights(client.api, state_dir / "weights", console)
         beats.weights = weights
         beats.start()
@@ -145,9 +154,17 @@ def join(
             with _live_progress(console) as on_done:
                 while not stop.is_set():
                     work_loop(
-                        client, console, stop, beats, status.heartbeat_interval_s,
-                        on_done=on_done, backend=settings.backend, dtype=settings.dtype, finishers=finishers, weights=weights,
-                    )  # fmt: skip
+                        client,
+                        console,
+                        stop,
+                        beats,
+                        status.heartbeat_interval_s,
+                        on_done=on_done,
+                        backend=settings.backend,
+                        dtype=settings.dtype,
+                        finishers=finishers,
+                        weights=weights,
+                    )
         finally:
             stop_finishers(finishers)
     except Stopped:
@@ -328,9 +345,7 @@ def _live_progress(console: Console) -> Iterator[Callable[[TaskResult], None]]:
         yield on_done
 
 
-def _register(
-    client: NodeClient, audience: str, state_dir: Path, console: Console, operator: OperatorLink | None
-) -> NodeSession:
+def _register(client: NodeClient, audience: str, state_dir: Path, console: Console, operator: OperatorLink | None) -> NodeSession:
     specs = probe(state_dir)
     reply = client.register(specs, operator)
     session = NodeSession(

@@ -45,9 +45,20 @@ def contract(w3: Web3, name: str, address: str) -> Contract:
     return w3.eth.contract(address=Web3.to_checksum_address(address), abi=artifact(name)["abi"])
 
 
-def send(w3: Web3, sender: LocalAccount, build: Callable[[dict[str, Any]], dict[str, Any]], *, confirmations: int = 1, timeout_s: float = 120.0) -> Any:
+def send(
+    w3: Web3,
+    sender: LocalAccount,
+    build: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    confirmations: int = 1,
+    timeout_s: float = 120.0,
+) -> Any:
     """Sign and send the transaction ``build(params)`` makes; return its receipt once ``confirmations`` blocks hold it."""
-    params: dict[str, Any] = {"from": sender.address, "nonce": w3.eth.get_transaction_count(sender.address, "pending"), "chainId": w3.eth.chain_id}
+    params: dict[str, Any] = {
+        "from": sender.address,
+        "nonce": w3.eth.get_transaction_count(sender.address, "pending"),
+        "chainId": w3.eth.chain_id,
+    }
     balance = w3.eth.get_balance(sender.address)
     if balance == 0:  # RPC nodes refuse even to estimate the gas of a sender that cannot pay any fee
         raise ChainError(f"insufficient gas: {sender.address} holds no ETH to pay the transaction fee")
@@ -60,7 +71,9 @@ def send(w3: Web3, sender: LocalAccount, build: Callable[[dict[str, Any]], dict[
         raise ChainError(reason) from e
     fee = tx["gas"] * tx.get("maxFeePerGas", tx.get("gasPrice", 0))
     if balance < fee:
-        raise ChainError(f"insufficient gas: {sender.address} holds {Web3.from_wei(balance, 'ether')} ETH, the transaction may cost up to {Web3.from_wei(fee, 'ether')}")
+        raise ChainError(
+            f"insufficient gas: {sender.address} holds {Web3.from_wei(balance, 'ether')} ETH, the transaction may cost up to {Web3.from_wei(fee, 'ether')}"
+        )
     try:
         tx_hash = w3.eth.send_raw_transaction(sender.sign_transaction(tx).raw_transaction)
         receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=timeout_s, poll_latency=0.2)
@@ -73,7 +86,9 @@ def send(w3: Web3, sender: LocalAccount, build: Callable[[dict[str, Any]], dict[
     deadline = time.monotonic() + timeout_s
     while w3.eth.block_number < receipt["blockNumber"] + confirmations - 1:
         if time.monotonic() > deadline:
-            raise ChainError(f"transaction {tx_hash.to_0x_hex()} mined but not {confirmations} blocks deep within {timeout_s:.0f} s")
+            raise ChainError(
+                f"transaction {tx_hash.to_0x_hex()} mined but not {confirmations} blocks deep within {timeout_s:.0f} s"
+            )
         time.sleep(0.5)
     return receipt
 
@@ -115,7 +130,12 @@ class Settlement:
 
     @classmethod
     def at(cls, w3: Web3, token: str, registry: str, distributor: str) -> Settlement:
-        return cls(w3, contract(w3, "RewardToken", token), contract(w3, "StakeRegistry", registry), contract(w3, "CreditDistributor", distributor))
+        return cls(
+            w3,
+            contract(w3, "RewardToken", token),
+            contract(w3, "StakeRegistry", registry),
+            contract(w3, "CreditDistributor", distributor),
+        )
 
     @classmethod
     def deploy(cls, w3: Web3, admin: LocalAccount, *, unbonding_s: int, reward_supply: int) -> Settlement:
@@ -157,7 +177,10 @@ class Settlement:
         for event in self.distributor.events.RootPosted.get_logs(from_block=from_block):
             block = self.w3.eth.get_block(event["blockNumber"])
             out[int(event["args"]["epoch"])] = PostedRoot(
-                bytes(event["args"]["root"]), int(event["args"]["cutoff"]), event["transactionHash"].to_0x_hex(), int(block["timestamp"])
+                bytes(event["args"]["root"]),
+                int(event["args"]["cutoff"]),
+                event["transactionHash"].to_0x_hex(),
+                int(block["timestamp"]),
             )
         return out
 

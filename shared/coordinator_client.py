@@ -263,13 +263,20 @@ class CoordinatorClient:
             if self.stop.is_set():
                 raise Stopped(f"stopped before {method} {path} was answered")
             try:
-                reply = self.http.request(method, path, content=content, params=params, headers=headers, auth=auth, timeout=timeout)
+                reply = self.http.request(
+                    method, path, content=content, params=params, headers=headers, auth=auth, timeout=timeout
+                )
             except httpx.TransportError as e:
-                problem, retry_after = f"cannot reach the coordinator at {self.base_url} ({type(e).__name__}: {e or 'no detail'})", None
+                problem, retry_after = (
+                    f"cannot reach the coordinator at {self.base_url} ({type(e).__name__}: {e or 'no detail'})",
+                    None,
+                )
                 self.unreachable_since = self.unreachable_since or time.monotonic()
             else:
                 if self.unreachable_since is not None:
-                    self.on_retry(f"The coordinator at {self.base_url} answers again (after {time.monotonic() - self.unreachable_since:.0f} s).")
+                    self.on_retry(
+                        f"The coordinator at {self.base_url} answers again (after {time.monotonic() - self.unreachable_since:.0f} s)."
+                    )
                     self.unreachable_since = None
                 if reply.status_code < 400:
                     return reply

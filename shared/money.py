@@ -61,7 +61,9 @@ def parse_decimal(text: str, decimals: int, *, allow_zero: bool = False) -> int:
     if not exact.is_finite() or exact.adjusted() >= _MOST_DIGITS:
         raise ValueError(f"{text!r} is not an amount this network can hold")
     if exact < 0 or exact != exact.to_integral_value() or (exact == 0 and not allow_zero):
-        raise ValueError(f"{text!r}: give a {'non-negative' if allow_zero else 'positive'} amount with at most {decimals} decimals")
+        raise ValueError(
+            f"{text!r}: give a {'non-negative' if allow_zero else 'positive'} amount with at most {decimals} decimals"
+        )
     return int(exact)
 
 

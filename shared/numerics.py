@@ -82,10 +82,16 @@ class Tolerance:
 
 TOLERANCES = {
     # 50x the fp32 disagreement measured; a declared fp32 node has almost no room.
-    "float32": Tolerance(max_gap=1e-3, flip_scale=1e-5, logprob_abs=0.005, logprob_rel=0.01, logprob_bias=1e-3, nucleus_mass=1e-4, outliers=0),
+    "float32": Tolerance(
+        max_gap=1e-3, flip_scale=1e-5, logprob_abs=0.005, logprob_rel=0.01, logprob_bias=1e-3, nucleus_mass=1e-4, outliers=0
+    ),
     # About 2x the largest bf16 disagreement measured, per quantity (the per-token logprob bound
     # only stops gross lies such as one token 89 nats off; the bias bounds catch systematic shifts).
-    "bfloat16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02, outliers=1),
+    "bfloat16": Tolerance(
+        max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02, outliers=1
+    ),
     # fp16 keeps 3 more mantissa bits than bf16: bf16's tolerance covers it.
-    "float16": Tolerance(max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02, outliers=1),
+    "float16": Tolerance(
+        max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02, outliers=1
+    ),
 }

@@ -83,7 +83,9 @@ class ReadLimits:
     @classmethod
     def for_task(cls, rows: int, max_tokens: int) -> ReadLimits:
         """Exactly ``rows`` rows of completions of at most ``max_tokens``: the tightest bound for one task's file."""
-        return cls(max_rows=rows, max_tokens=max_tokens, max_decoded_bytes=min(cls.max_decoded_bytes, worst_case_bytes(rows, max_tokens)))
+        return cls(
+            max_rows=rows, max_tokens=max_tokens, max_decoded_bytes=min(cls.max_decoded_bytes, worst_case_bytes(rows, max_tokens))
+        )
 
 
 def worst_case_bytes(rows: int, max_tokens: int) -> int:

@@ -89,9 +89,18 @@ class RunCreate(RunSettings):
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"name": "arith-1", "environment": "arithmetic", "samples_per_prompt": 8,
-                                         "sampling": {"temperature": 1.0, "max_tokens": 64}, "async_level": 2}]},
-    )  # fmt: skip
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "arith-1",
+                    "environment": "arithmetic",
+                    "samples_per_prompt": 8,
+                    "sampling": {"temperature": 1.0, "max_tokens": 64},
+                    "async_level": 2,
+                }
+            ]
+        },
+    )
 
     name: str = Field(min_length=1, max_length=128)
     """Unique name."""
@@ -111,7 +120,9 @@ class RunProgress(BaseModel):
 class EvaluationRequest(BaseModel):
     """An operator's evaluation of one policy step, e.g. held-out accuracy measured off the network."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"step": 3, "metrics": {"heldout_accuracy": 0.71}}]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"step": 3, "metrics": {"heldout_accuracy": 0.71}}]}
+    )
 
     step: int = Field(ge=0, le=INT32_MAX)
     metrics: dict[Annotated[str, Field(max_length=64)], Finite] = Field(max_length=64)

@@ -126,7 +126,9 @@ def listen(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise OSError(e.errno, f"Port {port} on {host} is in use (another coordinator?): stop it, or choose another with --port.") from None
+            raise OSError(
+                e.errno, f"Port {port} on {host} is in use (another coordinator?): stop it, or choose another with --port."
+            ) from None
         raise OSError(e.errno, f"Cannot listen on {host}:{port}: {e.strerror}.") from None
     sock.listen(2048)
     sock.set_inheritable(True)

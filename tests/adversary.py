@@ -35,7 +35,9 @@ def other_model_tokens(rollouts: list[Rollout], task: TaskSpec) -> None:
     for r in rollouts:
         ids = torch.tensor([r.prompt_tokens])
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=task.sampling.max_tokens, do_sample=False)
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=task.sampling.max_tokens, do_sample=False
+            )
         prove_with_real_model(r, out[0, len(r.prompt_tokens) :].tolist())
 
 

@@ -67,12 +67,20 @@ def make_run(served, **kw) -> str:  # type: ignore[no-untyped-def]
         return run.id
 
 
-def verdict_body(audience: str, validator: LocalAccount, claim: dict[str, Any], checks: list[dict[str, Any]], untrained_rows: list[int] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+def verdict_body(
+    audience: str, validator: LocalAccount, claim: dict[str, Any], checks: list[dict[str, Any]], untrained_rows: list[int] = ()
+) -> dict[str, Any]:  # type: ignore[assignment]
     """A verdict on a claimed submission, signed over its file and checks as a validator must."""
     rows = list(untrained_rows)
     outcomes = [CheckOutcome.model_validate(c) for c in checks]
     signature = sign_verdict(validator, audience, claim["submission_id"], claim["sha256"], outcomes, rows)
-    return {"address": validator.address, "submission_id": claim["submission_id"], "checks": checks, "untrained_rows": rows, "signature": signature}
+    return {
+        "address": validator.address,
+        "submission_id": claim["submission_id"],
+        "checks": checks,
+        "untrained_rows": rows,
+        "signature": signature,
+    }
 
 
 def expire_assignments(served, submission_id: str) -> None:  # type: ignore[no-untyped-def]
@@ -83,7 +91,9 @@ def expire_assignments(served, submission_id: str) -> None:  # type: ignore[no-u
 
     with make_sessionmaker(served.engine).begin() as session:
         session.execute(
-            update(Review).where(Review.submission_id == submission_id, Review.outcome.is_(None)).values(expires_at=datetime(2000, 1, 1, tzinfo=UTC))
+            update(Review)
+            .where(Review.submission_id == submission_id, Review.outcome.is_(None))
+            .values(expires_at=datetime(2000, 1, 1, tzinfo=UTC))
         )
 
 

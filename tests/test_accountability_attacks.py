@@ -57,9 +57,18 @@ def test_a_node_cannot_link_itself_to_a_validator_it_does_not_control(sqlite_url
         before = without_nonces(served.snapshot())
         lies = [
             {"operator_address": honest.address},  # the node's word alone
-            {"operator_address": honest.address, "operator_signature": sign_link(forger, served.audience, forger.address)},  # signed by itself
-            {"operator_address": honest.address, "operator_signature": sign_link(honest, "another-deployment", forger.address)},  # replayed
-            {"operator_address": honest.address, "operator_signature": sign_link(honest, served.audience, Account.create().address)},  # another node's
+            {
+                "operator_address": honest.address,
+                "operator_signature": sign_link(forger, served.audience, forger.address),
+            },  # signed by itself
+            {
+                "operator_address": honest.address,
+                "operator_signature": sign_link(honest, "another-deployment", forger.address),
+            },  # replayed
+            {
+                "operator_address": honest.address,
+                "operator_signature": sign_link(honest, served.audience, Account.create().address),
+            },  # another node's
             {"operator_address": honest.address, "operator_signature": "0x" + "ab" * 65},  # malformed
         ]
         for lie in lies:
@@ -70,14 +79,22 @@ def test_a_node_cannot_link_itself_to_a_validator_it_does_not_control(sqlite_url
         # The operator's own signature, made with its wallet by the CLI, makes the link; then it counts.
         wallet = tmp_path / "operator.json"
         wallet.write_text(json.dumps(Account.encrypt(honest.key, "pw")))
-        made = CliRunner().invoke(node_cli, ["link-operator", "--node", forger.address, "--wallet", str(wallet), "--coordinator", served.url],
-                                  env={"INTELLECT_WALLET_PASSWORD": "pw"})  # fmt: skip
+        made = CliRunner().invoke(
+            node_cli,
+            ["link-operator", "--node", forger.address, "--wallet", str(wallet), "--coordinator", served.url],
+            env={"INTELLECT_WALLET_PASSWORD": "pw"},
+        )
         assert made.exit_code == 0, made.output
         signature = made.output.split("--operator-signature ")[1].split()[0]
-        unsigned = CliRunner().invoke(node_cli, ["join", "--wallet", str(wallet), "--operator", honest.address, "--coordinator", served.url])
+        unsigned = CliRunner().invoke(
+            node_cli, ["join", "--wallet", str(wallet), "--operator", honest.address, "--coordinator", served.url]
+        )
         assert unsigned.exit_code == 2 and "go together" in unsigned.output, unsigned.output
         signed = {"operator_address": honest.address, "operator_signature": signature}
-        assert signed_post(served.url, "/v1/nodes/register", forger, served.audience, register_body(forger, **signed)).status_code == 200
+        assert (
+            signed_post(served.url, "/v1/nodes/register", forger, served.audience, register_body(forger, **signed)).status_code
+            == 200
+        )
         with make_sessionmaker(served.engine)() as session:
             assert forger.address in committee.linked(session, honest.address, served.settings)
 
@@ -108,7 +125,9 @@ def test_a_split_on_a_thin_committee_is_held_and_the_forger_is_struck_once_a_thi
             r = receipt(served, sid)
             assert r.status == "pending" and r.held and "no independent third validator" in (r.reason or ""), r.reason
             assert r.credit == 0
-        assert validator_strikes(served) == {} and strikes_of(served, forger.address) == 0  # neither side struck on a thin committee
+        assert (
+            validator_strikes(served) == {} and strikes_of(served, forger.address) == 0
+        )  # neither side struck on a thin committee
         # Held files are not a backlog the run waits for, but the forger gets no more work meanwhile.
         wait = signed_post(served.url, "/v1/tasks/lease", forger, served.audience, {"address": forger.address})
         assert wait.status_code == 204 and wait.headers["x-intellect-wait"] == "held", wait.headers
@@ -126,7 +145,9 @@ def test_a_split_on_a_thin_committee_is_held_and_the_forger_is_struck_once_a_thi
 
         grant(served, token, third.address, "validator")
         broken: list[str] = []
-        while batch := judge_all(served, third, lambda c: "hard" if c["submission_id"] in held else "accept"):  # a scan of two: two at a time
+        while batch := judge_all(
+            served, third, lambda c: "hard" if c["submission_id"] in held else "accept"
+        ):  # a scan of two: two at a time
             broken += batch
         # Besides the ties, perhaps the honest file: if the rogue alone had accepted it, its strikes
         # here withhold that acceptance for an audit (the trainer had not read it).
@@ -169,8 +190,12 @@ def test_reviews_and_appeals_nobody_can_judge_never_delay_honest_validation(
         assert receipt(served, fine).status == "accepted"
 
 
-def test_a_caught_validators_unread_approvals_are_withheld_and_what_was_trained_is_counted(sqlite_url: str, tmp_path: Path) -> None:
-    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", validator_live_s=1, validator_max_strikes=3, **FAST)
+def test_a_caught_validators_unread_approvals_are_withheld_and_what_was_trained_is_counted(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", validator_live_s=1, validator_max_strikes=3, **FAST
+    )
     with serve(settings) as served:
         run_id = make_run_with(served, NEW_VALIDATORS_TRUSTED)
         token = admin_token(served)
@@ -212,7 +237,9 @@ def test_a_caught_validators_unread_approvals_are_withheld_and_what_was_trained_
                 break
         assert all(receipt(served, sid).status == "rejected" for sid in waved)
         rows = sum(receipt(served, sid).trained_rows or 0 for sid in trained)
-        assert rows == 2 * 2 and all(receipt(served, sid).trained_rows == 0 for sid in unread)  # 2 files x 2 rows; none of the withheld
+        assert rows == 2 * 2 and all(
+            receipt(served, sid).trained_rows == 0 for sid in unread
+        )  # 2 files x 2 rows; none of the withheld
         standing = {s["address"]: s for s in httpx.get(f"{served.url}/v1/public/validators").json()}
         assert not standing[rogue.address]["active"] and standing[rogue.address]["rows_trained_then_rejected"] == rows
         assert standing[first.address]["rows_trained_then_rejected"] == 0
@@ -222,8 +249,6 @@ def test_a_caught_validators_unread_approvals_are_withheld_and_what_was_trained_
 
 def make_run_with(served: Served, audit: AuditPolicy) -> str:
     return make_run(served, sampling=SamplingParams(max_tokens=4), prompts=1, samples=2, audit=audit)
-
-
 
 
 def _declare_upload(served: Served, headers: dict[str, str], task_id: str) -> int:

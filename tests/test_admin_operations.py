@@ -50,7 +50,14 @@ EXPECTED_SCOPE = {
     ("GET", "/v1/admin/ledger"): "read",
     ("GET", "/v1/admin/audit"): "read",
 }
-PARAMS = {"address": ADDRESS, "run_id": "run-x", "task_id": "task-x", "submission_id": "sub-x", "role": "relay", "token_id": "999"}
+PARAMS = {
+    "address": ADDRESS,
+    "run_id": "run-x",
+    "task_id": "task-x",
+    "submission_id": "sub-x",
+    "role": "relay",
+    "token_id": "999",
+}
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -67,7 +74,9 @@ def test_every_admin_endpoint_checks_its_token_and_records_nothing_when_refused(
     assert routes == set(EXPECTED_SCOPE), "a new admin endpoint needs its scope in this table"
 
     tokens = {scope: admin_token(coordinator, scope) for scope in ("read", "operate", "admin")}
-    revoked = httpx.post(f"{coordinator.url}/v1/admin/tokens", json={"name": "old", "scope": "admin"}, headers=bearer(tokens["admin"]))
+    revoked = httpx.post(
+        f"{coordinator.url}/v1/admin/tokens", json={"name": "old", "scope": "admin"}, headers=bearer(tokens["admin"])
+    )
     assert revoked.status_code == 201
     gone = httpx.delete(f"{coordinator.url}/v1/admin/tokens/{revoked.json()['id']}", headers=bearer(tokens["admin"]))
     assert gone.status_code == 200 and gone.json()["revoked_at"] is not None
@@ -88,12 +97,20 @@ def test_every_admin_endpoint_checks_its_token_and_records_nothing_when_refused(
 
 
 def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None:
-    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000)
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+    )
     with serve(settings) as served:
         ops = bearer(admin_token(served, "operate"))
         runs = f"{served.url}/v1/admin/runs"
-        body = {"name": "arith", "environment": "arithmetic", "prompts_per_task": 2, "samples_per_prompt": 2,
-                "sampling": {"temperature": 1.0, "max_tokens": 8}, "dispute_window_s": 60}  # fmt: skip
+        body = {
+            "name": "arith",
+            "environment": "arithmetic",
+            "prompts_per_task": 2,
+            "samples_per_prompt": 2,
+            "sampling": {"temperature": 1.0, "max_tokens": 8},
+            "dispute_window_s": 60,
+        }
         created = httpx.post(runs, json=body, headers=ops)
         assert created.status_code == 201, created.text
         run = created.json()
@@ -143,14 +160,19 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
 
         actions = [(e["action"], e["target"], e["token_name"]) for e in audit(served, ops["authorization"][7:])]
         assert actions == [
-            ("runs.evaluate", run["id"], "test-operate"), ("tasks.requeue", new_task["task_id"], "test-operate"),
-            ("runs.resume", run["id"], "test-operate"), ("runs.pause", run["id"], "test-operate"),
-            ("runs.update", run["id"], "test-operate"), ("runs.create", "arith", "test-operate"),
-        ]  # fmt: skip
+            ("runs.evaluate", run["id"], "test-operate"),
+            ("tasks.requeue", new_task["task_id"], "test-operate"),
+            ("runs.resume", run["id"], "test-operate"),
+            ("runs.pause", run["id"], "test-operate"),
+            ("runs.update", run["id"], "test-operate"),
+            ("runs.create", "arith", "test-operate"),
+        ]
 
 
 def test_submissions_ledger_tokens_audit_and_leaderboard(sqlite_url: str, tmp_path: Path) -> None:
-    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000)
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+    )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(max_tokens=48))
         root = admin_token(served, "admin")
@@ -196,7 +218,9 @@ def test_submissions_ledger_tokens_audit_and_leaderboard(sqlite_url: str, tmp_pa
         made = httpx.post(f"{admin}/tokens", json={"name": "grafana", "scope": "read"}, headers=bearer(root)).json()
         assert made["scope"] == "read" and made["token"].startswith(f"ipa_{made['id']}_")
         assert httpx.get(f"{admin}/nodes", headers=bearer(made["token"])).status_code == 200
-        assert httpx.post(f"{admin}/tokens", json={"name": "x", "scope": "admin"}, headers=bearer(made["token"])).status_code == 403
+        assert (
+            httpx.post(f"{admin}/tokens", json={"name": "x", "scope": "admin"}, headers=bearer(made["token"])).status_code == 403
+        )
         listed = httpx.get(f"{admin}/tokens", headers=bearer(root)).json()
         assert {t["name"] for t in listed} >= {"grafana", "test-admin"} and all("token" not in t for t in listed)
         assert httpx.delete(f"{admin}/tokens/{made['id']}", headers=bearer(root)).status_code == 200
@@ -214,7 +238,9 @@ def test_submissions_ledger_tokens_audit_and_leaderboard(sqlite_url: str, tmp_pa
         assert [r["address"] for r in board] == [node.address, idle.address]
         top = board[0]
         assert (top["rank"], top["accepted"], top["rejected"], top["acceptance_rate"]) == (1, 1, 1, 0.5)
-        assert top["pending_credit"] == detail_credit(served, ids[1]) and top["accepted_tokens"] == accepted_tokens(served, ids[1])
+        assert top["pending_credit"] == detail_credit(served, ids[1]) and top["accepted_tokens"] == accepted_tokens(
+            served, ids[1]
+        )
         network = httpx.get(f"{served.url}/v1/public/network").json()
         assert (network["policy_step"], network["validation_backlog"], network["rejection_rate"]) == (0, 0, 0.5)
         assert network["rollouts_per_minute"] == 8 / 5 and network["run"]["id"] == run_id

@@ -58,10 +58,14 @@ def test_deeply_nested_json_is_refused_and_the_coordinator_stays_up(coordinator:
     signed = signed_post(coordinator.url, "/v1/nodes/heartbeat", node, coordinator.audience, nested(200_000))
     assert 400 <= signed.status_code < 500
     assert coordinator.snapshot() == before
-    assert signed_post(coordinator.url, "/v1/nodes/heartbeat", node, coordinator.audience, heartbeat_body(node)).status_code == 200
+    assert (
+        signed_post(coordinator.url, "/v1/nodes/heartbeat", node, coordinator.audience, heartbeat_body(node)).status_code == 200
+    )
 
 
-@pytest.mark.parametrize("media_type", ["Application/JSON", "application/merge-patch+json", "APPLICATION/JSON; charset=utf-8", ""])
+@pytest.mark.parametrize(
+    "media_type", ["Application/JSON", "application/merge-patch+json", "APPLICATION/JSON; charset=utf-8", ""]
+)
 def test_every_spelling_of_json_gets_the_json_guards(sqlite_url: str, tmp_path: Path, media_type: str) -> None:
     with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "b")) as served:
         node, other = joined(served), Account.create()
@@ -83,7 +87,9 @@ def test_a_nul_escape_split_between_two_body_parts_is_still_refused(coordinator:
     cut = raw.index(b"\\u0000") + 3  # the escape's first three bytes in one part, the rest in the next
     headers = sign_request(node, "POST", "/v1/nodes/heartbeat", "", raw, coordinator.audience)
     reply = httpx.post(
-        f"{coordinator.url}/v1/nodes/heartbeat", content=iter([raw[:cut], raw[cut:]]), headers={"content-type": "application/json", **headers}
+        f"{coordinator.url}/v1/nodes/heartbeat",
+        content=iter([raw[:cut], raw[cut:]]),
+        headers={"content-type": "application/json", **headers},
     )
     assert reply.status_code == 422 and reply.json()["code"] == "validation_error"
 
@@ -95,13 +101,22 @@ def test_times_outside_the_datetime_range_are_422(coordinator: Served, path: str
         for value in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"):
             reply = httpx.get(coordinator.url + path, params={field: value}, headers={"authorization": f"Bearer {token}"})
             assert reply.status_code == 422 and reply.json()["code"] == "validation_error", (field, value, reply.text)
-    assert httpx.get(coordinator.url + path, params={"since": "2026-01-01T00:00:00+14:00"}, headers={"authorization": f"Bearer {token}"}).status_code == 200
+    assert (
+        httpx.get(
+            coordinator.url + path, params={"since": "2026-01-01T00:00:00+14:00"}, headers={"authorization": f"Bearer {token}"}
+        ).status_code
+        == 200
+    )
 
 
 @pytest.fixture
 def guarded(sqlite_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", header_timeout_s=1.0, max_connections_per_ip=6, max_header_bytes=8192
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        header_timeout_s=1.0,
+        max_connections_per_ip=6,
+        max_header_bytes=8192,
     )
     with serve(settings) as served:
         yield served
@@ -152,7 +167,9 @@ def token_bomb(task: dict, tokens: int) -> bytes:
     lengths = [tokens] + [len(c) for c in completions[1:]]
     values = np.concatenate([np.zeros(tokens, np.int32)] + [np.asarray(c, np.int32) for c in completions[1:]])
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    table = table.set_column(SCHEMA.get_field_index("completion_tokens"), "completion_tokens", pa.ListArray.from_arrays(offsets, values))
+    table = table.set_column(
+        SCHEMA.get_field_index("completion_tokens"), "completion_tokens", pa.ListArray.from_arrays(offsets, values)
+    )
     buffer = io.BytesIO()
     pq.write_table(table.cast(SCHEMA), buffer, compression="zstd")
     return buffer.getvalue()
@@ -172,7 +189,12 @@ def test_a_token_bomb_is_refused_at_once_without_stalling_other_nodes(coordinato
     def heartbeats() -> None:
         while not done.is_set():
             started = time.monotonic()
-            assert signed_post(coordinator.url, "/v1/nodes/heartbeat", other, coordinator.audience, heartbeat_body(other)).status_code == 200
+            assert (
+                signed_post(
+                    coordinator.url, "/v1/nodes/heartbeat", other, coordinator.audience, heartbeat_body(other)
+                ).status_code
+                == 200
+            )
             beats.append(time.monotonic() - started)
 
     beating = threading.Thread(target=heartbeats)
@@ -186,7 +208,9 @@ def test_a_token_bomb_is_refused_at_once_without_stalling_other_nodes(coordinato
     assert took < 1.0 and max(beats) < 1.0
     heartbeat_tables = ("nonces", "nodes", "node_status_events")  # the other node's heartbeats write these
     after = coordinator.snapshot()
-    assert {k: v for k, v in after.items() if k not in heartbeat_tables} == {k: v for k, v in before.items() if k not in heartbeat_tables}
+    assert {k: v for k, v in after.items() if k not in heartbeat_tables} == {
+        k: v for k, v in before.items() if k not in heartbeat_tables
+    }
     assert not any(coordinator.settings.blob_root.rglob("*.parquet"))
     assert upload(coordinator, node, task["task_id"], rollout_file(task)).status_code == 200  # the honest file still lands
 
@@ -208,21 +232,35 @@ def _verdict(served: Served, validator, claim: dict, failed: str) -> httpx.Respo
     checks, seen = [], False
     for name in CHECKS:
         seen = seen or name == failed
-        checks.append({"name": name, "passed": None if seen and name != failed else name != failed, "reason": f"{name} wrong" if name == failed else ""})
+        checks.append(
+            {
+                "name": name,
+                "passed": None if seen and name != failed else name != failed,
+                "reason": f"{name} wrong" if name == failed else "",
+            }
+        )
     body = verdict_body(served.audience, validator, claim, checks)
     return signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, body)
 
 
 def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(database_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
-        database_url=database_url, blob_dir=tmp_path / "b", rate_limit_per_s=1000, rate_limit_burst=1000,
-        soft_rejections_per_strike=3, max_leases_per_node=8,
-    )  # fmt: skip
+        database_url=database_url,
+        blob_dir=tmp_path / "b",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        soft_rejections_per_strike=3,
+        max_leases_per_node=8,
+    )
     with serve(settings) as served:
         run_id = make_run(served, prompts=1, samples=1)
         token = admin_token(served)
         validator = Account.create()
-        reply = httpx.post(f"{served.url}/v1/admin/roles", json={"address": validator.address, "role": "validator"}, headers={"authorization": f"Bearer {token}"})
+        reply = httpx.post(
+            f"{served.url}/v1/admin/roles",
+            json={"address": validator.address, "role": "validator"},
+            headers={"authorization": f"Bearer {token}"},
+        )
         assert reply.status_code == 201
         node = joined(served)
         sessions = make_sessionmaker(served.engine)
@@ -230,7 +268,9 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
         def submit_and_judge(failed: str) -> dict:
             task = lease(served, node).json()
             assert upload(served, node, task["task_id"], rollout_file(task)).status_code == 200
-            claims = signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
+            claims = signed_post(
+                served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}
+            ).json()
             reply = _verdict(served, validator, claims[0], failed)
             assert reply.status_code == 200, reply.text
             return reply.json()
@@ -241,7 +281,9 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
 
         # Work the network made stale before it was decided: expired, however often, by the coordinator.
         def claim() -> list[dict]:
-            return signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
+            return signed_post(
+                served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}
+            ).json()
 
         for i in range(4):
             task = lease(served, node).json()
@@ -254,7 +296,9 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
             else:  # not drawn at all: no validator spends a model pass on it
                 assert claim() == []
             receipt = httpx.get(f"{served.url}/v1/public/submissions/{reply.json()['submission_id']}").json()
-            assert receipt["status"] == "expired" and "fell out of the run's window" in receipt["reason"] and receipt["credit"] == 0
+            assert (
+                receipt["status"] == "expired" and "fell out of the run's window" in receipt["reason"] and receipt["credit"] == 0
+            )
         assert strikes() == 0
 
         assert [submit_and_judge("rewards")["status"] for _ in range(2)] == ["rejected", "rejected"]
@@ -270,19 +314,47 @@ def test_a_run_whose_tasks_could_never_be_submitted_is_refused(coordinator: Serv
     token = admin_token(coordinator, "operate")
     headers = {"authorization": f"Bearer {token}"}
     before = coordinator.snapshot()
-    reply = httpx.post(f"{coordinator.url}/v1/admin/runs", json={"name": "huge", "prompts_per_task": 1024, "samples_per_prompt": 256}, headers=headers)
-    assert reply.status_code == 422 and "1024 prompts x 256 samples" in reply.json()["message"] and "at most 4096" in reply.json()["message"]
-    assert {k: v for k, v in coordinator.snapshot().items() if k != "audit_log"} == {k: v for k, v in before.items() if k != "audit_log"}
+    reply = httpx.post(
+        f"{coordinator.url}/v1/admin/runs",
+        json={"name": "huge", "prompts_per_task": 1024, "samples_per_prompt": 256},
+        headers=headers,
+    )
+    assert (
+        reply.status_code == 422
+        and "1024 prompts x 256 samples" in reply.json()["message"]
+        and "at most 4096" in reply.json()["message"]
+    )
+    assert {k: v for k, v in coordinator.snapshot().items() if k != "audit_log"} == {
+        k: v for k, v in before.items() if k != "audit_log"
+    }
 
-    run = httpx.post(f"{coordinator.url}/v1/admin/runs", json={"name": "fine", "prompts_per_task": 8, "samples_per_prompt": 8}, headers=headers)
+    run = httpx.post(
+        f"{coordinator.url}/v1/admin/runs", json={"name": "fine", "prompts_per_task": 8, "samples_per_prompt": 8}, headers=headers
+    )
     assert run.status_code == 201
-    patch = httpx.patch(f"{coordinator.url}/v1/admin/runs/{run.json()['id']}", json={"samples_per_prompt": 256, "prompts_per_task": 64}, headers=headers)
+    patch = httpx.patch(
+        f"{coordinator.url}/v1/admin/runs/{run.json()['id']}",
+        json={"samples_per_prompt": 256, "prompts_per_task": 64},
+        headers=headers,
+    )
     assert patch.status_code == 422
     assert httpx.get(f"{coordinator.url}/v1/admin/runs/{run.json()['id']}", headers=headers).json()["samples_per_prompt"] == 8
 
     cli = subprocess.run(
-        ["intellect-coordinator", "run", "create", "--name", "cli-huge", "--prompts-per-task", "1024", "--samples-per-prompt", "256",
-         "--database-url", coordinator.settings.database_url],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            "intellect-coordinator",
+            "run",
+            "create",
+            "--name",
+            "cli-huge",
+            "--prompts-per-task",
+            "1024",
+            "--samples-per-prompt",
+            "256",
+            "--database-url",
+            coordinator.settings.database_url,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 2 and "can never be submitted" in cli.stderr and "Traceback" not in cli.stderr

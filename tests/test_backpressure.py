@@ -35,19 +35,31 @@ from tests.test_tasks_and_uploads import lease, rollout_file, upload
 
 
 def _settings(database_url: str, tmp_path: Path, **overrides: object) -> CoordinatorSettings:
-    values: dict = {"database_url": database_url, "blob_dir": tmp_path / "b", "rate_limit_per_s": 1000, "rate_limit_burst": 1000, "max_leases_per_node": 8}
+    values: dict = {
+        "database_url": database_url,
+        "blob_dir": tmp_path / "b",
+        "rate_limit_per_s": 1000,
+        "rate_limit_burst": 1000,
+        "max_leases_per_node": 8,
+    }
     return CoordinatorSettings(**(values | overrides))
 
 
 def _grant(served: Served, role: str) -> Account:
     account = Account.create()
-    reply = httpx.post(f"{served.url}/v1/admin/roles", json={"address": account.address, "role": role}, headers={"authorization": f"Bearer {admin_token(served)}"})
+    reply = httpx.post(
+        f"{served.url}/v1/admin/roles",
+        json={"address": account.address, "role": role},
+        headers={"authorization": f"Bearer {admin_token(served)}"},
+    )
     assert reply.status_code == 201
     return account
 
 
 def _claim(served: Served, validator, limit: int = 1) -> list[dict]:  # type: ignore[no-untyped-def]
-    return signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": limit}).json()
+    return signed_post(
+        served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": limit}
+    ).json()
 
 
 def _wait(served: Served) -> dict | None:
@@ -78,7 +90,10 @@ def test_a_node_is_told_why_no_work_comes(database_url: str, tmp_path: Path) -> 
 
         # Paused by the operator: said so, to the node and on the public status.
         token = admin_token(served)
-        assert httpx.post(f"{served.url}/v1/admin/runs/{run_id}/pause", headers={"authorization": f"Bearer {token}"}).status_code == 200
+        assert (
+            httpx.post(f"{served.url}/v1/admin/runs/{run_id}/pause", headers={"authorization": f"Bearer {token}"}).status_code
+            == 200
+        )
         reply = lease(served, node)
         assert reply.status_code == 204 and reply.headers["x-intellect-wait"] == "paused"
         assert _wait(served) == {"reason": "paused", "message": "run r is paused by its operator", "retry_after_s": 30.0}
@@ -97,9 +112,15 @@ def test_no_trainer_reading_holds_new_work_back(database_url: str, tmp_path: Pat
 
         # A trainer reading everything accepted so far frees the way.
         trainer = _grant(served, "trainer")
-        read = httpx.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": 0}, auth=SignedAuth(trainer, served.audience)).json()
+        read = httpx.get(
+            f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": 0}, auth=SignedAuth(trainer, served.audience)
+        ).json()
         assert len(read) == 2
-        httpx.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": read[-1]["cursor"]}, auth=SignedAuth(trainer, served.audience))
+        httpx.get(
+            f"{served.url}/v1/trainer/rollouts",
+            params={"run": run_id, "after": read[-1]["cursor"]},
+            auth=SignedAuth(trainer, served.audience),
+        )
         assert lease(served, node).status_code == 200
 
 
@@ -114,15 +135,39 @@ def test_new_work_follows_the_measured_decision_rate_and_step_period(database_ur
         sessions = make_sessionmaker(served.engine)
         with sessions.begin() as session:
             session.add(Role(address=Account.create().address, role="validator", granted_by="t", granted_at=now, last_seen=now))
-            session.add_all(Task(id=f"t{i}", run_id=run_id, prompt_ids={"ids": []}, seed=i, policy_step=0, status="submitted", created_at=now) for i in range(65))
+            session.add_all(
+                Task(id=f"t{i}", run_id=run_id, prompt_ids={"ids": []}, seed=i, policy_step=0, status="submitted", created_at=now)
+                for i in range(65)
+            )
             session.flush()
             for i in range(65):
-                session.add(Submission(
-                    id=f"s{i}", task_id=f"t{i}", run_id=run_id, address="0x0", sha256="0", blob_key="k", rows=1, tokens=1,
-                    status="accepted", created_at=now, validated_at=now - timedelta(seconds=59 * (64 - i) / 64),
-                ))  # fmt: skip
+                session.add(
+                    Submission(
+                        id=f"s{i}",
+                        task_id=f"t{i}",
+                        run_id=run_id,
+                        address="0x0",
+                        sha256="0",
+                        blob_key="k",
+                        rows=1,
+                        tokens=1,
+                        status="accepted",
+                        created_at=now,
+                        validated_at=now - timedelta(seconds=59 * (64 - i) / 64),
+                    )
+                )
             for step in range(1, 6):
-                session.add(PolicyManifest(run_id=run_id, step=step, signer="0x0", digest="0", total_bytes=1, body="{}", created_at=now - timedelta(seconds=10 * (5 - step))))
+                session.add(
+                    PolicyManifest(
+                        run_id=run_id,
+                        step=step,
+                        signer="0x0",
+                        digest="0",
+                        total_bytes=1,
+                        body="{}",
+                        created_at=now - timedelta(seconds=10 * (5 - step)),
+                    )
+                )
             session.execute(update(Run).where(Run.id == run_id).values(policy_step=5, trainer_cursor=10**9))
         with sessions() as session:
             run = session.get_one(Run, run_id)
@@ -154,10 +199,15 @@ def test_a_claim_waits_for_work_to_arrive(coordinator: Served) -> None:
     task = lease(coordinator, node).json()
     threading.Timer(1.0, lambda: upload(coordinator, node, task["task_id"], rollout_file(task))).start()
     started = time.monotonic()
-    claims = signed_post(coordinator.url, "/v1/validation/claim", validator, coordinator.audience, {"address": validator.address, "limit": 1, "wait_s": 8}).json()
+    claims = signed_post(
+        coordinator.url,
+        "/v1/validation/claim",
+        validator,
+        coordinator.audience,
+        {"address": validator.address, "limit": 1, "wait_s": 8},
+    ).json()
     waited = time.monotonic() - started
     assert [c["task"]["task_id"] for c in claims] == [task["task_id"]] and 0.9 < waited < 8
-
 
 
 def test_a_trainer_waiting_for_accepted_work_is_answered_when_a_verdict_accepts_it(coordinator: Served) -> None:
@@ -170,7 +220,12 @@ def test_a_trainer_waiting_for_accepted_work_is_answered_when_a_verdict_accepts_
 
     def read(after: int, wait_s: float) -> tuple[httpx.Response, float]:
         started = time.monotonic()
-        reply = httpx.get(f"{coordinator.url}/v1/trainer/rollouts", params={"run": run_id, "after": after, "wait_s": wait_s}, auth=auth, timeout=30)
+        reply = httpx.get(
+            f"{coordinator.url}/v1/trainer/rollouts",
+            params={"run": run_id, "after": after, "wait_s": wait_s},
+            auth=auth,
+            timeout=30,
+        )
         return reply, time.monotonic() - started
 
     threading.Timer(1.0, lambda: _verdict(coordinator, validator, claim, "all")).start()
@@ -199,7 +254,11 @@ def test_a_node_waiting_for_the_trainer_asks_again_within_a_second(sqlite_url: s
         out, finishers, stop = io.StringIO(), finisher_pool(), threading.Event()
         done: list[float] = []
         # Its heartbeat interval is 60 s here; the coordinator says to ask again in a second.
-        worker = threading.Thread(target=lambda: done.append(work_loop(client, Console(file=out, width=300), stop, None, 60.0, max_tasks=1, finishers=finishers)))
+        worker = threading.Thread(
+            target=lambda: done.append(
+                work_loop(client, Console(file=out, width=300), stop, None, 60.0, max_tasks=1, finishers=finishers)
+            )
+        )
         try:
             worker.start()
             time.sleep(1.5)

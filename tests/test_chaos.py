@@ -21,7 +21,16 @@ RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "4", "--max-tokens", "
 @pytest.mark.timeout(900)
 def test_the_network_recovers_from_kills_and_loses_nothing(tmp_path: Path) -> None:
     rng = random.Random(7)
-    faults = ["trainer-step", "relay-broadcast", "slow-relay", "node-generation", "validator-batch", "blob-store", "clock-skew", "coordinator"]
+    faults = [
+        "trainer-step",
+        "relay-broadcast",
+        "slow-relay",
+        "node-generation",
+        "validator-batch",
+        "blob-store",
+        "clock-skew",
+        "coordinator",
+    ]
     target = 8
     # The trainer trains until stopped: a run whose trainer is done hands out no more work (nothing
     # would read it), and the faults after it need work flowing.

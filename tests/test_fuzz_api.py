@@ -43,7 +43,9 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     tmp = tmp_path_factory.mktemp("fuzz")
     url = _new_database(request.param, request, tmp)
     command.upgrade(alembic_config(url), "head")
-    settings_ = CoordinatorSettings(database_url=url, blob_dir=tmp / "blobs", rate_limit_per_s=1e6, rate_limit_burst=10**6, manifest_wait_max_s=1)
+    settings_ = CoordinatorSettings(
+        database_url=url, blob_dir=tmp / "blobs", rate_limit_per_s=1e6, rate_limit_burst=10**6, manifest_wait_max_s=1
+    )
     with serve(settings_) as s:
         make_run(s)
         yield s
@@ -67,13 +69,16 @@ def test_no_request_makes_a_server_error(served: Served, mode) -> None:  # type:
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) > 40
     for operation in operations:
+
         @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         @given(case=operation.as_strategy(generation_mode=mode))
         def check(case) -> None:  # type: ignore[no-untyped-def]
             for name, session in sessions.items():
                 response = case.call(base_url=served.url, session=session, timeout=10)  # long polls are capped at 1 s here
                 seen[response.status_code] = seen.get(response.status_code, 0) + 1
-                assert response.status_code < 500, f"{name} {case.method} {case.formatted_path}: {response.status_code} {response.text[:300]}"
+                assert response.status_code < 500, (
+                    f"{name} {case.method} {case.formatted_path}: {response.status_code} {response.text[:300]}"
+                )
 
         try:
             check()

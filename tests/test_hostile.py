@@ -53,9 +53,14 @@ def trickle(
 @pytest.fixture
 def strict(sqlite_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
-        body_idle_timeout_s=0.5, body_deadline_s=2.0, max_requests_per_ip=6,
-    )  # fmt: skip
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        body_idle_timeout_s=0.5,
+        body_deadline_s=2.0,
+        max_requests_per_ip=6,
+    )
     with serve(settings) as served:
         yield served
 
@@ -96,9 +101,12 @@ def test_a_flood_of_connections_from_one_address_gets_429_and_others_are_unaffec
 
 def test_bodies_in_flight_stay_within_the_memory_budget(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", body_idle_timeout_s=0.5, body_deadline_s=2.0,
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        body_idle_timeout_s=0.5,
+        body_deadline_s=2.0,
         max_body_bytes_in_flight=2 << 20,
-    )  # fmt: skip
+    )
     with serve(settings) as served:
         node = joined(served)
         # An upload (larger than any JSON body) may fill only 7/8 of the budget, even an empty one.
@@ -112,7 +120,9 @@ def test_bodies_in_flight_stay_within_the_memory_budget(sqlite_url: str, tmp_pat
         time.sleep(0.5)
         third = trickle(served, 1_000_000, 0.2, "127.0.0.5")
         assert third[0] == 503 and third[1] < 1  # refused before a byte of its body was read
-        busy = httpx.post(f"{served.url}/v1/nodes/heartbeat", content=b" " * 200_000, headers={"content-type": "application/json"})
+        busy = httpx.post(
+            f"{served.url}/v1/nodes/heartbeat", content=b" " * 200_000, headers={"content-type": "application/json"}
+        )
         assert busy.status_code == 503 and busy.json()["code"] == "overloaded" and busy.headers["retry-after"] == "2"
         # A node's small request still fits beside them.
         assert signed_post(served.url, "/v1/nodes/heartbeat", node, served.audience, heartbeat_body(node)).status_code == 200
@@ -126,7 +136,11 @@ def test_valid_signatures_from_the_wrong_party_are_refused_and_record_nothing(co
     make_run(coordinator)
     token = admin_token(coordinator)
     cheat, stranger = joined(coordinator), Account.create()
-    banned = httpx.post(f"{coordinator.url}/v1/admin/nodes/{cheat.address}/ban", json={"reason": "forgery"}, headers={"authorization": f"Bearer {token}"})
+    banned = httpx.post(
+        f"{coordinator.url}/v1/admin/nodes/{cheat.address}/ban",
+        json={"reason": "forgery"},
+        headers={"authorization": f"Bearer {token}"},
+    )
     assert banned.status_code == 200
     before = coordinator.snapshot()
 
@@ -142,7 +156,9 @@ def test_valid_signatures_from_the_wrong_party_are_refused_and_record_nothing(co
     signed = sign_request(cheat, "POST", path, "", raw, coordinator.audience)
     reply = httpx.post(coordinator.url + path, content=raw, headers={"content-type": "application/json", **signed})
     assert (reply.status_code, reply.json()["code"]) == (401, "admin_unauthorized")
-    reply = signed_post(coordinator.url, "/v1/validation/claim", stranger, coordinator.audience, {"address": stranger.address, "limit": 1})
+    reply = signed_post(
+        coordinator.url, "/v1/validation/claim", stranger, coordinator.audience, {"address": stranger.address, "limit": 1}
+    )
     assert (reply.status_code, reply.json()["code"]) == (403, "role_required")
     metrics = {"address": stranger.address, "run_id": "run-x", "step": 1, "metrics": {"loss": 1.0}}
     reply = signed_post(coordinator.url, "/v1/trainer/metrics", stranger, coordinator.audience, metrics)
@@ -164,9 +180,16 @@ def test_inputs_the_fuzzer_found_get_4xx(coordinator: Served) -> None:
     assert httpx.get(f"{coordinator.url}/v1/manifests/run-x/%C2%B9").status_code in (404, 422)
     reply = signed_post(coordinator.url, "/v1/submissions", node, coordinator.audience, b"x", query="task=a%00b")
     assert reply.status_code == 422 and reply.json()["code"] == "validation_error"
-    headers = {**sign_request(node, "POST", "/v1/nodes/heartbeat", "", b"{}", coordinator.audience), "x-intellect-timestamp": b"\xb9"}
+    headers = {
+        **sign_request(node, "POST", "/v1/nodes/heartbeat", "", b"{}", coordinator.audience),
+        "x-intellect-timestamp": b"\xb9",
+    }
     reply = httpx.post(f"{coordinator.url}/v1/nodes/heartbeat", content=b"{}", headers=headers)
     assert (reply.status_code, reply.json()["code"]) == (401, "signature_malformed")
-    reply = httpx.post(f"{coordinator.url}/v1/admin/nodes/{node.address}/ban", json={"reason": "a\x00b"}, headers={"authorization": f"Bearer {token}"})
+    reply = httpx.post(
+        f"{coordinator.url}/v1/admin/nodes/{node.address}/ban",
+        json={"reason": "a\x00b"},
+        headers={"authorization": f"Bearer {token}"},
+    )
     assert reply.status_code == 422
     assert coordinator.snapshot() == before

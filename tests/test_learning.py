@@ -60,7 +60,9 @@ def test_a_trainer_killed_mid_run_resumes_without_losing_or_reusing_rollouts(tmp
     from devnet.processes import spawn
     from trainer.loop import CHECKPOINT
 
-    net = start_network(tmp_path, nodes=1, run_options=["--prompts-per-task", "4", "--samples-per-prompt", "4", "--max-tokens", "48"], steps=5)
+    net = start_network(
+        tmp_path, nodes=1, run_options=["--prompts-per-task", "4", "--samples-per-prompt", "4", "--max-tokens", "48"], steps=5
+    )
 
     def published() -> int:
         reply = httpx.get(f"{net.coordinator.url}/v1/manifests/{net.run_id}/latest")
@@ -77,7 +79,12 @@ def test_a_trainer_killed_mid_run_resumes_without_losing_or_reusing_rollouts(tmp
         trainer = net.by_name("trainer")
         time.sleep(random.Random(0).uniform(0.2, 2.0))  # somewhere inside the next step
         trainer.kill()
-        restarted = spawn("trainer", trainer.popen.args, tmp_path / "logs" / "trainer-restarted.log", {"INTELLECT_WALLET_PASSWORD": net.password})  # type: ignore[arg-type]
+        restarted = spawn(
+            "trainer",
+            trainer.popen.args,
+            tmp_path / "logs" / "trainer-restarted.log",
+            {"INTELLECT_WALLET_PASSWORD": net.password},
+        )  # type: ignore[arg-type]
         net.processes.append(restarted)
         wait_for(5)
         assert restarted.popen.wait(120) == 0, restarted.tail()
@@ -87,10 +94,17 @@ def test_a_trainer_killed_mid_run_resumes_without_losing_or_reusing_rollouts(tmp
     state = torch.load(tmp_path / "trainer" / CHECKPOINT, weights_only=False)["state"]
     ranges = state["consumed"]
     assert [step for step, _, _ in ranges] == [1, 2, 3, 4, 5]
-    assert ranges[0][1] == 0 and all(a[2] == b[1] for a, b in zip(ranges, ranges[1:])), ranges  # contiguous: nothing skipped or reread
+    assert ranges[0][1] == 0 and all(a[2] == b[1] for a, b in zip(ranges, ranges[1:])), (
+        ranges
+    )  # contiguous: nothing skipped or reread
     engine = create_engine(net.database_url)
     with engine.connect() as connection:
-        accepted = [c for (c,) in connection.execute(select(ContributionEntry.id).join(Submission).where(ContributionEntry.kind == "credit"))]
+        accepted = [
+            c
+            for (c,) in connection.execute(
+                select(ContributionEntry.id).join(Submission).where(ContributionEntry.kind == "credit")
+            )
+        ]
     engine.dispose()
     assert state["cursor"] == ranges[-1][2] <= max(accepted)  # the cursor names a real ledger entry
     # Every step read accepted rollouts of its own, none ran on an empty or made-up range.

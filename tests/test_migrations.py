@@ -79,19 +79,44 @@ def test_float_money_converts_exactly(empty_database_url: str) -> None:
     config = alembic_config(empty_database_url)
     command.upgrade(config, "0011")
     with engine.begin() as c:
-        c.execute(text("INSERT INTO runs (id, name, environment, model, sampling, prompts_per_task, samples_per_prompt, length_budget, "
-                       "policy_step, next_prompt, status, created_at, async_level, min_stake, trainer_cursor) VALUES ('r', 'r', 'arithmetic', "
-                       "'m', '{}', 1, 1, '{}', 0, 0, 'active', '2026-01-01', 2, 12.5, 0)"))  # fmt: skip
-        c.execute(text("INSERT INTO nodes (address, specs, client_version, status, first_seen, last_seen, status_changed_at, strikes) "
-                       "VALUES ('0xa', '{}', '0.1', 'healthy', '2026-01-01', '2026-01-01', '2026-01-01', 0)"))  # fmt: skip
-        c.execute(text("INSERT INTO tasks (id, run_id, prompt_ids, seed, policy_step, status, created_at) VALUES ('t', 'r', '{}', 1, 0, 'submitted', '2026-01-01')"))
-        c.execute(text("INSERT INTO submissions (id, task_id, run_id, address, sha256, blob_key, rows, tokens, status, created_at, prompt_tokens) "
-                       "VALUES ('s', 't', 'r', '0xa', 'h', 'k', 1, 1, 'accepted', '2026-01-01', 0)"))  # fmt: skip
+        c.execute(
+            text(
+                "INSERT INTO runs (id, name, environment, model, sampling, prompts_per_task, samples_per_prompt, length_budget, "
+                "policy_step, next_prompt, status, created_at, async_level, min_stake, trainer_cursor) VALUES ('r', 'r', 'arithmetic', "
+                "'m', '{}', 1, 1, '{}', 0, 0, 'active', '2026-01-01', 2, 12.5, 0)"
+            )
+        )
+        c.execute(
+            text(
+                "INSERT INTO nodes (address, specs, client_version, status, first_seen, last_seen, status_changed_at, strikes) "
+                "VALUES ('0xa', '{}', '0.1', 'healthy', '2026-01-01', '2026-01-01', '2026-01-01', 0)"
+            )
+        )
+        c.execute(
+            text(
+                "INSERT INTO tasks (id, run_id, prompt_ids, seed, policy_step, status, created_at) VALUES ('t', 'r', '{}', 1, 0, 'submitted', '2026-01-01')"
+            )
+        )
+        c.execute(
+            text(
+                "INSERT INTO submissions (id, task_id, run_id, address, sha256, blob_key, rows, tokens, status, created_at, prompt_tokens) "
+                "VALUES ('s', 't', 'r', '0xa', 'h', 'k', 1, 1, 'accepted', '2026-01-01', 0)"
+            )
+        )
         for units in (85932.4000000001, -0.1, 3.0000004):
-            c.execute(text("INSERT INTO contributions (address, submission_id, kind, units, reason, created_at, final_at) "
-                           "VALUES ('0xa', 's', 'credit', :u, '', '2026-01-01', '2026-01-01')"), {"u": units})  # fmt: skip
+            c.execute(
+                text(
+                    "INSERT INTO contributions (address, submission_id, kind, units, reason, created_at, final_at) "
+                    "VALUES ('0xa', 's', 'credit', :u, '', '2026-01-01', '2026-01-01')"
+                ),
+                {"u": units},
+            )
     command.upgrade(config, "head")
     with engine.connect() as c:
-        assert [row[0] for row in c.execute(text("SELECT units FROM contributions ORDER BY id"))] == [85932400000, -100000, 3000000]
+        assert [row[0] for row in c.execute(text("SELECT units FROM contributions ORDER BY id"))] == [
+            85932400000,
+            -100000,
+            3000000,
+        ]
         assert c.execute(text("SELECT min_stake FROM runs")).scalar_one() == str(12 * 10**18 + 5 * 10**17)
     engine.dispose()

@@ -31,7 +31,9 @@ def test_a_decimal_amount_is_exact() -> None:
     assert parse_tokens("12.5") == 12 * TOKEN + TOKEN // 2 and tokens(12 * TOKEN + TOKEN // 2) == "12.5"
     assert parse_tokens("0", allow_zero=True) == 0
     # 0.1 of a unit per prompt token, 7 prompt tokens: exactly 0.7 units, not 0.7000000000000001.
-    assert credit_of(3, 7, Decimal("0.1")) == 3_700_000 and format_decimal(credit_of(3, 7, Decimal("0.1")), CREDIT_DECIMALS) == "3.7"
+    assert (
+        credit_of(3, 7, Decimal("0.1")) == 3_700_000 and format_decimal(credit_of(3, 7, Decimal("0.1")), CREDIT_DECIMALS) == "3.7"
+    )
 
 
 class _Body(BaseModel):

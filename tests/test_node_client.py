@@ -85,7 +85,10 @@ def test_a_node_holds_as_many_tasks_as_the_coordinator_allows(sqlite_url: str, t
         out = io.StringIO()
         finishers = finisher_pool()
         try:
-            assert work_loop(client, Console(file=out, width=300), threading.Event(), None, 0.1, max_tasks=3, finishers=finishers) == 3
+            assert (
+                work_loop(client, Console(file=out, width=300), threading.Event(), None, 0.1, max_tasks=3, finishers=finishers)
+                == 3
+            )
         finally:
             stop_finishers(finishers)
             client.close()

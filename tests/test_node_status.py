@@ -33,7 +33,14 @@ def test_silence_then_return(database_url: str) -> None:
     address = Account.create().address
     t0 = datetime.now(UTC)
     with sessions.begin() as session:
-        nodes.register(session, address, RegisterRequest(address=address, specs=SPECS, client_version=__version__), settings, t0, "test-audience")
+        nodes.register(
+            session,
+            address,
+            RegisterRequest(address=address, specs=SPECS, client_version=__version__),
+            settings,
+            t0,
+            "test-audience",
+        )
         nodes.heartbeat(session, address, HeartbeatRequest(address=address, client_version=__version__), settings, t0)
 
     def evaluate(after_s: float) -> str:
@@ -60,7 +67,14 @@ def test_registered_but_silent_node_dies(sqlite_url: str) -> None:
     address = Account.create().address
     t0 = datetime.now(UTC)
     with sessions.begin() as session:
-        nodes.register(session, address, RegisterRequest(address=address, specs=SPECS, client_version=__version__), settings, t0, "test-audience")
+        nodes.register(
+            session,
+            address,
+            RegisterRequest(address=address, specs=SPECS, client_version=__version__),
+            settings,
+            t0,
+            "test-audience",
+        )
         assert nodes.evaluate_statuses(session, settings, t0 + timedelta(seconds=100)) == 1
         assert _statuses(session, address) == ["registered", "dead"]
 

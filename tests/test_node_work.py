@@ -163,9 +163,16 @@ def test_a_node_banned_while_working_stops_and_says_why(sqlite_url: str, tmp_pat
         sessions = make_sessionmaker(c.engine)
         with sessions.begin() as session:
             create_run(
-                session, "arith", "arithmetic", "tiny-arith", SamplingParams(temperature=1.0, max_tokens=48), 2, 4,
-                LengthBudget(), datetime.now(UTC),
-            )  # fmt: skip
+                session,
+                "arith",
+                "arithmetic",
+                "tiny-arith",
+                SamplingParams(temperature=1.0, max_tokens=48),
+                2,
+                4,
+                LengthBudget(),
+                datetime.now(UTC),
+            )
         wallet = tmp_path / "node.json"
         address = create_wallet(wallet, "pw")
         node = start_node(tmp_path, "node-1", wallet, c.url, "pw")

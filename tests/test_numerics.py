@@ -76,7 +76,14 @@ def test_near_tie_cherry_picking_never_reaches_training() -> None:
         (lambda g: resampled(g, torch_backend_for("tiny-arith", g.numerics.dtype)[0].model, EOS, seed_offset=1), "bfloat16"),
         (lambda g: resampled(g, torch_backend_for("tiny-arith", g.numerics.dtype)[0].model, EOS, temperature=1.4), "bfloat16"),
     ],
-    ids=["logprob-89-bf16", "logprob-89-fp32", "logprob+0.8-fp32", "logprob+0.019-all-fp32", "other-seed-bf16", "other-temperature-bf16"],
+    ids=[
+        "logprob-89-bf16",
+        "logprob-89-fp32",
+        "logprob+0.8-fp32",
+        "logprob+0.019-all-fp32",
+        "other-seed-bf16",
+        "other-temperature-bf16",
+    ],
 )
 def test_forgeries_beyond_numerics_are_hard_rejections(forgery, dtype: str) -> None:  # type: ignore[no-untyped-def]
     task = make_task(990, prompts=4, samples=4, temperature=1.0, max_tokens=96)
@@ -90,9 +97,13 @@ PASSED = [{"name": name, "passed": True, "reason": "ok"} for name in CHECKS]
 
 def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_training(sqlite_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
-        soft_rejections_per_strike=1, max_leases_per_node=8,
-    )  # fmt: skip
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        soft_rejections_per_strike=1,
+        max_leases_per_node=8,
+    )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=1, samples=4)
         token = admin_token(served)
@@ -104,15 +115,20 @@ def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_train
         def judged(checks: list[dict] = PASSED, untrained_rows: list[int] = ()) -> dict:  # type: ignore[assignment]
             task = lease(served, node)
             upload(served, node, task, finish(generate(task)).data)
-            [claim] = signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
+            [claim] = signed_post(
+                served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}
+            ).json()
             body = verdict_body(served.audience, validator, claim, checks, untrained_rows)
             reply = signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, body)
             assert reply.status_code == 200, reply.text
             return reply.json()
 
         for _ in range(3):  # one soft rejection a strike, yet explained ones cost nothing
-            checks = [*PASSED[:4], {"name": "sampling", "passed": False, "reason": "3 near-ties, 0.2 expected", "explained": True},
-                      {"name": "rewards", "passed": None, "reason": "not run"}]  # fmt: skip
+            checks = [
+                *PASSED[:4],
+                {"name": "sampling", "passed": False, "reason": "3 near-ties, 0.2 expected", "explained": True},
+                {"name": "rewards", "passed": None, "reason": "not run"},
+            ]
             receipt = judged(checks)
             assert receipt["status"] == "rejected" and receipt["hard"] is False and "no strike" in receipt["reason"]
         with make_sessionmaker(served.engine)() as session:
@@ -139,10 +155,21 @@ def test_one_far_token_a_bf16_file_is_an_outlier_two_are_forgery() -> None:
     logits = torch.zeros(6, 8)
     logits[:, 0] = 10.0  # token 0 wins every position by far, whatever the noise
     honest = Rollout(
-        task_id="t", run_id="r", policy_step=0, prompt_id="p", prompt_tokens=[1], completion_tokens=[0] * 6,
-        logprobs=token_logprobs(logits, torch.zeros(6, dtype=torch.long), 1.0).tolist(), finish_reason="length",
-        reward=0.0, task_reward=0.0, length_penalty=0.0, target_length=0, seed=3, proofs=b"",
-    )  # fmt: skip
+        task_id="t",
+        run_id="r",
+        policy_step=0,
+        prompt_id="p",
+        prompt_tokens=[1],
+        completion_tokens=[0] * 6,
+        logprobs=token_logprobs(logits, torch.zeros(6, dtype=torch.long), 1.0).tolist(),
+        finish_reason="length",
+        reward=0.0,
+        task_reward=0.0,
+        length_penalty=0.0,
+        target_length=0,
+        seed=3,
+        proofs=b"",
+    )
     one = dataclasses.replace(honest, completion_tokens=[0, 0, 5, 0, 0, 0])
     two = dataclasses.replace(honest, completion_tokens=[0, 5, 0, 0, 5, 0])
     assert _row_sampling(honest, logits, 1.0, 1.0, TOLERANCES["bfloat16"]).forged is None

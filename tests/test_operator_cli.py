@@ -21,7 +21,9 @@ from shared.wallet import create_wallet
 
 
 def _coordinator(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["intellect-coordinator", *args], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        ["intellect-coordinator", *args], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+    )
 
 
 def _one_sentence(result: subprocess.CompletedProcess[str]) -> str:
@@ -51,9 +53,13 @@ def test_a_database_that_cannot_be_used_is_one_sentence(command: str, url: str, 
 def test_a_missing_postgresql_driver_names_the_extra(tmp_path: Path) -> None:
     # psycopg stands in as missing: an import of it fails as it would were it not installed.
     (tmp_path / "psycopg").mkdir()
-    (tmp_path / "psycopg" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'psycopg'\", name='psycopg')\n")
+    (tmp_path / "psycopg" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'psycopg'\", name='psycopg')\n"
+    )
     for command in ("migrate", "serve"):
-        message = _one_sentence(_coordinator(command, "--database-url", "postgresql://u@127.0.0.1/x", env={"PYTHONPATH": str(tmp_path)}))
+        message = _one_sentence(
+            _coordinator(command, "--database-url", "postgresql://u@127.0.0.1/x", env={"PYTHONPATH": str(tmp_path)})
+        )
         assert "pip install 'intellect-protocol[postgres]'" in message
 
 
@@ -83,8 +89,11 @@ def test_a_coordinator_url_that_can_never_work_is_refused_at_once(url: str, says
     started = time.monotonic()
     result = subprocess.run(
         ["intellect-node", "join", "--wallet", str(wallet), "--coordinator", url, "--state-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "INTELLECT_WALLET_PASSWORD": "pw"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "INTELLECT_WALLET_PASSWORD": "pw"},
+    )
     assert result.returncode == 2 and time.monotonic() - started < 30
     assert says in " ".join(result.stderr.replace("│", " ").split()), result.stderr
 
@@ -94,7 +103,12 @@ def test_a_node_says_when_its_coordinator_is_back(tmp_path: Path) -> None:
     migrate(url, tmp_path / "logs" / "migrate.log")
     coordinator = start_coordinator(tmp_path, url)
     notices: list[str] = []
-    client = NodeClient(coordinator.url, Account.create(), NodeSettings(state_dir=tmp_path, backoff_initial_s=0.2, backoff_max_s=0.5), on_retry=notices.append)  # type: ignore[arg-type]
+    client = NodeClient(
+        coordinator.url,
+        Account.create(),
+        NodeSettings(state_dir=tmp_path, backoff_initial_s=0.2, backoff_max_s=0.5),
+        on_retry=notices.append,
+    )  # type: ignore[arg-type]
     try:
         client.public_status()
         coordinator.kill()

@@ -16,7 +16,11 @@ pytestmark = pytest.mark.e2e
 def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:
     run_id = make_run(coordinator, name="young")
     headers = {"authorization": f"Bearer {admin_token(coordinator)}"}
-    reply = httpx.post(f"{coordinator.url}/v1/admin/runs/{run_id}/evaluations", json={"step": 0, "metrics": {"heldout_accuracy": 0.67}}, headers=headers)
+    reply = httpx.post(
+        f"{coordinator.url}/v1/admin/runs/{run_id}/evaluations",
+        json={"step": 0, "metrics": {"heldout_accuracy": 0.67}},
+        headers=headers,
+    )
     assert reply.status_code == 201
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])

@@ -38,7 +38,9 @@ def _judged_submissions(served: Served, node, validator, count: int) -> None:  #
     for _ in range(count):
         task = lease(served, node)
         upload(served, node, task, finish(generate(task)).data)
-        [claim] = signed_post(served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}).json()
+        [claim] = signed_post(
+            served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}
+        ).json()
         body = verdict_body(served.audience, validator, claim, checks_for("accept"))
         assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, body).status_code == 200
 
@@ -67,7 +69,13 @@ def _compare(coordinator: Served) -> None:
     public_url, admin_url = f"{coordinator.url}/v1/public/submissions", f"{coordinator.url}/v1/admin/submissions"
 
     _judged_submissions(coordinator, node, validator, 2)
-    few = _queries(public_url, params={"address": node.address, "limit": 500}), _queries(admin_url, params={"limit": 500}, headers=admin)
+    few = (
+        _queries(public_url, params={"address": node.address, "limit": 500}),
+        _queries(admin_url, params={"limit": 500}, headers=admin),
+    )
     _judged_submissions(coordinator, node, validator, 10)
-    many = _queries(public_url, params={"address": node.address, "limit": 500}), _queries(admin_url, params={"limit": 500}, headers=admin)
+    many = (
+        _queries(public_url, params={"address": node.address, "limit": 500}),
+        _queries(admin_url, params={"limit": 500}, headers=admin),
+    )
     assert many == few and max(many) <= 12, (few, many)

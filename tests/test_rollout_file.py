@@ -21,11 +21,21 @@ pytestmark = pytest.mark.unit
 
 def rollout(**changes: object) -> Rollout:
     base = Rollout(
-        task_id="t1", run_id="r1", policy_step=3, prompt_id="a17",
-        prompt_tokens=[1, 4, 5, 6], completion_tokens=[7, 8, 2], logprobs=[-0.1, -2.0, -0.5],
-        finish_reason="stop", reward=0.9, task_reward=1.0, length_penalty=0.1, target_length=40, seed=12,
+        task_id="t1",
+        run_id="r1",
+        policy_step=3,
+        prompt_id="a17",
+        prompt_tokens=[1, 4, 5, 6],
+        completion_tokens=[7, 8, 2],
+        logprobs=[-0.1, -2.0, -0.5],
+        finish_reason="stop",
+        reward=0.9,
+        task_reward=1.0,
+        length_penalty=0.1,
+        target_length=40,
+        seed=12,
         proofs=b"\x00" * 258,
-    )  # fmt: skip
+    )
     return replace(base, **changes)
 
 
@@ -173,7 +183,9 @@ def test_a_decompression_bomb_is_refused_before_it_is_read() -> None:
 def _zero_tokens_file(tokens: int) -> bytes:
     """One row whose completion is ``tokens`` zeros: a few KB of Parquet, ``4 * tokens`` bytes decoded."""
     columns = {f.name: pa.array([getattr(rollout(), f.name)], f.type) for f in SCHEMA}
-    columns["completion_tokens"] = pa.ListArray.from_arrays(pa.array([0, tokens], pa.int32()), pa.array(np.zeros(tokens, np.int32)))
+    columns["completion_tokens"] = pa.ListArray.from_arrays(
+        pa.array([0, tokens], pa.int32()), pa.array(np.zeros(tokens, np.int32))
+    )
     buffer = io.BytesIO()
     pq.write_table(pa.table(columns, schema=SCHEMA), buffer, compression="zstd")
     return buffer.getvalue()

@@ -62,9 +62,15 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3]:
 
 def _settings(sqlite_url: str, s3: S3) -> CoordinatorSettings:
     return CoordinatorSettings(
-        database_url=sqlite_url, blob_store="s3", s3_bucket=BUCKET, s3_prefix="devnet", s3_endpoint_url=s3.endpoint, s3_region="us-east-1",
-        rate_limit_per_s=1000, rate_limit_burst=1000,
-    )  # fmt: skip
+        database_url=sqlite_url,
+        blob_store="s3",
+        s3_bucket=BUCKET,
+        s3_prefix="devnet",
+        s3_endpoint_url=s3.endpoint,
+        s3_region="us-east-1",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+    )
 
 
 def test_uploads_land_in_the_bucket_and_validators_read_them(sqlite_url: str, s3: S3, tmp_path: Path) -> None:

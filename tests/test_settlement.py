@@ -65,10 +65,18 @@ CUTOFF_LAG_S = 2
 
 def settled(database_url: str, tmp_path: Path, rpc_url: str, settlement: Settlement, keystore: Path) -> CoordinatorSettings:
     return CoordinatorSettings(
-        database_url=database_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
-        chain_rpc_url=rpc_url, chain_token=settlement.token.address, chain_stake_registry=settlement.registry.address,
-        chain_distributor=settlement.distributor.address, chain_keystore=keystore, epoch_s=0.3, chain_cutoff_lag_s=CUTOFF_LAG_S,
-    )  # fmt: skip
+        database_url=database_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        chain_rpc_url=rpc_url,
+        chain_token=settlement.token.address,
+        chain_stake_registry=settlement.registry.address,
+        chain_distributor=settlement.distributor.address,
+        chain_keystore=keystore,
+        epoch_s=0.3,
+        chain_cutoff_lag_s=CUTOFF_LAG_S,
+    )
 
 
 def wallet(tmp_path: Path, anvil: str | None = None):  # type: ignore[no-untyped-def]
@@ -93,11 +101,44 @@ def lay_credits(served: Served, run_id: str, entries: list[tuple[str, str, str]]
     with make_sessionmaker(served.engine).begin() as session:
         for address, units, kind in entries:
             name = uuid.uuid4().hex[:12]
-            session.add(Task(id=f"t-{name}", run_id=run_id, prompt_ids={"ids": []}, seed=1, policy_step=0, status="submitted", created_at=now))
+            session.add(
+                Task(
+                    id=f"t-{name}",
+                    run_id=run_id,
+                    prompt_ids={"ids": []},
+                    seed=1,
+                    policy_step=0,
+                    status="submitted",
+                    created_at=now,
+                )
+            )
             session.flush()
-            session.add(Submission(id=f"s-{name}", task_id=f"t-{name}", run_id=run_id, address=address, sha256="0" * 64, blob_key=name, rows=1, tokens=1, status="accepted", created_at=now))
+            session.add(
+                Submission(
+                    id=f"s-{name}",
+                    task_id=f"t-{name}",
+                    run_id=run_id,
+                    address=address,
+                    sha256="0" * 64,
+                    blob_key=name,
+                    rows=1,
+                    tokens=1,
+                    status="accepted",
+                    created_at=now,
+                )
+            )
             session.flush()
-            session.add(ContributionEntry(address=address, submission_id=f"s-{name}", kind=kind, units=int(Decimal(units) * CREDIT_PER_UNIT), reason="", created_at=now, final_at=final_at))
+            session.add(
+                ContributionEntry(
+                    address=address,
+                    submission_id=f"s-{name}",
+                    kind=kind,
+                    units=int(Decimal(units) * CREDIT_PER_UNIT),
+                    reason="",
+                    created_at=now,
+                    final_at=final_at,
+                )
+            )
 
 
 def anchored(served: Served, epoch: int, timeout: float = 30) -> dict:
@@ -143,7 +184,9 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
         # bob's work invalid afterwards leaves his anchored credit where it is.
         with make_sessionmaker(served.engine)() as session:
             bobs = session.scalar(select(ContributionEntry.submission_id).where(ContributionEntry.address == bob.address))
-        reply = httpx.post(f"{served.url}/v1/admin/submissions/{bobs}/invalidate", json={"reason": "found later"}, headers=admin_headers(served))
+        reply = httpx.post(
+            f"{served.url}/v1/admin/submissions/{bobs}/invalidate", json={"reason": "found later"}, headers=admin_headers(served)
+        )
         assert reply.status_code == 200 and reply.json()["credit"] == 2 * CREDIT_PER_UNIT, reply.text
 
         # Epoch 2: alice earns more, bob's credit is clawed back (no leaf: nothing positive to claim).
@@ -203,7 +246,10 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
     with served.engine.connect() as connection:
         from sqlalchemy import text
 
-        assert connection.execute(text("SELECT tx_hash FROM epoch_anchors WHERE epoch = 2")).scalar() == sent["transactionHash"].to_0x_hex()
+        assert (
+            connection.execute(text("SELECT tx_hash FROM epoch_anchors WHERE epoch = 2")).scalar()
+            == sent["transactionHash"].to_0x_hex()
+        )
 
     # Another root on chain for the next epoch (a second poster): refused, said, never overwritten;
     # verify-epoch flags that epoch.
@@ -261,7 +307,16 @@ def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, 
 
     plain = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")
     with serve(plain) as served:
-        assert httpx.get(f"{served.url}/v1/public/chain").json() == {"enabled": False, "rpc_url": None, "chain_id": None, "token": None, "stake_registry": None, "distributor": None, "sender": None, "from_block": 0}
+        assert httpx.get(f"{served.url}/v1/public/chain").json() == {
+            "enabled": False,
+            "rpc_url": None,
+            "chain_id": None,
+            "token": None,
+            "stake_registry": None,
+            "distributor": None,
+            "sender": None,
+            "from_block": 0,
+        }
         code, out = node("claim", "--wallet", str(path), "--coordinator", served.url)
         assert code == 2 and "does not settle on a chain" in out, out
 
@@ -272,7 +327,13 @@ def test_a_run_with_a_minimum_stake_leases_only_to_staked_nodes(sqlite_url, tmp_
     settlement.transact(admin, settlement.token.functions.mint(account.address, 50 * TOKEN))
     with serve(settled(sqlite_url, tmp_path, anvil, settlement, keystore)) as served:
         headers = {"authorization": f"Bearer {admin_token(served)}"}
-        body = {"name": "staked", "min_stake": str(20 * TOKEN), "sampling": {"max_tokens": 8}, "prompts_per_task": 2, "samples_per_prompt": 2}
+        body = {
+            "name": "staked",
+            "min_stake": str(20 * TOKEN),
+            "sampling": {"max_tokens": 8},
+            "prompts_per_task": 2,
+            "samples_per_prompt": 2,
+        }
         run = httpx.post(f"{served.url}/v1/admin/runs", json=body, headers=headers)
         assert run.status_code == 201 and run.json()["min_stake"] == str(20 * TOKEN), run.text
         assert signed_post(served.url, "/v1/nodes/register", account, served.audience, register_body(account)).status_code == 200
@@ -326,7 +387,9 @@ def test_replicas_close_and_anchor_each_epoch_once(database_url, tmp_path, anvil
         assert settlement.w3.eth.get_transaction_count(admin.address) - nonce <= 2
 
 
-def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_outvoted_it(sqlite_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_outvoted_it(
+    sqlite_url, tmp_path, anvil, chain
+) -> None:  # type: ignore[no-untyped-def]
     from node.work import finish, generate
     from shared.run_schemas import AuditPolicy
     from shared.schemas import SamplingParams
@@ -341,7 +404,14 @@ def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_ou
         update={"dispute_window_s": 1.0, "validator_max_strikes": 1, "rate_limit_per_s": 1000, "rate_limit_burst": 1000}
     )
     with serve(settings) as served:
-        make_run(served, sampling=SamplingParams(max_tokens=4), prompts=1, samples=2, audit=AuditPolicy(share=1.0), min_stake=20 * TOKEN)
+        make_run(
+            served,
+            sampling=SamplingParams(max_tokens=4),
+            prompts=1,
+            samples=2,
+            audit=AuditPolicy(share=1.0),
+            min_stake=20 * TOKEN,
+        )
         token = admin_token(served)
         for v in (rogue, first, second):
             grant(served, token, v.address, "validator")
@@ -354,10 +424,17 @@ def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_ou
         assert signed_post(served.url, "/v1/nodes/register", worker, served.audience, register_body(worker)).status_code == 200
 
         deadline = time.monotonic() + 15  # zero stakes are read again within seconds
-        while signed_post(served.url, "/v1/validation/claim", rogue, served.audience, {"address": rogue.address, "limit": 1}).status_code != 200:
+        while (
+            signed_post(
+                served.url, "/v1/validation/claim", rogue, served.audience, {"address": rogue.address, "limit": 1}
+            ).status_code
+            != 200
+        ):
             assert time.monotonic() < deadline
             time.sleep(0.5)
-        while (task := signed_post(served.url, "/v1/tasks/lease", worker, served.audience, {"address": worker.address})).status_code != 200:
+        while (
+            task := signed_post(served.url, "/v1/tasks/lease", worker, served.audience, {"address": worker.address})
+        ).status_code != 200:
             assert time.monotonic() < deadline, task.text
             time.sleep(0.5)
         forged = upload(served, worker, (t := lease(served, worker)), finish(generate(t)).data)
@@ -373,7 +450,9 @@ def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_ou
         with served.engine.connect() as connection:
             from sqlalchemy import text
 
-            (cited, role_id), = connection.execute(text("SELECT submissions, role_id FROM slashings WHERE address = :a"), {"a": rogue.address}).all()
+            ((cited, role_id),) = connection.execute(
+                text("SELECT submissions, role_id FROM slashings WHERE address = :a"), {"a": rogue.address}
+            ).all()
         assert json.loads(cited) == [forged] and role_id is not None
         for honest in (first, second):
             assert settlement.registry.functions.slashed(honest.address).call() == 0

@@ -115,7 +115,9 @@ def test_origin_relay_relay_three_clients_end_identical(net: Net) -> None:
 
     def client(i: int) -> None:
         try:
-            results[i] = download_step(CoordinatorClient(net.served.url), net.run_id, 1, net.workdir / f"client-{i}", concurrency=4)
+            results[i] = download_step(
+                CoordinatorClient(net.served.url), net.run_id, 1, net.workdir / f"client-{i}", concurrency=4
+            )
         except BaseException as e:  # surfaced by the assertion below
             results[i] = e
 
@@ -162,7 +164,9 @@ def evil_relay(net: Net) -> Iterator[str]:
     net.grant(account.address, "relay")
     reply = signed_post(net.served.url, "/v1/relays", account, net.served.audience, {"address": account.address, "url": url})
     assert reply.status_code == 200, reply.text
-    server = uvicorn.Server(uvicorn.Config(create_server(StepStore(store_dir, complete_on_disk=True)), port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_server(StepStore(store_dir, complete_on_disk=True)), port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -211,7 +215,9 @@ def test_a_relay_killed_mid_download_leaves_clients_to_the_others(net: Net) -> N
             doomed.kill()
             killed.append(done)
 
-    download_step(CoordinatorClient(net.served.url), net.run_id, 1, net.workdir / "client", concurrency=4, on_progress=kill_at_a_third)
+    download_step(
+        CoordinatorClient(net.served.url), net.run_id, 1, net.workdir / "client", concurrency=4, on_progress=kill_at_a_third
+    )
     assert killed and doomed.popen.poll() is not None
     assert same_files(step_dir(net.workdir / "origin", net.run_id, 1), net.workdir / "client")
 
@@ -254,10 +260,14 @@ def test_manifests_need_a_trainer_and_a_good_signature(net: Net) -> None:
     outsider = Account.create()
     before = net.served.snapshot()
     # Not a trainer.
-    reply = signed_post(net.served.url, "/v1/manifests", outsider, net.served.audience, sign_manifest(manifest, outsider).model_dump())
+    reply = signed_post(
+        net.served.url, "/v1/manifests", outsider, net.served.audience, sign_manifest(manifest, outsider).model_dump()
+    )
     assert reply.status_code == 403 and reply.json()["code"] == "role_required"
     # A trainer posting a manifest someone else signed.
-    reply = signed_post(net.served.url, "/v1/manifests", net.trainer, net.served.audience, sign_manifest(manifest, outsider).model_dump())
+    reply = signed_post(
+        net.served.url, "/v1/manifests", net.trainer, net.served.audience, sign_manifest(manifest, outsider).model_dump()
+    )
     assert reply.status_code == 403 and reply.json()["code"] == "manifest_invalid"
     # A trainer's signature over a different manifest (a hash changed afterwards).
     forged = sign_manifest(manifest, net.trainer).model_dump()
@@ -275,7 +285,9 @@ def test_manifests_need_a_trainer_and_a_good_signature(net: Net) -> None:
     for _ in range(2):
         assert signed_post(net.served.url, "/v1/manifests", net.trainer, net.served.audience, good).status_code == 201
     other = build_manifest(directory, net.run_id, 1, chunk_size=CHUNK * 2)
-    reply = signed_post(net.served.url, "/v1/manifests", net.trainer, net.served.audience, sign_manifest(other, net.trainer).model_dump())
+    reply = signed_post(
+        net.served.url, "/v1/manifests", net.trainer, net.served.audience, sign_manifest(other, net.trainer).model_dump()
+    )
     assert reply.status_code == 409
     revoked = httpx.delete(
         f"{net.served.url}/v1/admin/roles/{net.trainer.address}/trainer", headers={"authorization": f"Bearer {net.admin}"}
@@ -401,9 +413,10 @@ def test_servers_refuse_bad_ranges_and_unknown_paths(net: Net) -> None:
     origin = net.relay("origin", origin=True)
     net.publish(origin, 1, 100_000)
     base = f"{origin.url}/v1/runs/{net.run_id}/steps/1/files"
-    assert httpx.get(f"{base}/model.safetensors", headers={"Range": "bytes=10-19"}).content == (
-        step_dir(net.workdir / "origin", net.run_id, 1) / "model.safetensors"
-    ).read_bytes()[10:20]
+    assert (
+        httpx.get(f"{base}/model.safetensors", headers={"Range": "bytes=10-19"}).content
+        == (step_dir(net.workdir / "origin", net.run_id, 1) / "model.safetensors").read_bytes()[10:20]
+    )
     for header in ("bytes=5-2", "bytes=200000-", "bytes=0-1,4-5", "pages=1-2"):
         assert httpx.get(f"{base}/model.safetensors", headers={"Range": header}).status_code == 416
     for path in ("missing.bin", "..%2F..%2Fmanifest.json", "%2Fetc%2Fpasswd", ".held"):
@@ -428,10 +441,20 @@ def test_a_step_in_use_is_kept_however_many_newer_steps_arrive(tmp_path: Path) -
 
     def task(step: int) -> TaskSpec:
         return TaskSpec(
-            task_id="t", run_id=run, environment="arithmetic", model="tiny-arith", prompt_ids=["p"], samples_per_prompt=1,
-            seed=1, policy_step=step, sampling=SamplingParams(), length_alpha=0.0, target_length=0, length_over_only=False,
+            task_id="t",
+            run_id=run,
+            environment="arithmetic",
+            model="tiny-arith",
+            prompt_ids=["p"],
+            samples_per_prompt=1,
+            seed=1,
+            policy_step=step,
+            sampling=SamplingParams(),
+            length_alpha=0.0,
+            target_length=0,
+            length_over_only=False,
             lease_expires_at=datetime.now(UTC),
-        )  # fmt: skip
+        )
 
     in_use = weights.model_for(task(1), pin=True)
     weights.ensure(run, 5)  # a prefetch prunes to the newest two, but not the step a task is using

@@ -36,7 +36,9 @@ QUEUE_S = 1.5
 
 
 def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: str, tmp_path: Path) -> None:
-    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000)
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+    )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=2, samples=4)
         token = admin_token(served)
@@ -53,7 +55,9 @@ def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: 
         validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=8)
         assert validator.run(max_submissions=8) == 8
         validator.close()
-        trainer = Trainer(served.url, trainer_key, run_id, tmp_path / "origin", tmp_path / "ckpt", TrainerSettings(groups_per_step=3))
+        trainer = Trainer(
+            served.url, trainer_key, run_id, tmp_path / "origin", tmp_path / "ckpt", TrainerSettings(groups_per_step=3)
+        )
         assert trainer.run(threading.Event(), steps=1) == 1
         trainer.close()
 
@@ -61,7 +65,9 @@ def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: 
         assert [t["step"] for t in timings] == [1]
         (timing,) = timings
         with make_sessionmaker(served.engine)() as session:
-            read = session.scalar(select(func.count()).where(ContributionEntry.kind == "credit", ContributionEntry.id <= trainer.state.cursor))
+            read = session.scalar(
+                select(func.count()).where(ContributionEntry.kind == "credit", ContributionEntry.id <= trainer.state.cursor)
+            )
         assert 1 <= timing["submissions"] == read < 8  # what the step read, not everything accepted
         assert HOLD_S <= timing["node_s"] < 30
         assert 0 <= timing["upload_s"] < HOLD_S
@@ -95,32 +101,104 @@ def test_each_step_reads_its_own_cursor_range_and_the_newest_steps_come_alone(co
         for i, (leased, started, recorded, accepted) in enumerate(work):
             _submission(session, run_id, f"s{i}", at(leased), at(started), at(recorded), SubmissionStatus.accepted)
             session.flush()
-            session.add(ContributionEntry(address="0x" + "1" * 40, submission_id=f"sub-s{i}", kind="credit", units=1_000_000, reason="", created_at=at(accepted), final_at=at(accepted)))
+            session.add(
+                ContributionEntry(
+                    address="0x" + "1" * 40,
+                    submission_id=f"sub-s{i}",
+                    kind="credit",
+                    units=1_000_000,
+                    reason="",
+                    created_at=at(accepted),
+                    final_at=at(accepted),
+                )
+            )
         _submission(session, run_id, "late", at(5), at(6), at(6), SubmissionStatus.expired, validated_at=at(10))
         session.flush()
         ids = list(session.scalars(select(ContributionEntry.id).order_by(ContributionEntry.id)))
         for step, published, cursor in ((1, 5.5, ids[1]), (2, 13, ids[3])):
-            session.add(PolicyManifest(run_id=run_id, step=step, signer="0x" + "2" * 40, digest="0" * 64, total_bytes=1, body="{}", created_at=at(published)))
-            session.add(TrainerMetrics(run_id=run_id, step=step, metrics={"dropped_stale": float(step)}, created_at=at(published), cursor=cursor))
+            session.add(
+                PolicyManifest(
+                    run_id=run_id,
+                    step=step,
+                    signer="0x" + "2" * 40,
+                    digest="0" * 64,
+                    total_bytes=1,
+                    body="{}",
+                    created_at=at(published),
+                )
+            )
+            session.add(
+                TrainerMetrics(
+                    run_id=run_id, step=step, metrics={"dropped_stale": float(step)}, created_at=at(published), cursor=cursor
+                )
+            )
 
     first, second = httpx.get(f"{coordinator.url}/v1/public/runs/{run_id}/step-timing").json()
     assert first == {
-        "step": 1, "interval_s": 5.5, "node_s": 2.0, "upload_s": 0.5, "validation_s": 1.5, "trainer_wait_s": 5.0,
-        "training_s": 0.5, "submissions": 2, "expired": 0, "expired_tokens": 0, "dropped_stale": 1.0,
-    }  # fmt: skip
+        "step": 1,
+        "interval_s": 5.5,
+        "node_s": 2.0,
+        "upload_s": 0.5,
+        "validation_s": 1.5,
+        "trainer_wait_s": 5.0,
+        "training_s": 0.5,
+        "submissions": 2,
+        "expired": 0,
+        "expired_tokens": 0,
+        "dropped_stale": 1.0,
+    }
     assert second == {
-        "step": 2, "interval_s": 7.5, "node_s": 2.0, "upload_s": 0.25, "validation_s": 1.25, "trainer_wait_s": 5.5,
-        "training_s": 2.0, "submissions": 2, "expired": 1, "expired_tokens": 7, "dropped_stale": 2.0,
-    }  # fmt: skip
+        "step": 2,
+        "interval_s": 7.5,
+        "node_s": 2.0,
+        "upload_s": 0.25,
+        "validation_s": 1.25,
+        "trainer_wait_s": 5.5,
+        "training_s": 2.0,
+        "submissions": 2,
+        "expired": 1,
+        "expired_tokens": 7,
+        "dropped_stale": 2.0,
+    }
     assert httpx.get(f"{coordinator.url}/v1/public/runs/{run_id}/step-timing?limit=1").json() == [second]
 
 
-def _submission(session, run_id: str, name: str, leased: datetime, started: datetime, recorded: datetime, status: str, validated_at: datetime | None = None) -> None:  # type: ignore[no-untyped-def]
-    session.add(Task(id=f"task-{name}", run_id=run_id, prompt_ids={"ids": []}, seed=1, policy_step=0, status="submitted", created_at=leased, leased_at=leased))
+def _submission(
+    session,
+    run_id: str,
+    name: str,
+    leased: datetime,
+    started: datetime,
+    recorded: datetime,
+    status: str,
+    validated_at: datetime | None = None,
+) -> None:  # type: ignore[no-untyped-def]
+    session.add(
+        Task(
+            id=f"task-{name}",
+            run_id=run_id,
+            prompt_ids={"ids": []},
+            seed=1,
+            policy_step=0,
+            status="submitted",
+            created_at=leased,
+            leased_at=leased,
+        )
+    )
     session.flush()  # no ORM relationship orders the two inserts
     session.add(
         Submission(
-            id=f"sub-{name}", task_id=f"task-{name}", run_id=run_id, address="0x" + "1" * 40, sha256="0" * 64, blob_key=name, rows=1,
-            tokens=7, status=status, created_at=recorded, upload_started_at=started, validated_at=validated_at,
+            id=f"sub-{name}",
+            task_id=f"task-{name}",
+            run_id=run_id,
+            address="0x" + "1" * 40,
+            sha256="0" * 64,
+            blob_key=name,
+            rows=1,
+            tokens=7,
+            status=status,
+            created_at=recorded,
+            upload_started_at=started,
+            validated_at=validated_at,
         )
-    )  # fmt: skip
+    )

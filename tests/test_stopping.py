@@ -40,14 +40,28 @@ def _wait_for(path: Path, text: str, timeout: float) -> None:
         if path.exists() and text in path.read_text(errors="replace"):
             return
         time.sleep(0.2)
-    raise AssertionError(f"{path.name} never said {text!r}:\n{path.read_text(errors='replace')[-3000:] if path.exists() else '(no log)'}")
+    raise AssertionError(
+        f"{path.name} never said {text!r}:\n{path.read_text(errors='replace')[-3000:] if path.exists() else '(no log)'}"
+    )
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_the_devnet_stops_every_role_promptly(sig: signal.Signals, tmp_path: Path) -> None:
     workdir = tmp_path / "devnet"
-    command = ["intellect-devnet", "--nodes", "1", "--validators", "1", "--steps", "0", "--heartbeat-interval", "0.5", "--workdir", str(workdir)]
+    command = [
+        "intellect-devnet",
+        "--nodes",
+        "1",
+        "--validators",
+        "1",
+        "--steps",
+        "0",
+        "--heartbeat-interval",
+        "0.5",
+        "--workdir",
+        str(workdir),
+    ]
     devnet = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for(workdir / "logs" / "node-0.log", "Task 1 ", 300)
@@ -79,7 +93,11 @@ def test_validator_and_trainer_stop_promptly_while_their_coordinator_is_gone(tmp
             wallet, address = tmp_path / f"{name}.json", create_wallet(tmp_path / f"{name}.json", "pw")
             net.grant(address, name)
             command = [*script(f"intellect-{name}"), "run", "--wallet", str(wallet), "--coordinator", coordinator.url]  # type: ignore[list-item]
-            command += ["--state-dir", str(tmp_path / name)] if name == "validator" else ["--run", run_id, "--origin-dir", str(tmp_path / "origin")]
+            command += (
+                ["--state-dir", str(tmp_path / name)]
+                if name == "validator"
+                else ["--run", run_id, "--origin-dir", str(tmp_path / "origin")]
+            )
             roles.append(spawn(name, command, tmp_path / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": "pw"}))
         _wait_for(roles[0].log_path, "Validating as", 120)
         _wait_for(roles[1].log_path, "Training run-", 120)

@@ -34,10 +34,21 @@ def rollout_file(task: dict, **changes: object) -> bytes:
     for prompt_id in task["prompt_ids"]:
         for _ in range(task["samples_per_prompt"]):
             fields = dict(
-                task_id=task["task_id"], run_id=task["run_id"], policy_step=task["policy_step"], prompt_id=prompt_id,
-                prompt_tokens=[1, 4, 5], completion_tokens=[6, 7, 2], logprobs=[-0.5, -0.5, -0.5], finish_reason="stop",
-                reward=1.0, task_reward=1.0, length_penalty=0.0, target_length=0, seed=sequence_seed(task["seed"], index), proofs=b"",
-            )  # fmt: skip
+                task_id=task["task_id"],
+                run_id=task["run_id"],
+                policy_step=task["policy_step"],
+                prompt_id=prompt_id,
+                prompt_tokens=[1, 4, 5],
+                completion_tokens=[6, 7, 2],
+                logprobs=[-0.5, -0.5, -0.5],
+                finish_reason="stop",
+                reward=1.0,
+                task_reward=1.0,
+                length_penalty=0.0,
+                target_length=0,
+                seed=sequence_seed(task["seed"], index),
+                proofs=b"",
+            )
             fields.update(changes)
             rows.append(Rollout(**fields))
             index += 1
@@ -195,7 +206,10 @@ def test_an_unwritable_blob_store_gets_503_and_records_nothing(coordinator) -> N
     blobs.rename(away)
     blobs.write_bytes(b"")  # a file where the directory was: every write and read fails, as on a lost mount
     query = f"task={task['task_id']}"
-    headers = {"content-type": "application/octet-stream", **sign_request(node, "POST", "/v1/submissions", query, data, coordinator.audience)}
+    headers = {
+        "content-type": "application/octet-stream",
+        **sign_request(node, "POST", "/v1/submissions", query, data, coordinator.audience),
+    }
     before = coordinator.snapshot()
     refused = httpx.post(f"{coordinator.url}/v1/submissions?{query}", content=data, headers=headers)
     assert refused.status_code == 503, refused.text
@@ -210,7 +224,9 @@ def test_an_unwritable_blob_store_gets_503_and_records_nothing(coordinator) -> N
 
 
 def test_new_work_waits_while_the_validation_backlog_is_full(sqlite_url: str, tmp_path: Path) -> None:
-    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "b", max_validation_backlog=2, rate_limit_burst=1000)
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "b", max_validation_backlog=2, rate_limit_burst=1000
+    )
     with serve(settings) as c:
         make_run(c)
         first, second, third = joined(c), joined(c), joined(c)

@@ -53,7 +53,11 @@ def test_an_even_split_of_errors_is_judged_as_the_native_reference_judges_it() -
     proofs = build_proofs(hidden)
     [native] = reference.verify_proofs_bytes(perturbed, [proofs], decode_batching_size=32, topk=128, skip_prefill=True)
     [ours] = verify_proofs(perturbed, proofs)
-    assert (ours.exp_mismatches, ours.mant_err_mean, ours.mant_err_median) == (native.exp_mismatches, native.mant_err_mean, native.mant_err_median)
+    assert (ours.exp_mismatches, ours.mant_err_mean, ours.mant_err_median) == (
+        native.exp_mismatches,
+        native.mant_err_mean,
+        native.mant_err_median,
+    )
     assert ours.mant_err_median == 9.0 and not ours.ok
     [fallback] = reference.verify_proofs_bytes(list(perturbed), [proofs], decode_batching_size=32, topk=128, skip_prefill=True)
     assert fallback.mant_err_median == 8.0  # the averaging median, which would pass this chunk

@@ -34,7 +34,9 @@ from validator.worker import Validator
 
 
 def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url: str, tmp_path: Path) -> None:
-    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000)
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+    )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=2, samples=4)
         token = admin_token(served)
@@ -45,9 +47,12 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
         origin = tmp_path / "origin"
         origin_wallet = tmp_path / "origin.json"
         grant(served, token, create_wallet(origin_wallet, "pw"), "relay")
-        origin_server = start_relay(tmp_path, "origin", origin_wallet, "pw", served.url, origin=True)  # the validator fetches steps from it
+        origin_server = start_relay(
+            tmp_path, "origin", origin_wallet, "pw", served.url, origin=True
+        )  # the validator fetches steps from it
 
         try:
+
             def produce(count: int) -> None:
                 """Nodes generate with the policy step their task names (read from the origin's directory) and the validator checks."""
                 node = joined(served)
@@ -86,7 +91,14 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
             posted = {m.step: m.metrics for m in session.scalars(select(TrainerMetrics))}
         assert sorted(posted) == [1, 2]
         for step, metrics in steps:
-            assert posted[step]["groups"] >= 3 and set(metrics) >= {"loss", "entropy", "clip_low", "clip_high", "grad_norm", "staleness"}
+            assert posted[step]["groups"] >= 3 and set(metrics) >= {
+                "loss",
+                "entropy",
+                "clip_low",
+                "clip_high",
+                "grad_norm",
+                "staleness",
+            }
         latest = httpx.get(f"{served.url}/v1/manifests/{run_id}/latest").json()
         assert latest["step"] == 2 and latest["signed"]["signer"] == trainer_key.address
         assert (step_dir(origin, run_id, 2) / "model.safetensors").exists()
@@ -96,7 +108,9 @@ def test_a_step_whose_gradient_is_not_finite_is_skipped_and_counted(sqlite_url: 
     settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=1, samples=4)
-        trainer = Trainer(served.url, Account.create(), run_id, tmp_path / "origin", tmp_path / "ckpt", TrainerSettings(optimizer_steps=2))
+        trainer = Trainer(
+            served.url, Account.create(), run_id, tmp_path / "origin", tmp_path / "ckpt", TrainerSettings(optimizer_steps=2)
+        )
         node = joined(served)
         task = lease(served, node)
         rollouts = read_rollouts(finish(generate(task)).data)

@@ -40,7 +40,9 @@ GROUPS = 2
 
 @pytest.mark.timeout(600)
 def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite_url: str, tmp_path: Path) -> None:
-    settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000)
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+    )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=2, samples=4, audit=0.0)
         token = admin_token(served)
@@ -56,15 +58,36 @@ def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite
         assert validator.run(max_submissions=8) == 8
         validator.close()
 
-        env = {**os.environ, "INTELLECT_WALLET_PASSWORD": "pw", "INTELLECT_TRAINER_GROUPS_PER_STEP": str(GROUPS), "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--", shutil.which("intellect-trainer")]
+        env = {
+            **os.environ,
+            "INTELLECT_WALLET_PASSWORD": "pw",
+            "INTELLECT_TRAINER_GROUPS_PER_STEP": str(GROUPS),
+            "OMP_NUM_THREADS": "1",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--",
+            shutil.which("intellect-trainer"),
+        ]
         command += ["run", "--wallet", str(wallet), "--run", run_id, "--coordinator", served.url, "--steps", "1"]
         command += ["--origin-dir", str(tmp_path / "origin"), "--checkpoint-dir", str(tmp_path / "ckpt")]
         ranks = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)  # type: ignore[arg-type]
         assert ranks.returncode == 0, ranks.stdout[-3000:] + ranks.stderr[-3000:]
 
         # One process, the same batch from the same cursor, the same recipe.
-        alone = Trainer(served.url, load_wallet(wallet, "pw"), run_id, tmp_path / "alone", tmp_path / "alone-ckpt", TrainerSettings(groups_per_step=GROUPS))
+        alone = Trainer(
+            served.url,
+            load_wallet(wallet, "pw"),
+            run_id,
+            tmp_path / "alone",
+            tmp_path / "alone-ckpt",
+            TrainerSettings(groups_per_step=GROUPS),
+        )
         batch = alone.collect(threading.Event())
         assert batch is not None and len(batch.groups) >= GROUPS  # whole submissions: the same batch the ranks took
         alone.train_step(batch)
@@ -89,4 +112,3 @@ def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite
             assert [(m.step, m.signer) for m in session.scalars(select(PolicyManifest))] == [(1, alone.account.address)]
             assert [m.step for m in session.scalars(select(TrainerMetrics))] == [1]  # rank 1 posted nothing
         assert ranks.stdout.count("step 1: loss") == 1, ranks.stdout
-

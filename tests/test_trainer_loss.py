@@ -61,10 +61,14 @@ def test_entropy_bonus_and_kl_penalty() -> None:
     mask = torch.ones(1, 2, dtype=torch.bool)
     entropy = torch.tensor([[0.5, 1.5]])
     settings = LossSettings(entropy_coef=0.1, kl_coef=0.5)
-    same, stats = grpo_loss(logp_new, torch.zeros(1, 2), torch.tensor([1.0]), mask, settings, entropy=entropy, logp_reference=logp_new)
+    same, stats = grpo_loss(
+        logp_new, torch.zeros(1, 2), torch.tensor([1.0]), mask, settings, entropy=entropy, logp_reference=logp_new
+    )
     assert float(same.detach()) == pytest.approx(-1.0 - 0.1 * 1.0) and stats.kl == 0.0 and stats.entropy == pytest.approx(1.0)
     # Reference one nat below: k3 = exp(-1) - (-1) - 1 = exp(-1) per token.
-    far, stats = grpo_loss(logp_new, torch.zeros(1, 2), torch.tensor([1.0]), mask, settings, entropy=entropy, logp_reference=logp_new - 1)
+    far, stats = grpo_loss(
+        logp_new, torch.zeros(1, 2), torch.tensor([1.0]), mask, settings, entropy=entropy, logp_reference=logp_new - 1
+    )
     assert stats.kl == pytest.approx(math.exp(-1))
     assert float(far.detach()) == pytest.approx(-1.0 - 0.1 + 0.5 * math.exp(-1))
 

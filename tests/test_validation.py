@@ -34,7 +34,9 @@ from validator.worker import Validator
 
 
 def grant(served: Served, token: str, address: str, role: str) -> None:
-    reply = httpx.post(f"{served.url}/v1/admin/roles", json={"address": address, "role": role}, headers={"authorization": f"Bearer {token}"})
+    reply = httpx.post(
+        f"{served.url}/v1/admin/roles", json={"address": address, "role": role}, headers={"authorization": f"Bearer {token}"}
+    )
     assert reply.status_code == 201, reply.text
 
 
@@ -82,7 +84,9 @@ def check_ledger(served: Served) -> None:
         per_submission[entry.submission_id] = per_submission.get(entry.submission_id, 0) + entry.units
     assert all(isinstance(e.units, int) for e in entries), "money is integers"
     assert all(total >= 0 for total in per_submission.values()), "a clawback exceeded its credit"
-    assert all(per_submission.get(sid, 0) == 0 for sid, (_, status) in statuses.items() if status not in ("accepted", "pending")), "rejected work kept credit"
+    assert all(
+        per_submission.get(sid, 0) == 0 for sid, (_, status) in statuses.items() if status not in ("accepted", "pending")
+    ), "rejected work kept credit"
     for address, total in totals.items():
         shown = httpx.get(f"{served.url}/v1/public/nodes/{address}/credit").json()
         assert shown["pending"] + shown["final"] == total
@@ -91,9 +95,13 @@ def check_ledger(served: Served) -> None:
 @pytest.fixture
 def network(sqlite_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
-        dispute_window_s=3600, max_strikes=2,
-    )  # fmt: skip
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        dispute_window_s=3600,
+        max_strikes=2,
+    )
     with serve(settings) as served:
         make_run(served, sampling=SamplingParams(max_tokens=48), prompts=2, samples=2)
         yield served, admin_token(served)
@@ -144,8 +152,11 @@ def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(networ
         keystore.write_text(json.dumps(Account.encrypt(account.key, "pw")))
         shown = subprocess.run(
             ["intellect-node", "receipts", "--wallet", str(keystore), "--coordinator", served.url],
-            capture_output=True, text=True, timeout=60, env={**__import__("os").environ, "COLUMNS": "250"},
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**__import__("os").environ, "COLUMNS": "250"},
+        )
         assert shown.returncode == 0, shown.stderr
         assert expected in shown.stdout
     assert "sampling" in shown.stdout
@@ -158,7 +169,9 @@ def test_work_is_drawn_for_live_validators_who_cannot_choose_and_lapses_are_draw
     grant(served, token, second.address, "validator")
 
     def claim(account: LocalAccount, limit: int = 8) -> httpx.Response:
-        return signed_post(served.url, "/v1/validation/claim", account, served.audience, {"address": account.address, "limit": limit})
+        return signed_post(
+            served.url, "/v1/validation/claim", account, served.audience, {"address": account.address, "limit": limit}
+        )
 
     assert claim(first).json() == [] and claim(second).json() == []  # both are live now
     node = joined(served)
@@ -194,7 +207,9 @@ def test_work_is_drawn_for_live_validators_who_cannot_choose_and_lapses_are_draw
     # A lapsed assignment is drawn again, among validators still live.
     expire_assignments(served, held)
     with make_sessionmaker(served.engine).begin() as session:
-        session.execute(update(Role).where(Role.address == theirs[0].address).values(last_seen=datetime.now(UTC) - timedelta(hours=1)))
+        session.execute(
+            update(Role).where(Role.address == theirs[0].address).values(last_seen=datetime.now(UTC) - timedelta(hours=1))
+        )
     assert [c["submission_id"] for c in claim(theirs[1]).json()] == [held]
 
 
@@ -214,10 +229,14 @@ def test_an_admin_invalidation_claws_back_even_final_credit(sqlite_url: str, tmp
         assert earned > 0
         time.sleep(0.6)  # the dispute window passes: the credit is final
         headers = {"authorization": f"Bearer {token}"}
-        reply = httpx.post(f"{served.url}/v1/admin/submissions/{submission}/invalidate", json={"reason": "found copied"}, headers=headers)
+        reply = httpx.post(
+            f"{served.url}/v1/admin/submissions/{submission}/invalidate", json={"reason": "found copied"}, headers=headers
+        )
         assert reply.status_code == 200, reply.text
         assert reply.json()["status"] == "invalidated" and reply.json()["credit"] == 0
-        again = httpx.post(f"{served.url}/v1/admin/submissions/{submission}/invalidate", json={"reason": "twice"}, headers=headers)
+        again = httpx.post(
+            f"{served.url}/v1/admin/submissions/{submission}/invalidate", json={"reason": "twice"}, headers=headers
+        )
         assert again.status_code == 409
         with make_sessionmaker(served.engine)() as session:
             assert session.get_one(Node, node.address).strikes == 1
@@ -263,7 +282,16 @@ def test_the_validator_command_checks_until_stopped(network, tmp_path: Path) -> 
     submission = upload(served, node, (task := lease(served, node)), finish(generate(task)).data)
     process = spawn(
         "validator",
-        [*script("intellect-validator"), "run", "--wallet", str(wallet), "--coordinator", served.url, "--state-dir", str(tmp_path / "v")],
+        [
+            *script("intellect-validator"),
+            "run",
+            "--wallet",
+            str(wallet),
+            "--coordinator",
+            served.url,
+            "--state-dir",
+            str(tmp_path / "v"),
+        ],
         tmp_path / "validator.log",
         {"INTELLECT_WALLET_PASSWORD": "pw"},
     )
@@ -281,9 +309,12 @@ def test_the_validator_command_checks_until_stopped(network, tmp_path: Path) -> 
 def test_a_validator_never_gets_work_of_its_own_or_linked_addresses(sqlite_url: str, tmp_path: Path) -> None:
     insider, partner, stranger = Account.create(), Account.create(), Account.create()
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000,
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
         linked_addresses=[[insider.address, partner.address]],
-    )  # fmt: skip
+    )
     with serve(settings) as served:
         make_run(served, sampling=SamplingParams(max_tokens=48), prompts=1, samples=2)
         token = admin_token(served)
@@ -292,15 +323,23 @@ def test_a_validator_never_gets_work_of_its_own_or_linked_addresses(sqlite_url: 
 
         def claim(validator: LocalAccount) -> list[str]:
             body = {"address": validator.address, "limit": 8}
-            return [c["submission_id"] for c in signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()]
+            return [
+                c["submission_id"]
+                for c in signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+            ]
 
         def work_of(node: LocalAccount, **register: object) -> str:
-            assert signed_post(served.url, "/v1/nodes/register", node, served.audience, register_body(node, **register)).status_code == 200
+            assert (
+                signed_post(served.url, "/v1/nodes/register", node, served.audience, register_body(node, **register)).status_code
+                == 200
+            )
             return upload(served, node, (task := lease(served, node)), finish(generate(task)).data)
 
         own = work_of(insider)  # the validator's address also runs a node
         node = Account.create()  # a node the validator operates, a link the validator signed
-        operated = work_of(node, operator_address=insider.address, operator_signature=sign_link(insider, served.audience, node.address))
+        operated = work_of(
+            node, operator_address=insider.address, operator_signature=sign_link(insider, served.audience, node.address)
+        )
         grouped = work_of(partner)  # linked by the operator's setting
         assert claim(insider) == []
         assert sorted(claim(stranger)) == sorted([own, operated, grouped])
@@ -314,7 +353,9 @@ def test_verdicts_are_signed_and_anyone_can_check_who_judged(network, tmp_path: 
     submission = upload(served, node, (task := lease(served, node)), finish(generate(task)).data)
 
     # A verdict signed over other checks than it posts is refused, whoever signs the request.
-    [claim] = signed_post(served.url, "/v1/validation/claim", validator_key, served.audience, {"address": validator_key.address, "limit": 1}).json()
+    [claim] = signed_post(
+        served.url, "/v1/validation/claim", validator_key, served.audience, {"address": validator_key.address, "limit": 1}
+    ).json()
     passed = [{"name": n, "passed": True, "reason": "ok"} for n in CHECKS]
     forged = verdict_body(served.audience, validator_key, claim, [{**c, "reason": "other"} for c in passed]) | {"checks": passed}
     before = served.snapshot()
@@ -328,7 +369,11 @@ def test_verdicts_are_signed_and_anyone_can_check_who_judged(network, tmp_path: 
     validator.close()
     receipt = PublicReceipt.model_validate(httpx.get(f"{served.url}/v1/public/submissions/{submission}").json())
     assert receipt.status == "accepted" and receipt.verdict_signature
-    signer = verdict_signer(receipt.verdict_signature, served.audience, submission, receipt.sha256, receipt.checks or [], receipt.untrained_rows)
+    signer = verdict_signer(
+        receipt.verdict_signature, served.audience, submission, receipt.sha256, receipt.checks or [], receipt.untrained_rows
+    )
     assert signer == validator_key.address == receipt.validator
-    other_audience = verdict_signer(receipt.verdict_signature, "another-deployment", submission, receipt.sha256, receipt.checks or [], receipt.untrained_rows)
+    other_audience = verdict_signer(
+        receipt.verdict_signature, "another-deployment", submission, receipt.sha256, receipt.checks or [], receipt.untrained_rows
+    )
     assert other_audience != validator_key.address

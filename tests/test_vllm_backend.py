@@ -33,8 +33,13 @@ SQUEEZED = {"max_num_batched_tokens": 8, "max_num_seqs": 8, "kv_cache_memory_byt
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[VllmBackend]:
-    backend = engine_for(str(TINY_MODEL_DIR), torch_backend_for("tiny-arith", "float32")[1].eos_token_id, "float32",
-                         disable_log_stats=False, **SQUEEZED)  # fmt: skip
+    backend = engine_for(
+        str(TINY_MODEL_DIR),
+        torch_backend_for("tiny-arith", "float32")[1].eos_token_id,
+        "float32",
+        disable_log_stats=False,
+        **SQUEEZED,
+    )
     yield backend
     close_engine()
 
@@ -116,4 +121,6 @@ def test_requests_of_ours_must_leave_sampling_to_the_processor(engine: VllmBacke
 
     spec = {"id": "x", "seed": 1, "prompt_len": 3, "temperature": 1.0, "top_p": 1.0}
     with pytest.raises(VLLMValidationError, match="temperature 0"):
-        engine.llm.generate([{"prompt_token_ids": [1, 5, 6]}], vllm.SamplingParams(temperature=1.0, extra_args={KEY: spec}), use_tqdm=False)
+        engine.llm.generate(
+            [{"prompt_token_ids": [1, 5, 6]}], vllm.SamplingParams(temperature=1.0, extra_args={KEY: spec}), use_tqdm=False
+        )

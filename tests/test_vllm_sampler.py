@@ -57,7 +57,14 @@ def test_v1_rows_follow_slots_through_adds_moves_and_swaps() -> None:
     assert chosen[1] == expected(logits[1], 11, 2) and chosen[0] == expected(logits[0], 22, 0)
     assert torch.equal(RECORDS["a"].hidden[1], hidden[1].to(torch.bfloat16)) and not RECORDS["b"].hidden
     # Slot 2 (not ours) keeps its logits; a one-way move then a removal.
-    processor.update_state(BatchUpdate(batch_size=3, removed=[0], added=[(0, params("c", 33, 2), [1, 1], outputs["c"])], moved=[(1, 2, MoveDirectionality.UNIDIRECTIONAL)]))
+    processor.update_state(
+        BatchUpdate(
+            batch_size=3,
+            removed=[0],
+            added=[(0, params("c", 33, 2), [1, 1], outputs["c"])],
+            moved=[(1, 2, MoveDirectionality.UNIDIRECTIONAL)],
+        )
+    )
     logits = torch.randn(3, VOCAB)
     chosen = step(processor, logits, torch.randn(3, HIDDEN))
     assert chosen[0] == expected(logits[0], 33, 4) and chosen[2] == expected(logits[2], 11, 2)
@@ -74,10 +81,14 @@ def test_v2_positions_come_from_the_rows_sequence_positions() -> None:
     # that ends mid-prompt (position 1: samples nothing we keep).
     slots, positions = [4, 9, 5, 9], [5, 5, 7, 1]
     ctx = LogitsContext(
-        expanded_idx_mapping=torch.tensor(slots), idx_mapping=torch.tensor(slots), idx_mapping_np=np.array(slots),
-        expanded_local_pos=torch.zeros(4, dtype=torch.long), input_ids=torch.zeros(4, dtype=torch.long),
-        pos=torch.tensor(positions), seq_lens_upper_bound_np=np.array(positions) + 1,
-    )  # fmt: skip
+        expanded_idx_mapping=torch.tensor(slots),
+        idx_mapping=torch.tensor(slots),
+        idx_mapping_np=np.array(slots),
+        expanded_local_pos=torch.zeros(4, dtype=torch.long),
+        input_ids=torch.zeros(4, dtype=torch.long),
+        pos=torch.tensor(positions),
+        seq_lens_upper_bound_np=np.array(positions) + 1,
+    )
     logits, hidden = torch.randn(4, VOCAB), torch.randn(4, HIDDEN)
     chosen = step(processor, logits, hidden, ctx)
     assert chosen[0] == expected(logits[0], 11, 0) and chosen[1] == expected(logits[1], 22, 3)

@@ -27,7 +27,9 @@ def run(
     run_id: Annotated[str, typer.Option("--run", help="The run to train.")],
     origin_dir: Annotated[Path, typer.Option(help="The shardcast origin's data directory: steps are written there.")],
     coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
-    checkpoint_dir: Annotated[Path | None, typer.Option(help="Trainer state (step, cursor, optimizer); default ORIGIN_DIR/../trainer.")] = None,
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option(help="Trainer state (step, cursor, optimizer); default ORIGIN_DIR/../trainer.")
+    ] = None,
     steps: Annotated[int, typer.Option(min=0, help="Stop after publishing this policy step; 0: run until Ctrl-C.")] = 0,
 ) -> None:
     """Pull accepted rollouts, take GRPO steps, publish each policy step through shardcast, until Ctrl-C."""

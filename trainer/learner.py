@@ -77,9 +77,14 @@ class Learner:
             self.optimizer.step()
             self.optimizer_steps += 1
             metrics = {
-                "loss": stats.loss, "clip_low": stats.clip_low, "clip_high": stats.clip_high, "clip_delta": stats.clip_delta,
-                "ratio_mean": stats.ratio_mean, "entropy": stats.entropy, "grad_norm": grad_norm,
-            }  # fmt: skip
+                "loss": stats.loss,
+                "clip_low": stats.clip_low,
+                "clip_high": stats.clip_high,
+                "clip_delta": stats.clip_delta,
+                "ratio_mean": stats.ratio_mean,
+                "entropy": stats.entropy,
+                "grad_norm": grad_norm,
+            }
         metrics |= {
             "reward": sum(r.reward for r in everything) / len(everything),
             "task_reward": sum(r.task_reward for r in everything) / len(everything),

@@ -20,7 +20,11 @@ BLOCK_TOKENS = 1024
 
 
 def sequence_logprobs(
-    model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], temperature: float, block_tokens: int = BLOCK_TOKENS
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    temperature: float,
+    block_tokens: int = BLOCK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probabilities ``[B, T]`` of each completion token under ``model`` (logits / T, as the node
     sampled), the per-position entropy ``[B, T]`` and the token mask ``[B, T]``, on the model's device."""
@@ -49,7 +53,9 @@ def sequence_logprobs(
     return torch.cat(logp, 1), torch.cat(entropy, 1), mask.to(device)
 
 
-def _block(logits: torch.Tensor, index: torch.Tensor, tokens: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _block(
+    logits: torch.Tensor, index: torch.Tensor, tokens: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``log_softmax(logits / T)`` at ``tokens`` and the entropy, at positions ``index [B, t]``."""
     scaled = logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[-1])).float() / temperature  # [B, t, vocab]
     normaliser = scaled.logsumexp(-1)  # [B, t]

@@ -103,7 +103,10 @@ def grpo_loss(
             loss=float(loss.detach()),
             clip_low=float(((clipped_wins & (ratio < 1)).to(mask.dtype) * mask).sum() / tokens),
             clip_high=float(((clipped_wins & (ratio > 1)).to(mask.dtype) * mask).sum() / tokens),
-            clip_delta=float(((negative & (ratio > settings.delta)).to(mask.dtype) * mask).sum() / (negative.to(mask.dtype) * mask).sum().clamp(min=1)),
+            clip_delta=float(
+                ((negative & (ratio > settings.delta)).to(mask.dtype) * mask).sum()
+                / (negative.to(mask.dtype) * mask).sum().clamp(min=1)
+            ),
             ratio_mean=float((ratio * mask).sum() / tokens),
             entropy=float(entropy_mean),
             kl=float(kl_mean),

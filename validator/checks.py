@@ -114,7 +114,9 @@ def validate(data: bytes, ctx: Context, settings: CheckSettings | None = None) -
 
     def record(name: CheckName, failures: list[str], ok_reason: str, explained: bool = False) -> bool:
         passed = not failures
-        reason = ok_reason if passed else "; ".join(failures[:3]) + (f" (and {len(failures) - 3} more)" if len(failures) > 3 else "")
+        reason = (
+            ok_reason if passed else "; ".join(failures[:3]) + (f" (and {len(failures) - 3} more)" if len(failures) > 3 else "")
+        )
         results.append(CheckOutcome(name=name, passed=passed, reason=reason[:2000], explained=explained and not passed))
         return passed
 
@@ -141,7 +143,9 @@ def validate(data: bytes, ctx: Context, settings: CheckSettings | None = None) -
         untrained = prefill.deviating_rows
     ok = ok and record("rewards", _rewards(rollouts, ctx, settings), "rewards recompute")
     done = {c.name for c in results}
-    results += [CheckOutcome(name=name, passed=None, reason="not run: an earlier check failed") for name in CHECKS if name not in done]
+    results += [
+        CheckOutcome(name=name, passed=None, reason="not run: an earlier check failed") for name in CHECKS if name not in done
+    ]
     return Verdict(checks=results, untrained_rows=untrained if all(c.passed for c in results) else [])
 
 
@@ -155,7 +159,10 @@ def _assignment(rollouts: list[Rollout], ctx: Context) -> list[str]:
     except KeyError as e:
         return [*failures, f"the task names an unknown problem {e}"]
     if len(rollouts) != len(expected):
-        return [*failures, f"{len(rollouts)} rows for {len(expected)} assigned ({len(task.prompt_ids)} prompts x {task.samples_per_prompt})"]
+        return [
+            *failures,
+            f"{len(rollouts)} rows for {len(expected)} assigned ({len(task.prompt_ids)} prompts x {task.samples_per_prompt})",
+        ]
     target = task.target_length if task.length_alpha else 0
     for i, (r, want) in enumerate(zip(rollouts, expected)):
         wrong = [
@@ -225,7 +232,9 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
     errors: list[torch.Tensor] = []
     for start in range(0, len(rollouts), settings.prefill_batch):
         batch = rollouts[start : start + settings.prefill_batch]
-        states = prefill_batch(model, [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch], chunk=settings.prefill_chunk)
+        states = prefill_batch(
+            model, [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch], chunk=settings.prefill_chunk
+        )
         for i, (r, (hidden, logits)) in enumerate(zip(batch, states), start):
             if not rollout_passes(chunks := verify_proofs(hidden, r.proofs, settings.toploc)):
                 first = next(c for n, c in enumerate(chunks) if not c.ok)
@@ -240,11 +249,21 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
             expected += row.expected
             outliers += row.outliers
     if not forged and outliers > tolerance.outliers:
-        forged.append(f"{outliers} tokens are not the seeded draw beyond what {numerics} numerics explain (at most {tolerance.outliers} a file)")
+        forged.append(
+            f"{outliers} tokens are not the seeded draw beyond what {numerics} numerics explain (at most {tolerance.outliers} a file)"
+        )
     if not forged and (bias := _shift(torch.cat(errors), tolerance)):
         forged.append(f"the file's {bias}")
     too_many = []
-    chance = float(torch.special.gammainc(torch.tensor(float(deviations), dtype=torch.float64), torch.tensor(expected, dtype=torch.float64))) if deviations else 1.0
+    chance = (
+        float(
+            torch.special.gammainc(
+                torch.tensor(float(deviations), dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+            )
+        )
+        if deviations
+        else 1.0
+    )
     if chance < settings.numerics_alpha:
         too_many.append(
             f"{deviations} near-tie tokens differ from the seeded draw where {numerics} numerics predict {expected:.2f} "
@@ -252,7 +271,9 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
         )
     summary = f"every token is the seeded sampler's draw under {numerics} numerics"
     if deviations:
-        summary += f" ({deviations} near-ties decided by numerics, {expected:.2f} expected; rows {deviating_rows[:8]} not trained)"
+        summary += (
+            f" ({deviations} near-ties decided by numerics, {expected:.2f} expected; rows {deviating_rows[:8]} not trained)"
+        )
     return PrefillFindings(toploc, forged, too_many, deviating_rows, summary)
 
 
@@ -273,7 +294,9 @@ def _shift(errors: torch.Tensor, tolerance: Tolerance) -> str | None:
     n = len(errors)
     spread = float(errors.std()) / math.sqrt(n) if n > 1 else 0.0
     if abs(mean := float(errors.mean())) > tolerance.logprob_bias + 4 * spread:
-        return f"logprobs are shifted by {mean:+.3g} nats on average over {n} tokens (numerics explain {tolerance.logprob_bias:g})"
+        return (
+            f"logprobs are shifted by {mean:+.3g} nats on average over {n} tokens (numerics explain {tolerance.logprob_bias:g})"
+        )
     return None
 
 
@@ -300,7 +323,12 @@ def _row_sampling(r: Rollout, logits: torch.Tensor, temperature: float, top_p: f
     beyond = gap > tolerance.max_gap
     if int(beyond.sum()) > tolerance.outliers:
         t = int(beyond.nonzero()[0])
-        return RowSampling(f"token {t} is not the seeded draw ({float(gap[t]):.3g} of the logit scale below it; numerics explain {tolerance.max_gap:g})", 0, 0.0, torch.zeros(0))
+        return RowSampling(
+            f"token {t} is not the seeded draw ({float(gap[t]):.3g} of the logit scale below it; numerics explain {tolerance.max_gap:g})",
+            0,
+            0.0,
+            torch.zeros(0),
+        )
 
     # Where the logits themselves disagree beyond rounding (an allowed outlier), so may their logprobs.
     recomputed = token_logprobs(logits, tokens, temperature)[~beyond]
@@ -309,7 +337,9 @@ def _row_sampling(r: Rollout, logits: torch.Tensor, temperature: float, top_p: f
     bound = tolerance.logprob_abs / min(1.0, temperature or 1.0) + tolerance.logprob_rel * recomputed.abs()
     if (off := error.abs() > bound).any():
         t = int(off.nonzero()[0])
-        return RowSampling(f"a logprob is off by {float(error[t]):+.3g} nats (numerics explain {float(bound[t]):.3g})", 0, 0.0, error)
+        return RowSampling(
+            f"a logprob is off by {float(error[t]):+.3g} nats (numerics explain {float(bound[t]):.3g})", 0, 0.0, error
+        )
     if shift := _shift(error, tolerance):
         return RowSampling(shift, 0, 0.0, error)
     runner_up = ((top2[:, 0] - top2[:, 1]) / scale).nan_to_num(nan=float("inf"))
@@ -327,7 +357,11 @@ def _rewards(rollouts: list[Rollout], ctx: Context, settings: CheckSettings) -> 
         text = ctx.tokenizer.decode(r.completion_tokens, skip_special_tokens=True)
         task_reward = ctx.environment.task_reward(text, ctx.problems[r.prompt_id])
         final, penalty = reward(task_reward, len(r.completion_tokens), budget)
-        for name, claimed, recomputed in (("task_reward", r.task_reward, task_reward), ("length_penalty", r.length_penalty, penalty), ("reward", r.reward, final)):
+        for name, claimed, recomputed in (
+            ("task_reward", r.task_reward, task_reward),
+            ("length_penalty", r.length_penalty, penalty),
+            ("reward", r.reward, final),
+        ):
             if not abs(claimed - recomputed) <= settings.reward_tolerance:
                 failures.append(f"row {i}: {name} {claimed:g} claimed, {recomputed:g} recomputed")
     return failures

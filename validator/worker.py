@@ -53,16 +53,25 @@ class ClaimLost(Exception):
 
 class Validator:
     def __init__(
-        self, coordinator: str, account: LocalAccount, state_dir: Path, console: Console, *, batch: int = 8,
-        settings: CheckSettings | None = None, stop: threading.Event | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        coordinator: str,
+        account: LocalAccount,
+        state_dir: Path,
+        console: Console,
+        *,
+        batch: int = 8,
+        settings: CheckSettings | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
         """Requests to an unreachable or overloaded coordinator are retried until ``stop``."""
         self.account = account
         self.console = console
         self.batch = batch
         self.settings = settings or CheckSettings()
         self.stop = stop or threading.Event()
-        self.api = CoordinatorClient(coordinator, account, stop=self.stop, on_retry=lambda m: console.print(f"[yellow]{m}[/yellow]"))
+        self.api = CoordinatorClient(
+            coordinator, account, stop=self.stop, on_retry=lambda m: console.print(f"[yellow]{m}[/yellow]")
+        )
         self.audience = self.api.audience
         self.weights = Weights(self.api, state_dir / "weights", console)
         self.checked = 0
@@ -102,7 +111,9 @@ class Validator:
             try:
                 receipt = self.check(claim)
             except ClaimLost:
-                self.console.print(f"[yellow]{claim.submission_id[:16]}…: claim expired while checking; its verdict was dropped.[/yellow]")
+                self.console.print(
+                    f"[yellow]{claim.submission_id[:16]}…: claim expired while checking; its verdict was dropped.[/yellow]"
+                )
                 continue
             self.checked += 1
             verdict = "accepted" if receipt.status == "accepted" else f"[red]{receipt.status}[/red] ({receipt.reason})"
@@ -121,9 +132,12 @@ class Validator:
         checks = verdict.checks
         signature = sign_verdict(self.account, self.audience, claim.submission_id, claim.sha256, checks, verdict.untrained_rows)
         body = VerdictRequest(
-            address=self.account.address, submission_id=claim.submission_id, checks=checks,
-            untrained_rows=verdict.untrained_rows, signature=signature,
-        )  # fmt: skip
+            address=self.account.address,
+            submission_id=claim.submission_id,
+            checks=checks,
+            untrained_rows=verdict.untrained_rows,
+            signature=signature,
+        )
         return self.post_verdict(body)
 
     def post_verdict(self, body: VerdictRequest) -> PublicReceipt:

@@ -15,9 +15,11 @@ router = APIRouter(prefix="/v1/appeals", tags=["appeals"], responses={401: {"mod
 
 
 @router.post(
-    "", response_model=AppealInfo, status_code=201,
+    "",
+    response_model=AppealInfo,
+    status_code=201,
     responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
-)  # fmt: skip
+)
 async def appeal(body: AppealRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> AppealInfo:
     """Appeal a rejection of your work within the dispute window: validators that had not judged it
     check it again, and their majority replaces the decision (credit and strikes follow). The

@@ -21,7 +21,11 @@ from shared.schemas import (
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
 
 
-@router.post("/register", response_model=RegisterResponse, responses={403: {"model": ErrorBody}, 422: {"model": ErrorBody}, 426: {"model": ErrorBody}})
+@router.post(
+    "/register",
+    response_model=RegisterResponse,
+    responses={403: {"model": ErrorBody}, 422: {"model": ErrorBody}, 426: {"model": ErrorBody}},
+)
 async def register(
     body: RegisterRequest, request: Request, signed: Signed, ledger: LedgerDep, settings: Settings, gate: RegistrationGate
 ) -> RegisterResponse:

@@ -40,7 +40,9 @@ async def server_time() -> dict[str, float]:
 
 
 @router.get("/submissions", response_model=list[PublicReceipt])
-async def node_receipts(address: Address, ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[PublicReceipt]:
+async def node_receipts(
+    address: Address, ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=500)] = 50
+) -> list[PublicReceipt]:
     """One node's newest receipts (what ``intellect-node receipts`` shows)."""
     return await ledger.run(receipts.receipts_of, address, limit)
 

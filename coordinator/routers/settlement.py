@@ -31,10 +31,15 @@ def _chain_info(request: Request, settings: Settings) -> ChainInfo:
     if anchorer is None:
         return ChainInfo(enabled=False)
     return ChainInfo(
-        enabled=True, rpc_url=settings.chain_rpc_url, chain_id=anchorer.chain_id, token=settings.chain_token,
-        stake_registry=settings.chain_stake_registry, distributor=settings.chain_distributor, sender=anchorer.sender.address,
+        enabled=True,
+        rpc_url=settings.chain_rpc_url,
+        chain_id=anchorer.chain_id,
+        token=settings.chain_token,
+        stake_registry=settings.chain_stake_registry,
+        distributor=settings.chain_distributor,
+        sender=anchorer.sender.address,
         from_block=settings.chain_from_block,
-    )  # fmt: skip
+    )
 
 
 @router.get("/epochs", response_model=list[EpochInfo])
@@ -69,7 +74,9 @@ async def ledger_export(
 
 
 @router.get("/settlement", response_model=SettlementOverview)
-async def overview(request: Request, ledger: LedgerDep, settings: Settings, limit: Annotated[int, Query(ge=1, le=200)] = 50) -> SettlementOverview:
+async def overview(
+    request: Request, ledger: LedgerDep, settings: Settings, limit: Annotated[int, Query(ge=1, le=200)] = 50
+) -> SettlementOverview:
     """Recent epochs, and for the leading nodes (and every slashed one) their stake, slashes and
     claims, read from the chain; the page shows this. Cached a few seconds: each answer costs a
     few chain reads per node, and nobody may make the coordinator hammer its RPC."""
@@ -91,9 +98,21 @@ async def _overview(request: Request, ledger: LedgerDep, info: ChainInfo, limit:
     earned = await ledger.run(settlement.anchored_leaves)
     addresses = list(dict.fromkeys(leading + sorted(slashed)))
     try:
-        nodes = await asyncio.to_thread(settlement.node_settlement, request.app.state.anchorer.chain(), addresses, earned, slashed)
+        nodes = await asyncio.to_thread(
+            settlement.node_settlement, request.app.state.anchorer.chain(), addresses, earned, slashed
+        )
     except Exception as e:  # the chain is down: the ledger's side is still worth showing
-        unknown = [NodeSettlement(address=a, staked=None, unbonding=None, slashed=str(slashed.get(a, 0)), earned=str(earned.get(a, 0)),
-                                  claimed=None, claimable=None) for a in addresses]  # fmt: skip
+        unknown = [
+            NodeSettlement(
+                address=a,
+                staked=None,
+                unbonding=None,
+                slashed=str(slashed.get(a, 0)),
+                earned=str(earned.get(a, 0)),
+                claimed=None,
+                claimable=None,
+            )
+            for a in addresses
+        ]
         return SettlementOverview(chain=info, chain_error=f"{type(e).__name__}: {e}", epochs=recent, nodes=unknown)
     return SettlementOverview(chain=info, epochs=recent, nodes=nodes)

@@ -25,7 +25,11 @@ RunId = Annotated[str, Query(max_length=64)]
 
 def _entry(row: PolicyManifest) -> ManifestEntry:
     return ManifestEntry(
-        id=row.id, run_id=row.run_id, step=row.step, signed=SignedManifest.model_validate_json(row.body), created_at=row.created_at
+        id=row.id,
+        run_id=row.run_id,
+        step=row.step,
+        signed=SignedManifest.model_validate_json(row.body),
+        created_at=row.created_at,
     )
 
 

@@ -24,13 +24,19 @@ router = APIRouter(prefix="/v1", tags=["tasks"], responses={401: {"model": Error
         404: {"model": ErrorBody},
     },
 )
-async def lease(request: Request, body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> TaskSpec | Response:
+async def lease(
+    request: Request, body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings: Settings
+) -> TaskSpec | Response:
     stakes = request.app.state.stakes
     stake = None if stakes is None else await stakes.stake(signed.address)
     leased = await ledger.run_signed(signed, runs.lease, body, settings, datetime.now(UTC), stake)
     if isinstance(leased, TaskSpec):
         return leased
-    headers = {"x-intellect-wait": leased.reason, "x-intellect-wait-message": leased.message, "retry-after": f"{leased.retry_after_s:.0f}"}
+    headers = {
+        "x-intellect-wait": leased.reason,
+        "x-intellect-wait-message": leased.message,
+        "retry-after": f"{leased.retry_after_s:.0f}",
+    }
     return Response(status_code=204, headers=headers)
 
 
@@ -45,7 +51,9 @@ async def lease(request: Request, body: LeaseRequest, signed: Signed, ledger: Le
         422: {"model": ErrorBody},
     },
 )
-async def submit(request: Request, task: Annotated[str, Query(max_length=64)], upload: SignedUpload, ledger: LedgerDep) -> SubmissionReceipt:
+async def submit(
+    request: Request, task: Annotated[str, Query(max_length=64)], upload: SignedUpload, ledger: LedgerDep
+) -> SubmissionReceipt:
     """Upload a rollout file (Parquet, the raw body) for a leased task; the signature covers its hash."""
     signed, staged = upload
     expected = await ledger.run(submissions.expected_file, signed.address, task, staged.sha256, datetime.now(UTC))

@@ -42,7 +42,9 @@ async def accepted_rollouts(
     return entries
 
 
-@router.get("/submissions/{submission_id}/file", responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}})
+@router.get(
+    "/submissions/{submission_id}/file", responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}}
+)
 async def accepted_file(submission_id: str, request: Request, signed: Signed, ledger: LedgerDep) -> Response:
     key = await ledger.run_signed(signed, training.accepted_file_key, submission_id)
     return await blob_response(request, key)

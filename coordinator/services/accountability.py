@@ -28,7 +28,9 @@ def strike(
 ) -> Literal["struck", "revoked"] | None:
     """Record that ``validator`` was outvoted (once per submission): "revoked" when this strike just
     cost it the role, "struck" when it keeps it, None when nothing new was recorded or it held no role."""
-    if session.scalar(select(ValidatorStrike.id).where(ValidatorStrike.validator == validator, ValidatorStrike.submission_id == submission_id)):
+    if session.scalar(
+        select(ValidatorStrike.id).where(ValidatorStrike.validator == validator, ValidatorStrike.submission_id == submission_id)
+    ):
         return None
     session.add(ValidatorStrike(validator=validator, submission_id=submission_id, reason=reason, at=now))
     role = roles.active(session, validator, RoleName.validator)
@@ -61,10 +63,10 @@ def agreement(session: Session, validators: set[str]) -> dict[str, tuple[int, in
     if not validators:
         return {}
     rows = session.execute(
-        select(
-            Review.validator, func.count(), func.count(Review.agreed), func.sum(case((Review.agreed.is_(True), 1), else_=0))
-        ).where(Review.validator.in_(validators), Review.outcome.is_not(None)).group_by(Review.validator)
-    ).all()  # fmt: skip
+        select(Review.validator, func.count(), func.count(Review.agreed), func.sum(case((Review.agreed.is_(True), 1), else_=0)))
+        .where(Review.validator.in_(validators), Review.outcome.is_not(None))
+        .group_by(Review.validator)
+    ).all()
     out = {v: (0, 0, 0) for v in validators}
     out.update({v: (int(n), int(c), int(a or 0)) for v, n, c, a in rows})
     return out
@@ -79,7 +81,12 @@ def rows_trained_then_rejected(session: Session, validators: set[str]) -> dict[s
     query = (
         select(Review.validator, func.sum(Submission.trained_rows))
         .join(Submission, Submission.id == Review.submission_id)
-        .where(Review.validator.in_(validators), Review.outcome == "accept", Submission.trained_rows > 0, Submission.outcome != "accept")
+        .where(
+            Review.validator.in_(validators),
+            Review.outcome == "accept",
+            Submission.trained_rows > 0,
+            Submission.outcome != "accept",
+        )
         .group_by(Review.validator)
     )
     return {v: int(n) for v, n in session.execute(query)}
@@ -96,9 +103,15 @@ def standings(session: Session) -> list[ValidatorStanding]:
         verdicts, compared, agreed = counts[address]
         out.append(
             ValidatorStanding(
-                address=address, active=grant.revoked_at is None, verdicts=verdicts, compared=compared, agreed=agreed,
-                agreement_rate=rate(compared, agreed), strikes=strikes_since(session, address, grant.granted_at),
-                revoke_reason=grant.revoke_reason, rows_trained_then_rejected=trained.get(address, 0),
+                address=address,
+                active=grant.revoked_at is None,
+                verdicts=verdicts,
+                compared=compared,
+                agreed=agreed,
+                agreement_rate=rate(compared, agreed),
+                strikes=strikes_since(session, address, grant.granted_at),
+                revoke_reason=grant.revoke_reason,
+                rows_trained_then_rejected=trained.get(address, 0),
             )
-        )  # fmt: skip
+        )
     return sorted(out, key=lambda s: (not s.active, -s.verdicts))

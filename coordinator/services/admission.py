@@ -52,11 +52,15 @@ def work_wait(session: Session, run: Run, settings: CoordinatorSettings, now: da
             f"waiting for validation capacity: {queued} files are queued or in progress, as many as validators "
             f"decide ({rate * 60:.0f} a minute) before work goes stale ({horizon:.0f} s)"
         )
-        return WorkWait(reason="validation_capacity", message=message, retry_after_s=max(1.0, min(10.0, 1 / rate if rate else 10.0)))
+        return WorkWait(
+            reason="validation_capacity", message=message, retry_after_s=max(1.0, min(10.0, 1 / rate if rate else 10.0))
+        )
     unread = unread_by_trainer(session, run)
     if unread >= allowed:
         if not _live(session, RoleName.trainer, now - timedelta(seconds=settings.trainer_live_s)):
-            message = f"no trainer has read this run's work in {settings.trainer_live_s:.0f} s; {unread} accepted files wait for one"
+            message = (
+                f"no trainer has read this run's work in {settings.trainer_live_s:.0f} s; {unread} accepted files wait for one"
+            )
             return WorkWait(reason="no_trainer", message=message, retry_after_s=30)
         message = f"waiting for the trainer: {unread} accepted files are not read yet"
         return WorkWait(reason="trainer_capacity", message=message, retry_after_s=TRAINER_RETRY_S)
@@ -71,11 +75,14 @@ def backlog(session: Session, run_id: str, now: datetime) -> int:
     """Submissions awaiting a decision plus tasks being worked on: what validators will have to check
     (held splits wait for a validator that does not exist yet, not for capacity: they do not count)."""
     pending = session.scalar(
-        select(func.count()).select_from(Submission)
+        select(func.count())
+        .select_from(Submission)
         .where(Submission.run_id == run_id, Submission.status == SubmissionStatus.pending, Submission.held_at.is_(None))
-    )  # fmt: skip
+    )
     working = session.scalar(
-        select(func.count()).select_from(Task).where(Task.run_id == run_id, Task.status == TaskStatus.leased, Task.lease_expires_at > now)
+        select(func.count())
+        .select_from(Task)
+        .where(Task.run_id == run_id, Task.status == TaskStatus.leased, Task.lease_expires_at > now)
     )
     return (pending or 0) + (working or 0)
 
@@ -84,7 +91,9 @@ def decision_rate(session: Session, run_id: str, settings: CoordinatorSettings, 
     """Submissions of ``run_id`` decided per second, over the last ``throughput_window_s`` (0 before three)."""
     since = now - timedelta(seconds=settings.throughput_window_s)
     count, first = session.execute(
-        select(func.count(), func.min(Submission.validated_at)).where(Submission.run_id == run_id, Submission.validated_at >= since)
+        select(func.count(), func.min(Submission.validated_at)).where(
+            Submission.run_id == run_id, Submission.validated_at >= since
+        )
     ).one()
     if count < 3 or first is None:
         return 0.0
@@ -109,10 +118,13 @@ def _horizon(session: Session, run: Run, settings: CoordinatorSettings) -> float
     published = func.min(PolicyManifest.created_at)  # a restarted trainer registers its step again
     times = list(
         session.scalars(
-            select(published).where(PolicyManifest.run_id == run.id)
-            .group_by(PolicyManifest.step).order_by(PolicyManifest.step.desc()).limit(STEPS_MEASURED)
+            select(published)
+            .where(PolicyManifest.run_id == run.id)
+            .group_by(PolicyManifest.step)
+            .order_by(PolicyManifest.step.desc())
+            .limit(STEPS_MEASURED)
         )
-    )  # fmt: skip
+    )
     if len(times) < 2:
         return settings.backpressure_horizon_s
     period = (times[0] - times[-1]).total_seconds() / (len(times) - 1)

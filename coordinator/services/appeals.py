@@ -46,14 +46,23 @@ def file(session: Session, signer: str, body: AppealRequest, settings: Coordinat
         raise ApiError(409, ErrorCode.conflict, f"The dispute window of this decision closed at {closes.isoformat()}.")
     filed = session.scalar(select(func.count()).where(Appeal.address == signer, Appeal.created_at > now - DAY)) or 0
     if filed >= settings.appeals_per_day:
-        oldest = session.scalar(select(func.min(Appeal.created_at)).where(Appeal.address == signer, Appeal.created_at > now - DAY))
+        oldest = session.scalar(
+            select(func.min(Appeal.created_at)).where(Appeal.address == signer, Appeal.created_at > now - DAY)
+        )
         wait = max(1, int((oldest + DAY - now).total_seconds()))  # type: ignore[operator]
         raise ApiError(
-            429, ErrorCode.rate_limited, f"At most {settings.appeals_per_day} appeals a day; the next is possible in {wait} s.",
+            429,
+            ErrorCode.rate_limited,
+            f"At most {settings.appeals_per_day} appeals a day; the next is possible in {wait} s.",
             headers={"Retry-After": str(wait)},
-        )  # fmt: skip
+        )
     appeal = Appeal(
-        submission_id=submission.id, address=signer, reason=body.reason, prior_outcome=submission.outcome, status=AppealStatus.open, created_at=now
+        submission_id=submission.id,
+        address=signer,
+        reason=body.reason,
+        prior_outcome=submission.outcome,
+        status=AppealStatus.open,
+        created_at=now,
     )
     session.add(appeal)
     session.flush()
@@ -62,7 +71,8 @@ def file(session: Session, signer: str, body: AppealRequest, settings: Coordinat
     if heard_by is None or not committee.could_be_judged(session, heard_by, settings):
         # The transaction rolls back: no appeal, no review.
         raise ApiError(
-            409, ErrorCode.conflict,
+            409,
+            ErrorCode.conflict,
             "No validator that has not judged this work holds the role, so nobody could hear this appeal; nothing was filed.",
-        )  # fmt: skip
+        )
     return AppealInfo.model_validate(appeal, from_attributes=True)

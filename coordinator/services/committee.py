@@ -73,7 +73,9 @@ def linked(session: Session, address: str, settings: CoordinatorSettings) -> set
     return out
 
 
-def open_review(session: Session, submission: Submission, purpose: Purpose, now: datetime, appeal: Appeal | None = None) -> Review:
+def open_review(
+    session: Session, submission: Submission, purpose: Purpose, now: datetime, appeal: Appeal | None = None
+) -> Review:
     review = Review(submission_id=submission.id, purpose=purpose, appeal_id=appeal.id if appeal else None, opened_at=now)
     session.add(review)
     return review
@@ -84,7 +86,11 @@ def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> No
     assignment lapsed), the work closest to going stale first; expire what went stale waiting."""
     expire_stale(session, now)
     seen = now - timedelta(seconds=settings.validator_live_s)
-    live = list(session.scalars(select(Role.address).where(Role.role == RoleName.validator, Role.revoked_at.is_(None), Role.last_seen >= seen)))
+    live = list(
+        session.scalars(
+            select(Role.address).where(Role.role == RoleName.validator, Role.revoked_at.is_(None), Role.last_seen >= seen)
+        )
+    )
     if not live:
         return
     waiting = list(
@@ -92,7 +98,9 @@ def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> No
             select(Review)
             .join(Submission, Submission.id == Review.submission_id)
             .join(Task, Task.id == Submission.task_id)
-            .where(Review.outcome.is_(None), Review.voided_at.is_(None), or_(Review.validator.is_(None), Review.expires_at <= now))
+            .where(
+                Review.outcome.is_(None), Review.voided_at.is_(None), or_(Review.validator.is_(None), Review.expires_at <= now)
+            )
             .where(or_(Review.retry_at.is_(None), Review.retry_at <= now))
             .order_by(*URGENT_FIRST)
             .limit(ASSIGN_SCAN)
@@ -133,10 +141,16 @@ def progress(session: Session, submission: Submission, settings: CoordinatorSett
     Once a submission was appealed, the appeal's committee is the one that counts."""
     appeal = session.scalar(select(Appeal).where(Appeal.submission_id == submission.id))
     reviews = [
-        r for r in session.scalars(select(Review).where(Review.submission_id == submission.id).order_by(Review.id))
+        r
+        for r in session.scalars(select(Review).where(Review.submission_id == submission.id).order_by(Review.id))
         if r.voided_at is None and r.appeal_id == (appeal.id if appeal else None)
-    ]  # fmt: skip
-    if appeal is None and submission.outcome is None and stale(session, submission) and not any(r.outcome == "hard" for r in reviews):
+    ]
+    if (
+        appeal is None
+        and submission.outcome is None
+        and stale(session, submission)
+        and not any(r.outcome == "hard" for r in reviews)
+    ):
         return expire(session, submission, now)
     if any(r.outcome is None for r in reviews):
         return
@@ -150,7 +164,16 @@ def progress(session: Session, submission: Submission, settings: CoordinatorSett
             return _decide(session, submission, outcomes[0], reviews, appeal, settings, now)
         if _open_if_judgeable(session, submission, extra, now, appeal, settings):
             return None
-        return _decide(session, submission, outcomes[0], reviews, appeal, settings, now, f"{extra.replace('_', ' ')} waived: no independent validator holds the role")
+        return _decide(
+            session,
+            submission,
+            outcomes[0],
+            reviews,
+            appeal,
+            settings,
+            now,
+            f"{extra.replace('_', ' ')} waived: no independent validator holds the role",
+        )
     if len(reviews) == 2 and outcomes[0] != outcomes[1]:
         if not _open_if_judgeable(session, submission, "appeal" if appeal else "tiebreak", now, appeal, settings):
             _hold(session, submission, outcomes, appeal, now)
@@ -181,7 +204,9 @@ def majority(outcomes: Sequence[Outcome]) -> Outcome:
     return "soft"
 
 
-def _second_look(session: Session, submission: Submission, only: Review, appeal: Appeal | None, settings: CoordinatorSettings) -> Purpose | None:
+def _second_look(
+    session: Session, submission: Submission, only: Review, appeal: Appeal | None, settings: CoordinatorSettings
+) -> Purpose | None:
     if appeal is not None:
         return "appeal"
     if only.outcome == "hard":
@@ -193,7 +218,12 @@ def audit_chance(session: Session, submission: Submission, validator: str, setti
     """The highest audit share of the run's policy that applies to this node and this validator."""
     policy = AuditPolicy.model_validate(session.get_one(Run, submission.run_id).audit or {})
     chance = policy.share
-    accepted = session.scalar(select(func.count()).where(Submission.address == submission.address, Submission.status == SubmissionStatus.accepted)) or 0
+    accepted = (
+        session.scalar(
+            select(func.count()).where(Submission.address == submission.address, Submission.status == SubmissionStatus.accepted)
+        )
+        or 0
+    )
     if accepted < policy.new_node_accepted:
         chance = max(chance, policy.new_node_share)
     if suspect_node(session, submission.address):
@@ -210,23 +240,34 @@ def suspect_node(session: Session, address: str) -> bool:
     if node is not None and node.strikes > 0:
         return True
     called_forged = (
-        select(Review.id).join(Submission, Submission.id == Review.submission_id)
-        .where(Submission.address == address, Review.outcome == "hard", Review.voided_at.is_(None)).limit(1)
-    )  # fmt: skip
+        select(Review.id)
+        .join(Submission, Submission.id == Review.submission_id)
+        .where(Submission.address == address, Review.outcome == "hard", Review.voided_at.is_(None))
+        .limit(1)
+    )
     return session.scalar(called_forged) is not None
 
 
 def _rows_trained(session: Session, submission: Submission) -> int:
     """Rows of accepted ``submission`` the trainer has read: all it trains on, if its cursor passed the credit."""
     cursor = session.get_one(Run, submission.run_id).trainer_cursor
-    first = session.scalar(select(func.min(ContributionEntry.id)).where(ContributionEntry.submission_id == submission.id, ContributionEntry.kind == "credit"))
+    first = session.scalar(
+        select(func.min(ContributionEntry.id)).where(
+            ContributionEntry.submission_id == submission.id, ContributionEntry.kind == "credit"
+        )
+    )
     if first is None or first > cursor:
         return 0
     return submission.rows - len(submission.untrained_rows or [])
 
 
 def _open_if_judgeable(
-    session: Session, submission: Submission, purpose: Purpose, now: datetime, appeal: Appeal | None, settings: CoordinatorSettings
+    session: Session,
+    submission: Submission,
+    purpose: Purpose,
+    now: datetime,
+    appeal: Appeal | None,
+    settings: CoordinatorSettings,
 ) -> bool:
     review = open_review(session, submission, purpose, now, appeal)
     session.flush()
@@ -237,9 +278,15 @@ def _open_if_judgeable(
 
 
 def _decide(
-    session: Session, submission: Submission, outcome: Outcome, reviews: list[Review], appeal: Appeal | None,
-    settings: CoordinatorSettings, now: datetime, note: str | None = None,
-) -> None:  # fmt: skip
+    session: Session,
+    submission: Submission,
+    outcome: Outcome,
+    reviews: list[Review],
+    appeal: Appeal | None,
+    settings: CoordinatorSettings,
+    now: datetime,
+    note: str | None = None,
+) -> None:
     prev: Outcome | None = submission.outcome  # type: ignore[assignment]
     if outcome == "accept":
         submission.trained_rows = None  # counted only where an acceptance is reversed (set by reopen)
@@ -255,7 +302,9 @@ def _decide(
     submission.validator, submission.checks, submission.verdict_signature = lead.validator, lead.checks, lead.signature
     rows = sorted({i for r in deciding for i in r.untrained_rows or []})
     submission.untrained_rows = rows if outcome == "accept" and rows else None
-    reasons = [f"{c['name']}: {c['reason']}" + (" (numerics explain it: no strike)" if c.get("explained") else "") for c in failed]
+    reasons = [
+        f"{c['name']}: {c['reason']}" + (" (numerics explain it: no strike)" if c.get("explained") else "") for c in failed
+    ]
     if outcome != "accept" and lead.outcome != outcome:
         reasons.insert(0, f"validators split {', '.join(r.outcome or '' for r in reviews)}")
     submission.reason = "; ".join([*(reasons or ["all checks passed"]), *([note] if note else [])])
@@ -268,18 +317,28 @@ def _decide(
         appeal.decided_at = now
         if appeal.status == AppealStatus.upheld:
             # What an appeal costs: validators' passes for nothing, paid for with a strike.
-            consequences.strike(session, submission.address, submission.id, f"appeal of {submission.id} failed: the rejection stands", settings, now)
+            consequences.strike(
+                session,
+                submission.address,
+                submission.id,
+                f"appeal of {submission.id} failed: the rejection stands",
+                settings,
+                now,
+            )
         judged += [
-            r for r in session.scalars(select(Review).where(Review.submission_id == submission.id, Review.appeal_id.is_(None)))
+            r
+            for r in session.scalars(select(Review).where(Review.submission_id == submission.id, Review.appeal_id.is_(None)))
             if r.voided_at is None and r.outcome is not None
-        ]  # fmt: skip
+        ]
     if len(judged) < 2:
         return
     for review in judged:
         review.agreed = review.outcome == outcome
     for review in judged:
         if not review.agreed and review.validator is not None:
-            why = f"said {review.outcome} where the majority decided {outcome}" + (" on appeal" if review.appeal_id != (appeal.id if appeal else None) else "")
+            why = f"said {review.outcome} where the majority decided {outcome}" + (
+                " on appeal" if review.appeal_id != (appeal.id if appeal else None) else ""
+            )
             struck = accountability.strike(session, review.validator, submission.id, why, settings, now)
             if struck == "revoked":
                 recheck_verdicts_of(session, review.validator, settings, now)
@@ -297,7 +356,9 @@ def expire(session: Session, submission: Submission, now: datetime) -> None:
     """Decide undecided, stale ``submission`` as expired: the network, not the node, made it late,
     so no credit and no penalty; its open reviews are voided, so no validator spends a model pass on it."""
     task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
-    for review in session.scalars(select(Review).where(Review.submission_id == submission.id, Review.outcome.is_(None), Review.voided_at.is_(None))):
+    for review in session.scalars(
+        select(Review).where(Review.submission_id == submission.id, Review.outcome.is_(None), Review.voided_at.is_(None))
+    ):
         review.voided_at, review.void_reason = now, "the work went stale first"
     submission.status, submission.outcome, submission.hard, submission.validated_at = SubmissionStatus.expired, "soft", False, now
     oldest = max(0, run.policy_step - run.async_level)
@@ -311,7 +372,11 @@ def expire_stale(session: Session, now: datetime) -> None:
         select(Submission)
         .join(Task, Task.id == Submission.task_id)
         .join(Run, Run.id == Submission.run_id)
-        .where(Submission.status == SubmissionStatus.pending, Submission.outcome.is_(None), Task.policy_step < Run.policy_step - Run.async_level)
+        .where(
+            Submission.status == SubmissionStatus.pending,
+            Submission.outcome.is_(None),
+            Task.policy_step < Run.policy_step - Run.async_level,
+        )
         .where(~exists().where(Review.submission_id == Submission.id, Review.outcome == "hard", Review.voided_at.is_(None)))
         .with_for_update(skip_locked=True, of=Submission)
     )
@@ -323,7 +388,11 @@ def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorS
     """After ``validator`` lost its role: its open assignments are drawn again, its verdicts of the
     last ``recheck_window_s`` stop counting, and every submission one of them helped decide is judged again."""
     # Locked: a verdict being given on one of them finishes first and is then no longer open.
-    open_ones = select(Review).where(Review.validator == validator, Review.outcome.is_(None), Review.voided_at.is_(None)).with_for_update()
+    open_ones = (
+        select(Review)
+        .where(Review.validator == validator, Review.outcome.is_(None), Review.voided_at.is_(None))
+        .with_for_update()
+    )
     for review in session.scalars(open_ones):
         review.validator = review.expires_at = review.claimed_at = None
     since = now - timedelta(seconds=settings.recheck_window_s)
@@ -364,9 +433,13 @@ def withhold_approvals_of(session: Session, validator: str, settings: Coordinato
         .join(Run, Run.id == Submission.run_id)
         .join(ContributionEntry, (ContributionEntry.submission_id == Submission.id) & (ContributionEntry.kind == "credit"))
         .where(Review.validator == validator, Review.outcome == "accept", Review.agreed.is_(None), Review.voided_at.is_(None))
-        .where(Submission.status == SubmissionStatus.accepted, Submission.validator == validator, ContributionEntry.id > Run.trainer_cursor)
+        .where(
+            Submission.status == SubmissionStatus.accepted,
+            Submission.validator == validator,
+            ContributionEntry.id > Run.trainer_cursor,
+        )
         .with_for_update(of=Submission)
-    )  # fmt: skip
+    )
     for submission in session.scalars(alone).unique():
         reopen(session, submission)
         submission.reason = f"withheld from training: its only validator {validator} was outvoted elsewhere; an audit decides"

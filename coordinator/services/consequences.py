@@ -28,16 +28,30 @@ STRIKES_BAN = "strikes (forged or corrupted work, or repeated wrong work)"
 
 
 def apply(
-    session: Session, submission: Submission, prev: Outcome | None, new: Outcome, settings: CoordinatorSettings, now: datetime,
-    *, charge_soft: bool,
-) -> None:  # fmt: skip
+    session: Session,
+    submission: Submission,
+    prev: Outcome | None,
+    new: Outcome,
+    settings: CoordinatorSettings,
+    now: datetime,
+    *,
+    charge_soft: bool,
+) -> None:
     """Move ``submission``'s node from what ``prev`` did to what ``new`` asks; ``charge_soft``: a
     new soft rejection counts towards a strike (not when numerics explain it or the work went stale)."""
     if prev == new:
         return
     why = f"{submission.id}: {submission.reason}"
     if prev == "accept":
-        credit.claw_back(session, submission.address, f"no longer accepted: {why}", now, cause=submission.id, only=submission.id, even_final=True)
+        credit.claw_back(
+            session,
+            submission.address,
+            f"no longer accepted: {why}",
+            now,
+            cause=submission.id,
+            only=submission.id,
+            even_final=True,
+        )
     if prev == "hard":
         credit.restore(session, submission.id, f"rejection overturned: {submission.id}", now)
     if prev in ("hard", "soft"):
@@ -66,9 +80,13 @@ def strike(session: Session, address: str, submission_id: str, reason: str, sett
         nodes.ban(session, address, f"{node.strikes} {STRIKES_BAN}", now)
 
 
-def take_back_strikes(session: Session, submission: Submission, reason: str, settings: CoordinatorSettings, now: datetime) -> None:
+def take_back_strikes(
+    session: Session, submission: Submission, reason: str, settings: CoordinatorSettings, now: datetime
+) -> None:
     """Remove the strikes ``submission`` caused, and lift a ban they alone had brought."""
-    given = session.scalar(select(func.coalesce(func.sum(NodeStrike.units), 0)).where(NodeStrike.submission_id == submission.id)) or 0
+    given = (
+        session.scalar(select(func.coalesce(func.sum(NodeStrike.units), 0)).where(NodeStrike.submission_id == submission.id)) or 0
+    )
     node = session.get(Node, submission.address)
     if given <= 0 or node is None:
         return
@@ -83,10 +101,14 @@ def _charge_soft_rejection(session: Session, submission: Submission, settings: C
     session.flush()
     count = session.scalar(
         select(func.count()).where(
-            Submission.address == submission.address, Submission.status == SubmissionStatus.rejected,
-            Submission.hard.is_not(True), Submission.validated_at >= since,
+            Submission.address == submission.address,
+            Submission.status == SubmissionStatus.rejected,
+            Submission.hard.is_not(True),
+            Submission.validated_at >= since,
         )
-    )  # fmt: skip
+    )
     if count and count % settings.soft_rejections_per_strike == 0:
-        submission.reason = f"{submission.reason}; a strike: {count} soft rejections within {settings.soft_rejection_window_s:.0f} s"
+        submission.reason = (
+            f"{submission.reason}; a strike: {count} soft rejections within {settings.soft_rejection_window_s:.0f} s"
+        )
         strike(session, submission.address, submission.id, submission.reason, settings, now)

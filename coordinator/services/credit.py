@@ -29,7 +29,11 @@ def credit(session: Session, submission: Submission, settings: CoordinatorSettin
     reversal gets a *restore* entry: only first credits reach the trainer, which may have read it."""
     if net_units(session, submission.id) > 0:
         return None
-    before = session.scalar(select(ContributionEntry.id).where(ContributionEntry.submission_id == submission.id, ContributionEntry.kind == "credit").limit(1))
+    before = session.scalar(
+        select(ContributionEntry.id)
+        .where(ContributionEntry.submission_id == submission.id, ContributionEntry.kind == "credit")
+        .limit(1)
+    )
     units = credit_of(submission.tokens, submission.prompt_tokens, settings.prompt_token_weight)
     window = session.get_one(Run, submission.run_id).dispute_window_s
     window = settings.dispute_window_s if window is None else window
@@ -66,21 +70,32 @@ def claw_back(
     """Negative entries cancelling ``address``'s still-pending credit (of submission ``only``, if
     given; ``even_final``: its final credit too, for work found invalid), caused by submission ``cause``."""
     query = select(
-        ContributionEntry.submission_id, func.sum(ContributionEntry.units), func.max(ContributionEntry.final_at),
-        func.min(ContributionEntry.id), func.min(ContributionEntry.final_at),
-    ).where(ContributionEntry.address == address)  # fmt: skip
+        ContributionEntry.submission_id,
+        func.sum(ContributionEntry.units),
+        func.max(ContributionEntry.final_at),
+        func.min(ContributionEntry.id),
+        func.min(ContributionEntry.final_at),
+    ).where(ContributionEntry.address == address)
     if only is not None:
         query = query.where(ContributionEntry.submission_id == only)
     epoch = session.scalar(select(Epoch).order_by(Epoch.epoch.desc()).limit(1))
     entries = []
-    for submission_id, units, final_at, first_id, first_final in session.execute(query.group_by(ContributionEntry.submission_id)).all():
+    for submission_id, units, final_at, first_id, first_final in session.execute(
+        query.group_by(ContributionEntry.submission_id)
+    ).all():
         if epoch is not None and first_id <= epoch.last_entry_id and first_final <= epoch.cutoff:
             continue  # counted in a root that may already pay it: it stays
         if units > 0 and (even_final or final_at > now):
             entry = ContributionEntry(
-                address=address, submission_id=submission_id, kind="clawback", units=-units, reason=reason,
-                created_at=now, final_at=final_at, cause_id=cause,
-            )  # fmt: skip
+                address=address,
+                submission_id=submission_id,
+                kind="clawback",
+                units=-units,
+                reason=reason,
+                created_at=now,
+                final_at=final_at,
+                cause_id=cause,
+            )
             session.add(entry)
             entries.append(entry)
     return entries
@@ -89,7 +104,12 @@ def claw_back(
 def restore(session: Session, cause: str, reason: str, now: datetime) -> list[ContributionEntry]:
     """Give back what clawbacks caused by submission ``cause`` took (its rejection was overturned)."""
     query = (
-        select(ContributionEntry.address, ContributionEntry.submission_id, func.sum(ContributionEntry.units), func.max(ContributionEntry.final_at))
+        select(
+            ContributionEntry.address,
+            ContributionEntry.submission_id,
+            func.sum(ContributionEntry.units),
+            func.max(ContributionEntry.final_at),
+        )
         .where(ContributionEntry.cause_id == cause)
         .group_by(ContributionEntry.address, ContributionEntry.submission_id)
     )
@@ -97,9 +117,15 @@ def restore(session: Session, cause: str, reason: str, now: datetime) -> list[Co
     for address, submission_id, units, final_at in session.execute(query).all():
         if units < 0:
             entry = ContributionEntry(
-                address=address, submission_id=submission_id, kind="restore", units=-units, reason=reason,
-                created_at=now, final_at=final_at, cause_id=cause,
-            )  # fmt: skip
+                address=address,
+                submission_id=submission_id,
+                kind="restore",
+                units=-units,
+                reason=reason,
+                created_at=now,
+                final_at=final_at,
+                cause_id=cause,
+            )
             session.add(entry)
             entries.append(entry)
     return entries

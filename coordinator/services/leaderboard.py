@@ -36,7 +36,9 @@ def _submission_counts(session: Session, address: str | None = None) -> dict[str
 def _credits(session: Session, now: datetime) -> dict[str, tuple[int, int]]:
     """address -> (pending, final) credit micro-units."""
     is_final = ContributionEntry.final_at <= now
-    query = select(ContributionEntry.address, is_final, func.sum(ContributionEntry.units)).group_by(ContributionEntry.address, is_final)
+    query = select(ContributionEntry.address, is_final, func.sum(ContributionEntry.units)).group_by(
+        ContributionEntry.address, is_final
+    )
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for who, final, units in session.execute(query):
         out[who][1 if final else 0] += int(units)
@@ -53,11 +55,18 @@ def ranking(session: Session, now: datetime, limit: int) -> list[LeaderboardRow]
         pending, final = credits.get(node.address, (0, 0))
         rows.append(
             LeaderboardRow(
-                rank=0, address=node.address, status=NodeStatus(node.status), final_credit=final, pending_credit=pending,
-                accepted_tokens=tokens, accepted=accepted, rejected=rejected,
-                acceptance_rate=accepted / (accepted + rejected) if accepted + rejected else None, last_seen=node.last_seen,
+                rank=0,
+                address=node.address,
+                status=NodeStatus(node.status),
+                final_credit=final,
+                pending_credit=pending,
+                accepted_tokens=tokens,
+                accepted=accepted,
+                rejected=rejected,
+                acceptance_rate=accepted / (accepted + rejected) if accepted + rejected else None,
+                last_seen=node.last_seen,
             )
-        )  # fmt: skip
+        )
     rows.sort(key=lambda r: (-r.final_credit, -r.pending_credit, -r.accepted_tokens, r.address))
     for i, row in enumerate(rows):
         row.rank = i + 1
@@ -69,9 +78,13 @@ def public_node(session: Session, address: str, now: datetime) -> PublicNode:
     pending, final = _credits(session, now).get(address, (0, 0))
     counts = {status: n for status, (n, _) in _submission_counts(session, address).get(address, {}).items()}
     return PublicNode(
-        address=node.address, status=NodeStatus(node.status), first_seen=node.first_seen, last_seen=node.last_seen,
-        credit=Credit(address=node.address, pending=pending, final=final), submissions=counts,
-    )  # fmt: skip
+        address=node.address,
+        status=NodeStatus(node.status),
+        first_seen=node.first_seen,
+        last_seen=node.last_seen,
+        credit=Credit(address=node.address, pending=pending, final=final),
+        submissions=counts,
+    )
 
 
 def network(session: Session, settings: CoordinatorSettings, now: datetime) -> NetworkStatus:
@@ -80,7 +93,9 @@ def network(session: Session, settings: CoordinatorSettings, now: datetime) -> N
     counts = nodes.status_counts(session)
     by_status = dict(session.execute(select(Submission.status, func.count()).group_by(Submission.status)).all())
     verdicts = sum(by_status.get(s, 0) for s in (SubmissionStatus.accepted, *REJECTED))
-    recent = session.scalar(select(func.coalesce(func.sum(Submission.rows), 0)).where(Submission.created_at >= now - timedelta(minutes=5)))
+    recent = session.scalar(
+        select(func.coalesce(func.sum(Submission.rows), 0)).where(Submission.created_at >= now - timedelta(minutes=5))
+    )
     return NetworkStatus(
         run=RunInfo.model_validate(run, from_attributes=True) if run else None,
         policy_step=run.policy_step if run else 0,

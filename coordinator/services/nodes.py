@@ -81,7 +81,10 @@ def register(
         node = Node(address=signer, first_seen=now, status=None)
         session.add(node)
         transition(session, node, S.registered, "registered", now)
-    node.operator_address, node.operator_signature = body.operator_address, body.operator_signature if body.operator_address else None
+    node.operator_address, node.operator_signature = (
+        body.operator_address,
+        body.operator_signature if body.operator_address else None,
+    )
     node.specs = body.specs.model_dump()
     node.client_version = body.client_version
     node.last_seen = now
@@ -93,10 +96,11 @@ def _require_signed_link(body: RegisterRequest, node: str, audience: str) -> Non
         return
     if body.operator_signature is None or link_signer(body.operator_signature, audience, node) != body.operator_address:
         raise ApiError(
-            422, ErrorCode.signature_invalid,
+            422,
+            ErrorCode.signature_invalid,
             f"operator_address {body.operator_address} needs that operator's signature of the link to this node on this deployment "
             "(operator_signature; the operator makes it with `intellect-node link-operator`).",
-        )  # fmt: skip
+        )
 
 
 _HEARTBEAT = (

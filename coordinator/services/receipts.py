@@ -40,7 +40,11 @@ class SubmissionFilter:
 def admin_receipts(session: Session, where: SubmissionFilter, limit: int, offset: int) -> list[AdminReceipt]:
     """Submissions matching ``where``, newest first."""
     query = select(Submission).order_by(Submission.created_at.desc(), Submission.id)
-    for column, value in ((Submission.run_id, where.run_id), (Submission.status, where.status), (Submission.address, where.address)):
+    for column, value in (
+        (Submission.run_id, where.run_id),
+        (Submission.status, where.status),
+        (Submission.address, where.address),
+    ):
         if value is not None:
             query = query.where(column == value)
     if where.since is not None:
@@ -70,10 +74,14 @@ def _admin_receipts(session: Session, submissions: list[Submission]) -> list[Adm
         out.append(
             AdminReceipt(
                 **public.model_dump(),
-                blob_key=submission.blob_key, rows=submission.rows, tokens=submission.tokens, prompt_tokens=submission.prompt_tokens,
-                claimed_by=review.validator if held else None, claim_expires_at=review.expires_at if held else None,  # type: ignore[union-attr]
+                blob_key=submission.blob_key,
+                rows=submission.rows,
+                tokens=submission.tokens,
+                prompt_tokens=submission.prompt_tokens,
+                claimed_by=review.validator if held else None,
+                claim_expires_at=review.expires_at if held else None,  # type: ignore[union-attr]
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -81,7 +89,9 @@ def _receipts(session: Session, submissions: list[Submission]) -> list[PublicRec
     """Receipts of ``submissions``, reading their verdicts, appeals and validators' agreement once for all."""
     ids = [s.id for s in submissions]
     reviews: dict[str, list[Review]] = defaultdict(list)
-    for r in session.scalars(select(Review).where(Review.submission_id.in_(ids), Review.outcome.is_not(None)).order_by(Review.id)):
+    for r in session.scalars(
+        select(Review).where(Review.submission_id.in_(ids), Review.outcome.is_not(None)).order_by(Review.id)
+    ):
         reviews[r.submission_id].append(r)
     appeals = {a.submission_id: a for a in session.scalars(select(Appeal).where(Appeal.submission_id.in_(ids)))}
     counts = accountability.agreement(session, {r.validator for rs in reviews.values() for r in rs if r.validator})
@@ -94,12 +104,19 @@ def _receipt(
 ) -> PublicReceipt:
     verdicts = [
         VerdictRecord(
-            validator=r.validator, purpose=r.purpose, outcome=r.outcome, checks=[CheckOutcome(**c) for c in r.checks or []],  # type: ignore[arg-type]
-            untrained_rows=r.untrained_rows or [], signature=r.signature or "", judged_at=r.judged_at,  # type: ignore[arg-type]
-            agreed=r.agreed, voided=r.voided_at is not None, agreement_rate=accountability.rate(*counts[r.validator][1:]),  # type: ignore[index]
+            validator=r.validator,
+            purpose=r.purpose,
+            outcome=r.outcome,
+            checks=[CheckOutcome(**c) for c in r.checks or []],  # type: ignore[arg-type]
+            untrained_rows=r.untrained_rows or [],
+            signature=r.signature or "",
+            judged_at=r.judged_at,  # type: ignore[arg-type]
+            agreed=r.agreed,
+            voided=r.voided_at is not None,
+            agreement_rate=accountability.rate(*counts[r.validator][1:]),  # type: ignore[index]
         )
         for r in reviews
-    ]  # fmt: skip
+    ]
     return PublicReceipt(
         submission_id=submission.id,
         task_id=submission.task_id,

@@ -50,7 +50,9 @@ def create_run(
     min_stake: int = 0,
 ) -> Run:
     if environment not in ENVIRONMENTS:
-        raise ApiError(422, ErrorCode.validation_error, f"Unknown environment {environment!r}; choose one of {', '.join(ENVIRONMENTS)}.")
+        raise ApiError(
+            422, ErrorCode.validation_error, f"Unknown environment {environment!r}; choose one of {', '.join(ENVIRONMENTS)}."
+        )
     if session.scalar(select(Run.id).where(Run.name == name)):
         raise ApiError(409, ErrorCode.conflict, f"A run named {name!r} exists already.")
     _require_submittable(prompts_per_task, samples_per_prompt, sampling.max_tokens)
@@ -78,7 +80,12 @@ def create_run(
 
 def task_params(run: Run) -> dict[str, Any]:
     """What a new task pins of its run: later run updates apply to later tasks only."""
-    return {"model": run.model, "sampling": run.sampling, "samples_per_prompt": run.samples_per_prompt, "length_budget": run.length_budget}
+    return {
+        "model": run.model,
+        "sampling": run.sampling,
+        "samples_per_prompt": run.samples_per_prompt,
+        "length_budget": run.length_budget,
+    }
 
 
 def params_of(run: Run, task: Task) -> dict[str, Any]:
@@ -199,7 +206,19 @@ def list_runs(session: Session) -> list[Run]:
     return list(session.scalars(select(Run).order_by(Run.created_at.desc())))
 
 
-UPDATABLE = frozenset({"model", "sampling", "prompts_per_task", "samples_per_prompt", "length_budget", "async_level", "dispute_window_s", "audit", "min_stake"})
+UPDATABLE = frozenset(
+    {
+        "model",
+        "sampling",
+        "prompts_per_task",
+        "samples_per_prompt",
+        "length_budget",
+        "async_level",
+        "dispute_window_s",
+        "audit",
+        "min_stake",
+    }
+)
 
 
 def update_run(session: Session, run_id: str, changes: dict[str, Any]) -> Run:
@@ -220,13 +239,19 @@ def _require_stake(run: Run, signer: str, stake: int | None) -> None:
 def require_stake(who_asks: str, signer: str, needed: int, stake: int | None) -> None:
     """403 ``stake_too_low`` unless ``stake`` (None: the registry cannot be read now: 503) reaches ``needed``."""
     if stake is None:
-        raise ApiError(503, ErrorCode.chain_unavailable, "A stake is needed and the stake registry cannot be read now; try again shortly.", headers={"Retry-After": "10"})
+        raise ApiError(
+            503,
+            ErrorCode.chain_unavailable,
+            "A stake is needed and the stake registry cannot be read now; try again shortly.",
+            headers={"Retry-After": "10"},
+        )
     if stake < needed:
         raise ApiError(
-            403, ErrorCode.stake_too_low,
+            403,
+            ErrorCode.stake_too_low,
             f"{who_asks} needs {tokens(needed)} tokens staked; {signer} stakes {tokens(stake)}. Stake with `intellect-node stake`.",
             {"needed": str(needed), "staked": str(stake)},
-        )  # fmt: skip
+        )
 
 
 def _require_submittable(prompts_per_task: int, samples_per_prompt: int, max_tokens: int) -> None:
@@ -234,9 +259,10 @@ def _require_submittable(prompts_per_task: int, samples_per_prompt: int, max_tok
     why = shape_error(prompts_per_task * samples_per_prompt, max_tokens)
     if why is not None:
         raise ApiError(
-            422, ErrorCode.validation_error,
+            422,
+            ErrorCode.validation_error,
             f"{prompts_per_task} prompts x {samples_per_prompt} samples of up to {max_tokens} tokens can never be submitted: {why}.",
-        )  # fmt: skip
+        )
 
 
 def set_status(session: Session, run_id: str, status: str) -> Run:

@@ -50,9 +50,14 @@ def close_epoch(session: Session, now: datetime, lag_s: int = 0) -> Epoch | None
         return None
     tree = CreditTree(amounts)
     epoch = Epoch(
-        epoch=1 if last is None else last.epoch + 1, root="0x" + tree.root.hex(), last_entry_id=last_entry_id, cutoff=cutoff,
-        addresses=len(amounts), total=str(sum(amounts.values())), created_at=now,
-    )  # fmt: skip
+        epoch=1 if last is None else last.epoch + 1,
+        root="0x" + tree.root.hex(),
+        last_entry_id=last_entry_id,
+        cutoff=cutoff,
+        addresses=len(amounts),
+        total=str(sum(amounts.values())),
+        created_at=now,
+    )
     session.add(epoch)
     session.flush()  # the epoch row first: a replica that closed it already fails here, before the leaves
     session.add_all(EpochLeaf(epoch=epoch.epoch, address=a, cumulative=str(v)) for a, v in amounts.items())
@@ -71,14 +76,27 @@ def record_anchor(session: Session, epoch: int, tx_hash: str, block: int, now: d
 
 def epoch_infos(session: Session, limit: int, epoch: int | None = None) -> list[EpochInfo]:
     """Newest first (or the one ``epoch``), each with its anchor once confirmed."""
-    query = select(Epoch, EpochAnchor).outerjoin(EpochAnchor, EpochAnchor.epoch == Epoch.epoch).order_by(Epoch.epoch.desc()).limit(limit)
+    query = (
+        select(Epoch, EpochAnchor)
+        .outerjoin(EpochAnchor, EpochAnchor.epoch == Epoch.epoch)
+        .order_by(Epoch.epoch.desc())
+        .limit(limit)
+    )
     if epoch is not None:
         query = query.where(Epoch.epoch == epoch)
     return [
         EpochInfo(
-            epoch=e.epoch, root=e.root, last_entry_id=e.last_entry_id, cutoff=e.cutoff, addresses=e.addresses, total=e.total,
-            created_at=e.created_at, tx_hash=a and a.tx_hash, block=a and a.block, anchored_at=a and a.anchored_at,
-        )  # fmt: skip
+            epoch=e.epoch,
+            root=e.root,
+            last_entry_id=e.last_entry_id,
+            cutoff=e.cutoff,
+            addresses=e.addresses,
+            total=e.total,
+            created_at=e.created_at,
+            tx_hash=a and a.tx_hash,
+            block=a and a.block,
+            anchored_at=a and a.anchored_at,
+        )
         for e, a in session.execute(query).all()
     ]
 
@@ -100,12 +118,20 @@ def proof(session: Session, epoch: int, address: str) -> EpochProof | None:
     cumulative = session.scalar(select(EpochLeaf.cumulative).where(EpochLeaf.epoch == epoch, EpochLeaf.address == address))
     if cumulative is None:
         return None
-    return EpochProof(epoch=epoch, address=address, cumulative=cumulative, proof=["0x" + s.hex() for s in tree.proof(address)], root="0x" + tree.root.hex())
+    return EpochProof(
+        epoch=epoch,
+        address=address,
+        cumulative=cumulative,
+        proof=["0x" + s.hex() for s in tree.proof(address)],
+        root="0x" + tree.root.hex(),
+    )
 
 
 def ledger_page(session: Session, after: int, limit: int) -> list[LedgerEntry]:
     """Ledger entries with id after ``after``, oldest first: the export anyone rebuilds roots from."""
-    rows = session.scalars(select(ContributionEntry).where(ContributionEntry.id > after).order_by(ContributionEntry.id).limit(limit))
+    rows = session.scalars(
+        select(ContributionEntry).where(ContributionEntry.id > after).order_by(ContributionEntry.id).limit(limit)
+    )
     return [LedgerEntry.model_validate(row, from_attributes=True) for row in rows]
 
 
@@ -131,9 +157,11 @@ def slashes_due(session: Session, now: datetime, window_s: float) -> list[DueSla
     banned = session.scalars(select(Node.address).where(Node.status == NodeStatus.banned, Node.ban_reason.endswith(STRIKES_BAN)))
     for address in banned:
         event = session.scalar(
-            select(NodeStatusEvent).where(NodeStatusEvent.address == address, NodeStatusEvent.to_status == NodeStatus.banned)
-            .order_by(NodeStatusEvent.id.desc()).limit(1)
-        )  # fmt: skip
+            select(NodeStatusEvent)
+            .where(NodeStatusEvent.address == address, NodeStatusEvent.to_status == NodeStatus.banned)
+            .order_by(NodeStatusEvent.id.desc())
+            .limit(1)
+        )
         if event is None or event.at > now - timedelta(seconds=window_s):
             continue
         if session.scalar(select(Slashing.id).where(Slashing.ban_event_id == event.id)) is not None:
@@ -147,22 +175,41 @@ def slashes_due(session: Session, now: datetime, window_s: float) -> list[DueSla
 def _revocations_due(session: Session, before: datetime) -> list[DueSlash]:
     """Validators revoked for being outvoted before ``before`` whom no admin granted the role again."""
     due = []
-    revoked = select(Role).where(Role.role == RoleName.validator, Role.revoked_at <= before, Role.revoke_reason.startswith(OUTVOTED))
+    revoked = select(Role).where(
+        Role.role == RoleName.validator, Role.revoked_at <= before, Role.revoke_reason.startswith(OUTVOTED)
+    )
     for role in session.scalars(revoked):
         if session.scalar(select(Slashing.id).where(Slashing.role_id == role.id)) is not None:
             continue
-        if session.scalar(select(Role.id).where(Role.address == role.address, Role.role == RoleName.validator, Role.id > role.id)) is not None:
+        if (
+            session.scalar(
+                select(Role.id).where(Role.address == role.address, Role.role == RoleName.validator, Role.id > role.id)
+            )
+            is not None
+        ):
             continue
         outvoted = select(ValidatorStrike.submission_id).where(
-            ValidatorStrike.validator == role.address, ValidatorStrike.at >= role.granted_at, ValidatorStrike.at <= role.revoked_at
+            ValidatorStrike.validator == role.address,
+            ValidatorStrike.at >= role.granted_at,
+            ValidatorStrike.at <= role.revoked_at,
         )
         due.append(DueSlash(role.address, None, sorted(set(session.scalars(outvoted))), role_id=role.id))
     return due
 
 
 def record_slashing(session: Session, due: DueSlash, amount: int, tx_hash: str | None, now: datetime) -> None:
-    session.add(Slashing(address=due.address, ban_event_id=due.ban_event_id, role_id=due.role_id, evidence="0x" + due.evidence.hex(),
-                         submissions=sorted(due.submissions), amount=str(amount), tx_hash=tx_hash, at=now))  # fmt: skip
+    session.add(
+        Slashing(
+            address=due.address,
+            ban_event_id=due.ban_event_id,
+            role_id=due.role_id,
+            evidence="0x" + due.evidence.hex(),
+            submissions=sorted(due.submissions),
+            amount=str(amount),
+            tx_hash=tx_hash,
+            at=now,
+        )
+    )
 
 
 def slashed(session: Session) -> dict[str, int]:
@@ -187,8 +234,15 @@ def node_settlement(chain: Any, addresses: list[str], earned: dict[str, int], sl
         unbonding = chain.registry.functions.unbonding(address).call()
         claimed = chain.claimed(address)
         cumulative = earned.get(address, 0)
-        found.append(NodeSettlement(
-            address=address, staked=str(staked), unbonding=str(unbonding), slashed=str(slashed.get(address, 0)), earned=str(cumulative),
-            claimed=str(claimed), claimable=str(max(0, cumulative - claimed)),
-        ))  # fmt: skip
+        found.append(
+            NodeSettlement(
+                address=address,
+                staked=str(staked),
+                unbonding=str(unbonding),
+                slashed=str(slashed.get(address, 0)),
+                earned=str(cumulative),
+                claimed=str(claimed),
+                claimable=str(max(0, cumulative - claimed)),
+            )
+        )
     return found

@@ -97,9 +97,14 @@ def report(session: Session, reporter: str, body: RelayReportRequest, now: datet
     if session.scalar(select(Relay.address).where(Relay.url == body.relay_url).limit(1)) is None:
         raise ApiError(404, ErrorCode.not_found, f"No relay serves {body.relay_url}.")
     row = RelayReport(
-        relay_url=body.relay_url, reporter=reporter, run_id=body.run_id, step=body.step, chunk=body.chunk,
-        reason=body.reason, created_at=now,
-    )  # fmt: skip
+        relay_url=body.relay_url,
+        reporter=reporter,
+        run_id=body.run_id,
+        step=body.step,
+        chunk=body.chunk,
+        reason=body.reason,
+        created_at=now,
+    )
     session.add(row)
     session.flush()
     return row

@@ -36,7 +36,9 @@ def step_timings(session: Session, run_id: str, limit: int = 200) -> list[StepTi
     oldest = min((step for step, _, _ in reported), default=1) - 1
     published = dict(
         session.execute(
-            select(PolicyManifest.step, PolicyManifest.created_at).where(PolicyManifest.run_id == run_id, PolicyManifest.step >= oldest)
+            select(PolicyManifest.step, PolicyManifest.created_at).where(
+                PolicyManifest.run_id == run_id, PolicyManifest.step >= oldest
+            )
         ).all()
     )
     steps = sorted(s for s in cursors if s in published and s - 1 in cursors)[-limit:]

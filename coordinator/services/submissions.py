@@ -106,7 +106,9 @@ def parse(data: bytes, expected: ExpectedFile) -> list[Rollout]:
     except RolloutFileError as e:
         raise ApiError(422, ErrorCode.rollout_invalid, f"The rollout file is invalid: {e}") from None
     if [r.prompt_id for r in rollouts] != [row[0] for row in expected.rows]:
-        raise ApiError(422, ErrorCode.rollout_invalid, f"Rows must be the task's prompts, {expected.samples} samples each, in order.")
+        raise ApiError(
+            422, ErrorCode.rollout_invalid, f"Rows must be the task's prompts, {expected.samples} samples each, in order."
+        )
     for index, (r, row) in enumerate(zip(rollouts, expected.rows)):
         if (r.prompt_id, r.task_id, r.run_id, r.policy_step, r.seed) != row:
             raise ApiError(422, ErrorCode.rollout_invalid, f"Row {index} names another task, run, policy step or seed.")

@@ -30,7 +30,12 @@ def accepted_after(session: Session, signer: str, run_id: str, after: int, limit
         select(ContributionEntry.id, Submission.id, Submission.task_id, Task.policy_step, Submission.untrained_rows)
         .join(Submission, Submission.id == ContributionEntry.submission_id)
         .join(Task, Task.id == Submission.task_id)
-        .where(ContributionEntry.kind == "credit", ContributionEntry.id > after, Submission.run_id == run_id, Submission.status == SubmissionStatus.accepted)
+        .where(
+            ContributionEntry.kind == "credit",
+            ContributionEntry.id > after,
+            Submission.run_id == run_id,
+            Submission.status == SubmissionStatus.accepted,
+        )
         .order_by(ContributionEntry.id)
         .limit(limit)
     )
@@ -71,6 +76,14 @@ def evaluations_of(session: Session, run_id: str) -> list[Evaluation]:
 
 def run_stats(session: Session, run_id: str) -> dict[str, int]:
     """Submissions of a run by status, and the tokens of the accepted ones."""
-    counts = dict(session.execute(select(Submission.status, func.count()).where(Submission.run_id == run_id).group_by(Submission.status)).all())
-    tokens = session.scalar(select(func.coalesce(func.sum(Submission.tokens), 0)).where(Submission.run_id == run_id, Submission.status == SubmissionStatus.accepted))
+    counts = dict(
+        session.execute(
+            select(Submission.status, func.count()).where(Submission.run_id == run_id).group_by(Submission.status)
+        ).all()
+    )
+    tokens = session.scalar(
+        select(func.coalesce(func.sum(Submission.tokens), 0)).where(
+            Submission.run_id == run_id, Submission.status == SubmissionStatus.accepted
+        )
+    )
     return {**{s.value: counts.get(s, 0) for s in SubmissionStatus}, "accepted_tokens": int(tokens or 0)}

@@ -36,7 +36,9 @@ def claim(
     Validators stake like nodes: while an active run asks a minimum stake, a validator below it
     (``stake``, base units; None: unknown) is refused, so a revoked one has something to lose."""
     role = roles.require(session, signer, RoleName.validator)
-    needed = max((r.min_stake for r in session.scalars(select(Run).where(Run.status == RunStatus.active, Run.min_stake != 0))), default=0)
+    needed = max(
+        (r.min_stake for r in session.scalars(select(Run).where(Run.status == RunStatus.active, Run.min_stake != 0))), default=0
+    )
     if needed:
         require_stake(f"Validating while a run asks {tokens(needed)} tokens", signer, needed, stake)
     if role.last_seen is None or role.last_seen < now - timedelta(seconds=settings.validator_live_s):
@@ -49,7 +51,13 @@ def claim(
         select(Review)
         .join(Submission, Submission.id == Review.submission_id)
         .join(Task, Task.id == Submission.task_id)
-        .where(Review.validator == signer, Review.outcome.is_(None), Review.voided_at.is_(None), Review.claimed_at.is_(None), Review.expires_at > now)
+        .where(
+            Review.validator == signer,
+            Review.outcome.is_(None),
+            Review.voided_at.is_(None),
+            Review.claimed_at.is_(None),
+            Review.expires_at > now,
+        )
         .order_by(*committee.URGENT_FIRST)
         .limit(body.limit)
     )
@@ -85,13 +93,22 @@ def claimed(session: Session, signer: str, submission_id: str, now: datetime) ->
     if submission is None:
         raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
     review = session.scalar(
-        select(Review).where(
-            Review.submission_id == submission_id, Review.validator == signer, Review.outcome.is_(None),
-            Review.voided_at.is_(None), Review.expires_at > now,
-        ).with_for_update()
-    )  # fmt: skip
+        select(Review)
+        .where(
+            Review.submission_id == submission_id,
+            Review.validator == signer,
+            Review.outcome.is_(None),
+            Review.voided_at.is_(None),
+            Review.expires_at > now,
+        )
+        .with_for_update()
+    )
     if review is None:
-        raise ApiError(409, ErrorCode.conflict, "You hold no live assignment to judge this submission (it was not drawn for you, or it expired).")
+        raise ApiError(
+            409,
+            ErrorCode.conflict,
+            "You hold no live assignment to judge this submission (it was not drawn for you, or it expired).",
+        )
     return submission, review
 
 
@@ -106,7 +123,11 @@ def record_verdict(
     except ValueError:
         verdict_by = None
     if verdict_by != signer:
-        raise ApiError(422, ErrorCode.signature_invalid, "The verdict's signature is not yours over this submission's file, checks and untrained rows.")
+        raise ApiError(
+            422,
+            ErrorCode.signature_invalid,
+            "The verdict's signature is not yours over this submission's file, checks and untrained rows.",
+        )
     review.outcome = "accept" if body.accepted else "hard" if body.hard else "soft"
     review.checks = [c.model_dump() for c in body.checks]
     review.untrained_rows = sorted(set(body.untrained_rows)) or None
@@ -126,6 +147,8 @@ def invalidate(session: Session, submission_id: str, reason: str, settings: Coor
         raise ApiError(409, ErrorCode.conflict, f"Only accepted submissions can be invalidated; this one is {submission.status}.")
     submission.status = SubmissionStatus.invalidated
     submission.reason = f"invalidated by an admin: {reason}"
-    credit.claw_back(session, submission.address, submission.reason, now, cause=submission.id, only=submission.id, even_final=True)
+    credit.claw_back(
+        session, submission.address, submission.reason, now, cause=submission.id, only=submission.id, even_final=True
+    )
     consequences.penalise(session, submission, submission.reason, settings, now)
     return submission

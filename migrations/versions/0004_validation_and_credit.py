@@ -13,6 +13,7 @@ down_revision = "0003"
 branch_labels = None
 depends_on = None
 
+
 def submission_columns() -> list[sa.Column]:
     return [
         sa.Column("prompt_tokens", sa.Integer(), nullable=False, server_default="0"),

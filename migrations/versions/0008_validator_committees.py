@@ -87,7 +87,9 @@ def upgrade() -> None:
         "SELECT id, 'first', created_at, validator, outcome, checks, untrained_rows, verdict_signature, validated_at "
         "FROM submissions WHERE validator IS NOT NULL"
     )
-    op.execute("INSERT INTO reviews (submission_id, purpose, opened_at) SELECT id, 'first', created_at FROM submissions WHERE status = 'pending'")
+    op.execute(
+        "INSERT INTO reviews (submission_id, purpose, opened_at) SELECT id, 'first', created_at FROM submissions WHERE status = 'pending'"
+    )
     op.execute(
         "INSERT INTO node_strikes (address, units, reason, at) "
         "SELECT address, strikes, 'strikes given before strikes were recorded one by one', status_changed_at FROM nodes WHERE strikes > 0"

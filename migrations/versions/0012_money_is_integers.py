@@ -35,7 +35,9 @@ def upgrade() -> None:
         batch.alter_column("units_micro", new_column_name="units", existing_type=sa.BigInteger(), nullable=False)
     with op.batch_alter_table("runs") as batch:
         batch.drop_column("min_stake")
-        batch.alter_column("min_stake_base", new_column_name="min_stake", existing_type=sa.String(80), nullable=False, server_default="0")
+        batch.alter_column(
+            "min_stake_base", new_column_name="min_stake", existing_type=sa.String(80), nullable=False, server_default="0"
+        )
 
 
 def downgrade() -> None:
@@ -50,4 +52,6 @@ def downgrade() -> None:
         batch.alter_column("units_float", new_column_name="units", existing_type=sa.Float(), nullable=False)
     with op.batch_alter_table("runs") as batch:
         batch.drop_column("min_stake")
-        batch.alter_column("min_stake_float", new_column_name="min_stake", existing_type=sa.Float(), nullable=False, server_default="0")
+        batch.alter_column(
+            "min_stake_float", new_column_name="min_stake", existing_type=sa.Float(), nullable=False, server_default="0"
+        )

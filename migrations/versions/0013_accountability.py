@@ -31,7 +31,9 @@ def upgrade() -> None:
         batch.create_index("ix_reviews_retry_at", ["retry_at"])
     with op.batch_alter_table("slashings") as batch:
         batch.alter_column("ban_event_id", existing_type=sa.Integer(), nullable=True)
-        batch.add_column(sa.Column("role_id", sa.Integer(), sa.ForeignKey("roles.id", name="fk_slashings_role_id"), nullable=True))
+        batch.add_column(
+            sa.Column("role_id", sa.Integer(), sa.ForeignKey("roles.id", name="fk_slashings_role_id"), nullable=True)
+        )
         batch.create_unique_constraint("uq_slashings_role_id", ["role_id"])
 
 

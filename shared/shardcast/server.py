@@ -100,7 +100,9 @@ def create_server(store: StepStore, *, wait_s: float = 30.0) -> FastAPI:
     return app
 
 
-async def _stream(step: Step, path: os.PathLike[str], file_index: int, start: int, end: int, wait_s: float) -> AsyncIterator[bytes]:
+async def _stream(
+    step: Step, path: os.PathLike[str], file_index: int, start: int, end: int, wait_s: float
+) -> AsyncIterator[bytes]:
     """Bytes [start, end) of a file, each chunk's once it is verified. ``step.readers`` counts
     this response while it runs, so retention never deletes a step under it."""
     step.readers += 1

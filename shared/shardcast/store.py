@@ -45,7 +45,9 @@ class Step:
     def chunks_for(self, file_index: int, start: int, end: int) -> list[int]:
         """Indices of the chunks of ``file_index`` overlapping bytes [start, end)."""
         return [
-            i for i, c in enumerate(self.manifest.chunks) if c.file == file_index and c.offset < end and start < c.offset + c.length
+            i
+            for i, c in enumerate(self.manifest.chunks)
+            if c.file == file_index and c.offset < end and start < c.offset + c.length
         ]
 
     def mark_held(self, index: int) -> None:
@@ -157,6 +159,9 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def held_map(step: Step) -> dict[str, object]:
-    return {"run_id": step.manifest.run_id, "step": step.manifest.step, "chunks": len(step.manifest.chunks), "held": sorted(step.held)}
-
-
+    return {
+        "run_id": step.manifest.run_id,
+        "step": step.manifest.step,
+        "chunks": len(step.manifest.chunks),
+        "held": sorted(step.held),
+    }

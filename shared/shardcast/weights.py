@@ -38,7 +38,11 @@ class Weights:
         self.pinned: Counter[tuple[str, int]] = Counter()
         """(run, step) -> tasks using it now: never pruned."""
         for run_dir in directory.glob("*"):
-            steps = [int(p.parent.name) for p in run_dir.glob(f"*/{MANIFEST_FILE}") if p.parent.name.isascii() and p.parent.name.isdigit()]
+            steps = [
+                int(p.parent.name)
+                for p in run_dir.glob(f"*/{MANIFEST_FILE}")
+                if p.parent.name.isascii() and p.parent.name.isdigit()
+            ]
             if steps:
                 self.held[run_dir.name] = max(steps)
 
@@ -91,10 +95,14 @@ class Weights:
         started = time.monotonic()
         manifest = download_step(self.api, run_id, step, dest)
         rate = manifest.total_bytes / 2**20 / max(time.monotonic() - started, 1e-6)
-        self.console.print(f"Holding policy step {step} of {run_id} ({manifest.total_bytes / 2**20:.1f} MiB verified, {rate:.0f} MiB/s).")
+        self.console.print(
+            f"Holding policy step {step} of {run_id} ({manifest.total_bytes / 2**20:.1f} MiB verified, {rate:.0f} MiB/s)."
+        )
 
     def _prune(self, run_id: str) -> None:
-        steps = sorted((int(p.name) for p in (self.directory / run_id).glob("*") if p.name.isascii() and p.name.isdigit()), reverse=True)
+        steps = sorted(
+            (int(p.name) for p in (self.directory / run_id).glob("*") if p.name.isascii() and p.name.isdigit()), reverse=True
+        )
         for old in steps[KEEP:]:
             if (run_id, old) in self.pinned:
                 continue  # pruned by a later call, once its tasks are done

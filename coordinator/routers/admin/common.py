@@ -28,9 +28,7 @@ def admin_router(tag: str) -> APIRouter:
     return APIRouter(prefix="/v1/admin", tags=[f"admin: {tag}"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
 
 
-async def audited(
-    ledger: Ledger, token: AdminToken, action: str, target: str, work: Callable[[Session], T], **detail: Any
-) -> T:
+async def audited(ledger: Ledger, token: AdminToken, action: str, target: str, work: Callable[[Session], T], **detail: Any) -> T:
     """Run ``work`` and record who did ``action`` to ``target`` in one transaction; nothing is recorded if it fails."""
 
     def run(session: Session) -> T:

@@ -95,6 +95,7 @@ async def get_node(address: Address, ledger: LedgerDep) -> NodeDetail:
 @router.post("/nodes/{address}/ban", response_model=NodeDetail, responses=CONFLICT)
 async def ban_node(address: Address, body: Reason, ledger: LedgerDep, token: OperateToken) -> NodeDetail:
     """Ban a node: its heartbeats are answered with ``stop`` and it can neither lease nor register."""
+
     def work(session: Session) -> NodeDetail:
         return _detail(session, nodes.ban(session, address, body.reason, datetime.now(UTC)))
 

@@ -17,7 +17,8 @@ router = admin_router("roles and relays")
 
 class RoleGrant(BaseModel):
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"address": "0x52908400098527886E0F7030069857D2E4169EE7", "role": "validator"}]}
+        extra="forbid",
+        json_schema_extra={"examples": [{"address": "0x52908400098527886E0F7030069857D2E4169EE7", "role": "validator"}]},
     )
     address: Address
     role: RoleName
@@ -69,5 +70,3 @@ async def list_relays(ledger: LedgerDep) -> list[RelayOut]:
         RelayOut(address=r.address, url=r.url, kind=r.kind, last_seen=r.last_seen, registered_at=r.registered_at, reports=n)
         for r, n in rows
     ]
-
-

@@ -43,7 +43,11 @@ def _info(run: Run) -> RunInfo:
 
 def _stake_needs_a_chain(body: RunSettings, settings: Settings) -> None:
     if body.min_stake and not settings.chain_rpc_url:
-        raise ApiError(422, ErrorCode.validation_error, "min_stake needs settlement on a chain (INTELLECT_CHAIN_RPC_URL); this coordinator has none.")
+        raise ApiError(
+            422,
+            ErrorCode.validation_error,
+            "min_stake needs settlement on a chain (INTELLECT_CHAIN_RPC_URL); this coordinator has none.",
+        )
 
 
 def _changes(settings: RunSettings, run: Run | None) -> dict[str, Any]:
@@ -72,11 +76,20 @@ async def create_run(body: RunCreate, ledger: LedgerDep, token: OperateToken, se
 
     def work(session: Session) -> RunInfo:
         run = runs.create_run(
-            session, body.name, body.environment, body.model or DEFAULT_MODEL, body.sampling or SamplingParams(max_tokens=48),
-            body.prompts_per_task or 4, body.samples_per_prompt or 4,
-            LengthBudget(alpha=body.length_alpha or 0.0, target_tokens=body.target_length or 1024), datetime.now(UTC),
-            2 if body.async_level is None else body.async_level, body.dispute_window_s, body.audit, body.min_stake or 0,
-        )  # fmt: skip
+            session,
+            body.name,
+            body.environment,
+            body.model or DEFAULT_MODEL,
+            body.sampling or SamplingParams(max_tokens=48),
+            body.prompts_per_task or 4,
+            body.samples_per_prompt or 4,
+            LengthBudget(alpha=body.length_alpha or 0.0, target_tokens=body.target_length or 1024),
+            datetime.now(UTC),
+            2 if body.async_level is None else body.async_level,
+            body.dispute_window_s,
+            body.audit,
+            body.min_stake or 0,
+        )
         session.flush()
         return _info(run)
 
@@ -102,13 +115,17 @@ async def update_run(run_id: str, body: RunSettings, ledger: LedgerDep, token: O
 @router.post("/runs/{run_id}/pause", response_model=RunInfo, responses=CONFLICT)
 async def pause_run(run_id: str, ledger: LedgerDep, token: OperateToken) -> RunInfo:
     """Stop handing out this run's tasks; work already leased may still be submitted and validated."""
-    return await audited(ledger, token, "runs.pause", run_id, lambda session: _info(runs.set_status(session, run_id, RunStatus.paused)))
+    return await audited(
+        ledger, token, "runs.pause", run_id, lambda session: _info(runs.set_status(session, run_id, RunStatus.paused))
+    )
 
 
 @router.post("/runs/{run_id}/resume", response_model=RunInfo, responses=CONFLICT)
 async def resume_run(run_id: str, ledger: LedgerDep, token: OperateToken) -> RunInfo:
     """Hand out this run's tasks again."""
-    return await audited(ledger, token, "runs.resume", run_id, lambda session: _info(runs.set_status(session, run_id, RunStatus.active)))
+    return await audited(
+        ledger, token, "runs.resume", run_id, lambda session: _info(runs.set_status(session, run_id, RunStatus.active))
+    )
 
 
 @router.post("/runs/{run_id}/evaluations", status_code=201, responses=NOT_FOUND)
@@ -143,4 +160,3 @@ async def requeue_task(task_id: str, ledger: LedgerDep, token: OperateToken) -> 
         return TaskOut.model_validate(runs.requeue(session, task_id))
 
     return await audited(ledger, token, "tasks.requeue", task_id, work)
-
