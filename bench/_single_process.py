@@ -19,18 +19,18 @@ from pathlib import Path
 import torch
 from sqlalchemy import select
 
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.models import Run, Task
-from coordinator.services.runs import problem_ids, spec, task_params
-from devnet.processes import create_run, migrate
-from node.inference.torch_backend import TorchBackend
-from node.work import generate_with, score
-from shared.models import load_model
-from shared.schemas import TaskSpec
-from trainer.data import Batch, add_submission
-from trainer.distributed import placement
-from trainer.learner import Learner
-from trainer.settings import TrainerSettings
+from intellect_protocol.coordinator.db import make_engine, make_sessionmaker
+from intellect_protocol.coordinator.models import Run, Task
+from intellect_protocol.coordinator.services.runs import problem_ids, spec, task_params
+from intellect_protocol.devnet.processes import create_run, migrate
+from intellect_protocol.node.inference.torch_backend import TorchBackend
+from intellect_protocol.node.work import generate_with, score
+from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.schemas import TaskSpec
+from intellect_protocol.trainer.data import Batch, add_submission
+from intellect_protocol.trainer.distributed import placement
+from intellect_protocol.trainer.learner import Learner
+from intellect_protocol.trainer.settings import TrainerSettings
 
 Snapshot = tuple[float, int, dict[str, torch.Tensor]]
 """(seconds since start, policy step, the weights)."""

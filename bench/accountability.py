@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from committee import Deployment, deployment, judge  # noqa: E402
 
-from shared.signing import sign_request  # noqa: E402
+from intellect_protocol.shared.signing import sign_request  # noqa: E402
 
 
 def raw_post(d: Deployment, account: LocalAccount, path: str, body: dict) -> httpx.Response:

@@ -18,8 +18,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from devnet.chaos import CHAOS_COORDINATOR_ENV, FAULTS, audit, drain, published, wait_until
-from devnet.network import start_network
+from intellect_protocol.devnet.chaos import CHAOS_COORDINATOR_ENV, FAULTS, audit, drain, published, wait_until
+from intellect_protocol.devnet.network import start_network
 
 RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "4", "--max-tokens", "48"]
 

@@ -39,14 +39,14 @@ from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from devnet.processes import admin_token, migrate, start_coordinator  # noqa: E402
-from devnet.rogue_validator import made_up_checks  # noqa: E402
-from node.work import finish, generate  # noqa: E402
-from shared.schemas import PublicStatus, TaskSpec  # noqa: E402
-from shared.signing import sign_request  # noqa: E402
-from shared.verdicts import sign_verdict  # noqa: E402
-from shared.version import __version__  # noqa: E402
-from validator.worker import Validator  # noqa: E402
+from intellect_protocol.devnet.processes import admin_token, migrate, start_coordinator  # noqa: E402
+from intellect_protocol.devnet.rogue_validator import made_up_checks  # noqa: E402
+from intellect_protocol.node.work import finish, generate  # noqa: E402
+from intellect_protocol.shared.schemas import PublicStatus, TaskSpec  # noqa: E402
+from intellect_protocol.shared.signing import sign_request  # noqa: E402
+from intellect_protocol.shared.verdicts import sign_verdict  # noqa: E402
+from intellect_protocol.shared.version import __version__  # noqa: E402
+from intellect_protocol.validator.worker import Validator  # noqa: E402
 
 torch.set_num_threads(1)
 ENV = {

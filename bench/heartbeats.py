@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _http import build_request, closed_loop, open_loop  # noqa: E402
 
-from devnet.processes import Process, migrate, start_coordinator  # noqa: E402
-from shared.signing import (  # noqa: E402
+from intellect_protocol.devnet.processes import Process, migrate, start_coordinator  # noqa: E402
+from intellect_protocol.shared.signing import (  # noqa: E402
     HEADER_ADDRESS,
     HEADER_NONCE,
     HEADER_SIGNATURE,
@@ -50,7 +50,7 @@ from shared.signing import (  # noqa: E402
     sign_request,
     sign_text,
 )
-from shared.version import __version__  # noqa: E402
+from intellect_protocol.shared.version import __version__  # noqa: E402
 
 
 def heartbeat_requests(accounts: list, audience: str, host: str, count: int) -> list[bytes]:

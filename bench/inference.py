@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from node.inference.torch_backend import TorchBackend
-from shared.environments.arithmetic import make_problem
-from shared.inference import prefill, prefill_batch
-from shared.models import TINY_MODEL_DIR, load_model
-from shared.schemas import SamplingParams
-from shared.tiny_model import prompt_ids
-from shared.toploc import build_proofs, build_proofs_batch, verify_proofs
+from intellect_protocol.node.inference.torch_backend import TorchBackend
+from intellect_protocol.shared.environments.arithmetic import make_problem
+from intellect_protocol.shared.inference import prefill, prefill_batch
+from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
+from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.tiny_model import prompt_ids
+from intellect_protocol.shared.toploc import build_proofs, build_proofs_batch, verify_proofs
 
 
 def measure(name: str, model: torch.nn.Module, prompts: list[list[int]], eos: int, pad: int, tokens: int) -> float:
@@ -77,7 +77,7 @@ def engines(
     name: str, model: torch.nn.Module, model_dir: Path, prompts: list[list[int]], eos: int, pad: int, tokens: int
 ) -> tuple[float, float]:
     """vLLM against torch generation on one model; returns (vLLM / torch, validator prefill / vLLM) in tokens/s."""
-    from node.inference.vllm_backend import VllmBackend
+    from intellect_protocol.node.inference.vllm_backend import VllmBackend
 
     params = SamplingParams(temperature=1.0, max_tokens=tokens, stop_on_eos=False)
     seeds = list(range(len(prompts)))

@@ -41,13 +41,13 @@ import torch
 from _single_process import learn
 from sqlalchemy import Engine, func, select
 
-from coordinator.db import make_engine
-from coordinator.models import Task
-from devnet.network import start_network
-from shared.models import load_model
-from shared.shardcast.origin import step_dir
-from shared.tiny_model import greedy_accuracy, held_out
-from trainer.settings import TrainerSettings
+from intellect_protocol.coordinator.db import make_engine
+from intellect_protocol.coordinator.models import Task
+from intellect_protocol.devnet.network import start_network
+from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.shardcast.origin import step_dir
+from intellect_protocol.shared.tiny_model import greedy_accuracy, held_out
+from intellect_protocol.trainer.settings import TrainerSettings
 
 RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", "64"]
 DEVNET_COORDINATOR = {"INTELLECT_HEARTBEAT_INTERVAL_S": "2"}

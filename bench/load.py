@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _http import open_loop  # noqa: E402
 from heartbeats import heartbeat_requests  # noqa: E402
 
-from devnet.postgres import create_database, postgres_server  # noqa: E402
-from devnet.processes import Process, admin_token, migrate, start_coordinator  # noqa: E402
-from shared.rollout_file import Rollout, write_rollouts  # noqa: E402
-from shared.schemas import sequence_seed  # noqa: E402
-from shared.signing import SignedAuth, sign_request  # noqa: E402
-from shared.version import __version__  # noqa: E402
+from intellect_protocol.devnet.postgres import create_database, postgres_server  # noqa: E402
+from intellect_protocol.devnet.processes import Process, admin_token, migrate, start_coordinator  # noqa: E402
+from intellect_protocol.shared.rollout_file import Rollout, write_rollouts  # noqa: E402
+from intellect_protocol.shared.schemas import sequence_seed  # noqa: E402
+from intellect_protocol.shared.signing import SignedAuth, sign_request  # noqa: E402
+from intellect_protocol.shared.version import __version__  # noqa: E402
 
 ENV = {
     "INTELLECT_RATE_LIMIT_PER_S": "1000000",

@@ -22,13 +22,13 @@ import torch
 from eth_account import Account
 from rich.console import Console
 
-from devnet.processes import coordinator_command, migrate, start_coordinator
-from node.client import NodeClient
-from node.hardware import probe
-from node.settings import NodeSettings
-from node.work import TaskResult, finisher_pool, generate, run_task
-from node.worker import work_loop
-from shared.schemas import TaskSpec
+from intellect_protocol.devnet.processes import coordinator_command, migrate, start_coordinator
+from intellect_protocol.node.client import NodeClient
+from intellect_protocol.node.hardware import probe
+from intellect_protocol.node.settings import NodeSettings
+from intellect_protocol.node.work import TaskResult, finisher_pool, generate, run_task
+from intellect_protocol.node.worker import work_loop
+from intellect_protocol.shared.schemas import TaskSpec
 
 
 def main() -> None:

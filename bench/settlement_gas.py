@@ -27,9 +27,9 @@ import vyper
 from eth_account import Account
 from web3 import EthereumTesterProvider, Web3
 
-from shared.chain import Settlement, send
-from shared.merkle import CreditTree
-from shared.money import TOKEN
+from intellect_protocol.shared.chain import Settlement, send
+from intellect_protocol.shared.merkle import CreditTree
+from intellect_protocol.shared.money import TOKEN
 
 PER_FILE_LOG = """
 # pragma version 0.4.3

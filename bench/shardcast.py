@@ -33,17 +33,26 @@ import blake3
 import httpx
 from eth_account import Account
 
-from devnet.processes import Process, admin_token, create_run, free_port, migrate, spawn, start_coordinator, start_relay
-from shared.coordinator_client import CoordinatorClient
-from shared.shardcast.origin import publish_step, step_dir
-from shared.wallet import create_wallet
+from intellect_protocol.devnet.processes import (
+    Process,
+    admin_token,
+    create_run,
+    free_port,
+    migrate,
+    spawn,
+    start_coordinator,
+    start_relay,
+)
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
+from intellect_protocol.shared.wallet import create_wallet
 
 PASSWORD = "bench"
 CLIENT = """
 import sys
 from pathlib import Path
-from shared.coordinator_client import CoordinatorClient
-from shared.shardcast.client import download_step
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.shardcast.client import download_step
 coordinator, run_id, dest = sys.argv[1:4]
 sys.stdin.readline()  # go
 download_step(CoordinatorClient(coordinator), run_id, 1, Path(dest))

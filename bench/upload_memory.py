@@ -39,11 +39,11 @@ from eth_account import Account
 sys.path.insert(0, str(Path(__file__).parent))
 from load import ENV, register  # noqa: E402
 
-from devnet.processes import Process, admin_token, migrate, start_coordinator  # noqa: E402
-from shared.rollout_file import SCHEMA  # noqa: E402
-from shared.schemas import sequence_seed  # noqa: E402
-from shared.signing import SignedAuth, sign_request  # noqa: E402
-from shared.version import __version__  # noqa: E402
+from intellect_protocol.devnet.processes import Process, admin_token, migrate, start_coordinator  # noqa: E402
+from intellect_protocol.shared.rollout_file import SCHEMA  # noqa: E402
+from intellect_protocol.shared.schemas import sequence_seed  # noqa: E402
+from intellect_protocol.shared.signing import SignedAuth, sign_request  # noqa: E402
+from intellect_protocol.shared.version import __version__  # noqa: E402
 
 
 class Background:

@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from node.work import finish, generate
-from shared.environments.registry import get_environment
-from shared.models import TINY_MODEL_DIR, load_model
-from shared.rollout_file import read_rollouts
-from shared.schemas import SamplingParams, TaskSpec
-from validator.checks import CheckSettings, Context, validate
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.environments.registry import get_environment
+from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
+from intellect_protocol.shared.rollout_file import read_rollouts
+from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
+from intellect_protocol.validator.checks import CheckSettings, Context, validate
 
 
 def task(model: str, i: int, prompts: int, samples: int, tokens: int) -> TaskSpec:

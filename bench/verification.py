@@ -30,15 +30,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs  # noqa: E402
-from node.work import Generated, finish, generate, torch_backend_for  # noqa: E402
-from shared.environments.registry import get_environment  # noqa: E402
-from shared.inference import prefill_batch  # noqa: E402
-from shared.models import load_model  # noqa: E402
-from shared.rollout_file import read_rollouts  # noqa: E402
-from shared.sampling import sampling_scores, token_logprobs  # noqa: E402
-from shared.schemas import SamplingParams, TaskSpec  # noqa: E402
-from validator.checks import CheckSettings, Context, Verdict, validate  # noqa: E402
+from intellect_protocol.devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs  # noqa: E402
+from intellect_protocol.node.work import Generated, finish, generate, torch_backend_for  # noqa: E402
+from intellect_protocol.shared.environments.registry import get_environment  # noqa: E402
+from intellect_protocol.shared.inference import prefill_batch  # noqa: E402
+from intellect_protocol.shared.models import load_model  # noqa: E402
+from intellect_protocol.shared.rollout_file import read_rollouts  # noqa: E402
+from intellect_protocol.shared.sampling import sampling_scores, token_logprobs  # noqa: E402
+from intellect_protocol.shared.schemas import SamplingParams, TaskSpec  # noqa: E402
+from intellect_protocol.validator.checks import CheckSettings, Context, Verdict, validate  # noqa: E402
 
 torch.set_num_threads(1)
 MODEL, TOKENIZER = load_model()

@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from devnet.processes import script  # noqa: E402
+from intellect_protocol.devnet.processes import script  # noqa: E402
 
 
 @dataclass

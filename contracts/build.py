@@ -1,6 +1,6 @@
 """Compile the contracts into ``contracts/artifacts/<Name>.json`` (ABI, deploy bytecode, compiler).
 
-``python -m contracts.build`` rewrites the artifacts; ``--check`` (CI) compiles and fails if any
+``python -m intellect_protocol.contracts.build`` rewrites the artifacts; ``--check`` (CI) compiles and fails if any
 checked-in artifact differs from its source, so what nodes and the coordinator deploy and call
 is always what the source says. The compiler is pinned: another version compiles other bytes.
 """
@@ -77,7 +77,8 @@ def main(
         print(f"wrote {path.relative_to(HERE.parent)}")
     if stale:
         print(
-            f"artifacts differ from their source: {', '.join(stale)}; run python -m contracts.build and commit", file=sys.stderr
+            f"artifacts differ from their source: {', '.join(stale)}; run python -m intellect_protocol.contracts.build and commit",
+            file=sys.stderr,
         )
         raise typer.Exit(1)
 

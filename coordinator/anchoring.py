@@ -21,10 +21,10 @@ from eth_account.signers.local import LocalAccount
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator.services import settlement as epochs
-from coordinator.settings import CoordinatorSettings
-from coordinator.settlement_models import Epoch
-from shared.wallet import load_wallet
+from intellect_protocol.coordinator.services import settlement as epochs
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.settlement_models import Epoch
+from intellect_protocol.shared.wallet import load_wallet
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Anchorer:
     def chain(self) -> Any:
         """The deployment's contracts, connected on first use (and again after a failure)."""
         if self._settlement is None:
-            from shared.chain import Settlement, connect
+            from intellect_protocol.shared.chain import Settlement, connect
 
             s = self.settings
             assert s.chain_rpc_url and s.chain_token and s.chain_stake_registry and s.chain_distributor
@@ -120,7 +120,7 @@ class Anchorer:
             log.warning("slashed %s: %d base units, citing %s (tx %s)", ban.address, amount, ", ".join(ban.submissions), tx_hash)
 
     def _anchor(self, epoch: Epoch) -> None:
-        from shared.chain import ChainError
+        from intellect_protocol.shared.chain import ChainError
 
         chain = self.chain()
         root = bytes.fromhex(epoch.root.removeprefix("0x"))

@@ -9,27 +9,39 @@ from datetime import UTC, datetime
 
 from fastapi import FastAPI
 
-from coordinator.anchoring import Anchorer
-from coordinator.blobs import BlobStore, LocalBlobStore, S3BlobStore
-from coordinator.body_limit import BodyLimitMiddleware, PerClientLimitMiddleware
-from coordinator.db import (
+from intellect_protocol.coordinator.anchoring import Anchorer
+from intellect_protocol.coordinator.blobs import BlobStore, LocalBlobStore, S3BlobStore
+from intellect_protocol.coordinator.body_limit import BodyLimitMiddleware, PerClientLimitMiddleware
+from intellect_protocol.coordinator.db import (
     make_engine,
     make_sessionmaker,
     read_audience,
     require_migrated,
 )
-from coordinator.errors import install_error_handlers
-from coordinator.ledger import Ledger
-from coordinator.loops import Loop
-from coordinator.metrics import Metrics, MetricsMiddleware
-from coordinator.routers import admin, appeals, health, nodes, page, public, settlement, shardcast, tasks, training, validation
-from coordinator.services import nodes as node_service
-from coordinator.services.nonces import prune_nonces
-from coordinator.services.rate_limit import RateLimiter
-from coordinator.settings import CoordinatorSettings
-from coordinator.stakes import StakeBook
-from coordinator.wakeup import Wakeup
-from shared.version import __version__
+from intellect_protocol.coordinator.errors import install_error_handlers
+from intellect_protocol.coordinator.ledger import Ledger
+from intellect_protocol.coordinator.loops import Loop
+from intellect_protocol.coordinator.metrics import Metrics, MetricsMiddleware
+from intellect_protocol.coordinator.routers import (
+    admin,
+    appeals,
+    health,
+    nodes,
+    page,
+    public,
+    settlement,
+    shardcast,
+    tasks,
+    training,
+    validation,
+)
+from intellect_protocol.coordinator.services import nodes as node_service
+from intellect_protocol.coordinator.services.nonces import prune_nonces
+from intellect_protocol.coordinator.services.rate_limit import RateLimiter
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.stakes import StakeBook
+from intellect_protocol.coordinator.wakeup import Wakeup
+from intellect_protocol.shared.version import __version__
 
 
 def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
@@ -112,7 +124,9 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
 
 def blob_store(settings: CoordinatorSettings) -> BlobStore:
     if settings.blob_store == "s3":
+        if settings.s3_bucket is None:
+            raise ValueError("blob_store s3 needs s3_bucket (INTELLECT_S3_BUCKET)")
         return S3BlobStore(
             settings.s3_bucket, prefix=settings.s3_prefix, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region
-        )  # type: ignore[arg-type]
+        )
     return LocalBlobStore(settings.blob_root)

@@ -79,7 +79,7 @@ class LocalBlobStore:
         return Blob(size, _read_chunks(f))
 
 
-def _read_chunks(f) -> Iterator[bytes]:  # type: ignore[no-untyped-def]
+def _read_chunks(f) -> Iterator[bytes]:
     with f:
         while chunk := f.read(CHUNK):
             yield chunk

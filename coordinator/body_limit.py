@@ -10,9 +10,9 @@ from collections import Counter
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from coordinator.errors import error_response
-from coordinator.media import is_json
-from shared.schemas import ErrorCode
+from intellect_protocol.coordinator.errors import error_response
+from intellect_protocol.coordinator.media import is_json
+from intellect_protocol.shared.schemas import ErrorCode
 
 
 class _Refused(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from alembic import command
@@ -15,7 +15,7 @@ from rich.table import Table
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator.db import (
+from intellect_protocol.coordinator.db import (
     NotMigratedError,
     alembic_config,
     make_engine,
@@ -23,11 +23,12 @@ from coordinator.db import (
     normalize_database_url,
     require_migrated,
 )
-from coordinator.db_errors import DatabaseError, check_url, explain
-from coordinator.errors import ApiError
-from coordinator.services import admin_tokens
-from coordinator.settings import CoordinatorSettings
-from shared.logs import configure
+from intellect_protocol.coordinator.db_errors import DatabaseError, check_url, explain
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.services import admin_tokens
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.logs import configure
+from intellect_protocol.shared.run_schemas import RUN_DEFAULTS, AuditPolicy
 
 app = typer.Typer(help="Run and operate an Intellect Protocol coordinator.", no_args_is_help=True)
 tokens = typer.Typer(help="Create, list and revoke admin bearer tokens.", no_args_is_help=True)
@@ -44,7 +45,7 @@ DatabaseUrl = Annotated[
 
 
 def _settings(database_url: str | None, **overrides: object) -> CoordinatorSettings:
-    values = {k: v for k, v in overrides.items() if v is not None}
+    values: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     if database_url is not None:
         values["database_url"] = database_url
     return CoordinatorSettings(**values)
@@ -106,8 +107,8 @@ def serve(
     """Serve the coordinator's HTTP API."""
     import uvicorn
 
-    from coordinator.app import create_app
-    from shared.serving import listen, server_config
+    from intellect_protocol.coordinator.app import create_app
+    from intellect_protocol.shared.serving import listen, server_config
 
     configure(log_level)
     settings = _settings(database_url, heartbeat_interval_s=heartbeat_interval)
@@ -180,33 +181,33 @@ app.add_typer(runs_app, name="run")
 @_database_command
 def run_create(
     name: Annotated[str, typer.Option(help="A unique name for the run.")],
-    environment: Annotated[str, typer.Option(help="arithmetic, math or code.")] = "arithmetic",
-    model: Annotated[str, typer.Option(help="Model path or hub id; default: the shipped tiny model.")] = "",
-    prompts_per_task: Annotated[int, typer.Option(min=1, max=1024, help="Prompts in one task.")] = 4,
-    samples_per_prompt: Annotated[int, typer.Option(min=1, max=256, help="Samples per prompt (the GRPO group size).")] = 4,
-    temperature: Annotated[float, typer.Option(min=0, max=10, help="Sampling temperature.")] = 1.0,
-    top_p: Annotated[float, typer.Option(min=0.01, max=1, help="Nucleus sampling mass.")] = 1.0,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Longest completion.")] = 48,
+    environment: Annotated[str, typer.Option(help="arithmetic, math or code.")] = RUN_DEFAULTS.environment,
+    model: Annotated[str, typer.Option(help="Model path or hub id; default: the shipped tiny model.")] = RUN_DEFAULTS.model,
+    prompts_per_task: Annotated[int, typer.Option(help="Prompts in one task (1 to 1024).")] = RUN_DEFAULTS.prompts_per_task,
+    samples_per_prompt: Annotated[
+        int, typer.Option(help="Samples per prompt, the GRPO group size (1 to 256).")
+    ] = RUN_DEFAULTS.samples_per_prompt,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 to 10).")] = RUN_DEFAULTS.sampling.temperature,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (above 0, at most 1).")] = RUN_DEFAULTS.sampling.top_p,
+    max_tokens: Annotated[int, typer.Option(help="Longest completion.")] = RUN_DEFAULTS.sampling.max_tokens,
     length_alpha: Annotated[
-        float, typer.Option(min=0, help="Thinking-budget penalty per token off target; 0 disables it.")
-    ] = 0.0,
-    target_length: Annotated[int, typer.Option(min=1, help="Thinking-budget target length, in tokens.")] = 1024,
+        float, typer.Option(help="Thinking-budget penalty per token off target; 0 disables it.")
+    ] = RUN_DEFAULTS.length_budget.alpha,
+    target_length: Annotated[
+        int, typer.Option(help="Thinking-budget target length, in tokens.")
+    ] = RUN_DEFAULTS.length_budget.target_tokens,
     async_level: Annotated[
-        int, typer.Option(min=0, max=64, help="Accept rollouts of policies at most this many steps old (0: synchronous).")
-    ] = 2,
+        int, typer.Option(help="Accept rollouts of policies at most this many steps old (0: synchronous; at most 64).")
+    ] = RUN_DEFAULTS.async_level,
     audit_share: Annotated[
         float,
         typer.Option(
-            min=0,
-            max=1,
             help="Share of accepted work a second validator checks before training (new nodes and suspect validators get more).",
         ),
-    ] = 0.1,
+    ] = AuditPolicy().share,
     dispute_window: Annotated[
         float | None,
-        typer.Option(
-            min=0, help="Seconds credit stays pending (clawback possible) before it is final; default: the coordinator's."
-        ),
+        typer.Option(help="Seconds credit stays pending (clawback possible) before it is final; default: the coordinator's."),
     ] = None,
     min_stake: Annotated[
         str,
@@ -217,35 +218,39 @@ def run_create(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an active run that nodes can lease tasks of."""
-    from coordinator.services.runs import create_run
-    from shared.environments.length import LengthBudget
-    from shared.money import parse_tokens
-    from shared.run_schemas import AuditPolicy
-    from shared.schemas import DEFAULT_MODEL, SamplingParams
+    from pydantic import ValidationError
+
+    from intellect_protocol.coordinator.services.runs import create_run
+    from intellect_protocol.shared.environments.length import LengthBudget
+    from intellect_protocol.shared.money import parse_tokens
+    from intellect_protocol.shared.run_schemas import RunSpec
+    from intellect_protocol.shared.schemas import SamplingParams
 
     try:
-        stake = parse_tokens(min_stake, allow_zero=True)
+        spec = RunSpec(
+            name=name,
+            environment=environment,
+            model=model,
+            sampling=SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
+            prompts_per_task=prompts_per_task,
+            samples_per_prompt=samples_per_prompt,
+            length_budget=LengthBudget(alpha=length_alpha, target_tokens=target_length),
+            async_level=async_level,
+            dispute_window_s=dispute_window,
+            audit=AuditPolicy(share=audit_share),
+            min_stake=parse_tokens(min_stake, allow_zero=True),
+        )
+    except ValidationError as e:
+        where = ".".join(map(str, e.errors()[0]["loc"]))
+        err.print(f"Invalid run setting {where}: {e.errors()[0]['msg']}.", markup=False)
+        raise typer.Exit(2) from None
     except ValueError as e:
-        err.print(f"--min-stake: {e}.")
+        err.print(f"--min-stake: {e}.", markup=False)
         raise typer.Exit(2) from None
     sessions = _sessions(database_url)
     try:
         with sessions.begin() as session:
-            run = create_run(
-                session,
-                name,
-                environment,
-                model or DEFAULT_MODEL,
-                SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
-                prompts_per_task,
-                samples_per_prompt,
-                LengthBudget(alpha=length_alpha, target_tokens=target_length),
-                datetime.now(UTC),
-                async_level,
-                dispute_window,
-                AuditPolicy(share=audit_share),
-                stake,
-            )
+            run = create_run(session, spec, datetime.now(UTC))
     except ApiError as e:
         err.print(f"{e.message}", style="red", markup=False)
         raise typer.Exit(2) from None

@@ -18,9 +18,9 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-import migrations
-from coordinator.db_errors import check_url
-from coordinator.models import Deployment
+from intellect_protocol import migrations
+from intellect_protocol.coordinator.db_errors import check_url
+from intellect_protocol.coordinator.models import Deployment
 
 SQLITE_BUSY_TIMEOUT_S = 30
 
@@ -52,7 +52,7 @@ def make_engine(url: str) -> Engine:
     )
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_connection, _record) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
@@ -62,7 +62,7 @@ def make_engine(url: str) -> Engine:
     write_lock = threading.Lock()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(connection) -> None:  # type: ignore[no-untyped-def]
+    def _on_begin(connection) -> None:
         write_lock.acquire()
         try:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
@@ -73,7 +73,7 @@ def make_engine(url: str) -> Engine:
 
     @event.listens_for(engine, "commit")
     @event.listens_for(engine, "rollback")
-    def _on_end(connection) -> None:  # type: ignore[no-untyped-def]
+    def _on_end(connection) -> None:
         if connection.info.pop("holds_write_lock", False):
             write_lock.release()
 

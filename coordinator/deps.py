@@ -18,17 +18,17 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from coordinator.errors import ApiError
-from coordinator.ledger import Ledger
-from coordinator.media import is_json
-from coordinator.models import AdminToken
-from coordinator.services import admin_tokens, submissions
-from coordinator.services.rate_limit import RateLimiter
-from coordinator.settings import CoordinatorSettings
-from coordinator.signed import SignedRequest
-from coordinator.uploads import StagedUpload, stage
-from shared import signing
-from shared.schemas import ErrorCode
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.ledger import Ledger
+from intellect_protocol.coordinator.media import is_json
+from intellect_protocol.coordinator.models import AdminToken
+from intellect_protocol.coordinator.services import admin_tokens, submissions
+from intellect_protocol.coordinator.services.rate_limit import RateLimiter
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.signed import SignedRequest
+from intellect_protocol.coordinator.uploads import StagedUpload, stage
+from intellect_protocol.shared import signing
+from intellect_protocol.shared.schemas import ErrorCode
 
 
 async def get_settings(request: Request) -> CoordinatorSettings:
@@ -202,7 +202,7 @@ SignedUpload = Annotated[tuple[SignedRequest, StagedUpload], Depends(signed_uplo
 """A verified signed request and its body, staged in a file (for rollout uploads)."""
 
 
-def require_admin(scope: str):  # type: ignore[no-untyped-def]
+def require_admin(scope: str):
     """A dependency admitting bearer tokens that hold ``scope`` (or a wider one)."""
 
     async def admin(request: Request, ledger: LedgerDep) -> AdminToken:

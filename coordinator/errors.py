@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from coordinator.blobs import BlobStoreUnavailable
-from shared.schemas import ErrorCode
+from intellect_protocol.coordinator.blobs import BlobStoreUnavailable
+from intellect_protocol.shared.schemas import ErrorCode
 
 log = logging.getLogger(__name__)
 STORAGE_RETRY_AFTER_S = 5
@@ -81,4 +81,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = ErrorCode.not_found if exc.status_code == 404 else ErrorCode.http_error
-        return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+        return error_response(exc.status_code, code, str(exc.detail), headers=dict(exc.headers) if exc.headers else None)

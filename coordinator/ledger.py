@@ -21,8 +21,8 @@ from typing import Concatenate, ParamSpec, TypeVar
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator.services.nonces import record_nonce
-from coordinator.signed import SignedRequest
+from intellect_protocol.coordinator.services.nonces import record_nonce
+from intellect_protocol.coordinator.signed import SignedRequest
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.run_schemas import StepTiming
+from intellect_protocol.shared.run_schemas import StepTiming
 
 
 class Metrics:

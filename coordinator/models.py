@@ -22,8 +22,13 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    case,
 )
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.elements import ColumnElement
+
+from intellect_protocol.shared.run_schemas import oldest_usable_step
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -161,6 +166,17 @@ class Run(Base):
     """Token base units a node must have staked to lease this run's tasks (0: none)."""
     trainer_cursor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """The trainer's last read position (a credit entry id): accepted work after it is unread."""
+
+    @hybrid_property
+    def oldest_step(self) -> int:
+        """The oldest policy step this run still trains on (:func:`~shared.run_schemas.oldest_usable_step`)."""
+        return oldest_usable_step(self.policy_step, self.async_level)
+
+    @oldest_step.inplace.expression
+    @classmethod
+    def _oldest_step_expression(cls) -> ColumnElement[int]:
+        # The same rule in SQL, for queries that select by it.
+        return case((cls.policy_step > cls.async_level, cls.policy_step - cls.async_level), else_=0)
 
 
 class Task(Base):

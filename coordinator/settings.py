@@ -10,9 +10,9 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 from sqlalchemy import make_url
 
-from shared.schemas import Address
-from shared.serving import HeaderLimits
-from shared.settings import RoleSettings
+from intellect_protocol.shared.schemas import Address
+from intellect_protocol.shared.serving import HeaderLimits
+from intellect_protocol.shared.settings import RoleSettings
 
 
 class CoordinatorSettings(RoleSettings):

@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import JSON, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from coordinator.models import Base
+from intellect_protocol.coordinator.models import Base
 
 
 class Epoch(Base):

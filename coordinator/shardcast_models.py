@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from coordinator.models import Base
+from intellect_protocol.coordinator.models import Base
 
 
 class PolicyManifest(Base):

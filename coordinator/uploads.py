@@ -18,7 +18,7 @@ from pathlib import Path
 
 from starlette.requests import Request
 
-from coordinator.blobs import BlobStoreUnavailable
+from intellect_protocol.coordinator.blobs import BlobStoreUnavailable
 
 PIECE = 1 << 20
 
@@ -67,7 +67,7 @@ async def stage(request: Request, directory: Path) -> StagedUpload:
     return StagedUpload(path, digest.hexdigest(), size, started_at)
 
 
-def _write(f, digest, parts: list[bytes]) -> None:  # type: ignore[no-untyped-def]
+def _write(f, digest, parts: list[bytes]) -> None:
     for part in parts:
         digest.update(part)
         f.write(part)

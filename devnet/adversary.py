@@ -2,7 +2,7 @@
 tasks, and uploads random tokens proven with one prefill of the real model (TOPLOC alone would
 pass them; the validator's sampling check does not). Watch its rejections, strikes and ban.
 
-    python -m devnet.adversary --wallet FILE --coordinator URL   (password: INTELLECT_WALLET_PASSWORD)
+    python -m intellect_protocol.devnet.adversary --wallet FILE --coordinator URL   (password: INTELLECT_WALLET_PASSWORD)
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from pathlib import Path
 
 import torch
 
-from node.client import NodeClient, NodeError
-from node.hardware import probe
-from node.settings import NodeSettings
-from node.work import finish, generate
-from shared.inference import prefill
-from shared.models import load_model
-from shared.rollout_file import Rollout, read_rollouts, write_rollouts
-from shared.schemas import TaskSpec, WorkWait
-from shared.toploc import build_proofs
-from shared.wallet import load_wallet, read_password
+from intellect_protocol.node.client import NodeClient, NodeError
+from intellect_protocol.node.hardware import probe
+from intellect_protocol.node.settings import NodeSettings
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.inference import prefill
+from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.rollout_file import Rollout, read_rollouts, write_rollouts
+from intellect_protocol.shared.schemas import TaskSpec, WorkWait
+from intellect_protocol.shared.toploc import build_proofs
+from intellect_protocol.shared.wallet import load_wallet, read_password
 
 
 def prove_with(model: torch.nn.Module, eos: int, r: Rollout, tokens: list[int]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from devnet.processes import Process, StartError, free_port, spawn
+from intellect_protocol.devnet.processes import Process, StartError, free_port, spawn
 
 INSTALL_HINT = "anvil (Foundry's local EVM node) is not installed; install it with: npm install -g @foundry-rs/anvil@1.7.1"
 

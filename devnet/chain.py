@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from devnet.anvil import fund, start_anvil
-from devnet.processes import Process, StartError
-from shared.money import TOKEN
-from shared.wallet import load_wallet
+from intellect_protocol.devnet.anvil import fund, start_anvil
+from intellect_protocol.devnet.processes import Process, StartError
+from intellect_protocol.shared.money import TOKEN
+from intellect_protocol.shared.wallet import load_wallet
 
 if TYPE_CHECKING:
-    from shared.chain import Settlement
+    from intellect_protocol.shared.chain import Settlement
 
 NODE_STAKE = 100 * TOKEN
 """What each devnet node stakes (the run asks for MIN_STAKE_TOKENS of it)."""
@@ -69,7 +69,7 @@ class DevChain:
 def start_chain(workdir: Path) -> DevChain:
     """anvil plus deployed contracts; StartError (saying how to install what is missing) otherwise."""
     try:
-        from shared.chain import Settlement, connect
+        from intellect_protocol.shared.chain import Settlement, connect
     except ImportError:
         raise StartError("--chain needs web3: pip install -e '.[chain]'") from None
     anvil = start_anvil(workdir / "logs" / "anvil.log")

@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, func, select
 
-from devnet.network import Network
-from devnet.processes import Process
+from intellect_protocol.devnet.network import Network
+from intellect_protocol.devnet.processes import Process
 
 CHAOS_COORDINATOR_ENV = {
     "INTELLECT_VALIDATION_CLAIM_S": "10",
@@ -56,7 +57,7 @@ class Audit:
     ledger_errors: list[str]
 
 
-def _get(net: Network, path: str) -> dict | list:
+def _get(net: Network, path: str) -> Any:
     return httpx.get(f"{net.coordinator.url}{path}", headers={"authorization": f"Bearer {net.token}"}, timeout=10).json()
 
 
@@ -69,7 +70,7 @@ def published(net: Network) -> int:
 
 
 def _submissions(net: Network) -> dict[str, int]:
-    return _get(net, f"/v1/public/runs/{net.run_id}/progress")["submissions"]  # type: ignore[index,return-value]
+    return _get(net, f"/v1/public/runs/{net.run_id}/progress")["submissions"]
 
 
 def submitted(net: Network) -> int:
@@ -86,7 +87,7 @@ def pending(net: Network) -> int:
 
 
 def claimed(net: Network) -> bool:
-    return any(s["claimed_by"] for s in _get(net, "/v1/admin/submissions?status=pending&limit=50"))  # type: ignore[index]
+    return any(s["claimed_by"] for s in _get(net, "/v1/admin/submissions?status=pending&limit=50"))
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -135,7 +136,7 @@ def _working(net: Network, name: str) -> bool:
     address = "0x" + (net.workdir / "wallets" / f"{name}.json").read_text().split('"address": "')[1][:40].lower()
     now = datetime.now(UTC)
     leased = _get(net, "/v1/admin/tasks?status=leased&limit=200")
-    return any(t["leased_to"].lower() == address and datetime.fromisoformat(t["lease_expires_at"]) > now for t in leased)  # type: ignore[index,union-attr]
+    return any(t["leased_to"].lower() == address and datetime.fromisoformat(t["lease_expires_at"]) > now for t in leased)
 
 
 def _until_working(net: Network, name: str) -> None:
@@ -340,8 +341,8 @@ def audit(net: Network) -> Audit:
     """Read the ledger and the trainer's checkpoint (after the network stopped)."""
     import torch
 
-    from coordinator.models import ContributionEntry, Submission
-    from trainer.loop import CHECKPOINT
+    from intellect_protocol.coordinator.models import ContributionEntry, Submission
+    from intellect_protocol.trainer.loop import CHECKPOINT
 
     state = torch.load(net.workdir / "trainer" / CHECKPOINT, weights_only=False)["state"]
     ranges: list[tuple[int, int, int]] = sorted(state["consumed"], key=lambda r: r[1])

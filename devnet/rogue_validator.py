@@ -3,7 +3,7 @@ approves every submission of its accomplice (the forging node) without a look, a
 everyone else's as forged. The committee outvotes it, it collects strikes and loses its role;
 then it exits 0. Watch ``/v1/public/validators`` and the receipts' verdicts.
 
-    python -m devnet.rogue_validator --wallet FILE --coordinator URL --accomplice ADDRESS
+    python -m intellect_protocol.devnet.rogue_validator --wallet FILE --coordinator URL --accomplice ADDRESS
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from shared.cli import stop_on_sigterm
-from shared.committee import PublicReceipt
-from shared.coordinator_client import Refused
-from shared.schemas import CHECKS, CheckOutcome, Claim, VerdictRequest
-from shared.verdicts import sign_verdict
-from shared.wallet import load_wallet, read_password
-from validator.worker import Validator
+from intellect_protocol.shared.cli import stop_on_sigterm
+from intellect_protocol.shared.committee import PublicReceipt
+from intellect_protocol.shared.coordinator_client import Refused
+from intellect_protocol.shared.schemas import CHECKS, CheckOutcome, Claim, VerdictRequest
+from intellect_protocol.shared.verdicts import sign_verdict
+from intellect_protocol.shared.wallet import load_wallet, read_password
+from intellect_protocol.validator.worker import Validator
 
 
 def made_up_checks(outcome: str) -> list[CheckOutcome]:
@@ -28,13 +28,13 @@ def made_up_checks(outcome: str) -> list[CheckOutcome]:
     for validators whose verdicts they script."""
     failed_at = {"accept": len(CHECKS), "soft": CHECKS.index("rewards"), "hard": CHECKS.index("toploc")}[outcome]
     return [
-        CheckOutcome(name=name, passed=True if i < failed_at else False if i == failed_at else None, reason="made up")  # type: ignore[arg-type]
+        CheckOutcome(name=name, passed=True if i < failed_at else False if i == failed_at else None, reason="made up")
         for i, name in enumerate(CHECKS)
     ]
 
 
 class RogueValidator(Validator):
-    def __init__(self, accomplice: str, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, accomplice: str, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.accomplice = accomplice.lower()
 

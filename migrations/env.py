@@ -5,9 +5,9 @@ import os
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-import coordinator.settlement_models  # noqa: F401  (its tables join Base.metadata)
-import coordinator.shardcast_models  # noqa: F401  (its tables join Base.metadata)
-from coordinator.models import Base
+import intellect_protocol.coordinator.settlement_models  # noqa: F401  (its tables join Base.metadata)
+import intellect_protocol.coordinator.shardcast_models  # noqa: F401  (its tables join Base.metadata)
+from intellect_protocol.coordinator.models import Base
 
 config = context.config
 url = config.attributes.get("database_url") or os.environ.get("INTELLECT_DATABASE_URL", "sqlite:///intellect.db")

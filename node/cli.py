@@ -12,20 +12,20 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from node.cli_output import CoordinatorUrl, checked_url, console, err, fail
-from node.client import NodeError
-from node.hardware import probe, problems
-from node.settings import NodeSettings
-from node.settlement_cli import register as register_settlement
-from shared import money
-from shared.schemas import checksum_address
-from shared.wallet import (
+from intellect_protocol.node.cli_output import CoordinatorUrl, checked_url, console, err, fail
+from intellect_protocol.node.client import NodeError
+from intellect_protocol.node.hardware import probe, problems
+from intellect_protocol.node.settings import NodeSettings
+from intellect_protocol.node.settlement_cli import register as register_settlement
+from intellect_protocol.shared import money
+from intellect_protocol.shared.schemas import checksum_address
+from intellect_protocol.shared.wallet import (
     WalletError,
     create_wallet,
     load_wallet,
@@ -104,7 +104,7 @@ def join(
     ] = None,
 ) -> None:
     """Register this machine with a coordinator and keep it working until Ctrl-C."""
-    from node.worker import join as run_join
+    from intellect_protocol.node.worker import join as run_join
 
     try:
         operator_address = checksum_address(operator) if operator else None
@@ -119,7 +119,7 @@ def join(
         account = load_wallet(wallet_file, read_password())
     except WalletError as e:
         raise fail(str(e), 1) from None
-    overrides = {"state_dir": state_dir, "backend": backend, "dtype": dtype}
+    overrides: dict[str, Any] = {"state_dir": state_dir, "backend": backend, "dtype": dtype}
     try:
         settings = NodeSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
@@ -147,7 +147,7 @@ def join(
     finally:
         # Only a vLLM node has an engine to close; importing the module now would load torch while
         # the node's threads wind down (that segfaulted a node on SIGTERM).
-        engines = sys.modules.get("node.inference.vllm_backend")
+        engines = sys.modules.get("intellect_protocol.node.inference.vllm_backend")
         if engines is not None:
             engines.close_engine()
 
@@ -160,9 +160,10 @@ def check(
     state_dir: StateDir = None,
 ) -> None:
     """Print what this machine offers and whether it can join; exits 1 when something critical is missing."""
-    from node.inference.vllm_backend import engine_problems, installed_engine
+    from intellect_protocol.node.inference.vllm_backend import engine_problems, installed_engine
 
-    settings = NodeSettings(**({"state_dir": state_dir} if state_dir else {}))
+    overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
+    settings = NodeSettings(**overrides)
     specs = probe(settings.state_dir)
     table = Table("item", "found", title="This machine")
     table.add_row("CPU cores", str(specs.cpu_cores))
@@ -197,7 +198,7 @@ def receipts(
         address = wallet_address(wallet_file)
     except WalletError as e:
         raise fail(str(e), 1) from None
-    from shared.coordinator_client import CoordinatorClient, ProtocolError
+    from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
 
     try:
         with CoordinatorClient(coordinator, give_up_s=ONE_SHOT_GIVE_UP_S) as api:
@@ -222,8 +223,8 @@ def appeal(
 ) -> None:
     """Appeal a rejection within the dispute window: validators that did not judge the work check it
     again, and their majority decides; credit and strikes follow. A few appeals a day at most."""
-    from shared.committee import AppealRequest
-    from shared.coordinator_client import CoordinatorClient, Refused, Unavailable
+    from intellect_protocol.shared.committee import AppealRequest
+    from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused, Unavailable
 
     try:
         account = load_wallet(wallet_file, read_password())
@@ -248,8 +249,8 @@ def link_operator(
     """Sign, with the operator's wallet, that it runs NODE on this coordinator; prints the signature
     the node passes as `join --operator ADDRESS --operator-signature SIGNATURE`. A link counts only
     when the operator signed it: then validators it runs never judge that node's work."""
-    from shared.coordinator_client import CoordinatorClient, ProtocolError
-    from shared.links import sign_link
+    from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
+    from intellect_protocol.shared.links import sign_link
 
     try:
         address = checksum_address(node)
@@ -273,8 +274,8 @@ def link_operator(
 def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:
     from packaging.version import Version
 
-    from shared.coordinator_client import CoordinatorClient, ProtocolError
-    from shared.version import __version__
+    from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
+    from intellect_protocol.shared.version import __version__
 
     try:
         with CoordinatorClient(url, timeout=settings.request_timeout_s, give_up_s=0) as api:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from shared.urls import url_problem
+from intellect_protocol.shared.urls import url_problem
 
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

@@ -8,9 +8,9 @@ from contextlib import contextmanager
 
 from eth_account.signers.local import LocalAccount
 
-from node.settings import NodeSettings
-from shared.coordinator_client import CoordinatorClient, Refused
-from shared.schemas import (
+from intellect_protocol.node.settings import NodeSettings
+from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
+from intellect_protocol.shared.schemas import (
     ErrorCode,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -23,7 +23,7 @@ from shared.schemas import (
     TaskSpec,
     WorkWait,
 )
-from shared.version import __version__
+from intellect_protocol.shared.version import __version__
 
 EXIT_CLOCK, EXIT_BANNED, EXIT_VERSION, EXIT_REJECTED = 2, 3, 4, 5
 

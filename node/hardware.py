@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from shared.schemas import GpuSpec, NodeSpecs
+from intellect_protocol.shared.schemas import GpuSpec, NodeSpecs
 
 MIN_RAM_BYTES = 2 << 30
 MIN_DISK_FREE_BYTES = 1 << 30

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import RoleSettings
+from intellect_protocol.shared.settings import RoleSettings
 
 BackendKind = Literal["torch", "vllm"]
 Dtype = Literal["float32", "bfloat16", "float16"]

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from shared.coordinator_client import CoordinatorClient
-from shared.merkle import CreditTree
-from shared.settlement import EpochInfo, LedgerEntry, cumulative_amounts
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.merkle import CreditTree
+from intellect_protocol.shared.settlement import EpochInfo, LedgerEntry, cumulative_amounts
 
 if TYPE_CHECKING:
-    from shared.chain import PostedRoot, Settlement
+    from intellect_protocol.shared.chain import PostedRoot, Settlement
 
 
 class SettlementUnavailable(Exception):
@@ -24,7 +24,7 @@ class SettlementUnavailable(Exception):
 
 def settlement_of(api: CoordinatorClient, rpc_url: str | None) -> Settlement:
     """The deployment's contracts, through ``rpc_url`` or else the RPC the coordinator advertises."""
-    from shared.chain import ChainError, Settlement, connect
+    from intellect_protocol.shared.chain import ChainError, Settlement, connect
 
     info = api.chain_info()
     if not info.enabled or not (info.token and info.stake_registry and info.distributor):

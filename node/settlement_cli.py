@@ -15,10 +15,10 @@ from typing import Annotated, Any
 import typer
 from rich.progress import Progress
 
-from node.cli_output import CoordinatorUrl, checked_url, console, fail
-from shared.money import parse_tokens, tokens
-from shared.settlement import EpochInfo
-from shared.wallet import WalletError, load_wallet, read_password
+from intellect_protocol.node.cli_output import CoordinatorUrl, checked_url, console, fail
+from intellect_protocol.shared.money import parse_tokens, tokens
+from intellect_protocol.shared.settlement import EpochInfo
+from intellect_protocol.shared.wallet import WalletError, load_wallet, read_password
 
 Wallet = Annotated[
     Path, typer.Option("--wallet", help="Keystore that pays the gas; its password from INTELLECT_WALLET_PASSWORD or a prompt.")
@@ -31,9 +31,9 @@ Rpc = Annotated[
 @contextmanager
 def _settlement(coordinator: str, rpc: str | None, wallet_file: Path | None = None) -> Iterator[tuple[Any, Any, Any]]:
     """(api, settlement, account); every failure becomes a message and an exit code."""
-    from node.settlement import SettlementUnavailable, settlement_of
-    from shared.chain import ChainError
-    from shared.coordinator_client import CoordinatorClient, ProtocolError
+    from intellect_protocol.node.settlement import SettlementUnavailable, settlement_of
+    from intellect_protocol.shared.chain import ChainError
+    from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
 
     account = None
     if wallet_file is not None:
@@ -119,8 +119,8 @@ def unstake(
 def claim(wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8000", rpc: Rpc = None) -> None:
     """Claim the reward tokens for this wallet's final credit, as of the newest root on chain."""
 
-    from shared.coordinator_client import Refused
-    from shared.merkle import root_of
+    from intellect_protocol.shared.coordinator_client import Refused
+    from intellect_protocol.shared.merkle import root_of
 
     with _settlement(coordinator, rpc, wallet_file) as (api, chain, account):
         epoch = chain.latest_epoch()
@@ -164,7 +164,7 @@ def verify_epoch(
     list) must be one the coordinator lists with its transaction, rebuilt from the public ledger,
     with a cutoff no later than the block that posted it (else credit still open to dispute would
     be paid). Exits 6, one sentence per finding, on anything else."""
-    from node.settlement import audit_epochs, rebuild_roots
+    from intellect_protocol.node.settlement import audit_epochs, rebuild_roots
 
     with _settlement(coordinator, rpc) as (api, chain, _):
         posted = chain.posted_roots(api.chain_info().from_block)
@@ -201,10 +201,10 @@ def verify_epoch(
 
 
 def _listed(api: Any, n: int) -> EpochInfo | None:
-    from shared.coordinator_client import Refused
+    from intellect_protocol.shared.coordinator_client import Refused
 
     try:
-        return api.epoch(n)  # type: ignore[no-any-return]
+        return api.epoch(n)
     except Refused as e:
         if e.status == 404:
             return None

@@ -16,17 +16,17 @@ from functools import cache, lru_cache
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from node.inference.torch_backend import TorchBackend
-from node.settings import BackendKind, Dtype
-from shared.environments.length import LengthBudget
-from shared.environments.registry import Environment, Problem, get_environment, reward
-from shared.inference import Completion, InferenceBackend
-from shared.models import load_model, load_tokenizer, resolve_model
-from shared.numerics import DTYPES, Numerics
-from shared.rollout_file import Rollout, write_rollouts
-from shared.schemas import TaskSpec
-from shared.tasks import AssignedRow, assigned_rows, budget_of
-from shared.toploc import build_proofs_batch
+from intellect_protocol.node.inference.torch_backend import TorchBackend
+from intellect_protocol.node.settings import BackendKind, Dtype
+from intellect_protocol.shared.environments.length import LengthBudget
+from intellect_protocol.shared.environments.registry import Environment, Problem, completion_text, get_environment, reward
+from intellect_protocol.shared.inference import Completion, InferenceBackend
+from intellect_protocol.shared.models import load_model, load_tokenizer, resolve_model
+from intellect_protocol.shared.numerics import DTYPES, Numerics
+from intellect_protocol.shared.rollout_file import Rollout, write_rollouts
+from intellect_protocol.shared.schemas import TaskSpec
+from intellect_protocol.shared.tasks import AssignedRow, assigned_rows, budget_of
+from intellect_protocol.shared.toploc import build_proofs_batch
 
 
 @dataclass
@@ -43,7 +43,7 @@ def backend_for(
 ) -> tuple[InferenceBackend, PreTrainedTokenizerBase]:
     """A backend generating with ``model`` (loading is the expensive part) and its tokenizer."""
     if kind == "vllm":
-        from node.inference.vllm_backend import engine_for
+        from intellect_protocol.node.inference.vllm_backend import engine_for
 
         tokenizer = load_tokenizer(model)
         return engine_for(resolve_model(model), tokenizer.eos_token_id, dtype), tokenizer
@@ -139,7 +139,7 @@ def score(generated: Generated, proofs: list[bytes]) -> list[Rollout]:
     environment = environment_for(task.environment)
     rollouts = []
     for row, completion, proof in zip(generated.rows, generated.completions, proofs, strict=True):
-        text = tokenizer.decode(completion.tokens, skip_special_tokens=True)
+        text = completion_text(tokenizer, completion.tokens)
         task_reward = environment.task_reward(text, row.problem)
         final, penalty = reward(task_reward, len(completion.tokens), budget)
         rollouts.append(

@@ -23,7 +23,7 @@ from packaging.version import Version
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
-from node.client import (
+from intellect_protocol.node.client import (
     EXIT_BANNED,
     NodeClient,
     NodeError,
@@ -33,18 +33,18 @@ from node.client import (
     clock_skew_error,
     version_error,
 )
-from node.hardware import probe
-from node.settings import BackendKind, Dtype, NodeSettings
-from node.state import NodeSession, load_session, save_session
-from shared.coordinator_client import Stopped
-from shared.schemas import WorkWait
-from shared.shardcast.client import DownloadError
-from shared.shardcast.weights import Weights
-from shared.version import __version__
+from intellect_protocol.node.hardware import probe
+from intellect_protocol.node.settings import BackendKind, Dtype, NodeSettings
+from intellect_protocol.node.state import NodeSession, load_session, save_session
+from intellect_protocol.shared.coordinator_client import Stopped
+from intellect_protocol.shared.schemas import WorkWait
+from intellect_protocol.shared.shardcast.client import DownloadError
+from intellect_protocol.shared.shardcast.weights import Weights
+from intellect_protocol.shared.version import __version__
 
 if TYPE_CHECKING:
-    from node.work import TaskResult
-    from shared.schemas import TaskSpec
+    from intellect_protocol.node.work import TaskResult
+    from intellect_protocol.shared.schemas import TaskSpec
 
 
 STOP_GRACE_S = 5.0
@@ -62,7 +62,7 @@ class Heartbeats(threading.Thread):
         console: Console,
         stop: threading.Event,
         interval: float,
-        reregister,  # type: ignore[no-untyped-def]
+        reregister,
     ) -> None:
         super().__init__(name="heartbeats", daemon=True)
         self.client, self.session, self.state_dir, self.console, self.stop = client, session, state_dir, console, stop
@@ -147,7 +147,7 @@ def join(
         weights = Weights(client.api, state_dir / "weights", console)
         beats.weights = weights
         beats.start()
-        from node.work import finisher_pool, stop_finishers
+        from intellect_protocol.node.work import finisher_pool, stop_finishers
 
         finishers = finisher_pool()
         try:
@@ -197,7 +197,7 @@ def work_loop(
     GIL; one is started per call when not given) and uploaded from another thread, so the
     protocol's work hides behind the model's. As many tasks are in flight as the coordinator lets
     one node hold. Returns the number submitted."""
-    from node.work import finish, finisher_pool, generate  # torch and the model load only when there is work
+    from intellect_protocol.node.work import finish, finisher_pool, generate  # torch and the model load only when there is work
 
     in_flight = threading.Semaphore(client.api.status.max_leases_per_node)
     working_on: set[str] = set()
@@ -261,7 +261,7 @@ def work_loop(
             waiting["reason"] = leased.reason
             retry_after = min(idle_wait, leased.retry_after_s)
             leased = None
-        elif leased is not None and waiting.pop("reason", None):
+        elif leased is not None and waiting.pop("reason", ""):
             console.print("Work again.")
         if leased is None:
             in_flight.release()

@@ -2,6 +2,6 @@
 
 Importing this package pins the interpreter's recursion limit (:mod:`shared.interpreter`)."""
 
-from shared.interpreter import pin_recursion_limit
+from intellect_protocol.shared.interpreter import pin_recursion_limit
 
 pin_recursion_limit()

@@ -31,7 +31,7 @@ class ChainError(Exception):
 def artifact(name: str) -> dict[str, Any]:
     if name not in CONTRACTS:
         raise ValueError(f"unknown contract {name!r}")
-    return json.loads(resources.files("contracts").joinpath("artifacts", f"{name}.json").read_text())
+    return json.loads(resources.files("intellect_protocol.contracts").joinpath("artifacts", f"{name}.json").read_text())
 
 
 def connect(rpc_url: str, timeout_s: float = 10.0) -> Web3:

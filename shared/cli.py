@@ -11,7 +11,7 @@ import typer
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
-from shared.wallet import WalletError, load_wallet, read_password
+from intellect_protocol.shared.wallet import WalletError, load_wallet, read_password
 
 WalletOption = Annotated[
     Path, typer.Option("--wallet", help="Keystore; its password from INTELLECT_WALLET_PASSWORD or a prompt.")

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from shared.schemas import Address, CheckOutcome, Request
+from intellect_protocol.shared.schemas import Address, CheckOutcome, Request
 
 Outcome = Literal["accept", "soft", "hard"]
 """A verdict's class: accepted, rejected (no forgery shown), or rejected as forged or corrupted."""

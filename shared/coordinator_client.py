@@ -27,9 +27,9 @@ import httpx
 from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
-from shared.committee import AppealInfo, AppealRequest, PublicReceipt
-from shared.run_schemas import RunInfo
-from shared.schemas import (
+from intellect_protocol.shared.committee import AppealInfo, AppealRequest, PublicReceipt
+from intellect_protocol.shared.run_schemas import RunInfo
+from intellect_protocol.shared.schemas import (
     AcceptedRollouts,
     Claim,
     ClaimRequest,
@@ -48,10 +48,10 @@ from shared.schemas import (
     VerdictRequest,
     WorkWait,
 )
-from shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry
-from shared.shardcast.manifest import ManifestEntry, SignedManifest
-from shared.signing import SignedAuth
-from shared.version import __version__
+from intellect_protocol.shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry
+from intellect_protocol.shared.shardcast.manifest import ManifestEntry, SignedManifest
+from intellect_protocol.shared.signing import SignedAuth
+from intellect_protocol.shared.version import __version__
 
 log = logging.getLogger("intellect.client")
 

@@ -15,9 +15,9 @@ from typing import Literal, Protocol
 import torch
 from transformers import DynamicCache
 
-from shared.models import final_norm_outputs
-from shared.numerics import Numerics
-from shared.schemas import SamplingParams
+from intellect_protocol.shared.models import final_norm_outputs
+from intellect_protocol.shared.numerics import Numerics
+from intellect_protocol.shared.schemas import SamplingParams
 
 
 @dataclass

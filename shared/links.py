@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from eth_account.signers.local import LocalAccount
 
-from shared.signing import recover_text_signer, sign_text
+from intellect_protocol.shared.signing import recover_text_signer, sign_text
 
 
 def link_text(audience: str, node: str) -> str:

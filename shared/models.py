@@ -16,10 +16,10 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from shared.schemas import DEFAULT_MODEL
+from intellect_protocol.shared.schemas import DEFAULT_MODEL
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
-"""The embedded default: a tiny Llama trained by ``python -m shared.tiny_model`` and shipped."""
+"""The embedded default: a tiny Llama trained by ``python -m intellect_protocol.shared.tiny_model`` and shipped."""
 
 
 def load_model(

@@ -6,8 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
-from shared.run_schemas import RunInfo
-from shared.schemas import NodeStatus, WorkWait
+from intellect_protocol.shared.run_schemas import RunInfo
+from intellect_protocol.shared.schemas import NodeStatus, WorkWait
 
 
 class Credit(BaseModel):

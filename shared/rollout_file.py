@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shared.numerics import METADATA_KEY, Numerics
-from shared.parquet_pages import PageHeaderError, column_pages
+from intellect_protocol.shared.numerics import METADATA_KEY, Numerics
+from intellect_protocol.shared.parquet_pages import PageHeaderError, column_pages
 
 VERSION = "rollout-v1"
 FINISH_REASONS = ("stop", "length")

@@ -7,8 +7,24 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.money import TokenAmount
-from shared.schemas import INT32_MAX, Finite, SamplingParams
+from intellect_protocol.shared.environments.length import LengthBudget
+from intellect_protocol.shared.money import TokenAmount
+from intellect_protocol.shared.schemas import DEFAULT_MODEL, INT32_MAX, Finite, SamplingParams
+
+RunName = Annotated[str, Field(min_length=1, max_length=128)]
+PromptsPerTask = Annotated[int, Field(ge=1, le=1024)]
+SamplesPerPrompt = Annotated[int, Field(ge=1, le=256)]
+AsyncLevel = Annotated[int, Field(ge=0, le=64)]
+DisputeWindow = Annotated[float, Field(ge=0, le=10 * 365 * 86400)]
+
+
+def oldest_usable_step(policy_step: int, async_level: int) -> int:
+    """The staleness rule: at policy step ``policy_step``, rollouts of policies older than the returned
+    step are of no use to the trainer (they lag by more than ``async_level`` steps; 0: on-policy only).
+
+    The coordinator refuses, expires and leases by it and the trainer reads by it; ``Run.oldest_step``
+    is the same rule as a SQL expression."""
+    return max(0, policy_step - async_level)
 
 
 class AuditPolicy(BaseModel):
@@ -65,17 +81,17 @@ class RunSettings(BaseModel):
     """Model path or hub id the policy starts from."""
     sampling: SamplingParams | None = None
     """How nodes sample: temperature, top_p, max_tokens."""
-    prompts_per_task: int | None = Field(None, ge=1, le=1024)
+    prompts_per_task: PromptsPerTask | None = None
     """Prompts in one task."""
-    samples_per_prompt: int | None = Field(None, ge=1, le=256)
+    samples_per_prompt: SamplesPerPrompt | None = None
     """Samples per prompt: the GRPO group size."""
     length_alpha: float | None = Field(None, ge=0, le=1e3)
     """Thinking-budget penalty per token off target; 0 disables it."""
     target_length: int | None = Field(None, ge=1, le=1 << 20)
     """Thinking-budget target length, in tokens."""
-    async_level: int | None = Field(None, ge=0, le=64)
+    async_level: AsyncLevel | None = None
     """Accept rollouts of policies at most this many steps old (0: synchronous)."""
-    dispute_window_s: float | None = Field(None, ge=0, le=10 * 365 * 86400)
+    dispute_window_s: DisputeWindow | None = None
     """How long credit stays pending (clawback possible) before it is final."""
     audit: AuditPolicy | None = None
     """How much work a second validator checks before the trainer may read it."""
@@ -102,10 +118,51 @@ class RunCreate(RunSettings):
         },
     )
 
-    name: str = Field(min_length=1, max_length=128)
+    name: RunName
     """Unique name."""
     environment: str = Field("arithmetic", max_length=64)
     """arithmetic, math or code."""
+
+
+class RunSpec(BaseModel):
+    """Every setting of a new run, and the one place the network's defaults for them are written:
+    the admin API (:meth:`of` a :class:`RunCreate`) and ``intellect-coordinator run create`` both build one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: RunName
+    """Unique name."""
+    environment: str = Field("arithmetic", max_length=64)
+    """arithmetic, math or code."""
+    model: str = Field(DEFAULT_MODEL, min_length=1, max_length=512)
+    """Model path or hub id the policy starts from."""
+    sampling: SamplingParams = SamplingParams(max_tokens=48)
+    """How nodes sample."""
+    prompts_per_task: PromptsPerTask = 4
+    """Prompts in one task."""
+    samples_per_prompt: SamplesPerPrompt = 4
+    """Samples per prompt: the GRPO group size."""
+    length_budget: LengthBudget = LengthBudget()
+    """The thinking budget (off by default)."""
+    async_level: AsyncLevel = 2
+    """Accept rollouts of policies at most this many steps old (INTELLECT-2: 2)."""
+    dispute_window_s: DisputeWindow | None = None
+    """How long credit stays pending; None: the coordinator's default."""
+    audit: AuditPolicy | None = None
+    """None: :class:`AuditPolicy`'s defaults."""
+    min_stake: TokenAmount = 0
+    """Token base units a node must have staked to lease this run's tasks (0: none)."""
+
+    @classmethod
+    def of(cls, create: RunCreate) -> RunSpec:
+        """``create``'s settings, the defaults where it left one out."""
+        given = create.model_dump(exclude_none=True, exclude={"length_alpha", "target_length"})
+        budget = {"alpha": create.length_alpha, "target_tokens": create.target_length}
+        return cls(**given, length_budget=LengthBudget(**{k: v for k, v in budget.items() if v is not None}))
+
+
+RUN_DEFAULTS = RunSpec(name="defaults")
+"""A run created with nothing but a name (the CLI's option defaults read it)."""
 
 
 class RunProgress(BaseModel):

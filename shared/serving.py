@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from shared.interpreter import pin_recursion_limit
+from intellect_protocol.shared.interpreter import pin_recursion_limit
 
 
 @dataclass(frozen=True)

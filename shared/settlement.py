@@ -14,7 +14,7 @@ from datetime import datetime
 from eth_utils import to_checksum_address
 from pydantic import BaseModel
 
-from shared.money import TOKEN_BASE_PER_CREDIT
+from intellect_protocol.shared.money import TOKEN_BASE_PER_CREDIT
 
 
 class LedgerEntry(BaseModel):

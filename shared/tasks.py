@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from shared.environments.length import LengthBudget, with_target
-from shared.environments.registry import Problem
-from shared.models import encode_prompt
-from shared.schemas import TaskSpec, sequence_seed
+from intellect_protocol.shared.environments.length import LengthBudget, with_target
+from intellect_protocol.shared.environments.registry import Problem
+from intellect_protocol.shared.models import encode_prompt
+from intellect_protocol.shared.schemas import TaskSpec, sequence_seed
 
 
 @dataclass(frozen=True)

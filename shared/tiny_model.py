@@ -1,6 +1,6 @@
 """Train the embedded default model: a tiny Llama that half-learns column addition.
 
-    python -m shared.tiny_model --out shared/assets/tiny-arith
+    python -m intellect_protocol.shared.tiny_model --out shared/assets/tiny-arith
 
 Supervised learning on the arithmetic environment's scratchpads, from scratch, with a fixed
 seed on one CPU thread, stopping as soon as greedy accuracy on held-out problems reaches
@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from shared.environments.arithmetic import make_problem, reward, scratchpad
-from shared.models import encode_prompt
+from intellect_protocol.shared.environments.arithmetic import make_problem, reward, scratchpad
+from intellect_protocol.shared.models import encode_prompt
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 CHARS = list("0123456789+:=;c")
@@ -56,7 +56,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def prompt_ids(tokenizer: PreTrainedTokenizerFast, prompt: str) -> list[int]:
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
     return encode_prompt(tokenizer, prompt)
 
 
@@ -84,7 +84,7 @@ def held_out(n: int = 200) -> list[tuple[str, int]]:
 
 
 @torch.inference_mode()
-def greedy_accuracy(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, problems: list[tuple[str, int]]) -> float:
+def greedy_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[str, int]]) -> float:
     """Fraction of problems whose greedy completion ends with the right answer (no KV cache: short sequences)."""
     heads = [prompt_ids(tokenizer, p) for p, _ in problems]
     width = len(heads[0])  # every prompt has the same length

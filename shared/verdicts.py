@@ -12,8 +12,8 @@ import json
 
 from eth_account.signers.local import LocalAccount
 
-from shared.schemas import CheckOutcome
-from shared.signing import recover_text_signer, sign_text
+from intellect_protocol.shared.schemas import CheckOutcome
+from intellect_protocol.shared.signing import recover_text_signer, sign_text
 
 
 def verdict_text(audience: str, submission_id: str, sha256: str, checks: list[CheckOutcome], untrained_rows: list[int]) -> str:

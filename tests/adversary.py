@@ -8,13 +8,13 @@ import random
 import torch
 from transformers import AutoModelForCausalLM
 
-from devnet.adversary import prove_with
-from node.work import finish, generate
-from shared.inference import prefill
-from shared.models import TINY_MODEL_DIR, load_model
-from shared.rollout_file import Rollout, read_rollouts
-from shared.schemas import TaskSpec
-from shared.toploc import build_proofs
+from intellect_protocol.devnet.adversary import prove_with
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.inference import prefill
+from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
+from intellect_protocol.shared.rollout_file import Rollout, read_rollouts
+from intellect_protocol.shared.schemas import TaskSpec
+from intellect_protocol.shared.toploc import build_proofs
 
 MODEL, TOKENIZER = load_model("tiny-arith")
 

@@ -6,10 +6,10 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import EthereumTesterProvider, Web3
 
-from shared.chain import Settlement
+from intellect_protocol.shared.chain import Settlement
 
 UNBONDING_S = 3600
-from shared.money import TOKEN
+from intellect_protocol.shared.money import TOKEN
 
 
 def evm_chain() -> Web3:

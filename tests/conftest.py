@@ -4,6 +4,7 @@ coordinators served by uvicorn on loopback, real keys."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -19,13 +20,13 @@ from alembic import command
 from eth_account import Account
 from sqlalchemy import Engine, inspect, text
 
-from coordinator.app import create_app
-from coordinator.db import alembic_config, make_engine
-from coordinator.settings import CoordinatorSettings
-from devnet.postgres import create_database, pg_bin
-from devnet.postgres import postgres_server as postgres_server_at
-from devnet.processes import free_port
-from shared.serving import server_config
+from intellect_protocol.coordinator.app import create_app
+from intellect_protocol.coordinator.db import alembic_config, make_engine
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.postgres import create_database, pg_bin
+from intellect_protocol.devnet.postgres import postgres_server as postgres_server_at
+from intellect_protocol.devnet.processes import free_port
+from intellect_protocol.shared.serving import server_config
 
 os.environ.setdefault("INTELLECT_WALLET_PASSWORD", "test-password")
 
@@ -49,10 +50,40 @@ def postgres_server() -> Iterator[str]:
         yield url
 
 
-def _new_database(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def _new_database(kind: str, request: pytest.FixtureRequest, tmp_path: Path, template: str | None = None) -> str:
     if kind == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    return create_database(request.getfixturevalue("postgres_server"), f"t_{uuid.uuid4().hex[:12]}")
+        path = tmp_path / "ledger.db"
+        if template is not None:
+            shutil.copyfile(template, path)
+        return f"sqlite:///{path}"
+    return create_database(request.getfixturevalue("postgres_server"), f"t_{uuid.uuid4().hex[:12]}", template=template)
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A SQLite file migrated to head once per session (and xdist worker); each test copies it."""
+    path = tmp_path_factory.mktemp("template") / "ledger.db"
+    command.upgrade(alembic_config(f"sqlite:///{path}"), "head")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres(postgres_server: str) -> str:
+    """A PostgreSQL database migrated to head once per session; each test's database is a copy of it."""
+    name = f"template_{uuid.uuid4().hex[:12]}"
+    command.upgrade(alembic_config(create_database(postgres_server, name)), "head")
+    return name
+
+
+def _with_fresh_audience(url: str) -> str:
+    """Every ledger gets its own audience at migration; a copy of the template gets one too."""
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(
+            text("UPDATE deployment SET value = :value WHERE key = 'audience'"), {"value": f"intellect-{uuid.uuid4()}"}
+        )
+    engine.dispose()
+    return url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -63,17 +94,16 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh database of each kind, migrated to head."""
-    url = _new_database(request.param, request, tmp_path)
-    command.upgrade(alembic_config(url), "head")
-    return url
+    """A fresh database of each kind at head: a copy of the session's migrated template (the
+    migrations themselves are tested from an empty database in ``test_migrations``)."""
+    template = request.getfixturevalue(f"migrated_{request.param}")
+    return _with_fresh_audience(_new_database(request.param, request, tmp_path, template))
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    command.upgrade(alembic_config(url), "head")
-    return url
+def sqlite_url(tmp_path: Path, migrated_sqlite: str) -> str:
+    shutil.copyfile(migrated_sqlite, tmp_path / "ledger.db")
+    return _with_fresh_audience(f"sqlite:///{tmp_path / 'ledger.db'}")
 
 
 @dataclass
@@ -137,8 +167,8 @@ def account():  # type: ignore[no-untyped-def]
 def admin_token(served: Served, scope: str = "admin") -> str:
     from datetime import UTC, datetime
 
-    from coordinator.db import make_sessionmaker
-    from coordinator.services.admin_tokens import create_token
+    from intellect_protocol.coordinator.db import make_sessionmaker
+    from intellect_protocol.coordinator.services.admin_tokens import create_token
 
     with make_sessionmaker(served.engine).begin() as session:
         return create_token(session, f"test-{scope}", scope, datetime.now(UTC))[1]

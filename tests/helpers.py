@@ -12,13 +12,13 @@ import httpx
 import pytest
 from eth_account.signers.local import LocalAccount
 
-from coordinator.db import make_sessionmaker
-from coordinator.services.runs import create_run
-from shared.environments.length import LengthBudget
-from shared.schemas import CheckOutcome, SamplingParams
-from shared.signing import sign_request
-from shared.verdicts import sign_verdict
-from shared.version import __version__
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.services.runs import create_run
+from intellect_protocol.shared.run_schemas import RunSpec
+from intellect_protocol.shared.schemas import CheckOutcome, SamplingParams
+from intellect_protocol.shared.signing import sign_request
+from intellect_protocol.shared.verdicts import sign_verdict
+from intellect_protocol.shared.version import __version__
 
 SPECS = {"cpu_cores": 2, "ram_bytes": 8 << 30, "disk_free_bytes": 100 << 30}
 
@@ -51,19 +51,15 @@ def signed_post(
 
 def make_run(served, **kw) -> str:  # type: ignore[no-untyped-def]
     with make_sessionmaker(served.engine).begin() as session:
-        run = create_run(
-            session,
-            kw.get("name", "r"),
-            "arithmetic",
-            "tiny-arith",
-            kw.get("sampling", SamplingParams(max_tokens=8)),
-            kw.get("prompts", 2),
-            kw.get("samples", 2),
-            LengthBudget(),
-            datetime.now(UTC),
+        spec = RunSpec(
+            name=kw.get("name", "r"),
+            sampling=kw.get("sampling", SamplingParams(max_tokens=8)),
+            prompts_per_task=kw.get("prompts", 2),
+            samples_per_prompt=kw.get("samples", 2),
             audit=kw.get("audit"),
             min_stake=kw.get("min_stake", 0),
         )
+        run = create_run(session, spec, datetime.now(UTC))
         return run.id
 
 
@@ -87,7 +83,7 @@ def expire_assignments(served, submission_id: str) -> None:  # type: ignore[no-u
     """End every open assignment to judge ``submission_id`` now, as if its validator had gone silent."""
     from sqlalchemy import update
 
-    from coordinator.models import Review
+    from intellect_protocol.coordinator.models import Review
 
     with make_sessionmaker(served.engine).begin() as session:
         session.execute(
@@ -99,7 +95,7 @@ def expire_assignments(served, submission_id: str) -> None:  # type: ignore[no-u
 
 def checks_for(outcome: str) -> list[dict[str, Any]]:
     """A verdict's checks saying ``outcome`` (see :func:`devnet.rogue_validator.made_up_checks`), as JSON."""
-    from devnet.rogue_validator import made_up_checks
+    from intellect_protocol.devnet.rogue_validator import made_up_checks
 
     return [c.model_dump() for c in made_up_checks(outcome)]
 

@@ -17,15 +17,15 @@ from eth_account import Account
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
-from coordinator.db import make_sessionmaker
-from coordinator.models import Node, Run, ValidatorStrike
-from coordinator.services import committee
-from coordinator.settings import CoordinatorSettings
-from node.cli import app as node_cli
-from node.work import finish, generate
-from shared.links import sign_link
-from shared.run_schemas import AuditPolicy
-from shared.schemas import SamplingParams
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import Node, Run, ValidatorStrike
+from intellect_protocol.coordinator.services import committee
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.node.cli import app as node_cli
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.links import sign_link
+from intellect_protocol.shared.run_schemas import AuditPolicy
+from intellect_protocol.shared.schemas import SamplingParams
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
 from tests.test_committee import claim, judge_all, receipt, strikes_of, trainer_page
@@ -285,7 +285,7 @@ class StagingWatch:
 
 
 def test_upload_bodies_condemned_by_their_headers_are_never_staged(sqlite_url: str, tmp_path: Path) -> None:
-    from shared.signing import sign_request
+    from intellect_protocol.shared.signing import sign_request
 
     settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", body_idle_timeout_s=1.0, **FAST)
     with serve(settings) as served:

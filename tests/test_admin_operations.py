@@ -13,14 +13,14 @@ import httpx
 from eth_account import Account
 from rich.console import Console
 
-from coordinator.settings import CoordinatorSettings
-from node.work import finish, generate
-from shared.schemas import SamplingParams, TaskSpec
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
+from intellect_protocol.validator.worker import Validator
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.test_tasks_and_uploads import joined, lease, rollout_file, upload
 from tests.test_validation import grant
-from validator.worker import Validator
 
 ADDRESS = "0x" + "ab" * 20
 EXPECTED_SCOPE = {

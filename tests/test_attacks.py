@@ -20,18 +20,25 @@ import pytest
 from eth_account import Account
 from sqlalchemy import update
 
-from coordinator.db import make_sessionmaker
-from coordinator.models import Node, Run
-from coordinator.settings import CoordinatorSettings
-from shared.rollout_file import SCHEMA
-from shared.schemas import CHECKS
-from shared.signing import sign_request
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import Node, Run
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.rollout_file import SCHEMA
+from intellect_protocol.shared.schemas import CHECKS
+from intellect_protocol.shared.signing import sign_request
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import heartbeat_body, make_run, register_body, signed_post, verdict_body
 from tests.test_hostile import joined
 from tests.test_tasks_and_uploads import lease, rollout_file, upload
 
-ROLE_ENTRY_MODULES = ("coordinator.cli", "node.cli", "validator.cli", "trainer.cli", "shared.shardcast.cli", "devnet.cli")
+ROLE_ENTRY_MODULES = (
+    "intellect_protocol.coordinator.cli",
+    "intellect_protocol.node.cli",
+    "intellect_protocol.validator.cli",
+    "intellect_protocol.trainer.cli",
+    "intellect_protocol.shared.shardcast.cli",
+    "intellect_protocol.devnet.cli",
+)
 
 
 def nested(depth: int) -> bytes:

@@ -16,17 +16,17 @@ from eth_account import Account
 from rich.console import Console
 from sqlalchemy import update
 
-from coordinator.db import make_sessionmaker
-from coordinator.models import Role, Run, Submission, Task
-from coordinator.services import admission
-from coordinator.settings import CoordinatorSettings
-from coordinator.shardcast_models import PolicyManifest
-from node.client import NodeClient
-from node.hardware import probe
-from node.settings import NodeSettings
-from node.work import finisher_pool, stop_finishers
-from node.worker import work_loop
-from shared.signing import SignedAuth
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import Role, Run, Submission, Task
+from intellect_protocol.coordinator.services import admission
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.shardcast_models import PolicyManifest
+from intellect_protocol.node.client import NodeClient
+from intellect_protocol.node.hardware import probe
+from intellect_protocol.node.settings import NodeSettings
+from intellect_protocol.node.work import finisher_pool, stop_finishers
+from intellect_protocol.node.worker import work_loop
+from intellect_protocol.shared.signing import SignedAuth
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.test_attacks import _verdict

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from devnet.chaos import CHAOS_COORDINATOR_ENV, FAULTS, audit, drain, published, wait_until
-from devnet.network import start_network
+from intellect_protocol.devnet.chaos import CHAOS_COORDINATOR_ENV, FAULTS, audit, drain, published, wait_until
+from intellect_protocol.devnet.network import start_network
 
 pytestmark = pytest.mark.e2e
 

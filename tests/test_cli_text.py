@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from devnet.cli import app as devnet_cli
-from node.cli import app as node_cli
-from node.cli_output import fail
+from intellect_protocol.devnet.cli import app as devnet_cli
+from intellect_protocol.node.cli import app as node_cli
+from intellect_protocol.node.cli_output import fail
 
 pytestmark = pytest.mark.unit
 

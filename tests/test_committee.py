@@ -22,19 +22,19 @@ from eth_account.signers.local import LocalAccount
 from rich.console import Console
 from sqlalchemy import select
 
-from coordinator.db import make_sessionmaker
-from coordinator.models import Node, NodeStrike, Review, ValidatorStrike
-from coordinator.services.committee import majority
-from coordinator.settings import CoordinatorSettings
-from node.work import finish, generate
-from shared.committee import PublicReceipt
-from shared.run_schemas import AuditPolicy
-from shared.schemas import SamplingParams
-from shared.verdicts import verdict_signer
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import Node, NodeStrike, Review, ValidatorStrike
+from intellect_protocol.coordinator.services.committee import majority
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.committee import PublicReceipt
+from intellect_protocol.shared.run_schemas import AuditPolicy
+from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.verdicts import verdict_signer
+from intellect_protocol.validator.worker import Validator
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
 from tests.test_validation import check_ledger, forge, grant, joined, lease, upload
-from validator.worker import Validator
 
 NO_AUDIT = AuditPolicy(share=0, new_node_share=0, suspect_share=0)
 
@@ -73,7 +73,7 @@ def trainer_reads(served: Served, trainer: LocalAccount, run_id: str, after: int
 
 def trainer_page(served: Served, trainer: LocalAccount, run_id: str, after: int = 0, limit: int = 500) -> list[dict]:
     """What the trainer reads after its cursor ``after`` (reading from ``after`` says all up to it was used)."""
-    from shared.signing import sign_request
+    from intellect_protocol.shared.signing import sign_request
 
     path, query = "/v1/trainer/rollouts", f"after={after}&limit={limit}&run={run_id}"
     reply = httpx.get(f"{served.url}{path}?{query}", headers=sign_request(trainer, "GET", path, query, b"", served.audience))
@@ -155,7 +155,8 @@ def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_whe
             assert [v.validator for v in r.verdicts if v.agreed is False] == [rogue.address]
             for v in r.verdicts:  # anyone can check each verdict's signature
                 assert verdict_signer(v.signature, served.audience, i, r.sha256, v.checks, v.untrained_rows) == v.validator
-        assert {i for i in fine if receipt(served, i).status == "accepted"} == fine
+        outcomes = {i: receipt(served, i) for i in fine}
+        assert {i: r.status for i, r in outcomes.items()} == dict.fromkeys(fine, "accepted"), outcomes
         assert trainer_reads(served, trainer, run_id) == fine
         standings = {s["address"]: s for s in httpx.get(f"{served.url}/v1/public/validators").json()}
         assert not standings[rogue.address]["active"] and "outvoted" in standings[rogue.address]["revoke_reason"]
@@ -217,7 +218,7 @@ def test_unaudited_approvals_are_caught_at_the_configured_rate(database_url: str
 
 
 def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_role(sqlite_url: str, tmp_path: Path) -> None:
-    from shared.wallet import create_wallet, load_wallet
+    from intellect_protocol.shared.wallet import create_wallet, load_wallet
 
     settings = CoordinatorSettings(
         database_url=sqlite_url,

@@ -7,8 +7,8 @@ from eth_account import Account
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.chain import ChainError, Settlement
-from shared.merkle import CreditTree
+from intellect_protocol.shared.chain import ChainError, Settlement
+from intellect_protocol.shared.merkle import CreditTree
 from tests.chain_helpers import TOKEN, UNBONDING_S, advance, deployed, evm_chain, funded
 
 pytestmark = pytest.mark.unit

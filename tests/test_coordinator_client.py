@@ -14,13 +14,13 @@ import pytest
 from eth_account import Account
 from rich.console import Console
 
-from coordinator.settings import CoordinatorSettings
-from node.work import finish, generate
-from shared.coordinator_client import CoordinatorClient, Refused, Stopped, Unavailable
-from shared.schemas import ClaimRequest, SamplingParams
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused, Stopped, Unavailable
+from intellect_protocol.shared.schemas import ClaimRequest, SamplingParams
+from intellect_protocol.validator.worker import Validator
 from tests.conftest import Served, admin_token, serve
 from tests.test_validation import grant, joined, lease, upload
-from validator.worker import Validator
 
 
 def _with_work(served: Served, files: int) -> tuple[Validator, io.StringIO]:
@@ -87,7 +87,7 @@ def test_refusals_are_typed_and_stop_ends_the_wait(coordinator) -> None:  # type
             api.claim(ClaimRequest(address=stranger.address))
         assert refused.value.status == 403 and refused.value.code == "role_required"
 
-    from devnet.processes import free_port
+    from intellect_protocol.devnet.processes import free_port
 
     stop = threading.Event()
     nowhere = CoordinatorClient(f"http://127.0.0.1:{free_port()}", stop=stop, first_wait_s=5.0)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from devnet.processes import start_coordinator
+from intellect_protocol.devnet.processes import start_coordinator
 from tests.conftest import _new_database
 from tests.helpers import chromium
 

@@ -13,11 +13,11 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from devnet.chain import MIN_STAKE_TOKENS, NODE_STAKE, start_chain
-from devnet.network import start_network
-from devnet.processes import StartError
-from node.cli import app as node_cli
-from shared.money import TOKEN
+from intellect_protocol.devnet.chain import MIN_STAKE_TOKENS, NODE_STAKE, start_chain
+from intellect_protocol.devnet.network import start_network
+from intellect_protocol.devnet.processes import StartError
+from intellect_protocol.node.cli import app as node_cli
+from intellect_protocol.shared.money import TOKEN
 from tests.helpers import chromium
 
 pytestmark = pytest.mark.e2e

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.numerics import Numerics
-from shared.rollout_file import read_numerics
+from intellect_protocol.shared.numerics import Numerics
+from intellect_protocol.shared.rollout_file import read_numerics
 
 pytestmark = pytest.mark.e2e
 if not os.environ.get("CI"):

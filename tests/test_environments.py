@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from shared.environments import arithmetic
-from shared.environments.code import UnsupportedTest, parse_test
-from shared.environments.code import reward as code_reward
-from shared.environments.datasets import DatasetError, load_rows
-from shared.environments.length import LengthBudget, length_penalty, with_target
-from shared.environments.math import MathVerifier
-from shared.environments.registry import Problem, get_environment, reward
-from shared.environments.sandbox import Limits
+from intellect_protocol.shared.environments import arithmetic
+from intellect_protocol.shared.environments.code import UnsupportedTest, parse_test
+from intellect_protocol.shared.environments.code import reward as code_reward
+from intellect_protocol.shared.environments.datasets import DatasetError, load_rows
+from intellect_protocol.shared.environments.length import LengthBudget, length_penalty, with_target
+from intellect_protocol.shared.environments.math import MathVerifier
+from intellect_protocol.shared.environments.registry import Problem, get_environment, reward
+from intellect_protocol.shared.environments.sandbox import Limits
 
 pytestmark = pytest.mark.unit
 

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from node.settlement import audit_epochs
-from shared.chain import PostedRoot
-from shared.settlement import EpochInfo
+from intellect_protocol.node.settlement import audit_epochs
+from intellect_protocol.shared.chain import PostedRoot
+from intellect_protocol.shared.settlement import EpochInfo
 
 pytestmark = pytest.mark.unit
 

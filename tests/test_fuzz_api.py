@@ -8,14 +8,12 @@ import os
 import pytest
 import requests
 import schemathesis
-from alembic import command
 from eth_account import Account
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from coordinator.db import alembic_config
-from coordinator.settings import CoordinatorSettings
-from shared.signing import sign_request
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.signing import sign_request
 from tests.conftest import Served, _new_database, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
 
@@ -41,8 +39,7 @@ class SignAs(requests.auth.AuthBase):
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     tmp = tmp_path_factory.mktemp("fuzz")
-    url = _new_database(request.param, request, tmp)
-    command.upgrade(alembic_config(url), "head")
+    url = _new_database(request.param, request, tmp, request.getfixturevalue(f"migrated_{request.param}"))
     settings_ = CoordinatorSettings(
         database_url=url, blob_dir=tmp / "blobs", rate_limit_per_s=1e6, rate_limit_burst=10**6, manifest_wait_max_s=1
     )

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from eth_account import Account
 
-from coordinator.settings import CoordinatorSettings
-from shared.signing import sign_request
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.signing import sign_request
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import heartbeat_body, make_run, register_body, signed_post
 

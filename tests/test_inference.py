@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from node.inference.torch_backend import TorchBackend
-from shared.environments.arithmetic import make_problem, reward
-from shared.inference import prefill
-from shared.models import TINY_MODEL_DIR, load_model
-from shared.sampling import replay
-from shared.schemas import SamplingParams
-from shared.tiny_model import prompt_ids
-from shared.toploc import build_proofs, rollout_passes, verify_proofs
+from intellect_protocol.node.inference.torch_backend import TorchBackend
+from intellect_protocol.shared.environments.arithmetic import make_problem, reward
+from intellect_protocol.shared.inference import prefill
+from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
+from intellect_protocol.shared.sampling import replay
+from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.tiny_model import prompt_ids
+from intellect_protocol.shared.toploc import build_proofs, rollout_passes, verify_proofs
 
 pytestmark = pytest.mark.unit
 

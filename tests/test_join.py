@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coordinator.settings import CoordinatorSettings
-from devnet.processes import Process, start_node
-from shared.wallet import create_wallet
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.processes import Process, start_node
+from intellect_protocol.shared.wallet import create_wallet
 from tests.conftest import FAST, admin_token, serve
 
 PASSWORD = "test-password"
@@ -79,7 +79,7 @@ def test_join_lifecycle(sqlite_url: str, tmp_path: Path, wallet: tuple[Path, str
 
 
 def test_unreachable_coordinator_is_retried_with_a_sentence(tmp_path: Path, wallet: tuple[Path, str]) -> None:
-    from devnet.processes import free_port
+    from intellect_protocol.devnet.processes import free_port
 
     wallet_path, _ = wallet
     node = start_node(tmp_path, "node-x", wallet_path, f"http://127.0.0.1:{free_port()}", PASSWORD)

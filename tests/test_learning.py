@@ -12,10 +12,10 @@ import httpx
 import pytest
 import torch
 
-from devnet.network import start_network
-from shared.models import load_model
-from shared.shardcast.origin import step_dir
-from shared.tiny_model import greedy_accuracy, held_out
+from intellect_protocol.devnet.network import start_network
+from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.shardcast.origin import step_dir
+from intellect_protocol.shared.tiny_model import greedy_accuracy, held_out
 
 pytestmark = pytest.mark.e2e
 
@@ -56,9 +56,9 @@ def test_accuracy_rises_over_policy_steps(tmp_path: Path) -> None:
 def test_a_trainer_killed_mid_run_resumes_without_losing_or_reusing_rollouts(tmp_path: Path) -> None:
     from sqlalchemy import create_engine, select
 
-    from coordinator.models import ContributionEntry, Submission
-    from devnet.processes import spawn
-    from trainer.loop import CHECKPOINT
+    from intellect_protocol.coordinator.models import ContributionEntry, Submission
+    from intellect_protocol.devnet.processes import spawn
+    from intellect_protocol.trainer.loop import CHECKPOINT
 
     net = start_network(
         tmp_path, nodes=1, run_options=["--prompts-per-task", "4", "--samples-per-prompt", "4", "--max-tokens", "48"], steps=5

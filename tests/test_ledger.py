@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.ledger import Ledger
+from intellect_protocol.coordinator.db import make_engine, make_sessionmaker
+from intellect_protocol.coordinator.ledger import Ledger
 
 
 def test_a_deadlocked_transaction_is_run_again(database_url: str) -> None:

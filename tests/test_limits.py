@@ -6,7 +6,7 @@ import socket
 
 import httpx
 
-from coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.settings import CoordinatorSettings
 from tests.conftest import serve
 from tests.helpers import heartbeat_body, register_body, signed_post
 

@@ -8,15 +8,15 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, inspect
 
-from coordinator.app import create_app
-from coordinator.db import (
+from intellect_protocol.coordinator.app import create_app
+from intellect_protocol.coordinator.db import (
     NotMigratedError,
     alembic_config,
     current_revision,
     head_revision,
     normalize_database_url,
 )
-from coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.settings import CoordinatorSettings
 
 TABLES = {"deployment", "nodes", "node_status_events", "nonces", "admin_tokens"}
 
@@ -40,9 +40,9 @@ def test_models_match_migrations(database_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    import coordinator.settlement_models  # noqa: F401
-    import coordinator.shardcast_models  # noqa: F401
-    from coordinator.models import Base
+    import intellect_protocol.coordinator.settlement_models  # noqa: F401
+    import intellect_protocol.coordinator.shardcast_models  # noqa: F401
+    from intellect_protocol.coordinator.models import Base
 
     engine = create_engine(normalize_database_url(database_url))
     with engine.connect() as connection:

@@ -10,8 +10,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from shared.money import CREDIT_DECIMALS, TOKEN, TokenAmount, credit_of, format_decimal, parse_decimal, parse_tokens, tokens
-from shared.settlement import cumulative_amounts
+from intellect_protocol.shared.money import (
+    CREDIT_DECIMALS,
+    TOKEN,
+    TokenAmount,
+    credit_of,
+    format_decimal,
+    parse_decimal,
+    parse_tokens,
+    tokens,
+)
+from intellect_protocol.shared.settlement import cumulative_amounts
 
 pytestmark = pytest.mark.unit
 

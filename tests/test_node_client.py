@@ -11,11 +11,11 @@ import pytest
 from eth_account import Account
 from rich.console import Console
 
-from node.client import EXIT_CLOCK, EXIT_VERSION, NodeClient, NodeError
-from node.hardware import probe
-from node.settings import NodeSettings
-from node.worker import join
-from shared.signing import SignedAuth
+from intellect_protocol.node.client import EXIT_CLOCK, EXIT_VERSION, NodeClient, NodeError
+from intellect_protocol.node.hardware import probe
+from intellect_protocol.node.settings import NodeSettings
+from intellect_protocol.node.worker import join
+from intellect_protocol.shared.signing import SignedAuth
 
 
 def test_clock_skew_is_explained(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -30,7 +30,7 @@ def test_clock_skew_is_explained(coordinator, tmp_path: Path) -> None:  # type: 
 
 
 def test_too_old_for_the_coordinator(sqlite_url: str, tmp_path: Path) -> None:
-    from coordinator.settings import CoordinatorSettings
+    from intellect_protocol.coordinator.settings import CoordinatorSettings
     from tests.conftest import serve
 
     with serve(CoordinatorSettings(database_url=sqlite_url, min_node_version="99.0.0")) as c:
@@ -55,7 +55,7 @@ def test_check_command(coordinator, tmp_path: Path) -> None:  # type: ignore[no-
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "CPU cores" in ok.stdout and "Ready to join" in ok.stdout
-    from devnet.processes import free_port
+    from intellect_protocol.devnet.processes import free_port
 
     down = subprocess.run(
         ["intellect-node", "check", "--coordinator", f"http://127.0.0.1:{free_port()}", "--state-dir", str(tmp_path)],
@@ -70,10 +70,10 @@ def test_check_command(coordinator, tmp_path: Path) -> None:  # type: ignore[no-
 def test_a_node_holds_as_many_tasks_as_the_coordinator_allows(sqlite_url: str, tmp_path: Path) -> None:
     import io
 
-    from coordinator.settings import CoordinatorSettings
-    from node.work import finisher_pool, stop_finishers
-    from node.worker import work_loop
-    from shared.schemas import SamplingParams
+    from intellect_protocol.coordinator.settings import CoordinatorSettings
+    from intellect_protocol.node.work import finisher_pool, stop_finishers
+    from intellect_protocol.node.worker import work_loop
+    from intellect_protocol.shared.schemas import SamplingParams
     from tests.conftest import serve
     from tests.helpers import make_run
 

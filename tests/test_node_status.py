@@ -10,12 +10,12 @@ import pytest
 from eth_account import Account
 from sqlalchemy import select
 
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.models import Node, NodeStatusEvent
-from coordinator.services import nodes
-from coordinator.settings import CoordinatorSettings
-from shared.schemas import HeartbeatRequest, NodeStatus, RegisterRequest
-from shared.version import __version__
+from intellect_protocol.coordinator.db import make_engine, make_sessionmaker
+from intellect_protocol.coordinator.models import Node, NodeStatusEvent
+from intellect_protocol.coordinator.services import nodes
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.schemas import HeartbeatRequest, NodeStatus, RegisterRequest
+from intellect_protocol.shared.version import __version__
 from tests.conftest import FAST, admin_token, serve
 from tests.helpers import SPECS, heartbeat_body, register_body, signed_post
 

@@ -10,21 +10,20 @@ from pathlib import Path
 import torch
 from sqlalchemy import select
 
-from coordinator.db import make_sessionmaker
-from coordinator.models import Submission
-from coordinator.services.runs import create_run
-from coordinator.settings import CoordinatorSettings
-from devnet.processes import start_node
-from shared.environments.arithmetic import reward as arithmetic_reward
-from shared.environments.length import LengthBudget
-from shared.environments.registry import get_environment
-from shared.inference import prefill
-from shared.models import load_model
-from shared.rollout_file import read_rollouts
-from shared.sampling import replay
-from shared.schemas import SamplingParams
-from shared.toploc import rollout_passes, verify_proofs
-from shared.wallet import create_wallet
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import Submission
+from intellect_protocol.coordinator.services.runs import create_run
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.processes import start_node
+from intellect_protocol.shared.environments.arithmetic import reward as arithmetic_reward
+from intellect_protocol.shared.environments.registry import get_environment
+from intellect_protocol.shared.inference import prefill
+from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.rollout_file import read_rollouts
+from intellect_protocol.shared.run_schemas import RunSpec
+from intellect_protocol.shared.sampling import replay
+from intellect_protocol.shared.toploc import rollout_passes, verify_proofs
+from intellect_protocol.shared.wallet import create_wallet
 from tests.conftest import FAST, serve
 from tests.helpers import make_run
 
@@ -34,17 +33,7 @@ def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> Non
     with serve(settings) as c:
         sessions = make_sessionmaker(c.engine)
         with sessions.begin() as session:
-            create_run(
-                session,
-                "arith",
-                "arithmetic",
-                "tiny-arith",
-                SamplingParams(temperature=1.0, max_tokens=48),
-                2,
-                4,
-                LengthBudget(),
-                datetime.now(UTC),
-            )
+            create_run(session, RunSpec(name="arith", prompts_per_task=2), datetime.now(UTC))
         wallet = tmp_path / "node.json"
         create_wallet(wallet, "pw")
         node = start_node(tmp_path, "node-1", wallet, c.url, "pw")
@@ -108,15 +97,12 @@ def test_a_killed_node_leaves_no_process_behind(sqlite_url: str, tmp_path: Path)
         assert not [p for p in helpers if Path(f"/proc/{p}").exists()], "the node's helper processes outlived it"
 
 
-def test_node_rides_out_a_coordinator_restart(tmp_path: Path) -> None:
-    from alembic import command
+def test_node_rides_out_a_coordinator_restart(tmp_path: Path, sqlite_url: str) -> None:
+    from intellect_protocol.coordinator.db import make_engine
+    from intellect_protocol.devnet.processes import create_run as create_run_cli
+    from intellect_protocol.devnet.processes import free_port, start_coordinator
 
-    from coordinator.db import alembic_config, make_engine
-    from devnet.processes import create_run as create_run_cli
-    from devnet.processes import free_port, start_coordinator
-
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    command.upgrade(alembic_config(url), "head")
+    url = sqlite_url
     create_run_cli(url, "arith", tmp_path / "logs" / "run.log")
     env = {"INTELLECT_BLOB_DIR": str(tmp_path / "blobs"), "INTELLECT_HEARTBEAT_INTERVAL_S": "0.5"}
     port = free_port()
@@ -162,17 +148,7 @@ def test_a_node_banned_while_working_stops_and_says_why(sqlite_url: str, tmp_pat
     with serve(settings) as c:
         sessions = make_sessionmaker(c.engine)
         with sessions.begin() as session:
-            create_run(
-                session,
-                "arith",
-                "arithmetic",
-                "tiny-arith",
-                SamplingParams(temperature=1.0, max_tokens=48),
-                2,
-                4,
-                LengthBudget(),
-                datetime.now(UTC),
-            )
+            create_run(session, RunSpec(name="arith", prompts_per_task=2), datetime.now(UTC))
         wallet = tmp_path / "node.json"
         address = create_wallet(wallet, "pw")
         node = start_node(tmp_path, "node-1", wallet, c.url, "pw")

@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.errors import ApiError
-from coordinator.models import Nonce
-from coordinator.services.nonces import prune_nonces, record_nonce
-from coordinator.services.rate_limit import RateLimiter
-from coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.db import make_engine, make_sessionmaker
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Nonce
+from intellect_protocol.coordinator.services.nonces import prune_nonces, record_nonce
+from intellect_protocol.coordinator.services.rate_limit import RateLimiter
+from intellect_protocol.coordinator.settings import CoordinatorSettings
 
 
 def test_nonces_kept_at_least_twice_the_window(database_url: str) -> None:

@@ -11,23 +11,23 @@ import pytest
 import torch
 from eth_account import Account
 
-from coordinator.db import make_sessionmaker
-from coordinator.models import Node
-from coordinator.settings import CoordinatorSettings
-from devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs
-from node.work import finish, generate, torch_backend_for
-from shared.coordinator_client import CoordinatorClient
-from shared.numerics import TOLERANCES, Numerics
-from shared.rollout_file import Rollout, read_numerics, read_rollouts
-from shared.sampling import token_logprobs
-from shared.schemas import CHECKS, SamplingParams
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import Node
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs
+from intellect_protocol.node.work import finish, generate, torch_backend_for
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.numerics import TOLERANCES, Numerics
+from intellect_protocol.shared.rollout_file import Rollout, read_numerics, read_rollouts
+from intellect_protocol.shared.sampling import token_logprobs
+from intellect_protocol.shared.schemas import CHECKS, SamplingParams
+from intellect_protocol.trainer.data import fetch_accepted
+from intellect_protocol.validator.checks import CheckSettings, Context, Verdict, in_dtype, validate
 from tests.adversary import MODEL, TOKENIZER
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run, signed_post, verdict_body
 from tests.test_validation import grant, joined, lease, upload
 from tests.test_validator_checks import ENVIRONMENT, PROBLEMS, make_task
-from trainer.data import fetch_accepted
-from validator.checks import CheckSettings, Context, Verdict, in_dtype, validate
 
 torch.set_num_threads(1)
 EOS = TOKENIZER.eos_token_id
@@ -150,7 +150,7 @@ def test_the_validators_bf16_copy_computes_what_a_bf16_node_computes() -> None:
 
 
 def test_one_far_token_a_bf16_file_is_an_outlier_two_are_forgery() -> None:
-    from validator.checks import _row_sampling
+    from intellect_protocol.validator.checks import _row_sampling
 
     logits = torch.zeros(6, 8)
     logits[:, 0] = 10.0  # token 0 wins every position by far, whatever the noise

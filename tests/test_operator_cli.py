@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
-from devnet.processes import free_port, migrate, start_coordinator
-from node.client import NodeClient
-from node.settings import NodeSettings
-from shared.wallet import create_wallet
+from intellect_protocol.devnet.processes import free_port, migrate, start_coordinator
+from intellect_protocol.node.client import NodeClient
+from intellect_protocol.node.settings import NodeSettings
+from intellect_protocol.shared.wallet import create_wallet
 
 
 def _coordinator(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ def test_public_status(coordinator, account) -> None:  # type: ignore[no-untyped
 def test_each_deployment_has_its_own_audience(coordinator, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from alembic import command
 
-    from coordinator.db import (
+    from intellect_protocol.coordinator.db import (
         alembic_config,
         make_engine,
         make_sessionmaker,

@@ -11,9 +11,9 @@ from eth_account import Account
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from coordinator.settings import CoordinatorSettings
-from node.work import finish, generate
-from shared.schemas import SamplingParams
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.schemas import SamplingParams
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
 from tests.test_validation import grant, joined, lease, upload

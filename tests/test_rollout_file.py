@@ -14,7 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.rollout_file import SCHEMA, ReadLimits, Rollout, RolloutFileError, read_rollouts, shape_error, write_rollouts
+from intellect_protocol.shared.rollout_file import (
+    SCHEMA,
+    ReadLimits,
+    Rollout,
+    RolloutFileError,
+    read_rollouts,
+    shape_error,
+    write_rollouts,
+)
 
 pytestmark = pytest.mark.unit
 

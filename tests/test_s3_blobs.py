@@ -15,14 +15,14 @@ from eth_account import Account
 from moto.server import ThreadedMotoServer
 from rich.console import Console
 
-from coordinator.settings import CoordinatorSettings
-from devnet.processes import free_port
-from node.work import finish, generate
-from shared.schemas import SamplingParams
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.processes import free_port
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.test_validation import grant, joined, lease
-from validator.worker import Validator
 
 BUCKET = "rollouts"
 

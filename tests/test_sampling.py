@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from shared.sampling import gumbel_noise, nucleus_mask, replay, sample
+from intellect_protocol.shared.sampling import gumbel_noise, nucleus_mask, replay, sample
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.settings import CoordinatorSettings
 
 pytestmark = pytest.mark.unit
 

@@ -19,16 +19,16 @@ from eth_account import Account
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from coordinator.anchoring import CHAIN_PASSWORD_ENV, Anchorer
-from coordinator.db import make_sessionmaker
-from coordinator.models import ContributionEntry, Submission, Task
-from coordinator.services.settlement import close_epoch
-from coordinator.settings import CoordinatorSettings
-from devnet.anvil import fund, rpc, start_anvil
-from devnet.processes import StartError, free_port
-from node.cli import app as node_cli
-from shared.chain import Settlement, connect
-from shared.money import CREDIT_PER_UNIT, TOKEN
+from intellect_protocol.coordinator.anchoring import CHAIN_PASSWORD_ENV, Anchorer
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import ContributionEntry, Submission, Task
+from intellect_protocol.coordinator.services.settlement import close_epoch
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.anvil import fund, rpc, start_anvil
+from intellect_protocol.devnet.processes import StartError, free_port
+from intellect_protocol.node.cli import app as node_cli
+from intellect_protocol.shared.chain import Settlement, connect
+from intellect_protocol.shared.money import CREDIT_PER_UNIT, TOKEN
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
 
@@ -390,9 +390,9 @@ def test_replicas_close_and_anchor_each_epoch_once(database_url, tmp_path, anvil
 def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_outvoted_it(
     sqlite_url, tmp_path, anvil, chain
 ) -> None:  # type: ignore[no-untyped-def]
-    from node.work import finish, generate
-    from shared.run_schemas import AuditPolicy
-    from shared.schemas import SamplingParams
+    from intellect_protocol.node.work import finish, generate
+    from intellect_protocol.shared.run_schemas import AuditPolicy
+    from intellect_protocol.shared.schemas import SamplingParams
     from tests.test_committee import judge_all
     from tests.test_validation import grant, lease, upload
 

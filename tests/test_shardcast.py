@@ -18,15 +18,15 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from coordinator.settings import CoordinatorSettings
-from devnet.processes import Process, start_relay
-from shared.coordinator_client import CoordinatorClient
-from shared.shardcast.client import PROGRESS_FILE, DownloadError, download_step
-from shared.shardcast.manifest import ManifestError, build_manifest, sign_manifest
-from shared.shardcast.origin import publish_step, step_dir
-from shared.shardcast.server import create_server
-from shared.shardcast.store import StepStore
-from shared.wallet import create_wallet
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.processes import Process, start_relay
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.shardcast.client import PROGRESS_FILE, DownloadError, download_step
+from intellect_protocol.shared.shardcast.manifest import ManifestError, build_manifest, sign_manifest
+from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
+from intellect_protocol.shared.shardcast.server import create_server
+from intellect_protocol.shared.shardcast.store import StepStore
+from intellect_protocol.shared.wallet import create_wallet
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, signed_post
 
@@ -155,7 +155,7 @@ def evil_relay(net: Net) -> Iterator[str]:
     """A real server holding a copy of the step with bytes flipped in every model chunk, registered as a relay."""
     import uvicorn
 
-    from devnet.processes import free_port
+    from intellect_protocol.devnet.processes import free_port
 
     store_dir = net.workdir / "evil"
     port = free_port()
@@ -224,8 +224,8 @@ def test_a_relay_killed_mid_download_leaves_clients_to_the_others(net: Net) -> N
 
 CLIENT = """
 import os, sys
-from shared.coordinator_client import CoordinatorClient
-from shared.shardcast.client import download_step
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.shardcast.client import download_step
 def stop_half_way(done, total):
     if done > total // 2:
         os._exit(9)
@@ -350,10 +350,10 @@ def test_a_node_downloads_the_published_step_and_generates_with_it(net: Net) -> 
 
     from sqlalchemy import select
 
-    from coordinator.db import make_sessionmaker
-    from coordinator.models import Node, Task
-    from devnet.processes import start_node
-    from shared.models import TINY_MODEL_DIR
+    from intellect_protocol.coordinator.db import make_sessionmaker
+    from intellect_protocol.coordinator.models import Node, Task
+    from intellect_protocol.devnet.processes import start_node
+    from intellect_protocol.shared.models import TINY_MODEL_DIR
 
     origin = net.relay("origin", origin=True)
     net.relay("relay-1", upstreams=[origin.url])  # type: ignore[list-item]
@@ -393,7 +393,7 @@ def test_a_node_downloads_the_published_step_and_generates_with_it(net: Net) -> 
 def test_source_picker_prefers_fast_relays_explores_and_falls_back_to_the_origin() -> None:
     import random
 
-    from shared.shardcast.client import Source, SourcePicker
+    from intellect_protocol.shared.shardcast.client import Source, SourcePicker
 
     origin, fast, slow = Source("o", "origin"), Source("f", "relay"), Source("s", "relay")
     picker = SourcePicker([origin, fast, slow], explore=0.0, rng=random.Random(0))
@@ -429,9 +429,9 @@ def test_a_step_in_use_is_kept_however_many_newer_steps_arrive(tmp_path: Path) -
 
     from rich.console import Console
 
-    from shared.schemas import SamplingParams, TaskSpec
-    from shared.shardcast.store import MANIFEST_FILE
-    from shared.shardcast.weights import Weights
+    from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
+    from intellect_protocol.shared.shardcast.store import MANIFEST_FILE
+    from intellect_protocol.shared.shardcast.weights import Weights
 
     run = "run-1"
     for step in range(1, 6):  # steps already verified on disk, so nothing is downloaded

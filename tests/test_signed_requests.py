@@ -9,7 +9,7 @@ import httpx
 import pytest
 from eth_account import Account
 
-from shared.signing import (
+from intellect_protocol.shared.signing import (
     HEADER_ADDRESS,
     HEADER_NONCE,
     HEADER_SIGNATURE,

@@ -15,19 +15,19 @@ from eth_account import Account
 from rich.console import Console
 from sqlalchemy import func, select
 
-from coordinator.db import make_sessionmaker
-from coordinator.models import ContributionEntry, Submission, Task, TrainerMetrics
-from coordinator.settings import CoordinatorSettings
-from coordinator.shardcast_models import PolicyManifest
-from node.work import finish, generate
-from shared.schemas import SamplingParams
-from shared.states import SubmissionStatus
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import ContributionEntry, Submission, Task, TrainerMetrics
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.shardcast_models import PolicyManifest
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.states import SubmissionStatus
+from intellect_protocol.trainer.loop import Trainer
+from intellect_protocol.trainer.settings import TrainerSettings
+from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run
 from tests.test_validation import grant, joined, lease, upload
-from trainer.loop import Trainer
-from trainer.settings import TrainerSettings
-from validator.worker import Validator
 
 HOLD_S = 0.5
 """How long the node keeps each task between its lease and its upload."""

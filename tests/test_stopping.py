@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from devnet.network import Network
-from devnet.processes import Process, admin_token, create_run, migrate, script, spawn, start_coordinator
-from shared.wallet import create_wallet
+from intellect_protocol.devnet.network import Network
+from intellect_protocol.devnet.processes import Process, admin_token, create_run, migrate, script, spawn, start_coordinator
+from intellect_protocol.shared.wallet import create_wallet
 
 pytestmark = pytest.mark.e2e
 

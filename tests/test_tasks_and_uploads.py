@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 from eth_account import Account
 
-from coordinator.settings import CoordinatorSettings
-from shared.rollout_file import Rollout, write_rollouts
-from shared.schemas import sequence_seed
-from shared.signing import sign_request
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.rollout_file import Rollout, write_rollouts
+from intellect_protocol.shared.schemas import sequence_seed
+from intellect_protocol.shared.signing import sign_request
 from tests.conftest import serve
 from tests.helpers import make_run, register_body, signed_post
 
@@ -239,8 +239,8 @@ def test_new_work_waits_while_the_validation_backlog_is_full(sqlite_url: str, tm
 
 
 def test_a_task_older_than_the_runs_window_is_never_handed_out_again(sqlite_url: str, tmp_path: Path) -> None:
-    from coordinator.db import make_sessionmaker
-    from coordinator.models import Run
+    from intellect_protocol.coordinator.db import make_sessionmaker
+    from intellect_protocol.coordinator.models import Run
 
     with serve(CoordinatorSettings(database_url=sqlite_url, task_lease_s=0.5, blob_dir=tmp_path / "b")) as c:
         run_id = make_run(c)
@@ -256,8 +256,8 @@ def test_a_task_older_than_the_runs_window_is_never_handed_out_again(sqlite_url:
 
 
 def test_tasks_a_run_left_behind_do_not_count_against_a_nodes_limit(coordinator) -> None:  # type: ignore[no-untyped-def]
-    from coordinator.db import make_sessionmaker
-    from coordinator.models import Run
+    from intellect_protocol.coordinator.db import make_sessionmaker
+    from intellect_protocol.coordinator.models import Run
 
     run_id = make_run(coordinator)
     node = joined(coordinator)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared.toploc import (
+from intellect_protocol.shared.toploc import (
     CHUNK,
     PRIME,
     TOPK,
@@ -115,14 +115,14 @@ def test_shape_is_checked() -> None:
 
 
 def test_batch_equals_one_by_one() -> None:
-    from shared.toploc import build_proofs_batch
+    from intellect_protocol.shared.toploc import build_proofs_batch
 
     hiddens = [hidden(n) for n in (1, 31, 32, 33, 70)] + [hidden(5, width=8)]
     assert build_proofs_batch(hiddens) == [build_proofs(h) for h in hiddens]
 
 
 def test_modulus_steps_down_past_collisions() -> None:
-    from shared.toploc import _injective_moduli
+    from intellect_protocol.shared.toploc import _injective_moduli
 
     # 65497 ≡ 0 and 65497 + j ≡ j: every modulus from 65496 down to 65371 maps 65497 onto one of 1..126.
     indices = np.array([[0, 65497, *range(1, 127)]], dtype=np.int64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shared.toploc import build_proofs, chunk_sizes, rollout_passes, verify_proofs
+from intellect_protocol.shared.toploc import build_proofs, chunk_sizes, rollout_passes, verify_proofs
 from tests.test_toploc import split_error_chunk
 
 pytestmark = pytest.mark.unit

@@ -15,22 +15,22 @@ from eth_account import Account
 from rich.console import Console
 from sqlalchemy import select
 
-from coordinator.db import make_sessionmaker
-from coordinator.models import Run, TrainerMetrics
-from coordinator.settings import CoordinatorSettings
-from devnet.processes import start_relay
-from node.work import finish, generate
-from shared.rollout_file import read_rollouts
-from shared.schemas import SamplingParams
-from shared.shardcast.origin import step_dir
-from shared.wallet import create_wallet
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import Run, TrainerMetrics
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.processes import start_relay
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.rollout_file import read_rollouts
+from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.shardcast.origin import step_dir
+from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.trainer.data import Batch, Group
+from intellect_protocol.trainer.loop import Trainer
+from intellect_protocol.trainer.settings import TrainerSettings
+from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run
 from tests.test_validation import grant, joined, lease, upload
-from trainer.data import Batch, Group
-from trainer.loop import Trainer
-from trainer.settings import TrainerSettings
-from validator.worker import Validator
 
 
 def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url: str, tmp_path: Path) -> None:

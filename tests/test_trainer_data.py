@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.rollout_file import Rollout
-from trainer.data import Batch, add_submission
+from intellect_protocol.shared.rollout_file import Rollout
+from intellect_protocol.trainer.data import Batch, add_submission
 
 pytestmark = pytest.mark.unit
 

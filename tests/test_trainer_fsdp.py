@@ -17,21 +17,21 @@ from rich.console import Console
 from safetensors.torch import load_file
 from sqlalchemy import select
 
-from coordinator.db import make_sessionmaker
-from coordinator.models import TrainerMetrics
-from coordinator.settings import CoordinatorSettings
-from coordinator.shardcast_models import PolicyManifest
-from node.work import finish, generate
-from shared.models import load_model
-from shared.schemas import SamplingParams
-from shared.shardcast.origin import step_dir
-from shared.wallet import create_wallet, load_wallet
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import TrainerMetrics
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.shardcast_models import PolicyManifest
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.shardcast.origin import step_dir
+from intellect_protocol.shared.wallet import create_wallet, load_wallet
+from intellect_protocol.trainer.loop import Trainer
+from intellect_protocol.trainer.settings import TrainerSettings
+from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run
 from tests.test_validation import grant, joined, lease, upload
-from trainer.loop import Trainer
-from trainer.settings import TrainerSettings
-from validator.worker import Validator
 
 pytestmark = pytest.mark.e2e
 

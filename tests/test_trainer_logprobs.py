@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from shared.models import TINY_MODEL_DIR, load_model
-from trainer.logprobs import sequence_logprobs
+from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
+from intellect_protocol.trainer.logprobs import sequence_logprobs
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.loss import LossSettings, group_advantages, grpo_loss
+from intellect_protocol.trainer.loss import LossSettings, group_advantages, grpo_loss
 
 pytestmark = pytest.mark.unit
 

@@ -18,19 +18,19 @@ from eth_account.signers.local import LocalAccount
 from rich.console import Console
 from sqlalchemy import select, update
 
-from coordinator.db import make_sessionmaker
-from coordinator.models import ContributionEntry, Node, Role, Submission
-from coordinator.settings import CoordinatorSettings
-from node.work import finish, generate
-from shared.committee import PublicReceipt
-from shared.links import sign_link
-from shared.rollout_file import read_rollouts, write_rollouts
-from shared.schemas import CHECKS, SamplingParams, TaskSpec
-from shared.verdicts import verdict_signer
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import ContributionEntry, Node, Role, Submission
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.committee import PublicReceipt
+from intellect_protocol.shared.links import sign_link
+from intellect_protocol.shared.rollout_file import read_rollouts, write_rollouts
+from intellect_protocol.shared.schemas import CHECKS, SamplingParams, TaskSpec
+from intellect_protocol.shared.verdicts import verdict_signer
+from intellect_protocol.validator.worker import Validator
 from tests.adversary import ATTACKS, random_tokens
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import expire_assignments, make_run, register_body, signed_post, verdict_body
-from validator.worker import Validator
 
 
 def grant(served: Served, token: str, address: str, role: str) -> None:
@@ -188,7 +188,7 @@ def test_work_is_drawn_for_live_validators_who_cannot_choose_and_lapses_are_draw
     # Only the assigned validator may read the file or post the verdict; a malformed verdict changes nothing.
     held, theirs = sorted(a | b)[0], (first, second) if sorted(a | b)[0] in a else (second, first)
     path = f"/v1/validation/submissions/{held}/file"
-    from shared.signing import sign_request
+    from intellect_protocol.shared.signing import sign_request
 
     other = httpx.get(served.url + path, headers=sign_request(theirs[1], "GET", path, "", b"", served.audience))
     assert other.status_code == 409
@@ -272,8 +272,8 @@ def test_attacks_through_the_api_are_refused_or_rejected(network, tmp_path: Path
 
 
 def test_the_validator_command_checks_until_stopped(network, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from devnet.processes import script, spawn
-    from shared.wallet import create_wallet
+    from intellect_protocol.devnet.processes import script, spawn
+    from intellect_protocol.shared.wallet import create_wallet
 
     served, token = network
     wallet = tmp_path / "validator.json"

@@ -15,12 +15,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import torch
 
-from node.work import finish, generate
-from shared.environments.registry import get_environment
-from shared.rollout_file import Rollout, read_rollouts, write_rollouts
-from shared.schemas import SamplingParams, TaskSpec
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.environments.registry import get_environment
+from intellect_protocol.shared.rollout_file import Rollout, read_rollouts, write_rollouts
+from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
+from intellect_protocol.validator.checks import CheckSettings, Context, Verdict, validate
 from tests.adversary import ATTACKS, MODEL, TOKENIZER, inflated_rewards
-from validator.checks import CheckSettings, Context, Verdict, validate
 
 pytestmark = pytest.mark.unit
 

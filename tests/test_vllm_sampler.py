@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared.sampling import sample
+from intellect_protocol.shared.sampling import sample
 
 pytestmark = pytest.mark.unit
 if not os.environ.get("CI"):
@@ -23,8 +23,8 @@ import vllm  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext  # noqa: E402
 
-from node.inference import vllm_engine  # noqa: E402
-from node.inference.vllm_engine import KEY, RECORDS, SeededSampler  # noqa: E402
+from intellect_protocol.node.inference import vllm_engine  # noqa: E402
+from intellect_protocol.node.inference.vllm_engine import KEY, RECORDS, SeededSampler  # noqa: E402
 
 VOCAB, HIDDEN = 50, 8
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
-from shared.wallet import WalletError, create_wallet, load_wallet, wallet_address
+from intellect_protocol.shared.wallet import WalletError, create_wallet, load_wallet, wallet_address
 
 
 def test_create_and_load(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from shared.cli import WalletOption, stop_on_sigterm, unlock
-from shared.coordinator_client import Refused, Stopped
+from intellect_protocol.shared.cli import WalletOption, stop_on_sigterm, unlock
+from intellect_protocol.shared.coordinator_client import Refused, Stopped
 
 app = typer.Typer(help="Run the GRPO trainer of one run (the address needs the trainer role).", no_args_is_help=True)
 console = Console()
@@ -33,7 +33,7 @@ def run(
     steps: Annotated[int, typer.Option(min=0, help="Stop after publishing this policy step; 0: run until Ctrl-C.")] = 0,
 ) -> None:
     """Pull accepted rollouts, take GRPO steps, publish each policy step through shardcast, until Ctrl-C."""
-    from trainer.loop import Trainer  # torch loads only for the command that needs it
+    from intellect_protocol.trainer.loop import Trainer  # torch loads only for the command that needs it
 
     account = unlock(wallet_file, err)
     stop = stop_on_sigterm()

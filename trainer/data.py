@@ -12,9 +12,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shared.coordinator_client import CoordinatorClient
-from shared.rollout_file import Rollout, read_rollouts
-from shared.schemas import AcceptedRollouts
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.rollout_file import Rollout, read_rollouts
+from intellect_protocol.shared.schemas import AcceptedRollouts
 
 
 @dataclass

@@ -13,11 +13,11 @@ import math
 
 import torch
 
-from trainer.data import Batch
-from trainer.distributed import Placement, clip_grad_norm, shard
-from trainer.logprobs import sequence_logprobs
-from trainer.loss import group_advantages, grpo_loss
-from trainer.settings import TrainerSettings
+from intellect_protocol.trainer.data import Batch
+from intellect_protocol.trainer.distributed import Placement, clip_grad_norm, shard
+from intellect_protocol.trainer.logprobs import sequence_logprobs
+from intellect_protocol.trainer.loss import group_advantages, grpo_loss
+from intellect_protocol.trainer.settings import TrainerSettings
 
 
 class Learner:

@@ -23,16 +23,17 @@ import torch
 from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
-from shared.coordinator_client import CoordinatorClient
-from shared.environments.registry import get_environment
-from shared.models import load_model
-from shared.schemas import TrainerMetricsRequest
-from shared.shardcast.manifest import SignedManifest
-from shared.shardcast.origin import publish_step, step_dir
-from trainer.data import Batch, add_submission, fetch_accepted
-from trainer.distributed import full_state_dict, placement
-from trainer.learner import Learner
-from trainer.settings import TrainerSettings
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.environments.registry import get_environment
+from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.run_schemas import oldest_usable_step
+from intellect_protocol.shared.schemas import TrainerMetricsRequest
+from intellect_protocol.shared.shardcast.manifest import SignedManifest
+from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
+from intellect_protocol.trainer.data import Batch, add_submission, fetch_accepted
+from intellect_protocol.trainer.distributed import full_state_dict, placement
+from intellect_protocol.trainer.learner import Learner
+from intellect_protocol.trainer.settings import TrainerSettings
 
 log = logging.getLogger("intellect.trainer")
 CHECKPOINT = "trainer-state.pt"
@@ -92,7 +93,7 @@ class Trainer:
     def collect(self, stop: threading.Event) -> Batch | None:
         """Groups for the next policy version, or None if ``stop`` came first."""
         # Step N + 1 learns from the current policy N and at most async_level steps older (0: on-policy only).
-        oldest = self.state.step - self.run_info.async_level
+        oldest = oldest_usable_step(self.state.step, self.run_info.async_level)
         batch = Batch(cursor=self.state.cursor)
         while len(batch.groups) < self.settings.groups_per_step:
             entries = fetch_accepted(self.api, self.run_id, batch.cursor, oldest, wait_s=self.settings.accepted_wait_s)
@@ -150,7 +151,7 @@ class Trainer:
     def _register(self, signed: SignedManifest) -> None:
         self.api.publish_manifest(signed)
 
-    def run(self, stop: threading.Event, steps: int | None = None, on_step=None) -> int:  # type: ignore[no-untyped-def]
+    def run(self, stop: threading.Event, steps: int | None = None, on_step=None) -> int:
         """Train until ``stop`` (or until policy step ``steps`` is published); returns the step reached."""
         torch.set_num_threads(1)
         while not stop.is_set() and (steps is None or self.state.step < steps):

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import RoleSettings
-from trainer.loss import LossSettings
+from intellect_protocol.shared.settings import RoleSettings
+from intellect_protocol.trainer.loss import LossSettings
 
 
 class TrainerSettings(RoleSettings):

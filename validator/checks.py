@@ -61,14 +61,14 @@ import torch
 from pydantic import BaseModel, Field
 from transformers import PreTrainedTokenizerBase
 
-from shared.environments.registry import Environment, Problem, reward
-from shared.inference import prefill_batch
-from shared.numerics import DTYPES, TOLERANCES, Numerics, Tolerance
-from shared.rollout_file import Rollout, RolloutFileError, read_numerics, read_rollouts
-from shared.sampling import nucleus_mask, sampling_scores, token_logprobs
-from shared.schemas import CHECKS, CheckName, CheckOutcome, Judgement, TaskSpec
-from shared.tasks import assigned_rows, budget_of
-from shared.toploc import ToplocThresholds, rollout_passes, verify_proofs
+from intellect_protocol.shared.environments.registry import Environment, Problem, completion_text, reward
+from intellect_protocol.shared.inference import prefill_batch
+from intellect_protocol.shared.numerics import DTYPES, TOLERANCES, Numerics, Tolerance
+from intellect_protocol.shared.rollout_file import Rollout, RolloutFileError, read_numerics, read_rollouts
+from intellect_protocol.shared.sampling import nucleus_mask, sampling_scores, token_logprobs
+from intellect_protocol.shared.schemas import CHECKS, CheckName, CheckOutcome, Judgement, TaskSpec
+from intellect_protocol.shared.tasks import assigned_rows, budget_of
+from intellect_protocol.shared.toploc import ToplocThresholds, rollout_passes, verify_proofs
 
 
 class CheckSettings(BaseModel):
@@ -354,7 +354,7 @@ def _rewards(rollouts: list[Rollout], ctx: Context, settings: CheckSettings) -> 
     for i, r in enumerate(rollouts):
         if settings.reward_fraction < 1 and picker.random() >= settings.reward_fraction:
             continue
-        text = ctx.tokenizer.decode(r.completion_tokens, skip_special_tokens=True)
+        text = completion_text(ctx.tokenizer, r.completion_tokens)
         task_reward = ctx.environment.task_reward(text, ctx.problems[r.prompt_id])
         final, penalty = reward(task_reward, len(r.completion_tokens), budget)
         for name, claimed, recomputed in (

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from shared.cli import WalletOption, stop_on_sigterm, unlock
-from shared.coordinator_client import Refused, Stopped
+from intellect_protocol.shared.cli import WalletOption, stop_on_sigterm, unlock
+from intellect_protocol.shared.coordinator_client import Refused, Stopped
 
 app = typer.Typer(help="Run an Intellect Protocol validator (the address needs the validator role).", no_args_is_help=True)
 console = Console()
@@ -29,7 +29,7 @@ def run(
     batch: Annotated[int, typer.Option(min=1, max=64, help="Submissions claimed at once.")] = 8,
 ) -> None:
     """Claim pending submissions, run every check on each, and post the verdicts, until Ctrl-C."""
-    from validator.worker import Validator  # torch loads only for the command that needs it
+    from intellect_protocol.validator.worker import Validator  # torch loads only for the command that needs it
 
     account = unlock(wallet_file, err)
     stop = stop_on_sigterm()

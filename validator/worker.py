@@ -20,20 +20,20 @@ import torch
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
-from shared.committee import PublicReceipt
-from shared.coordinator_client import CoordinatorClient, Refused, Stopped
-from shared.environments.registry import Environment, Problem, get_environment
-from shared.models import load_model
-from shared.schemas import Claim, ClaimRequest, VerdictRequest
-from shared.shardcast.weights import Weights
-from shared.verdicts import sign_verdict
-from validator.checks import CheckSettings, Context, validate
+from intellect_protocol.shared.committee import PublicReceipt
+from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused, Stopped
+from intellect_protocol.shared.environments.registry import Environment, Problem, get_environment
+from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.schemas import Claim, ClaimRequest, VerdictRequest
+from intellect_protocol.shared.shardcast.weights import Weights
+from intellect_protocol.shared.verdicts import sign_verdict
+from intellect_protocol.validator.checks import CheckSettings, Context, validate
 
 log = logging.getLogger("intellect.validator")
 
 
 @lru_cache(maxsize=2)
-def _model(path: str):  # type: ignore[no-untyped-def]
+def _model(path: str):
     return load_model(path)
 
 

@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter
 
-from coordinator.deps import LedgerDep, Settings, Signed
-from coordinator.services import appeals
-from shared.committee import AppealInfo, AppealRequest
-from shared.schemas import ErrorBody
+from intellect_protocol.coordinator.deps import LedgerDep, Settings, Signed
+from intellect_protocol.coordinator.services import appeals
+from intellect_protocol.shared.committee import AppealInfo, AppealRequest
+from intellect_protocol.shared.schemas import ErrorBody
 
 router = APIRouter(prefix="/v1/appeals", tags=["appeals"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
 

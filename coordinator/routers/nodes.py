@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request
 
-from coordinator.deps import LedgerDep, RegistrationGate, Settings, Signed
-from coordinator.services import nodes, runs
-from shared.schemas import (
+from intellect_protocol.coordinator.deps import LedgerDep, RegistrationGate, Settings, Signed
+from intellect_protocol.coordinator.services import nodes, runs
+from intellect_protocol.shared.schemas import (
     ErrorBody,
     HeartbeatRequest,
     HeartbeatResponse,

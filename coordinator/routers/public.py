@@ -8,13 +8,22 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from coordinator.deps import LedgerDep, Settings, client_rate_limit
-from coordinator.services import accountability, credit, leaderboard, nodes, receipts, runs, step_timing, training
-from shared.committee import PublicReceipt, ValidatorStanding
-from shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
-from shared.run_schemas import RunInfo, RunProgress, StepTiming
-from shared.schemas import Address, ErrorBody, PublicStatus
-from shared.version import __version__
+from intellect_protocol.coordinator.deps import LedgerDep, Settings, client_rate_limit
+from intellect_protocol.coordinator.services import (
+    accountability,
+    credit,
+    leaderboard,
+    nodes,
+    receipts,
+    runs,
+    step_timing,
+    training,
+)
+from intellect_protocol.shared.committee import PublicReceipt, ValidatorStanding
+from intellect_protocol.shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
+from intellect_protocol.shared.run_schemas import RunInfo, RunProgress, StepTiming
+from intellect_protocol.shared.schemas import Address, ErrorBody, PublicStatus
+from intellect_protocol.shared.version import __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])
 
@@ -69,7 +78,7 @@ async def run_info(run_id: str, ledger: LedgerDep) -> RunInfo:
 async def run_progress(run_id: str, ledger: LedgerDep) -> RunProgress:
     """A run's submissions by status and every policy step's training metrics (for dashboards and charts)."""
 
-    def read(session) -> RunProgress:  # type: ignore[no-untyped-def]
+    def read(session) -> RunProgress:
         runs.get_run(session, run_id)
         steps = [{"step": m.step, **m.metrics} for m in training.metrics_of(session, run_id)]
         evaluations = [{"step": e.step, **e.metrics} for e in training.evaluations_of(session, run_id)]
@@ -99,7 +108,7 @@ async def run_throughput(
 ) -> list[ThroughputBucket]:
     """Rollouts uploaded and tokens accepted per time bucket, over the last ``minutes``."""
 
-    def read(session) -> list[ThroughputBucket]:  # type: ignore[no-untyped-def]
+    def read(session) -> list[ThroughputBucket]:
         runs.get_run(session, run_id)
         return leaderboard.throughput(session, run_id, datetime.now(UTC), minutes, bucket_s)
 

@@ -10,11 +10,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
-from coordinator.deps import LedgerDep, Settings, client_rate_limit
-from coordinator.errors import ApiError
-from coordinator.services import leaderboard, settlement
-from shared.schemas import Address, ErrorBody, ErrorCode
-from shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry, NodeSettlement, SettlementOverview
+from intellect_protocol.coordinator.deps import LedgerDep, Settings, client_rate_limit
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.services import leaderboard, settlement
+from intellect_protocol.shared.schemas import Address, ErrorBody, ErrorCode
+from intellect_protocol.shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry, NodeSettlement, SettlementOverview
 
 OVERVIEW_TTL_S = 5.0
 

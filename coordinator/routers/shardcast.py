@@ -12,12 +12,20 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from coordinator.deps import LedgerDep, Settings, Signed, client_rate_limit
-from coordinator.errors import ApiError
-from coordinator.services import roles, shardcast
-from coordinator.shardcast_models import PolicyManifest
-from shared.schemas import INT32_MAX, ErrorBody, ErrorCode, RelayInfo, RelayRegister, RelayReportRequest, RoleName
-from shared.shardcast.manifest import ManifestEntry, SignedManifest
+from intellect_protocol.coordinator.deps import LedgerDep, Settings, Signed, client_rate_limit
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.services import roles, shardcast
+from intellect_protocol.coordinator.shardcast_models import PolicyManifest
+from intellect_protocol.shared.schemas import (
+    INT32_MAX,
+    ErrorBody,
+    ErrorCode,
+    RelayInfo,
+    RelayRegister,
+    RelayReportRequest,
+    RoleName,
+)
+from intellect_protocol.shared.shardcast.manifest import ManifestEntry, SignedManifest
 
 router = APIRouter(prefix="/v1", tags=["shardcast"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
 RunId = Annotated[str, Query(max_length=64)]

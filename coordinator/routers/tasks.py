@@ -8,9 +8,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from coordinator.deps import LedgerDep, Settings, Signed, SignedUpload
-from coordinator.services import runs, submissions
-from shared.schemas import ErrorBody, LeaseRequest, SubmissionReceipt, TaskSpec
+from intellect_protocol.coordinator.deps import LedgerDep, Settings, Signed, SignedUpload
+from intellect_protocol.coordinator.services import runs, submissions
+from intellect_protocol.shared.schemas import ErrorBody, LeaseRequest, SubmissionReceipt, TaskSpec
 
 router = APIRouter(prefix="/v1", tags=["tasks"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
 

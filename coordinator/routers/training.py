@@ -8,11 +8,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from coordinator.blob_response import blob_response
-from coordinator.deps import LedgerDep, Signed
-from coordinator.services import step_timing, training
-from coordinator.wakeup import POLL_S
-from shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
+from intellect_protocol.coordinator.blob_response import blob_response
+from intellect_protocol.coordinator.deps import LedgerDep, Signed
+from intellect_protocol.coordinator.services import step_timing, training
+from intellect_protocol.coordinator.wakeup import POLL_S
+from intellect_protocol.shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
 
 router = APIRouter(
     prefix="/v1/trainer",

@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request, Response
 
-from coordinator.blob_response import blob_response
-from coordinator.deps import LedgerDep, Settings, Signed
-from coordinator.services import receipts, validation
-from coordinator.wakeup import POLL_S
-from shared.committee import PublicReceipt
-from shared.schemas import Claim, ClaimRequest, ErrorBody, VerdictRequest
+from intellect_protocol.coordinator.blob_response import blob_response
+from intellect_protocol.coordinator.deps import LedgerDep, Settings, Signed
+from intellect_protocol.coordinator.services import receipts, validation
+from intellect_protocol.coordinator.wakeup import POLL_S
+from intellect_protocol.shared.committee import PublicReceipt
+from intellect_protocol.shared.schemas import Claim, ClaimRequest, ErrorBody, VerdictRequest
 
 router = APIRouter(
     prefix="/v1/validation",
@@ -54,7 +54,7 @@ async def verdict(body: VerdictRequest, request: Request, signed: Signed, ledger
     :mod:`shared.verdicts`); the submission is decided, or goes to another validator first."""
     audience = request.app.state.audience
 
-    def work(session, signer: str) -> PublicReceipt:  # type: ignore[no-untyped-def]
+    def work(session, signer: str) -> PublicReceipt:
         submission = validation.record_verdict(session, signer, body, settings, datetime.now(UTC), audience)
         session.flush()
         return receipts.public_receipt(session, submission.id)

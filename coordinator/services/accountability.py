@@ -13,11 +13,11 @@ from typing import Literal
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import Review, Role, Submission, ValidatorStrike
-from coordinator.services import roles
-from coordinator.settings import CoordinatorSettings
-from shared.committee import ValidatorStanding
-from shared.schemas import RoleName
+from intellect_protocol.coordinator.models import Review, Role, Submission, ValidatorStrike
+from intellect_protocol.coordinator.services import roles
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.committee import ValidatorStanding
+from intellect_protocol.shared.schemas import RoleName
 
 OUTVOTED = "outvoted by the majority"
 """How a revocation for strikes begins: such a validator is slashed once the dispute window passed."""
@@ -89,7 +89,7 @@ def rows_trained_then_rejected(session: Session, validators: set[str]) -> dict[s
         )
         .group_by(Review.validator)
     )
-    return {v: int(n) for v, n in session.execute(query)}
+    return {v: int(n or 0) for v, n in session.execute(query) if v is not None}
 
 
 def standings(session: Session) -> list[ValidatorStanding]:

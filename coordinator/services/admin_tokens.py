@@ -11,8 +11,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator.models import AdminToken
-from shared.schemas import Scope
+from intellect_protocol.coordinator.models import AdminToken
+from intellect_protocol.shared.schemas import Scope
 
 SCOPES = tuple(Scope)
 """Each scope includes the ones before it."""

@@ -22,11 +22,11 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import ContributionEntry, Role, Run, Submission, Task
-from coordinator.settings import CoordinatorSettings
-from coordinator.shardcast_models import PolicyManifest
-from shared.schemas import RoleName, WorkWait
-from shared.states import RunStatus, SubmissionStatus, TaskStatus
+from intellect_protocol.coordinator.models import ContributionEntry, Role, Run, Submission, Task
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.shardcast_models import PolicyManifest
+from intellect_protocol.shared.schemas import RoleName, WorkWait
+from intellect_protocol.shared.states import RunStatus, SubmissionStatus, TaskStatus
 
 NO_RUN = WorkWait(reason="no_run", message="this coordinator has no run yet; its operator creates one", retry_after_s=30)
 

@@ -18,13 +18,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.errors import ApiError
-from coordinator.models import Appeal, Run, Submission
-from coordinator.services import committee
-from coordinator.settings import CoordinatorSettings
-from shared.committee import AppealInfo, AppealRequest
-from shared.schemas import ErrorCode
-from shared.states import AppealStatus, SubmissionStatus
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Appeal, Run, Submission
+from intellect_protocol.coordinator.services import committee
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.committee import AppealInfo, AppealRequest
+from intellect_protocol.shared.schemas import ErrorCode
+from intellect_protocol.shared.states import AppealStatus, SubmissionStatus
 
 DAY = timedelta(days=1)
 
@@ -41,7 +41,9 @@ def file(session: Session, signer: str, body: AppealRequest, settings: Coordinat
         raise ApiError(409, ErrorCode.conflict, "This submission was appealed already; see its receipt for the outcome.")
     run = session.get_one(Run, submission.run_id)
     window = settings.dispute_window_s if run.dispute_window_s is None else run.dispute_window_s
-    closes = submission.validated_at + timedelta(seconds=window)  # type: ignore[operator]
+    if submission.validated_at is None:
+        raise ApiError(409, ErrorCode.conflict, "This submission has no decision yet.")
+    closes = submission.validated_at + timedelta(seconds=window)
     if now > closes:
         raise ApiError(409, ErrorCode.conflict, f"The dispute window of this decision closed at {closes.isoformat()}.")
     filed = session.scalar(select(func.count()).where(Appeal.address == signer, Appeal.created_at > now - DAY)) or 0

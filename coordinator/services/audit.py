@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator.models import AdminToken, AuditEntry
+from intellect_protocol.coordinator.models import AdminToken, AuditEntry
 
 
 def record(session: Session, token: AdminToken, action: str, target: str, detail: dict[str, Any], now: datetime) -> None:

@@ -42,13 +42,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import case, exists, func, or_, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import Appeal, ContributionEntry, Node, Review, Role, Run, Submission, Task
-from coordinator.services import accountability, consequences, roles
-from coordinator.settings import CoordinatorSettings
-from shared.committee import Outcome, Purpose
-from shared.run_schemas import AuditPolicy
-from shared.schemas import RoleName
-from shared.states import AppealStatus, SubmissionStatus
+from intellect_protocol.coordinator.models import Appeal, ContributionEntry, Node, Review, Role, Run, Submission, Task
+from intellect_protocol.coordinator.services import accountability, consequences, roles
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.committee import Outcome, Purpose
+from intellect_protocol.shared.run_schemas import AuditPolicy
+from intellect_protocol.shared.schemas import RoleName
+from intellect_protocol.shared.states import AppealStatus, SubmissionStatus
 
 ASSIGN_SCAN = 256
 """Most waiting reviews drawn for at each claim: bounds one claim's work whatever the backlog."""
@@ -349,7 +349,7 @@ def _decide(
 def stale(session: Session, submission: Submission) -> bool:
     """Whether ``submission``'s policy fell out of its run's window: the trainer could not use it."""
     task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
-    return task.policy_step < run.policy_step - run.async_level
+    return task.policy_step < run.oldest_step
 
 
 def expire(session: Session, submission: Submission, now: datetime) -> None:
@@ -361,8 +361,7 @@ def expire(session: Session, submission: Submission, now: datetime) -> None:
     ):
         review.voided_at, review.void_reason = now, "the work went stale first"
     submission.status, submission.outcome, submission.hard, submission.validated_at = SubmissionStatus.expired, "soft", False, now
-    oldest = max(0, run.policy_step - run.async_level)
-    submission.reason = EXPIRED.format(step=task.policy_step, oldest=oldest, newest=run.policy_step)
+    submission.reason = EXPIRED.format(step=task.policy_step, oldest=run.oldest_step, newest=run.policy_step)
 
 
 def expire_stale(session: Session, now: datetime) -> None:
@@ -375,7 +374,7 @@ def expire_stale(session: Session, now: datetime) -> None:
         .where(
             Submission.status == SubmissionStatus.pending,
             Submission.outcome.is_(None),
-            Task.policy_step < Run.policy_step - Run.async_level,
+            Task.policy_step < Run.oldest_step,
         )
         .where(~exists().where(Review.submission_id == Submission.id, Review.outcome == "hard", Review.voided_at.is_(None)))
         .with_for_update(skip_locked=True, of=Submission)

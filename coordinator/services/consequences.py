@@ -17,12 +17,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import Node, NodeStrike, Submission
-from coordinator.services import credit, nodes
-from coordinator.settings import CoordinatorSettings
-from shared.committee import Outcome
-from shared.schemas import NodeStatus
-from shared.states import SubmissionStatus
+from intellect_protocol.coordinator.models import Node, NodeStrike, Submission
+from intellect_protocol.coordinator.services import credit, nodes
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.committee import Outcome
+from intellect_protocol.shared.schemas import NodeStatus
+from intellect_protocol.shared.states import SubmissionStatus
 
 STRIKES_BAN = "strikes (forged or corrupted work, or repeated wrong work)"
 

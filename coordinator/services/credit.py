@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import ContributionEntry, Run, Submission
-from coordinator.settings import CoordinatorSettings
-from coordinator.settlement_models import Epoch
-from shared.money import credit_of
+from intellect_protocol.coordinator.models import ContributionEntry, Run, Submission
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.settlement_models import Epoch
+from intellect_protocol.shared.money import credit_of
 
 
 def credit(session: Session, submission: Submission, settings: CoordinatorSettings, now: datetime) -> ContributionEntry | None:

@@ -11,13 +11,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import ContributionEntry, Node, Run, Submission
-from coordinator.services import admission, nodes, shardcast
-from coordinator.settings import CoordinatorSettings
-from shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
-from shared.run_schemas import RunInfo
-from shared.schemas import NodeStatus
-from shared.states import RunStatus, SubmissionStatus
+from intellect_protocol.coordinator.models import ContributionEntry, Node, Run, Submission
+from intellect_protocol.coordinator.services import admission, nodes, shardcast
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
+from intellect_protocol.shared.run_schemas import RunInfo
+from intellect_protocol.shared.schemas import NodeStatus
+from intellect_protocol.shared.states import RunStatus, SubmissionStatus
 
 REJECTED = (SubmissionStatus.rejected, SubmissionStatus.invalidated)
 

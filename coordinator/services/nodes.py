@@ -20,11 +20,11 @@ from packaging.version import Version
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from coordinator.errors import ApiError
-from coordinator.models import Node, NodeStatusEvent
-from coordinator.settings import CoordinatorSettings
-from shared.links import link_signer
-from shared.schemas import ErrorCode, HeartbeatRequest, NodeStatus, RegisterRequest
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Node, NodeStatusEvent
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.links import link_signer
+from intellect_protocol.shared.schemas import ErrorCode, HeartbeatRequest, NodeStatus, RegisterRequest
 
 S = NodeStatus
 TRANSITIONS: dict[NodeStatus | None, set[NodeStatus]] = {

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any, cast
 
-from sqlalchemy import delete, insert
+from sqlalchemy import CursorResult, delete, insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from coordinator.errors import ApiError
-from coordinator.models import Nonce
-from shared.schemas import ErrorCode
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Nonce
+from intellect_protocol.shared.schemas import ErrorCode
 
 _INSERT = insert(Nonce)
 
@@ -33,4 +34,4 @@ def record_nonce(session: Session, address: str, nonce: str, now: datetime) -> N
 def prune_nonces(session: Session, now: datetime, keep_s: int) -> int:
     """Forget nonces older than ``keep_s``: their signatures' timestamps are out of the window."""
     result = session.execute(delete(Nonce).where(Nonce.seen_at < now - timedelta(seconds=keep_s)))
-    return result.rowcount or 0
+    return cast(CursorResult[Any], result).rowcount or 0

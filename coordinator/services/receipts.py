@@ -10,12 +10,12 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator.errors import ApiError
-from coordinator.models import Appeal, Review, Submission
-from coordinator.services import accountability, credit
-from coordinator.services.committee import open_reviews_of
-from shared.committee import AdminReceipt, AppealInfo, PublicReceipt, VerdictRecord
-from shared.schemas import CheckOutcome, ErrorCode
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Appeal, Review, Submission
+from intellect_protocol.coordinator.services import accountability, credit
+from intellect_protocol.coordinator.services.committee import open_reviews_of
+from intellect_protocol.shared.committee import AdminReceipt, AppealInfo, PublicReceipt, VerdictRecord
+from intellect_protocol.shared.schemas import CheckOutcome, ErrorCode
 
 
 def public_receipt(session: Session, submission_id: str) -> PublicReceipt:
@@ -70,7 +70,7 @@ def _admin_receipts(session: Session, submissions: list[Submission]) -> list[Adm
     out = []
     for submission, public in zip(submissions, _receipts(session, submissions), strict=True):
         review = open_reviews.get(submission.id)
-        held = review is not None and review.claimed_at is not None
+        held = review if review is not None and review.claimed_at is not None else None
         out.append(
             AdminReceipt(
                 **public.model_dump(),
@@ -78,8 +78,8 @@ def _admin_receipts(session: Session, submissions: list[Submission]) -> list[Adm
                 rows=submission.rows,
                 tokens=submission.tokens,
                 prompt_tokens=submission.prompt_tokens,
-                claimed_by=review.validator if held else None,
-                claim_expires_at=review.expires_at if held else None,  # type: ignore[union-attr]
+                claimed_by=held.validator if held else None,
+                claim_expires_at=held.expires_at if held else None,
             )
         )
     return out
@@ -107,10 +107,10 @@ def _receipt(
             validator=r.validator,
             purpose=r.purpose,
             outcome=r.outcome,
-            checks=[CheckOutcome(**c) for c in r.checks or []],  # type: ignore[arg-type]
+            checks=[CheckOutcome(**c) for c in r.checks or []],
             untrained_rows=r.untrained_rows or [],
             signature=r.signature or "",
-            judged_at=r.judged_at,  # type: ignore[arg-type]
+            judged_at=r.judged_at,
             agreed=r.agreed,
             voided=r.voided_at is not None,
             agreement_rate=accountability.rate(*counts[r.validator][1:]),  # type: ignore[index]
@@ -123,7 +123,7 @@ def _receipt(
         run_id=submission.run_id,
         address=submission.address,
         status=submission.status,
-        checks=submission.checks,  # type: ignore[arg-type]
+        checks=submission.checks,
         reason=submission.reason,
         hard=submission.hard,
         credit=units,

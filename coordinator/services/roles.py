@@ -7,9 +7,9 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator.errors import ApiError
-from coordinator.models import Role
-from shared.schemas import ErrorCode, RoleName
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Role
+from intellect_protocol.shared.schemas import ErrorCode, RoleName
 
 
 def active(session: Session, address: str, role: RoleName) -> Role | None:

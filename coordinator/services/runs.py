@@ -16,17 +16,17 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from coordinator.errors import ApiError
-from coordinator.models import Evaluation, Node, Run, Submission, Task
-from coordinator.services import admission
-from coordinator.settings import CoordinatorSettings
-from shared.environments.length import LengthBudget
-from shared.environments.registry import ENVIRONMENTS, get_environment
-from shared.money import tokens
-from shared.rollout_file import shape_error
-from shared.run_schemas import AuditPolicy
-from shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec, WorkWait
-from shared.states import RunStatus, TaskStatus
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Evaluation, Node, Run, Submission, Task
+from intellect_protocol.coordinator.services import admission
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.environments.length import LengthBudget
+from intellect_protocol.shared.environments.registry import ENVIRONMENTS, get_environment
+from intellect_protocol.shared.money import tokens
+from intellect_protocol.shared.rollout_file import shape_error
+from intellect_protocol.shared.run_schemas import RunSpec
+from intellect_protocol.shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec, WorkWait
+from intellect_protocol.shared.states import RunStatus, TaskStatus
 
 
 @cache
@@ -34,45 +34,32 @@ def problem_ids(environment: str) -> tuple[str, ...]:
     return tuple(p.id for p in get_environment(environment).problems())
 
 
-def create_run(
-    session: Session,
-    name: str,
-    environment: str,
-    model: str,
-    sampling: SamplingParams,
-    prompts_per_task: int,
-    samples_per_prompt: int,
-    budget: LengthBudget,
-    now: datetime,
-    async_level: int = 2,
-    dispute_window_s: float | None = None,
-    audit: AuditPolicy | None = None,
-    min_stake: int = 0,
-) -> Run:
-    if environment not in ENVIRONMENTS:
+def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
+    """An active run of ``spec``; 422 for an unknown environment or tasks too big to submit, 409 for a taken name."""
+    if spec.environment not in ENVIRONMENTS:
         raise ApiError(
-            422, ErrorCode.validation_error, f"Unknown environment {environment!r}; choose one of {', '.join(ENVIRONMENTS)}."
+            422, ErrorCode.validation_error, f"Unknown environment {spec.environment!r}; choose one of {', '.join(ENVIRONMENTS)}."
         )
-    if session.scalar(select(Run.id).where(Run.name == name)):
-        raise ApiError(409, ErrorCode.conflict, f"A run named {name!r} exists already.")
-    _require_submittable(prompts_per_task, samples_per_prompt, sampling.max_tokens)
+    if session.scalar(select(Run.id).where(Run.name == spec.name)):
+        raise ApiError(409, ErrorCode.conflict, f"A run named {spec.name!r} exists already.")
+    _require_submittable(spec.prompts_per_task, spec.samples_per_prompt, spec.sampling.max_tokens)
     run = Run(
         id=f"run-{uuid.uuid4().hex[:12]}",
-        name=name,
-        environment=environment,
-        model=model,
-        sampling=sampling.model_dump(),
-        prompts_per_task=prompts_per_task,
-        samples_per_prompt=samples_per_prompt,
-        length_budget=budget.model_dump(),
+        name=spec.name,
+        environment=spec.environment,
+        model=spec.model,
+        sampling=spec.sampling.model_dump(),
+        prompts_per_task=spec.prompts_per_task,
+        samples_per_prompt=spec.samples_per_prompt,
+        length_budget=spec.length_budget.model_dump(),
         policy_step=0,
         next_prompt=0,
         status=RunStatus.active,
         created_at=now,
-        async_level=async_level,
-        dispute_window_s=dispute_window_s,
-        audit=audit.model_dump() if audit else None,
-        min_stake=min_stake,
+        async_level=spec.async_level,
+        dispute_window_s=spec.dispute_window_s,
+        audit=spec.audit.model_dump() if spec.audit else None,
+        min_stake=spec.min_stake,
     )
     session.add(run)
     return run
@@ -108,7 +95,7 @@ def spec(run: Run, task: Task) -> TaskSpec:
         length_alpha=budget.alpha,
         target_length=budget.target_tokens,
         length_over_only=budget.over_only,
-        lease_expires_at=task.lease_expires_at,  # type: ignore[arg-type]
+        lease_expires_at=task.lease_expires_at,
     )
 
 
@@ -140,7 +127,7 @@ def lease(
     _require_stake(run, signer, stake)
 
     # A task older than the run's window would only make rollouts that expire unjudged.
-    oldest = max(0, run.policy_step - run.async_level)
+    oldest = run.oldest_step
     holding = select(Task).where(Task.status == TaskStatus.leased, Task.leased_to == signer, Task.lease_expires_at > now)
     held = session.scalar(
         holding.where(Task.run_id == run.id, Task.policy_step >= oldest, Task.id.not_in(request.working_on)).limit(1)
@@ -192,7 +179,7 @@ def lease(
 
 def policy_steps(session: Session) -> dict[str, int]:
     """The current policy step of every active run."""
-    return dict(session.execute(select(Run.id, Run.policy_step).where(Run.status == RunStatus.active)).all())  # type: ignore[arg-type]
+    return dict(session.execute(select(Run.id, Run.policy_step).where(Run.status == RunStatus.active)).all())
 
 
 def get_run(session: Session, run_id: str) -> Run:

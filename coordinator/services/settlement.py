@@ -16,13 +16,13 @@ from eth_utils import keccak
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import ContributionEntry, Node, NodeStatusEvent, NodeStrike, Role, ValidatorStrike
-from coordinator.services.accountability import OUTVOTED
-from coordinator.services.consequences import STRIKES_BAN
-from coordinator.settlement_models import Epoch, EpochAnchor, EpochLeaf, Slashing
-from shared.merkle import CreditTree
-from shared.schemas import NodeStatus, RoleName
-from shared.settlement import EpochInfo, EpochProof, LedgerEntry, NodeSettlement, cumulative_amounts
+from intellect_protocol.coordinator.models import ContributionEntry, Node, NodeStatusEvent, NodeStrike, Role, ValidatorStrike
+from intellect_protocol.coordinator.services.accountability import OUTVOTED
+from intellect_protocol.coordinator.services.consequences import STRIKES_BAN
+from intellect_protocol.coordinator.settlement_models import Epoch, EpochAnchor, EpochLeaf, Slashing
+from intellect_protocol.shared.merkle import CreditTree
+from intellect_protocol.shared.schemas import NodeStatus, RoleName
+from intellect_protocol.shared.settlement import EpochInfo, EpochProof, LedgerEntry, NodeSettlement, cumulative_amounts
 
 
 def latest_epoch(session: Session) -> Epoch | None:

@@ -12,12 +12,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.errors import ApiError
-from coordinator.models import Run
-from coordinator.services import roles
-from coordinator.shardcast_models import PolicyManifest, Relay, RelayReport
-from shared.schemas import ErrorCode, RelayRegister, RelayReportRequest, RoleName
-from shared.shardcast.manifest import ManifestError, SignedManifest
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Run
+from intellect_protocol.coordinator.services import roles
+from intellect_protocol.coordinator.shardcast_models import PolicyManifest, Relay, RelayReport
+from intellect_protocol.shared.schemas import ErrorCode, RelayRegister, RelayReportRequest, RoleName
+from intellect_protocol.shared.shardcast.manifest import ManifestError, SignedManifest
 
 
 def publish(session: Session, signer: str, signed: SignedManifest, now: datetime) -> PolicyManifest:

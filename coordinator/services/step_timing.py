@@ -14,11 +14,11 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.models import ContributionEntry, Submission, Task, TrainerMetrics
-from coordinator.services import runs
-from coordinator.shardcast_models import PolicyManifest
-from shared.run_schemas import StepTiming
-from shared.states import SubmissionStatus
+from intellect_protocol.coordinator.models import ContributionEntry, Submission, Task, TrainerMetrics
+from intellect_protocol.coordinator.services import runs
+from intellect_protocol.coordinator.shardcast_models import PolicyManifest
+from intellect_protocol.shared.run_schemas import StepTiming
+from intellect_protocol.shared.states import SubmissionStatus
 
 
 def step_timings(session: Session, run_id: str, limit: int = 200) -> list[StepTiming]:
@@ -75,7 +75,7 @@ def step_timings(session: Session, run_id: str, limit: int = 200) -> list[StepTi
         .where(Submission.run_id == run_id, Submission.status == SubmissionStatus.expired, Submission.validated_at > since)
         .order_by(Submission.validated_at)
     ).all()
-    expired_at = [row[0] for row in expired]
+    expired_at = [at for at, _ in expired if at is not None]
 
     timings = []
     for step in steps:

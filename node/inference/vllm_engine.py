@@ -35,7 +35,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1Processor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2Processor
 
-from shared.sampling import sample
+from intellect_protocol.shared.sampling import sample
 
 KEY = "intellect"
 """The ``extra_args`` entry that marks a request as ours."""

@@ -44,7 +44,7 @@ def reward(completion: str, answer: int) -> float:
 
 
 def main() -> None:
-    """``python -m shared.environments.arithmetic --count N --out FILE.jsonl``: write a problem set."""
+    """``python -m intellect_protocol.shared.environments.arithmetic --count N --out FILE.jsonl``: write a problem set."""
     import argparse
     import json
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shared.environments.sandbox import Limits, run_python
+from intellect_protocol.shared.environments.sandbox import Limits, run_python
 
 FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 MAX_CODE_CHARS = 20_000

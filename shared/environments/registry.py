@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
 
-from shared.environments import arithmetic, code
-from shared.environments.datasets import SAMPLES, DatasetError, load_rows
-from shared.environments.length import LengthBudget, length_penalty
-from shared.environments.math import MathVerifier
+from intellect_protocol.shared.environments import arithmetic, code
+from intellect_protocol.shared.environments.datasets import SAMPLES, DatasetError, load_rows
+from intellect_protocol.shared.environments.length import LengthBudget, length_penalty
+from intellect_protocol.shared.environments.math import MathVerifier
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class Problem(BaseModel):
@@ -98,6 +101,14 @@ def get_environment(name: str, dataset: Path | None = None) -> Environment:
         return ENVIRONMENTS[name](dataset)
     except KeyError:
         raise ValueError(f"unknown environment {name!r}; choose one of {', '.join(ENVIRONMENTS)}") from None
+
+
+def completion_text(tokenizer: PreTrainedTokenizerBase, tokens: list[int]) -> str:
+    """The text a completion is scored on: its tokens decoded without special tokens, by node and validator alike."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    if not isinstance(text, str):
+        raise TypeError(f"decoding one completion gave {type(text).__name__}, not text")
+    return text
 
 
 def reward(task_reward: float, completion_tokens: int, budget: LengthBudget) -> tuple[float, float]:

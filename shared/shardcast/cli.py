@@ -12,13 +12,13 @@ import typer
 import uvicorn
 from rich.console import Console
 
-from shared.cli import unlock
-from shared.coordinator_client import ProtocolError
-from shared.logs import configure
-from shared.serving import server_config
-from shared.shardcast.relay import RelayWorker
-from shared.shardcast.server import create_server
-from shared.shardcast.store import StepStore
+from intellect_protocol.shared.cli import unlock
+from intellect_protocol.shared.coordinator_client import ProtocolError
+from intellect_protocol.shared.logs import configure
+from intellect_protocol.shared.serving import server_config
+from intellect_protocol.shared.shardcast.relay import RelayWorker
+from intellect_protocol.shared.shardcast.server import create_server
+from intellect_protocol.shared.shardcast.store import StepStore
 
 err = Console(stderr=True)
 app = typer.Typer(add_completion=False)

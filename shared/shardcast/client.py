@@ -22,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.coordinator_client import CoordinatorClient, ProtocolError
-from shared.schemas import RelayReportRequest
-from shared.shardcast.manifest import Manifest, SignedManifest
-from shared.shardcast.store import MANIFEST_FILE, preallocate, write_atomic
-from shared.shardcast.transfer import TransferError, fetch_range
+from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
+from intellect_protocol.shared.schemas import RelayReportRequest
+from intellect_protocol.shared.shardcast.manifest import Manifest, SignedManifest
+from intellect_protocol.shared.shardcast.store import MANIFEST_FILE, preallocate, write_atomic
+from intellect_protocol.shared.shardcast.transfer import TransferError, fetch_range
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = ".shardcast-progress"

@@ -21,8 +21,8 @@ import blake3
 from eth_account.signers.local import LocalAccount
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from shared.schemas import Address
-from shared.signing import recover_text_signer, sign_text
+from intellect_protocol.shared.schemas import Address
+from intellect_protocol.shared.signing import recover_text_signer, sign_text
 
 SCHEME = "intellect-manifest-v1"
 DEFAULT_CHUNK_SIZE = 32 * 2**20

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
-from shared.coordinator_client import CoordinatorClient, Refused
-from shared.schemas import RelayRegister
-from shared.shardcast.manifest import ManifestEntry, ManifestError
-from shared.shardcast.store import Step, StepStore
-from shared.shardcast.transfer import fetch_range
+from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
+from intellect_protocol.shared.schemas import RelayRegister
+from intellect_protocol.shared.shardcast.manifest import ManifestEntry, ManifestError
+from intellect_protocol.shared.shardcast.store import Step, StepStore
+from intellect_protocol.shared.shardcast.transfer import fetch_range
 
 log = logging.getLogger("intellect.relay")
 

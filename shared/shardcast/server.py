@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from shared.shardcast.store import Step, StepStore, held_map
+from intellect_protocol.shared.shardcast.store import Step, StepStore, held_map
 
 PIECE = 1 << 20
 RANGE = re.compile(r"bytes=(\d{1,15})-(\d{0,15})")

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.shardcast.manifest import Manifest, SignedManifest
+from intellect_protocol.shared.shardcast.manifest import Manifest, SignedManifest
 
 MANIFEST_FILE = "manifest.json"
 HELD_FILE = ".held"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from shared.coordinator_client import CoordinatorClient
-from shared.schemas import TaskSpec
-from shared.shardcast.client import download_step
-from shared.shardcast.store import MANIFEST_FILE
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.schemas import TaskSpec
+from intellect_protocol.shared.shardcast.client import download_step
+from intellect_protocol.shared.shardcast.store import MANIFEST_FILE
 
 KEEP = 2
 

@@ -5,7 +5,7 @@ Every endpoint that changes something writes an audit entry in the same transact
 
 from fastapi import APIRouter
 
-from coordinator.routers.admin import ledger, nodes, roles, runs, submissions, tokens
+from intellect_protocol.coordinator.routers.admin import ledger, nodes, roles, runs, submissions, tokens
 
 router = APIRouter()
 for module in (nodes, runs, submissions, roles, tokens, ledger):

@@ -9,11 +9,11 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
-from coordinator.deps import require_admin
-from coordinator.ledger import Ledger
-from coordinator.models import AdminToken
-from coordinator.services import audit
-from shared.schemas import ErrorBody
+from intellect_protocol.coordinator.deps import require_admin
+from intellect_protocol.coordinator.ledger import Ledger
+from intellect_protocol.coordinator.models import AdminToken
+from intellect_protocol.coordinator.services import audit
+from intellect_protocol.shared.schemas import ErrorBody
 
 T = TypeVar("T")
 

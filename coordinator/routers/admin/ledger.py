@@ -11,10 +11,10 @@ from fastapi import Query
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
-from coordinator.deps import LedgerDep
-from coordinator.routers.admin.common import Reader, admin_router
-from coordinator.services import audit, credit
-from shared.schemas import UtcTime
+from intellect_protocol.coordinator.deps import LedgerDep
+from intellect_protocol.coordinator.routers.admin.common import Reader, admin_router
+from intellect_protocol.coordinator.services import audit, credit
+from intellect_protocol.shared.schemas import UtcTime
 
 router = admin_router("ledger and audit")
 MAX_EXPORT = 100_000

@@ -9,12 +9,12 @@ from fastapi import Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
-from coordinator.deps import LedgerDep
-from coordinator.models import Node
-from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
-from coordinator.services import nodes, receipts
-from shared.committee import PublicReceipt
-from shared.schemas import INT32_MAX, Address, NodeStatus
+from intellect_protocol.coordinator.deps import LedgerDep
+from intellect_protocol.coordinator.models import Node
+from intellect_protocol.coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
+from intellect_protocol.coordinator.services import nodes, receipts
+from intellect_protocol.shared.committee import PublicReceipt
+from intellect_protocol.shared.schemas import INT32_MAX, Address, NodeStatus
 
 router = admin_router("nodes")
 

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
-from coordinator.deps import LedgerDep
-from coordinator.routers.admin.common import NOT_FOUND, AdminOnlyToken, Reader, admin_router, audited
-from coordinator.services import roles, shardcast
-from shared.schemas import Address, RelayInfo, RoleName
+from intellect_protocol.coordinator.deps import LedgerDep
+from intellect_protocol.coordinator.routers.admin.common import NOT_FOUND, AdminOnlyToken, Reader, admin_router, audited
+from intellect_protocol.coordinator.services import roles, shardcast
+from intellect_protocol.shared.schemas import Address, RelayInfo, RoleName
 
 router = admin_router("roles and relays")
 

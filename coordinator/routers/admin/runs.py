@@ -9,15 +9,15 @@ from fastapi import Query
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
-from coordinator.deps import LedgerDep, Settings
-from coordinator.errors import ApiError
-from coordinator.models import Run
-from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
-from coordinator.services import runs
-from shared.environments.length import LengthBudget
-from shared.run_schemas import EvaluationRequest, RunCreate, RunInfo, RunSettings
-from shared.schemas import DEFAULT_MODEL, INT32_MAX, ErrorBody, ErrorCode, SamplingParams
-from shared.states import RunStatus, TaskStatus
+from intellect_protocol.coordinator.deps import LedgerDep, Settings
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import Run
+from intellect_protocol.coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
+from intellect_protocol.coordinator.services import runs
+from intellect_protocol.shared.environments.length import LengthBudget
+from intellect_protocol.shared.run_schemas import EvaluationRequest, RunCreate, RunInfo, RunSettings, RunSpec
+from intellect_protocol.shared.schemas import INT32_MAX, ErrorBody, ErrorCode, SamplingParams
+from intellect_protocol.shared.states import RunStatus, TaskStatus
 
 router = admin_router("runs and tasks")
 
@@ -75,21 +75,7 @@ async def create_run(body: RunCreate, ledger: LedgerDep, token: OperateToken, se
     _stake_needs_a_chain(body, settings)
 
     def work(session: Session) -> RunInfo:
-        run = runs.create_run(
-            session,
-            body.name,
-            body.environment,
-            body.model or DEFAULT_MODEL,
-            body.sampling or SamplingParams(max_tokens=48),
-            body.prompts_per_task or 4,
-            body.samples_per_prompt or 4,
-            LengthBudget(alpha=body.length_alpha or 0.0, target_tokens=body.target_length or 1024),
-            datetime.now(UTC),
-            2 if body.async_level is None else body.async_level,
-            body.dispute_window_s,
-            body.audit,
-            body.min_stake or 0,
-        )
+        run = runs.create_run(session, RunSpec.of(body), datetime.now(UTC))
         session.flush()
         return _info(run)
 

@@ -8,13 +8,13 @@ from typing import Annotated
 from fastapi import Query
 from sqlalchemy.orm import Session
 
-from coordinator.deps import LedgerDep, Settings
-from coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
-from coordinator.routers.admin.nodes import Reason
-from coordinator.services import receipts, validation
-from shared.committee import AdminReceipt, PublicReceipt
-from shared.schemas import INT32_MAX, Address, UtcTime
-from shared.states import SubmissionStatus
+from intellect_protocol.coordinator.deps import LedgerDep, Settings
+from intellect_protocol.coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
+from intellect_protocol.coordinator.routers.admin.nodes import Reason
+from intellect_protocol.coordinator.services import receipts, validation
+from intellect_protocol.shared.committee import AdminReceipt, PublicReceipt
+from intellect_protocol.shared.schemas import INT32_MAX, Address, UtcTime
+from intellect_protocol.shared.states import SubmissionStatus
 
 router = admin_router("submissions")
 

@@ -9,11 +9,11 @@ from fastapi import Path
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
-from coordinator.deps import LedgerDep
-from coordinator.errors import ApiError
-from coordinator.routers.admin.common import CONFLICT, AdminOnlyToken, admin_router, audited
-from coordinator.services import admin_tokens
-from shared.schemas import INT32_MAX, ErrorCode, Scope
+from intellect_protocol.coordinator.deps import LedgerDep
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.routers.admin.common import CONFLICT, AdminOnlyToken, admin_router, audited
+from intellect_protocol.coordinator.services import admin_tokens
+from intellect_protocol.shared.schemas import INT32_MAX, ErrorCode, Scope
 
 router = admin_router("tokens")
 
