@@ -33,10 +33,10 @@ CHAIN_PASSWORD_ENV = "INTELLECT_CHAIN_PASSWORD"
 
 class Anchorer:
     def __init__(self, sessions: sessionmaker[Session], settings: CoordinatorSettings) -> None:
-        assert settings.chain_keystore is not None
         self.sessions = sessions
         self.settings = settings
-        self.sender: LocalAccount = load_wallet(settings.chain_keystore, os.environ.get(CHAIN_PASSWORD_ENV, ""))
+        self.chain_settings = settings.chain
+        self.sender: LocalAccount = load_wallet(self.chain_settings.keystore, os.environ.get(CHAIN_PASSWORD_ENV, ""))
         self.chain_error: str | None = None
         self.chain_id: int | None = None
         self._settlement: Any = None
@@ -83,9 +83,8 @@ class Anchorer:
         if self._settlement is None:
             from intellect_protocol.shared.chain import Settlement, connect
 
-            s = self.settings
-            assert s.chain_rpc_url and s.chain_token and s.chain_stake_registry and s.chain_distributor
-            self._settlement = Settlement.at(connect(s.chain_rpc_url), s.chain_token, s.chain_stake_registry, s.chain_distributor)
+            s = self.chain_settings
+            self._settlement = Settlement.at(connect(s.rpc_url), s.token, s.stake_registry, s.distributor)
             self.chain_id = self._settlement.w3.eth.chain_id
         return self._settlement
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -12,6 +11,7 @@ from fastapi import FastAPI
 from intellect_protocol.coordinator.anchoring import Anchorer
 from intellect_protocol.coordinator.blobs import BlobStore, LocalBlobStore, S3BlobStore
 from intellect_protocol.coordinator.body_limit import BodyLimitMiddleware, PerClientLimitMiddleware
+from intellect_protocol.coordinator.context import Context
 from intellect_protocol.coordinator.db import (
     make_engine,
     make_sessionmaker,
@@ -40,7 +40,6 @@ from intellect_protocol.coordinator.services.nonces import prune_nonces
 from intellect_protocol.coordinator.services.rate_limit import RateLimiter
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.coordinator.stakes import StakeBook
-from intellect_protocol.coordinator.wakeup import Wakeup
 from intellect_protocol.shared.version import __version__
 
 
@@ -87,22 +86,20 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         description="Assigns work to nodes, verifies their signed requests, and keeps the ledger.",
     )
-    app.state.settings = settings
-    app.state.engine = engine
-    app.state.ledger = ledger = Ledger(sessions, threads=0 if engine.dialect.name == "sqlite" else settings.db_threads)
-    app.state.audience = audience
-    app.state.metrics = metrics
-    app.state.blobs = blob_store(settings)
-    app.state.staging = Counter()  # uploads being staged, per claimed address
-    app.state.loops = loops
-    app.state.anchorer = anchorer
-    app.state.stakes = stakes
-    app.state.settlement_overviews = {}  # limit -> (monotonic time, overview): see routers/settlement.py
-    app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     hourly = settings.registrations_per_ip_per_hour
-    app.state.registration_limiter = RateLimiter(hourly / 3600, hourly)
-    app.state.manifest_published = Wakeup()
-    app.state.work_arrived = Wakeup()  # an upload, or a verdict that opened another review: waiting claims look at once
+    app.state.context = Context(
+        settings=settings,
+        engine=engine,
+        ledger=(ledger := Ledger(sessions, threads=0 if engine.dialect.name == "sqlite" else settings.db_threads)),
+        audience=audience,
+        metrics=metrics,
+        blobs=blob_store(settings),
+        loops=loops,
+        rate_limiter=RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst),
+        registration_limiter=RateLimiter(hourly / 3600, hourly),
+        anchorer=anchorer,
+        stakes=stakes,
+    )
 
     install_error_handlers(app)
     app.add_middleware(

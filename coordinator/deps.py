@@ -11,13 +11,13 @@ import functools
 import hashlib
 import json
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
 
+from intellect_protocol.coordinator.context import Context
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.ledger import Ledger
 from intellect_protocol.coordinator.media import is_json
@@ -31,8 +31,20 @@ from intellect_protocol.shared import signing
 from intellect_protocol.shared.schemas import ErrorCode
 
 
+def context(request: Request) -> Context:
+    """The app's shared :class:`Context` (a plain function: middleware and handlers call it too)."""
+    return request.app.state.context
+
+
+async def get_context(request: Request) -> Context:
+    return context(request)
+
+
+Ctx = Annotated[Context, Depends(get_context)]
+
+
 async def get_settings(request: Request) -> CoordinatorSettings:
-    return request.app.state.settings
+    return context(request).settings
 
 
 Settings = Annotated[CoordinatorSettings, Depends(get_settings)]
@@ -42,14 +54,14 @@ LARGE_BODY = 256 << 10
 
 
 async def get_ledger(request: Request) -> Ledger:
-    return request.app.state.ledger
+    return context(request).ledger
 
 
 LedgerDep = Annotated[Ledger, Depends(get_ledger)]
 
 
 def _rate_limit(request: Request, key: str, limiter: RateLimiter | None = None, what: str = "Too many requests") -> None:
-    wait = (limiter or request.app.state.rate_limiter).acquire(key)
+    wait = (limiter or context(request).rate_limiter).acquire(key)
     if wait > 0:
         raise ApiError(
             429,
@@ -71,7 +83,7 @@ async def client_rate_limit(request: Request) -> None:
 
 async def registration_gate(request: Request) -> Callable[[], None]:
     """What a registration calls before it creates a new node: raises 429 past the client IP's allowance."""
-    limiter = request.app.state.registration_limiter
+    limiter = context(request).registration_limiter
     return functools.partial(_rate_limit, request, _client_ip(request), limiter, "Too many new nodes from this address")
 
 
@@ -113,7 +125,7 @@ async def signed_upload(
     retry = await ledger.run(
         submissions.admit_upload, claimed[0], claimed[2], request.query_params.get("task", ""), datetime.now(UTC)
     )
-    staging: Counter[str] = request.app.state.staging
+    staging = context(request).staging
     who = f"{claimed[0].lower()}:{'retry' if retry else 'new'}"
     if staging[who] >= (1 if retry else settings.max_leases_per_node):
         raise ApiError(
@@ -124,7 +136,7 @@ async def signed_upload(
         )
     staging[who] += 1
     try:
-        staged = await stage(request, request.app.state.blobs.staging)
+        staged = await stage(request, context(request).blobs.staging)
         try:
             yield await _verify(request, claimed, staged.sha256), staged
         finally:
@@ -180,7 +192,7 @@ async def _verify(request: Request, claimed: tuple[str, int, str, str], body_sha
             body_sha256,
             timestamp,
             nonce,
-            request.app.state.audience,
+            context(request).audience,
             signature,
         )
     except ValueError:

@@ -7,6 +7,7 @@ also a new :class:`NodeStatusEvent` row.
 
 from __future__ import annotations
 
+import enum
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,6 +15,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     DateTime,
+    Enum,
     Float,
     ForeignKey,
     Index,
@@ -29,6 +31,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql.elements import ColumnElement
 
 from intellect_protocol.shared.run_schemas import oldest_usable_step
+from intellect_protocol.shared.schemas import NodeStatus
+from intellect_protocol.shared.states import AppealStatus, EntryKind, RunStatus, SubmissionStatus, TaskStatus
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -46,6 +50,13 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         return None if value is None else value.replace(tzinfo=UTC)
+
+
+def states_type(states: type[enum.StrEnum]) -> Enum:
+    """A column of one of the ledger's vocabularies (:mod:`shared.states`): VARCHAR(16) holding the
+    value, as the plain string columns before it did (no data change), read back as the enum member;
+    writing a string outside the vocabulary fails."""
+    return Enum(states, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e], validate_strings=True)
 
 
 class TokenAmount(TypeDecorator[int]):
@@ -88,7 +99,7 @@ class Node(Base):
     operator_signature: Mapped[str | None] = mapped_column(String(132))
     specs: Mapped[dict[str, Any]]
     client_version: Mapped[str] = mapped_column(String(64))
-    status: Mapped[str] = mapped_column(String(16), index=True)
+    status: Mapped[NodeStatus] = mapped_column(states_type(NodeStatus), index=True)
     ban_reason: Mapped[str | None] = mapped_column(Text)
     first_seen: Mapped[datetime]
     last_seen: Mapped[datetime]
@@ -107,8 +118,8 @@ class NodeStatusEvent(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     address: Mapped[str] = mapped_column(String(42), ForeignKey("nodes.address"))
-    from_status: Mapped[str | None] = mapped_column(String(16))
-    to_status: Mapped[str] = mapped_column(String(16))
+    from_status: Mapped[NodeStatus | None] = mapped_column(states_type(NodeStatus))
+    to_status: Mapped[NodeStatus] = mapped_column(states_type(NodeStatus))
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime]
 
@@ -154,7 +165,7 @@ class Run(Base):
     policy_step: Mapped[int] = mapped_column(Integer)
     next_prompt: Mapped[int] = mapped_column(Integer)
     """Cursor into the environment's problems: the coordinator, not nodes, picks prompts."""
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[RunStatus] = mapped_column(states_type(RunStatus))
     created_at: Mapped[datetime]
     async_level: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
     """Rollouts of a policy older than ``policy_step - async_level`` are refused."""
@@ -189,8 +200,7 @@ class Task(Base):
     """``{"ids": [...]}``: the problems this task covers."""
     seed: Mapped[int] = mapped_column(BigInteger)
     policy_step: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16))
-    """open, leased or submitted."""
+    status: Mapped[TaskStatus] = mapped_column(states_type(TaskStatus))
     leased_to: Mapped[str | None] = mapped_column(String(42))
     lease_expires_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
@@ -218,7 +228,7 @@ class Submission(Base):
     blob_key: Mapped[str] = mapped_column(Text)
     rows: Mapped[int] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16), index=True)
+    status: Mapped[SubmissionStatus] = mapped_column(states_type(SubmissionStatus), index=True)
     """pending (awaiting its validators' verdicts), accepted, rejected, expired (stale before it was
     checked: no penalty), or invalidated (by an admin, after acceptance)."""
     created_at: Mapped[datetime]
@@ -290,8 +300,7 @@ class Appeal(Base):
     address: Mapped[str] = mapped_column(String(42), index=True)
     reason: Mapped[str] = mapped_column(Text)
     prior_outcome: Mapped[str] = mapped_column(String(8))
-    status: Mapped[str] = mapped_column(String(16))
-    """open, upheld (the rejection stands) or overturned."""
+    status: Mapped[AppealStatus] = mapped_column(states_type(AppealStatus))
     created_at: Mapped[datetime] = mapped_column(index=True)
     decided_at: Mapped[datetime | None]
 
@@ -353,8 +362,7 @@ class ContributionEntry(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     address: Mapped[str] = mapped_column(String(42), index=True)
     submission_id: Mapped[str] = mapped_column(String(64), ForeignKey("submissions.id"), index=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    """credit (first acceptance: the trainer reads these), clawback, or restore (credit given back)."""
+    kind: Mapped[EntryKind] = mapped_column(states_type(EntryKind))
     units: Mapped[int] = mapped_column(BigInteger)
     """Credit micro-units (:mod:`shared.money`): positive for credit and restores, negative for clawbacks."""
     reason: Mapped[str] = mapped_column(Text)

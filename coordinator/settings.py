@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Literal
@@ -13,6 +14,17 @@ from sqlalchemy import make_url
 from intellect_protocol.shared.schemas import Address
 from intellect_protocol.shared.serving import HeaderLimits
 from intellect_protocol.shared.settings import RoleSettings
+
+
+@dataclass(frozen=True)
+class ChainSettings:
+    """The chain settings of a deployment that settles on one, all present (see ``CoordinatorSettings.chain``)."""
+
+    rpc_url: str
+    token: str
+    stake_registry: str
+    distributor: str
+    keystore: Path
 
 
 class CoordinatorSettings(RoleSettings):
@@ -231,6 +243,14 @@ class CoordinatorSettings(RoleSettings):
         if self.chain_rpc_url and missing:
             raise ValueError(f"settlement (chain_rpc_url) also needs {', '.join(missing)}")
         return self
+
+    @property
+    def chain(self) -> ChainSettings:
+        """Where and as whom this deployment settles; raises ``ValueError`` on a deployment without a chain."""
+        s = self
+        if not (s.chain_rpc_url and s.chain_token and s.chain_stake_registry and s.chain_distributor and s.chain_keystore):
+            raise ValueError("this coordinator does not settle on a chain (INTELLECT_CHAIN_RPC_URL is unset)")
+        return ChainSettings(s.chain_rpc_url, s.chain_token, s.chain_stake_registry, s.chain_distributor, s.chain_keystore)
 
     @property
     def blob_root(self) -> Path:

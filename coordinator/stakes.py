@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from intellect_protocol.coordinator.cache import TtlCache
+
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0
@@ -22,22 +24,23 @@ RETRY_S = 5.0
 class StakeBook:
     def __init__(self, chain: Callable[[], Any], ttl_s: float = 60.0) -> None:
         self._chain = chain
-        self._ttl_s = ttl_s
-        self._known: dict[str, tuple[float, int]] = {}
+        self._known: TtlCache[str, int] = TtlCache(lambda stake: ttl_s if stake else RETRY_S)
         self._failed_at = -1e9
 
     async def stake(self, address: str) -> int | None:
         """``address``'s active stake in token base units; None if it was never read and cannot be now."""
-        hit = self._known.get(address)
-        if hit is not None and time.monotonic() - hit[0] < (self._ttl_s if hit[1] else RETRY_S):
-            return hit[1]
+        fresh = self._known.fresh(address)
+        if fresh is not None:
+            return fresh
         if time.monotonic() - self._failed_at < RETRY_S:  # down a moment ago: no request waits on it again so soon
-            return None if hit is None else hit[1]
+            return self._known.last(address)
+
+        async def read() -> int:
+            return int(await asyncio.to_thread(lambda: self._chain().stake_of(address)))
+
         try:
-            value = int(await asyncio.to_thread(lambda: self._chain().stake_of(address)))
+            return await self._known.get(address, read)
         except Exception as e:  # the chain is down: the last known stake stands
             self._failed_at = time.monotonic()
             log.warning("cannot read the stake of %s: %s", address, e)
-            return None if hit is None else hit[1]
-        self._known[address] = (time.monotonic(), value)
-        return value
+            return self._known.last(address)

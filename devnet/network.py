@@ -18,6 +18,7 @@ import httpx
 
 from intellect_protocol.devnet.processes import (
     Process,
+    StartError,
     admin_token,
     create_run,
     migrate,
@@ -149,7 +150,8 @@ def start_network(
         env = {"INTELLECT_BLOB_DIR": str(workdir / "blobs"), **(coordinator_env or {})}
         net.processes.append(start_coordinator(workdir, database_url, env=env))
         url = net.coordinator.url
-        assert url is not None
+        if url is None:
+            raise StartError("the coordinator started without a URL")
 
         origin_wallet, origin_address = net.wallet("origin")
         relay_wallet, relay_address = net.wallet("relay")

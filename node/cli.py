@@ -25,6 +25,7 @@ from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.settlement_cli import register as register_settlement
 from intellect_protocol.shared import money
 from intellect_protocol.shared.schemas import checksum_address
+from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.shared.wallet import (
     WalletError,
     create_wallet,
@@ -207,7 +208,7 @@ def receipts(
         raise fail(f"Cannot read receipts from {coordinator}: {e}", 2) from None
     table = Table("submission", "status", "credit", "verdicts", "reason", title=f"Receipts of {address}")
     for r in found:
-        style = {"accepted": "green", "pending": "yellow"}.get(r.status, "red")
+        style = {SubmissionStatus.accepted: "green", SubmissionStatus.pending: "yellow"}.get(r.status, "red")
         status = f"[{style}]{r.status}[/{style}]" + (f" (appeal {r.appeal.status})" if r.appeal else "")
         verdicts = ", ".join(f"{v.validator[:8]}… {v.outcome}" + (" (voided)" if v.voided else "") for v in r.verdicts)
         table.add_row(r.submission_id, status, money.credit(r.credit), verdicts, r.reason or "")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
+
+from intellect_protocol.shared.files import write_atomic
 
 STATE_FILE = "session.json"
 
@@ -30,6 +31,4 @@ def load_session(state_dir: Path) -> NodeSession | None:
 
 def save_session(state_dir: Path, session: NodeSession) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(session.model_dump(), indent=2))
-    os.replace(tmp, state_dir / STATE_FILE)
+    write_atomic(state_dir / STATE_FILE, json.dumps(session.model_dump(), indent=2).encode())

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from intellect_protocol.shared.schemas import Address, CheckOutcome, Request
+from intellect_protocol.shared.states import AppealStatus, SubmissionStatus
 
 Outcome = Literal["accept", "soft", "hard"]
 """A verdict's class: accepted, rejected (no forgery shown), or rejected as forged or corrupted."""
@@ -55,7 +56,7 @@ class AppealInfo(BaseModel):
     address: str
     reason: str
     prior_outcome: Outcome
-    status: Literal["open", "upheld", "overturned"]
+    status: AppealStatus
     created_at: datetime
     decided_at: datetime | None
 
@@ -86,8 +87,7 @@ class PublicReceipt(BaseModel):
     task_id: str
     run_id: str
     address: str
-    status: str
-    """pending (awaiting verdicts), accepted, rejected, expired or invalidated."""
+    status: SubmissionStatus
     checks: list[CheckOutcome] | None
     """The deciding verdict's checks."""
     reason: str | None

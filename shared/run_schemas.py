@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.money import TokenAmount
 from intellect_protocol.shared.schemas import DEFAULT_MODEL, INT32_MAX, Finite, SamplingParams
+from intellect_protocol.shared.states import RunStatus
 
 RunName = Annotated[str, Field(min_length=1, max_length=128)]
 PromptsPerTask = Annotated[int, Field(ge=1, le=1024)]
@@ -67,8 +68,8 @@ class RunInfo(BaseModel):
     """Token base units a node must have staked to lease this run's tasks (0: none)."""
     audit: AuditPolicy | None = None
     """None: :class:`AuditPolicy`'s defaults."""
-    status: str
-    """active or paused (a paused run leases no new tasks)."""
+    status: RunStatus
+    """A paused run leases no new tasks."""
     created_at: datetime
 
 

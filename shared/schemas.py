@@ -14,6 +14,8 @@ from typing import Annotated, Literal, get_args
 from eth_utils import is_address, to_checksum_address
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from intellect_protocol.shared.states import SubmissionStatus
+
 VERSION_PATTERN = r"^\d+\.\d+\.\d+([.+-][0-9A-Za-z.+-]{1,32})?$"
 
 
@@ -236,7 +238,7 @@ class SubmissionReceipt(BaseModel):
     sha256: str
     rows: int
     tokens: int
-    status: str
+    status: SubmissionStatus
     created_at: datetime
 
 

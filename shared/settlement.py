@@ -15,6 +15,7 @@ from eth_utils import to_checksum_address
 from pydantic import BaseModel
 
 from intellect_protocol.shared.money import TOKEN_BASE_PER_CREDIT
+from intellect_protocol.shared.states import EntryKind
 
 
 class LedgerEntry(BaseModel):
@@ -23,7 +24,7 @@ class LedgerEntry(BaseModel):
     id: int
     address: str
     submission_id: str
-    kind: str
+    kind: EntryKind
     units: int
     """Credit micro-units (:mod:`shared.money`)."""
     created_at: datetime

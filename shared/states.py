@@ -1,4 +1,7 @@
-"""The states a run, a task, a submission and an appeal move through in the ledger."""
+"""The states a run, a task, a submission and an appeal move through in the ledger, and the kinds
+of credit entry: one vocabulary for the ledger's columns, the wire schemas and the code.
+
+(A node's status, :class:`~shared.schemas.NodeStatus`, lives with the node schemas.)"""
 
 from __future__ import annotations
 
@@ -33,3 +36,12 @@ class AppealStatus(enum.StrEnum):
     upheld = "upheld"
     """The rejection stands."""
     overturned = "overturned"
+
+
+class EntryKind(enum.StrEnum):
+    credit = "credit"
+    """A first acceptance: the trainer reads these, in order."""
+    clawback = "clawback"
+    """Credit taken back (the work was found invalid or lost on appeal)."""
+    restore = "restore"
+    """Credit given back after a clawback."""

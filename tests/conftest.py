@@ -138,7 +138,7 @@ def serve(settings: CoordinatorSettings) -> Iterator[Served]:
         time.sleep(0.02)
     engine = make_engine(settings.database_url)
     try:
-        yield Served(url, settings, engine, app.state.audience)
+        yield Served(url, settings, engine, app.state.context.audience)
     finally:
         server.should_exit = True
         thread.join(15)

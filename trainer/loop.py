@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from intellect_protocol.shared.coordinator_client import CoordinatorClient
 from intellect_protocol.shared.environments.registry import get_environment
+from intellect_protocol.shared.files import write_atomic_with
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.run_schemas import oldest_usable_step
 from intellect_protocol.shared.schemas import TrainerMetricsRequest
@@ -138,9 +139,8 @@ class Trainer:
             manifest=signed.model_dump_json(),
             consumed=[*self.state.consumed, (step, self.state.cursor, batch.cursor)],
         )
-        tmp = self.checkpoint_dir / f".{CHECKPOINT}.tmp"
-        torch.save({"state": self.state.model_dump(), "optimizer": self.learner.optimizer.state_dict()}, tmp)
-        tmp.replace(self.checkpoint_dir / CHECKPOINT)
+        saved = {"state": self.state.model_dump(), "optimizer": self.learner.optimizer.state_dict()}
+        write_atomic_with(self.checkpoint_dir / CHECKPOINT, lambda f: torch.save(saved, f))
         self._register(signed)
         body = TrainerMetricsRequest(
             address=self.account.address, run_id=self.run_id, step=step, metrics=metrics, cursor=batch.cursor

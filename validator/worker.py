@@ -26,6 +26,7 @@ from intellect_protocol.shared.environments.registry import Environment, Problem
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.schemas import Claim, ClaimRequest, VerdictRequest
 from intellect_protocol.shared.shardcast.weights import Weights
+from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.shared.verdicts import sign_verdict
 from intellect_protocol.validator.checks import CheckSettings, Context, validate
 
@@ -116,7 +117,9 @@ class Validator:
                 )
                 continue
             self.checked += 1
-            verdict = "accepted" if receipt.status == "accepted" else f"[red]{receipt.status}[/red] ({receipt.reason})"
+            verdict = (
+                "accepted" if receipt.status == SubmissionStatus.accepted else f"[red]{receipt.status}[/red] ({receipt.reason})"
+            )
             self.console.print(f"{claim.submission_id[:16]}… from {receipt.address[:10]}…: {verdict}")
 
     def check(self, claim: Claim) -> PublicReceipt:

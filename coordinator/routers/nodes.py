@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
-from intellect_protocol.coordinator.deps import LedgerDep, RegistrationGate, Settings, Signed
+from intellect_protocol.coordinator.deps import Ctx, LedgerDep, RegistrationGate, Settings, Signed
 from intellect_protocol.coordinator.services import nodes, runs
 from intellect_protocol.shared.schemas import (
     ErrorBody,
@@ -27,11 +27,11 @@ router = APIRouter(prefix="/v1/nodes", tags=["nodes"], responses={401: {"model":
     responses={403: {"model": ErrorBody}, 422: {"model": ErrorBody}, 426: {"model": ErrorBody}},
 )
 async def register(
-    body: RegisterRequest, request: Request, signed: Signed, ledger: LedgerDep, settings: Settings, gate: RegistrationGate
+    body: RegisterRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings, gate: RegistrationGate
 ) -> RegisterResponse:
     """Register this node (again: its specs are refreshed). An ``operator_address`` needs that
     operator's ``operator_signature`` of the link (``intellect-node link-operator``); else 422."""
-    node = await ledger.run_signed(signed, nodes.register, body, settings, datetime.now(UTC), request.app.state.audience, gate)
+    node = await ledger.run_signed(signed, nodes.register, body, settings, datetime.now(UTC), ctx.audience, gate)
     return RegisterResponse(
         address=node.address,
         status=NodeStatus(node.status),
@@ -41,9 +41,7 @@ async def register(
 
 
 @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {"model": ErrorBody}, 426: {"model": ErrorBody}})
-async def heartbeat(
-    body: HeartbeatRequest, request: Request, signed: Signed, ledger: LedgerDep, settings: Settings
-) -> HeartbeatResponse:
+async def heartbeat(body: HeartbeatRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings) -> HeartbeatResponse:
     status, ban_reason = await ledger.run_signed(signed, nodes.heartbeat, body, settings, datetime.now(UTC))
     banned = status == NodeStatus.banned
     return HeartbeatResponse(
@@ -51,15 +49,7 @@ async def heartbeat(
         status=status,
         reason=ban_reason if banned else None,
         heartbeat_interval_s=settings.heartbeat_interval_s,
-        policy_steps={} if banned else await _policy_steps(request, ledger),
+        # Read at most once a second, however many nodes beat: heartbeats are the hottest path.
+        policy_steps={} if banned else await ctx.policy_steps.get(None, lambda: ledger.run(runs.policy_steps)),
         server_time=time.time(),
     )
-
-
-async def _policy_steps(request: Request, ledger: LedgerDep) -> dict[str, int]:
-    """Active runs' policy steps, read at most once a second: heartbeats are the hottest path."""
-    cached = getattr(request.app.state, "policy_steps", None)
-    if cached is None or time.monotonic() - cached[0] > 1.0:
-        cached = (time.monotonic(), await ledger.run(runs.policy_steps))
-        request.app.state.policy_steps = cached
-    return cached[1]

@@ -6,9 +6,9 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 
-from intellect_protocol.coordinator.deps import LedgerDep, Settings, client_rate_limit
+from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, client_rate_limit
 from intellect_protocol.coordinator.services import (
     accountability,
     credit,
@@ -29,11 +29,11 @@ router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(c
 
 
 @router.get("/status", response_model=PublicStatus)
-async def status(request: Request, ledger: LedgerDep, settings: Settings) -> PublicStatus:
+async def status(ctx: Ctx, ledger: LedgerDep, settings: Settings) -> PublicStatus:
     return PublicStatus(
         coordinator_version=__version__,
         min_node_version=settings.min_node_version,
-        audience=request.app.state.audience,
+        audience=ctx.audience,
         heartbeat_interval_s=settings.heartbeat_interval_s,
         signature_window_s=settings.signature_window_s,
         nodes=await ledger.run(nodes.status_counts),

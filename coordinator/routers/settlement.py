@@ -4,30 +4,31 @@ and the ledger export anyone rebuilds an epoch's root from (``intellect-node ver
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query
 
-from intellect_protocol.coordinator.deps import LedgerDep, Settings, client_rate_limit
+from intellect_protocol.coordinator.anchoring import Anchorer
+from intellect_protocol.coordinator.context import Context
+from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, client_rate_limit
 from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.ledger import Ledger
 from intellect_protocol.coordinator.services import leaderboard, settlement
+from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.schemas import Address, ErrorBody, ErrorCode
 from intellect_protocol.shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry, NodeSettlement, SettlementOverview
-
-OVERVIEW_TTL_S = 5.0
 
 router = APIRouter(prefix="/v1/public", tags=["settlement"], dependencies=[Depends(client_rate_limit)])
 
 
 @router.get("/chain", response_model=ChainInfo)
-async def chain_info(request: Request, settings: Settings) -> ChainInfo:
-    return _chain_info(request, settings)
+async def chain_info(ctx: Ctx, settings: Settings) -> ChainInfo:
+    return _chain_info(ctx, settings)
 
 
-def _chain_info(request: Request, settings: Settings) -> ChainInfo:
-    anchorer = request.app.state.anchorer
+def _chain_info(ctx: Context, settings: CoordinatorSettings) -> ChainInfo:
+    anchorer = ctx.anchorer
     if anchorer is None:
         return ChainInfo(enabled=False)
     return ChainInfo(
@@ -75,32 +76,25 @@ async def ledger_export(
 
 @router.get("/settlement", response_model=SettlementOverview)
 async def overview(
-    request: Request, ledger: LedgerDep, settings: Settings, limit: Annotated[int, Query(ge=1, le=200)] = 50
+    ctx: Ctx, ledger: LedgerDep, settings: Settings, limit: Annotated[int, Query(ge=1, le=200)] = 50
 ) -> SettlementOverview:
     """Recent epochs, and for the leading nodes (and every slashed one) their stake, slashes and
     claims, read from the chain; the page shows this. Cached a few seconds: each answer costs a
     few chain reads per node, and nobody may make the coordinator hammer its RPC."""
-    info = _chain_info(request, settings)
-    if not info.enabled:
+    info, anchorer = _chain_info(ctx, settings), ctx.anchorer
+    if anchorer is None:
         return SettlementOverview(chain=info)
-    cache = request.app.state.settlement_overviews
-    hit = cache.get(limit)
-    if hit is not None and time.monotonic() - hit[0] < OVERVIEW_TTL_S:
-        return hit[1]
-    cache[limit] = (time.monotonic(), answer := await _overview(request, ledger, info, limit))
-    return answer
+    return await ctx.settlement_overviews.get(limit, lambda: _overview(anchorer, ledger, info, limit))
 
 
-async def _overview(request: Request, ledger: LedgerDep, info: ChainInfo, limit: int) -> SettlementOverview:
+async def _overview(anchorer: Anchorer, ledger: Ledger, info: ChainInfo, limit: int) -> SettlementOverview:
     recent = await ledger.run(settlement.epoch_infos, 10)
     leading = [row.address for row in await ledger.run(leaderboard.ranking, datetime.now(UTC), limit)]
     slashed = await ledger.run(settlement.slashed)
     earned = await ledger.run(settlement.anchored_leaves)
     addresses = list(dict.fromkeys(leading + sorted(slashed)))
     try:
-        nodes = await asyncio.to_thread(
-            settlement.node_settlement, request.app.state.anchorer.chain(), addresses, earned, slashed
-        )
+        nodes = await asyncio.to_thread(settlement.node_settlement, anchorer.chain(), addresses, earned, slashed)
     except Exception as e:  # the chain is down: the ledger's side is still worth showing
         unknown = [
             NodeSettlement(

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from intellect_protocol.coordinator.deps import LedgerDep, Settings, Signed, client_rate_limit
+from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed, client_rate_limit
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.services import roles, shardcast
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
@@ -47,16 +47,17 @@ def _entry(row: PolicyManifest) -> ManifestEntry:
     status_code=201,
     responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 422: {"model": ErrorBody}},
 )
-async def publish(body: SignedManifest, request: Request, signed: Signed, ledger: LedgerDep) -> ManifestEntry:
+async def publish(body: SignedManifest, ctx: Ctx, signed: Signed, ledger: LedgerDep) -> ManifestEntry:
     """Register policy step N's manifest (trainer role); the run's policy step moves to N."""
     row = await ledger.run_signed(signed, shardcast.publish, body, datetime.now(UTC))
-    request.app.state.manifest_published.notify()
+    ctx.manifest_published.notify()
     return _entry(row)
 
 
 @router.get("/manifests", response_model=list[ManifestEntry], dependencies=[Depends(client_rate_limit)])
 async def manifests_after(
     request: Request,
+    ctx: Ctx,
     ledger: LedgerDep,
     settings: Settings,
     after: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
@@ -68,7 +69,7 @@ async def manifests_after(
     until one arrives or the wait ends (a long-poll: relays learn of a step within moments)."""
     deadline = time.monotonic() + min(wait_s, settings.manifest_wait_max_s)
     while True:
-        wakeup = request.app.state.manifest_published
+        wakeup = ctx.manifest_published
         rows = await ledger.run(shardcast.after, after, run, limit)
         remaining = deadline - time.monotonic()
         if rows or remaining <= 0 or await request.is_disconnected():

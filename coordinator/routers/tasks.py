@@ -6,9 +6,9 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Response
 
-from intellect_protocol.coordinator.deps import LedgerDep, Settings, Signed, SignedUpload
+from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed, SignedUpload
 from intellect_protocol.coordinator.services import runs, submissions
 from intellect_protocol.shared.schemas import ErrorBody, LeaseRequest, SubmissionReceipt, TaskSpec
 
@@ -24,10 +24,8 @@ router = APIRouter(prefix="/v1", tags=["tasks"], responses={401: {"model": Error
         404: {"model": ErrorBody},
     },
 )
-async def lease(
-    request: Request, body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings: Settings
-) -> TaskSpec | Response:
-    stakes = request.app.state.stakes
+async def lease(ctx: Ctx, body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> TaskSpec | Response:
+    stakes = ctx.stakes
     stake = None if stakes is None else await stakes.stake(signed.address)
     leased = await ledger.run_signed(signed, runs.lease, body, settings, datetime.now(UTC), stake)
     if isinstance(leased, TaskSpec):
@@ -52,7 +50,7 @@ async def lease(
     },
 )
 async def submit(
-    request: Request, task: Annotated[str, Query(max_length=64)], upload: SignedUpload, ledger: LedgerDep
+    ctx: Ctx, task: Annotated[str, Query(max_length=64)], upload: SignedUpload, ledger: LedgerDep
 ) -> SubmissionReceipt:
     """Upload a rollout file (Parquet, the raw body) for a leased task; the signature covers its hash."""
     signed, staged = upload
@@ -60,9 +58,9 @@ async def submit(
     rollouts = None
     if expected is not None:
         rollouts = await asyncio.to_thread(lambda: submissions.parse(staged.path.read_bytes(), expected))
-        await asyncio.to_thread(request.app.state.blobs.put_file, expected.blob_key, staged.path)
+        await asyncio.to_thread(ctx.blobs.put_file, expected.blob_key, staged.path)
     receipt = await ledger.run_signed(
         signed, submissions.record, task, staged.sha256, rollouts, datetime.now(UTC), staged.started_at
     )
-    request.app.state.work_arrived.notify()
+    ctx.work_arrived.notify()
     return receipt

@@ -6,10 +6,10 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Response
 
 from intellect_protocol.coordinator.blob_response import blob_response
-from intellect_protocol.coordinator.deps import LedgerDep, Signed
+from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Signed
 from intellect_protocol.coordinator.services import step_timing, training
 from intellect_protocol.coordinator.wakeup import POLL_S
 from intellect_protocol.shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
@@ -23,7 +23,7 @@ router = APIRouter(
 
 @router.get("/rollouts", response_model=list[AcceptedRollouts])
 async def accepted_rollouts(
-    request: Request,
+    ctx: Ctx,
     signed: Signed,
     ledger: LedgerDep,
     run: Annotated[str, Query(max_length=64)],
@@ -36,7 +36,7 @@ async def accepted_rollouts(
     deadline = time.monotonic() + wait_s
     entries = await ledger.run_signed(signed, training.accepted_after, run, after, limit, datetime.now(UTC))
     while not entries and (remaining := deadline - time.monotonic()) > 0:
-        await request.app.state.work_arrived.wait(min(POLL_S, remaining))
+        await ctx.work_arrived.wait(min(POLL_S, remaining))
         # The signature and its nonce were checked and recorded by the first pass.
         entries = await ledger.run(training.accepted_after, signed.address, run, after, limit, datetime.now(UTC))
     return entries
@@ -45,15 +45,15 @@ async def accepted_rollouts(
 @router.get(
     "/submissions/{submission_id}/file", responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}}
 )
-async def accepted_file(submission_id: str, request: Request, signed: Signed, ledger: LedgerDep) -> Response:
+async def accepted_file(submission_id: str, ctx: Ctx, signed: Signed, ledger: LedgerDep) -> Response:
     key = await ledger.run_signed(signed, training.accepted_file_key, submission_id)
-    return await blob_response(request, key)
+    return await blob_response(ctx.blobs, key)
 
 
 @router.post("/metrics", status_code=204, responses={404: {"model": ErrorBody}})
-async def post_metrics(body: TrainerMetricsRequest, request: Request, signed: Signed, ledger: LedgerDep) -> None:
+async def post_metrics(body: TrainerMetricsRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep) -> None:
     """One policy step's summary (loss, rewards, lengths, clip fractions...) for the leaderboard;
     the step's timing is exported to Prometheus as it completes."""
     await ledger.run_signed(signed, training.record_metrics, body, datetime.now(UTC))
     for timing in await ledger.run(step_timing.step_timings, body.run_id, 1):
-        request.app.state.metrics.record_step(body.run_id, timing)
+        ctx.metrics.record_step(body.run_id, timing)

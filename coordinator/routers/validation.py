@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 
 from intellect_protocol.coordinator.blob_response import blob_response
-from intellect_protocol.coordinator.deps import LedgerDep, Settings, Signed
+from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed
 from intellect_protocol.coordinator.services import receipts, validation
 from intellect_protocol.coordinator.wakeup import POLL_S
 from intellect_protocol.shared.committee import PublicReceipt
@@ -22,17 +22,17 @@ router = APIRouter(
 
 
 @router.post("/claim", response_model=list[Claim])
-async def claim(body: ClaimRequest, request: Request, signed: Signed, ledger: LedgerDep, settings: Settings) -> list[Claim]:
+async def claim(body: ClaimRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings) -> list[Claim]:
     """The submissions drawn for this validator to judge (up to ``limit``, the policy closest to
     going stale first), each leased until ``claim_expires_at``; waits up to ``wait_s`` for some,
     then an empty list. Validators cannot choose."""
     deadline = time.monotonic() + body.wait_s
-    stakes = request.app.state.stakes
+    stakes = ctx.stakes
     stake = None if stakes is None else await stakes.stake(signed.address)
     claims = await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC), stake)
     while not claims and (remaining := deadline - time.monotonic()) > 0:
         # Woken at once by an upload or verdict on this process; other replicas' within POLL_S.
-        await request.app.state.work_arrived.wait(min(POLL_S, remaining))
+        await ctx.work_arrived.wait(min(POLL_S, remaining))
         # The signature and its nonce were checked and recorded by the first pass.
         claims = await ledger.run(validation.claim, signed.address, body, settings, datetime.now(UTC), stake)
     return claims
@@ -42,17 +42,17 @@ async def claim(body: ClaimRequest, request: Request, signed: Signed, ledger: Le
     "/submissions/{submission_id}/file",
     responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
 )
-async def submission_file(submission_id: str, request: Request, signed: Signed, ledger: LedgerDep) -> Response:
+async def submission_file(submission_id: str, ctx: Ctx, signed: Signed, ledger: LedgerDep) -> Response:
     """The rollout file of a submission this validator holds a live assignment to judge."""
     submission, _ = await ledger.run_signed(signed, validation.claimed, submission_id, datetime.now(UTC))
-    return await blob_response(request, submission.blob_key)
+    return await blob_response(ctx.blobs, submission.blob_key)
 
 
 @router.post("/verdicts", response_model=PublicReceipt, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
-async def verdict(body: VerdictRequest, request: Request, signed: Signed, ledger: LedgerDep, settings: Settings) -> PublicReceipt:
+async def verdict(body: VerdictRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings) -> PublicReceipt:
     """Record every check's result for an assigned submission, signed by the validator (see
     :mod:`shared.verdicts`); the submission is decided, or goes to another validator first."""
-    audience = request.app.state.audience
+    audience = ctx.audience
 
     def work(session, signer: str) -> PublicReceipt:
         submission = validation.record_verdict(session, signer, body, settings, datetime.now(UTC), audience)
@@ -60,5 +60,5 @@ async def verdict(body: VerdictRequest, request: Request, signed: Signed, ledger
         return receipts.public_receipt(session, submission.id)
 
     receipt = await ledger.run_signed(signed, work)
-    request.app.state.work_arrived.notify()  # an audit or tie-break may have opened
+    ctx.work_arrived.notify()  # an audit or tie-break may have opened
     return receipt

@@ -26,7 +26,7 @@ from intellect_protocol.coordinator.models import ContributionEntry, Role, Run, 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.shared.schemas import RoleName, WorkWait
-from intellect_protocol.shared.states import RunStatus, SubmissionStatus, TaskStatus
+from intellect_protocol.shared.states import EntryKind, RunStatus, SubmissionStatus, TaskStatus
 
 NO_RUN = WorkWait(reason="no_run", message="this coordinator has no run yet; its operator creates one", retry_after_s=30)
 
@@ -107,7 +107,7 @@ def unread_by_trainer(session: Session, run: Run) -> int:
         select(func.count())
         .select_from(ContributionEntry)
         .join(Submission, Submission.id == ContributionEntry.submission_id)
-        .where(ContributionEntry.kind == "credit", ContributionEntry.id > run.trainer_cursor, Submission.run_id == run.id)
+        .where(ContributionEntry.kind == EntryKind.credit, ContributionEntry.id > run.trainer_cursor, Submission.run_id == run.id)
         .where(Submission.status == SubmissionStatus.accepted)
     )
     return session.scalar(query) or 0

@@ -48,7 +48,7 @@ from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.committee import Outcome, Purpose
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import RoleName
-from intellect_protocol.shared.states import AppealStatus, SubmissionStatus
+from intellect_protocol.shared.states import AppealStatus, EntryKind, SubmissionStatus
 
 ASSIGN_SCAN = 256
 """Most waiting reviews drawn for at each claim: bounds one claim's work whatever the backlog."""
@@ -253,7 +253,7 @@ def _rows_trained(session: Session, submission: Submission) -> int:
     cursor = session.get_one(Run, submission.run_id).trainer_cursor
     first = session.scalar(
         select(func.min(ContributionEntry.id)).where(
-            ContributionEntry.submission_id == submission.id, ContributionEntry.kind == "credit"
+            ContributionEntry.submission_id == submission.id, ContributionEntry.kind == EntryKind.credit
         )
     )
     if first is None or first > cursor:
@@ -430,7 +430,9 @@ def withhold_approvals_of(session: Session, validator: str, settings: Coordinato
         select(Submission)
         .join(Review, Review.submission_id == Submission.id)
         .join(Run, Run.id == Submission.run_id)
-        .join(ContributionEntry, (ContributionEntry.submission_id == Submission.id) & (ContributionEntry.kind == "credit"))
+        .join(
+            ContributionEntry, (ContributionEntry.submission_id == Submission.id) & (ContributionEntry.kind == EntryKind.credit)
+        )
         .where(Review.validator == validator, Review.outcome == "accept", Review.agreed.is_(None), Review.voided_at.is_(None))
         .where(
             Submission.status == SubmissionStatus.accepted,

@@ -22,6 +22,7 @@ from intellect_protocol.coordinator.models import ContributionEntry, Run, Submis
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.coordinator.settlement_models import Epoch
 from intellect_protocol.shared.money import credit_of
+from intellect_protocol.shared.states import EntryKind
 
 
 def credit(session: Session, submission: Submission, settings: CoordinatorSettings, now: datetime) -> ContributionEntry | None:
@@ -31,7 +32,7 @@ def credit(session: Session, submission: Submission, settings: CoordinatorSettin
         return None
     before = session.scalar(
         select(ContributionEntry.id)
-        .where(ContributionEntry.submission_id == submission.id, ContributionEntry.kind == "credit")
+        .where(ContributionEntry.submission_id == submission.id, ContributionEntry.kind == EntryKind.credit)
         .limit(1)
     )
     units = credit_of(submission.tokens, submission.prompt_tokens, settings.prompt_token_weight)
@@ -40,7 +41,7 @@ def credit(session: Session, submission: Submission, settings: CoordinatorSettin
     entry = ContributionEntry(
         address=submission.address,
         submission_id=submission.id,
-        kind="credit" if before is None else "restore",
+        kind=EntryKind.credit if before is None else EntryKind.restore,
         units=units,
         reason="accepted by its validators",
         created_at=now,
@@ -89,7 +90,7 @@ def claw_back(
             entry = ContributionEntry(
                 address=address,
                 submission_id=submission_id,
-                kind="clawback",
+                kind=EntryKind.clawback,
                 units=-units,
                 reason=reason,
                 created_at=now,
@@ -119,7 +120,7 @@ def restore(session: Session, cause: str, reason: str, now: datetime) -> list[Co
             entry = ContributionEntry(
                 address=address,
                 submission_id=submission_id,
-                kind="restore",
+                kind=EntryKind.restore,
                 units=-units,
                 reason=reason,
                 created_at=now,

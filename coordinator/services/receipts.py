@@ -16,6 +16,7 @@ from intellect_protocol.coordinator.services import accountability, credit
 from intellect_protocol.coordinator.services.committee import open_reviews_of
 from intellect_protocol.shared.committee import AdminReceipt, AppealInfo, PublicReceipt, VerdictRecord
 from intellect_protocol.shared.schemas import CheckOutcome, ErrorCode
+from intellect_protocol.shared.states import SubmissionStatus
 
 
 def public_receipt(session: Session, submission_id: str) -> PublicReceipt:
@@ -31,7 +32,7 @@ def receipts_of(session: Session, address: str, limit: int) -> list[PublicReceip
 @dataclass(frozen=True)
 class SubmissionFilter:
     run_id: str | None = None
-    status: str | None = None
+    status: SubmissionStatus | None = None
     address: str | None = None
     since: datetime | None = None
     until: datetime | None = None

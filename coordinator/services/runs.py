@@ -210,7 +210,8 @@ UPDATABLE = frozenset(
 
 def update_run(session: Session, run_id: str, changes: dict[str, Any]) -> Run:
     """Apply ``changes`` (keys from :data:`UPDATABLE`); tasks made before keep the settings they were made with."""
-    assert set(changes) <= UPDATABLE, set(changes) - UPDATABLE
+    if not set(changes) <= UPDATABLE:
+        raise ValueError(f"not settings a running run can change: {sorted(set(changes) - UPDATABLE)}")
     run = get_run(session, run_id)
     for key, value in changes.items():
         setattr(run, key, value)
@@ -252,7 +253,7 @@ def _require_submittable(prompts_per_task: int, samples_per_prompt: int, max_tok
         )
 
 
-def set_status(session: Session, run_id: str, status: str) -> Run:
+def set_status(session: Session, run_id: str, status: RunStatus) -> Run:
     """Pause (no new leases; leased work may still be submitted and validated) or resume a run."""
     run = get_run(session, run_id)
     if run.status == status:
@@ -261,7 +262,7 @@ def set_status(session: Session, run_id: str, status: str) -> Run:
     return run
 
 
-def list_tasks(session: Session, run_id: str | None, status: str | None, limit: int, offset: int) -> list[Task]:
+def list_tasks(session: Session, run_id: str | None, status: TaskStatus | None, limit: int, offset: int) -> list[Task]:
     query = select(Task).order_by(Task.created_at.desc(), Task.id)
     if run_id is not None:
         query = query.where(Task.run_id == run_id)

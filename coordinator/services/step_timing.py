@@ -18,7 +18,7 @@ from intellect_protocol.coordinator.models import ContributionEntry, Submission,
 from intellect_protocol.coordinator.services import runs
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.shared.run_schemas import StepTiming
-from intellect_protocol.shared.states import SubmissionStatus
+from intellect_protocol.shared.states import EntryKind, SubmissionStatus
 
 
 def step_timings(session: Session, run_id: str, limit: int = 200) -> list[StepTiming]:
@@ -61,7 +61,7 @@ def step_timings(session: Session, run_id: str, limit: int = 200) -> list[StepTi
         .join(Submission, Submission.id == ContributionEntry.submission_id)
         .join(Task, Task.id == Submission.task_id)
         .where(
-            ContributionEntry.kind == "credit",
+            ContributionEntry.kind == EntryKind.credit,
             Submission.run_id == run_id,
             ContributionEntry.id > low,
             ContributionEntry.id <= high,

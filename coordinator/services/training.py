@@ -17,7 +17,7 @@ from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import ContributionEntry, Evaluation, Run, Submission, Task, TrainerMetrics
 from intellect_protocol.coordinator.services import roles
 from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, RoleName, TrainerMetricsRequest
-from intellect_protocol.shared.states import SubmissionStatus
+from intellect_protocol.shared.states import EntryKind, SubmissionStatus
 
 
 def accepted_after(session: Session, signer: str, run_id: str, after: int, limit: int, now: datetime) -> list[AcceptedRollouts]:
@@ -31,7 +31,7 @@ def accepted_after(session: Session, signer: str, run_id: str, after: int, limit
         .join(Submission, Submission.id == ContributionEntry.submission_id)
         .join(Task, Task.id == Submission.task_id)
         .where(
-            ContributionEntry.kind == "credit",
+            ContributionEntry.kind == EntryKind.credit,
             ContributionEntry.id > after,
             Submission.run_id == run_id,
             Submission.status == SubmissionStatus.accepted,

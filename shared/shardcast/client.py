@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
+from intellect_protocol.shared.files import write_atomic
 from intellect_protocol.shared.schemas import RelayReportRequest
 from intellect_protocol.shared.shardcast.manifest import Manifest, SignedManifest
-from intellect_protocol.shared.shardcast.store import MANIFEST_FILE, preallocate, write_atomic
+from intellect_protocol.shared.shardcast.store import MANIFEST_FILE, preallocate
 from intellect_protocol.shared.shardcast.transfer import TransferError, fetch_range
 
 log = logging.getLogger(__name__)

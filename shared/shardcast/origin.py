@@ -12,8 +12,9 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
+from intellect_protocol.shared.files import write_atomic
 from intellect_protocol.shared.shardcast.manifest import DEFAULT_CHUNK_SIZE, SignedManifest, build_manifest, sign_manifest
-from intellect_protocol.shared.shardcast.store import MANIFEST_FILE, write_atomic
+from intellect_protocol.shared.shardcast.store import MANIFEST_FILE
 
 
 def step_dir(data_dir: Path, run_id: str, step: int) -> Path:

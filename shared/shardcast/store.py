@@ -13,12 +13,12 @@ directory deleted once ``grace_s`` has passed and no response is still reading i
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from intellect_protocol.shared.files import write_atomic
 from intellect_protocol.shared.shardcast.manifest import Manifest, SignedManifest
 
 MANIFEST_FILE = "manifest.json"
@@ -147,15 +147,6 @@ def preallocate(manifest: Manifest, directory: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("ab") as f:
             f.truncate(entry.size)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def held_map(step: Step) -> dict[str, object]:

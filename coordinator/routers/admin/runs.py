@@ -30,8 +30,7 @@ class TaskOut(BaseModel):
     prompt_ids: dict[str, Any]
     seed: int
     policy_step: int
-    status: str
-    """open, leased or submitted."""
+    status: TaskStatus
     leased_to: str | None
     lease_expires_at: datetime | None
     created_at: datetime

@@ -1,0 +1,52 @@
+"""What the coordinator's routes share, in one typed object: built once by ``create_app``, kept on
+``app.state.context`` and reached through the :data:`~coordinator.deps.Ctx` dependency."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+
+from intellect_protocol.coordinator.anchoring import Anchorer
+from intellect_protocol.coordinator.blobs import BlobStore
+from intellect_protocol.coordinator.cache import TtlCache
+from intellect_protocol.coordinator.ledger import Ledger
+from intellect_protocol.coordinator.loops import Loop
+from intellect_protocol.coordinator.metrics import Metrics
+from intellect_protocol.coordinator.services.rate_limit import RateLimiter
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.coordinator.stakes import StakeBook
+from intellect_protocol.coordinator.wakeup import Wakeup
+from intellect_protocol.shared.settlement import SettlementOverview
+
+POLICY_STEPS_TTL_S = 1.0
+"""Heartbeats, the hottest path, read active runs' policy steps at most this often."""
+OVERVIEW_TTL_S = 5.0
+"""The settlement overview costs chain reads per node: nobody may make the coordinator hammer its RPC."""
+
+
+@dataclass
+class Context:
+    settings: CoordinatorSettings
+    engine: Engine
+    ledger: Ledger
+    audience: str
+    """The deployment's id, bound into every signature (a request signed for another deployment fails)."""
+    metrics: Metrics
+    blobs: BlobStore
+    loops: list[Loop]
+    rate_limiter: RateLimiter
+    """Unsigned and signed requests, per client."""
+    registration_limiter: RateLimiter
+    """New nodes per client IP."""
+    anchorer: Anchorer | None = None
+    """Settlement on a chain, when the deployment has one."""
+    stakes: StakeBook | None = None
+    staging: Counter[str] = field(default_factory=Counter)
+    """Uploads being staged, per claimed address and kind (new or retry)."""
+    manifest_published: Wakeup = field(default_factory=Wakeup)
+    work_arrived: Wakeup = field(default_factory=Wakeup)
+    """An upload, or a verdict that opened another review: waiting claims look at once."""
+    policy_steps: TtlCache[None, dict[str, int]] = field(default_factory=lambda: TtlCache(POLICY_STEPS_TTL_S))
+    settlement_overviews: TtlCache[int, SettlementOverview] = field(default_factory=lambda: TtlCache(OVERVIEW_TTL_S))
