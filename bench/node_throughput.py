@@ -1,7 +1,7 @@
 """One node against a local coordinator on the tiny model, end to end, with generation alone
 as the baseline measured inside the same tasks.
 
-End to end = the node's own work loop (:func:`node.worker.work_loop`): lease a task,
+End to end = the node's own work loop (:class:`node.work_loop.WorkLoop`): lease a task,
 generate, score, prove, write the rollout file, sign and upload it (coordinator: SQLite, a
 separate process on loopback). Baseline = generation alone (:func:`node.work.generate`) of
 the same tasks, run before and after the loop (their mean). The protocol's cost is the end-to-end wall time beyond
@@ -27,7 +27,7 @@ from intellect_protocol.node.client import NodeClient
 from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.work import TaskResult, finisher_pool, generate, run_task
-from intellect_protocol.node.worker import work_loop
+from intellect_protocol.node.work_loop import WorkLoop
 from intellect_protocol.shared.schemas import TaskSpec
 
 
@@ -66,7 +66,9 @@ def main() -> None:
         try:
             client.public_status()
             client.register(probe(workdir / "node"), None)
-            work_loop(client, quiet, threading.Event(), None, 0.1, max_tasks=1, finishers=finishers)  # warm-up: loads the model
+            WorkLoop(client, quiet, threading.Event(), idle_wait=0.1, finishers=finishers).run(
+                max_tasks=1
+            )  # warm-up: loads the model
 
             # The same shapes as the loop's tasks: the coordinator's cursor moves on, so reuse
             # one leased spec with fresh seeds rather than leasing tasks that would be abandoned.
@@ -84,9 +86,8 @@ def main() -> None:
 
             results: list[TaskResult] = []
             start = time.perf_counter()
-            work_loop(
-                client, quiet, threading.Event(), None, 0.1, max_tasks=args.tasks, on_done=results.append, finishers=finishers
-            )
+            loop = WorkLoop(client, quiet, threading.Event(), idle_wait=0.1, on_done=results.append, finishers=finishers)
+            loop.run(max_tasks=args.tasks)
             total_s = time.perf_counter() - start
             # The machine is shared: the baseline brackets the measured loop and counts their mean.
             generate_s = (before_s + generation_alone()) / 2

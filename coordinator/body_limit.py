@@ -46,13 +46,13 @@ class BodyLimitMiddleware:
             return
         limit = self.overrides.get(scope["path"], self.max_bytes)
         if b"%00" in scope.get("raw_path", b"") or b"%00" in scope.get("query_string", b"") or "\x00" in scope["path"]:
-            await _refuse(scope, send, 422, ErrorCode.validation_error, "The URL holds a NUL character.")
+            await _refuse(scope, send, ErrorCode.validation_error, "The URL holds a NUL character.")
             return
         headers = dict(scope["headers"])
         json_body = is_json(headers.get(b"content-type"))
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await _refuse(scope, send, 413, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
+            await _refuse(scope, send, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
             return
 
         reserve = int(declared) if declared is not None else limit if b"chunked" in headers.get(b"transfer-encoding", b"") else 0
@@ -63,7 +63,7 @@ class BodyLimitMiddleware:
         )
         if ceiling is not None and reserve and self.admitted_bytes + reserve > ceiling:
             message = "The coordinator is receiving as much as it holds at once; retry shortly."
-            await _refuse(scope, send, 503, ErrorCode.overloaded, message, headers={"Retry-After": "2"})
+            await _refuse(scope, send, ErrorCode.overloaded, message, headers={"Retry-After": "2"})
             return
         self.admitted_bytes += reserve
         try:
@@ -89,7 +89,7 @@ class BodyLimitMiddleware:
                 if started:  # the handler answered without reading the whole body: treat the sender as gone
                     return {"type": "http.disconnect"}
                 refused = True
-                await _refuse(scope, send, 408, ErrorCode.request_timeout, "The request body arrived too slowly.", close=True)
+                await _refuse(scope, send, ErrorCode.request_timeout, "The request body arrived too slowly.", close=True)
                 raise _Refused from None
             body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
@@ -99,12 +99,12 @@ class BodyLimitMiddleware:
                 tail = part[-5:]
                 if escaped_nul and not started:
                     refused = True
-                    await _refuse(scope, send, 422, ErrorCode.validation_error, "The JSON body holds a NUL character.")
+                    await _refuse(scope, send, ErrorCode.validation_error, "The JSON body holds a NUL character.")
                     raise _Refused
                 if received > limit and not started:
                     # Answer now: the framework would turn an exception from here into a 400.
                     refused = True
-                    await _refuse(scope, send, 413, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
+                    await _refuse(scope, send, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
                     raise _Refused
             return message
 
@@ -136,7 +136,7 @@ class PerClientLimitMiddleware:
         client = scope["client"][0] if scope.get("client") else "unknown"
         if self.in_flight[client] >= self.max_in_flight:
             message = f"This address already has {self.max_in_flight} requests in flight; retry when they finish."
-            await _refuse(scope, send, 429, ErrorCode.rate_limited, message, headers={"Retry-After": "1"})
+            await _refuse(scope, send, ErrorCode.rate_limited, message, headers={"Retry-After": "1"})
             return
         self.in_flight[client] += 1
         try:
@@ -150,14 +150,13 @@ class PerClientLimitMiddleware:
 async def _refuse(
     scope: Scope,
     send: Send,
-    status: int,
     code: ErrorCode,
     message: str,
     close: bool = False,
     headers: dict[str, str] | None = None,
 ) -> None:
     headers = {**(headers or {}), **({"connection": "close"} if close else {})}
-    response = error_response(status, code, message, headers=headers or None)
+    response = error_response(code, message, headers=headers or None)
 
     async def no_body() -> Message:
         return {"type": "http.disconnect"}

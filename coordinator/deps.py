@@ -64,7 +64,6 @@ def _rate_limit(request: Request, key: str, limiter: RateLimiter | None = None, 
     wait = (limiter or context(request).rate_limiter).acquire(key)
     if wait > 0:
         raise ApiError(
-            429,
             ErrorCode.rate_limited,
             f"{what}; retry in {wait:.1f} s.",
             {"retry_after_s": round(wait, 3)},
@@ -107,7 +106,7 @@ async def signed_request(request: Request, settings: Settings) -> SignedRequest:
         if isinstance(payload, dict) and "address" in payload:
             named = payload["address"]
             if not isinstance(named, str) or named.lower() != signed.address.lower():
-                raise ApiError(401, ErrorCode.address_mismatch, "The body names an address other than the signer.")
+                raise ApiError(ErrorCode.address_mismatch, "The body names an address other than the signer.")
     return signed
 
 
@@ -129,7 +128,6 @@ async def signed_upload(
     who = f"{claimed[0].lower()}:{'retry' if retry else 'new'}"
     if staging[who] >= (1 if retry else settings.max_leases_per_node):
         raise ApiError(
-            429,
             ErrorCode.rate_limited,
             f"This address already uploads {staging[who]} files at once.",
             headers={"Retry-After": "2"},
@@ -159,21 +157,18 @@ def _signature_headers(request: Request, settings: CoordinatorSettings) -> tuple
     nonce = headers.get(signing.HEADER_NONCE)
     signature = headers.get(signing.HEADER_SIGNATURE)
     if not (address and timestamp_raw and nonce and signature):
-        raise ApiError(401, ErrorCode.signature_missing, "This endpoint needs a signed request (x-intellect-* headers).")
+        raise ApiError(ErrorCode.signature_missing, "This endpoint needs a signed request (x-intellect-* headers).")
     if not (
         timestamp_raw.isascii()
         and timestamp_raw.isdigit()
         and len(timestamp_raw) <= 12
         and signing.NONCE_PATTERN.fullmatch(nonce)
     ):
-        raise ApiError(
-            401, ErrorCode.signature_malformed, "The timestamp must be unix seconds and the nonce 16-64 hex characters."
-        )
+        raise ApiError(ErrorCode.signature_malformed, "The timestamp must be unix seconds and the nonce 16-64 hex characters.")
     timestamp = int(timestamp_raw)
     now = time.time()
     if abs(now - timestamp) > settings.signature_window_s:
         raise ApiError(
-            401,
             ErrorCode.timestamp_out_of_window,
             f"The request's timestamp is {now - timestamp:+.0f} s from the coordinator's clock "
             f"(allowed: ±{settings.signature_window_s} s).",
@@ -196,10 +191,9 @@ async def _verify(request: Request, claimed: tuple[str, int, str, str], body_sha
             signature,
         )
     except ValueError:
-        raise ApiError(401, ErrorCode.signature_malformed, "The signature cannot be decoded.") from None
+        raise ApiError(ErrorCode.signature_malformed, "The signature cannot be decoded.") from None
     if signer_address.lower() != address.lower():
         raise ApiError(
-            401,
             ErrorCode.signature_invalid,
             "The signature does not match this request, this deployment's audience, or the claimed address.",
         )
@@ -223,13 +217,12 @@ def require_admin(scope: str):
         row = await ledger.run(admin_tokens.verify_token, token.strip()) if kind.lower() == "bearer" else None
         if row is None:
             raise ApiError(
-                401,
                 ErrorCode.admin_unauthorized,
                 "An admin bearer token is needed (create one with: intellect-coordinator admin-token create).",
                 headers={"WWW-Authenticate": "Bearer"},
             )
         if not admin_tokens.has_scope(row, scope):
-            raise ApiError(403, ErrorCode.admin_forbidden, f"This token's scope is {row.scopes}; this needs {scope}.")
+            raise ApiError(ErrorCode.admin_forbidden, f"This token's scope is {row.scopes}; this needs {scope}.")
         return row
 
     return admin

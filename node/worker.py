@@ -1,18 +1,16 @@
 """``intellect-node join``: register (or resume), then heartbeat and work until told to stop.
 
 Heartbeats run on their own thread so a long generation never makes the node look dead;
-the main thread leases tasks, runs them (:mod:`node.work`) and uploads their rollout files.
+the main thread runs the work loop (:mod:`node.work_loop`).
 A lost task (lease expired, already submitted) is dropped and the next one leased; an
 unreachable coordinator is retried with backoff, so the node rides out restarts.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC
 from pathlib import Path
@@ -29,26 +27,19 @@ from intellect_protocol.node.client import (
     NodeError,
     NotRegistered,
     OperatorLink,
-    TaskLost,
     clock_skew_error,
     version_error,
 )
 from intellect_protocol.node.hardware import probe
-from intellect_protocol.node.settings import BackendKind, Dtype, NodeSettings
+from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.state import NodeSession, load_session, save_session
+from intellect_protocol.node.work_loop import WorkLoop
 from intellect_protocol.shared.coordinator_client import Stopped
-from intellect_protocol.shared.schemas import WorkWait
-from intellect_protocol.shared.shardcast.client import DownloadError
 from intellect_protocol.shared.shardcast.weights import Weights
 from intellect_protocol.shared.version import __version__
 
 if TYPE_CHECKING:
     from intellect_protocol.node.work import TaskResult
-    from intellect_protocol.shared.schemas import TaskSpec
-
-
-STOP_GRACE_S = 5.0
-"""How long a node asked to stop keeps uploading work it already finished."""
 
 
 class Heartbeats(threading.Thread):
@@ -152,19 +143,19 @@ def join(
         finishers = finisher_pool()
         try:
             with _live_progress(console) as on_done:
-                while not stop.is_set():
-                    work_loop(
+                while not stop.is_set():  # again after the coordinator forgot this node and it registered anew
+                    WorkLoop(
                         client,
                         console,
                         stop,
-                        beats,
-                        status.heartbeat_interval_s,
+                        idle_wait=status.heartbeat_interval_s,
+                        activity=beats,
                         on_done=on_done,
                         backend=settings.backend,
                         dtype=settings.dtype,
                         finishers=finishers,
                         weights=weights,
-                    )
+                    ).run()
         finally:
             stop_finishers(finishers)
     except Stopped:
@@ -176,156 +167,6 @@ def join(
         client.close()
     if beats is not None and beats.error is not None:
         raise beats.error
-
-
-def work_loop(
-    client: NodeClient,
-    console: Console,
-    stop: threading.Event,
-    beats: Heartbeats | None,
-    idle_wait: float,
-    max_tasks: int | None = None,
-    on_done: Callable[[TaskResult], None] | None = None,
-    backend: BackendKind = "torch",
-    dtype: Dtype = "float32",
-    finishers: Executor | None = None,
-    weights: Weights | None = None,
-) -> int:
-    """Lease, generate, score and prove each task here. This thread only generates: the next task
-    is leased on a helper thread meanwhile, the previous one is scored, proven and written in
-    ``finishers`` (:func:`node.work.finisher_pool`, a process so it never waits for this one's
-    GIL; one is started per call when not given) and uploaded from another thread, so the
-    protocol's work hides behind the model's. As many tasks are in flight as the coordinator lets
-    one node hold. Returns the number submitted."""
-    from intellect_protocol.node.work import finish, finisher_pool, generate  # torch and the model load only when there is work
-
-    in_flight = threading.Semaphore(client.api.status.max_leases_per_node)
-    working_on: set[str] = set()
-    uploads: queue.Queue[tuple[TaskSpec, Future[TaskResult]] | None] = queue.Queue()
-    done = 0
-    failure: list[BaseException] = []
-    waiting: dict[str, str] = {}
-    """Why the coordinator last gave no work (``reason``), until work comes again."""
-    retry_after = idle_wait
-    """When the coordinator said to ask again, at most ``idle_wait`` (a run waiting for its trainer clears in a second)."""
-
-    def uploader() -> None:
-        nonlocal done
-        while (item := uploads.get()) is not None:
-            task, finishing = item
-            try:
-                result = finishing.result()
-                receipt = client.submit(task.task_id, result.data)
-            except TaskLost as e:
-                console.print(f"[yellow]Task {task.task_id} dropped: {e}[/yellow]")
-                continue
-            except Stopped:
-                return
-            except BaseException as e:  # raised again on the main thread
-                failure.append(e)
-                stop.set()
-                return
-            finally:
-                working_on.discard(task.task_id)
-                in_flight.release()
-                if weights is not None:
-                    weights.unpin(task)
-            done += 1
-            if on_done is not None:
-                on_done(result)
-            rate = result.tokens / result.generate_s if result.generate_s else 0.0
-            if beats is not None:
-                beats.metrics = {"tasks_done": done, "tokens_per_s": round(rate, 1), "last_reward": round(result.mean_reward, 4)}
-            console.print(
-                f"Task {done} ({task.task_id[:13]}…): {result.rollouts} rollouts, {result.tokens} tokens at {rate:.0f} tok/s, "
-                f"mean reward {result.mean_reward:.2f}; submitted as {receipt.submission_id[:12]}… ({receipt.status})."
-            )
-
-    def lease_next() -> TaskSpec | None:
-        """Take a free slot and lease a task into it (the slot goes back when there is none)."""
-        nonlocal retry_after
-        while not in_flight.acquire(timeout=0.5):
-            if stop.is_set():
-                return None
-        try:
-            leased = client.lease(sorted(working_on))
-        except TaskLost as e:  # the coordinator counts more tasks held than this process knows of
-            console.print(f"[yellow]No task now: {e}[/yellow]")
-            leased = None
-        except BaseException:
-            in_flight.release()
-            raise
-        if isinstance(leased, WorkWait):
-            if waiting.get("reason") != leased.reason:  # once per reason, not at every poll
-                console.print(f"[yellow]No new work: {leased.message}.[/yellow]")
-            waiting["reason"] = leased.reason
-            retry_after = min(idle_wait, leased.retry_after_s)
-            leased = None
-        elif leased is not None and waiting.pop("reason", ""):
-            console.print("Work again.")
-        if leased is None:
-            in_flight.release()
-        else:
-            working_on.add(leased.task_id)
-        return leased
-
-    thread = threading.Thread(target=uploader, name="uploader", daemon=True)
-    thread.start()
-    prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
-    own_finishers = finishers is None
-    finishers = finishers or finisher_pool()
-    upcoming: Future[TaskSpec | None] | None = None
-    leased = 0
-    try:
-        while not stop.is_set() and (max_tasks is None or leased < max_tasks):
-            task = upcoming.result() if upcoming is not None else lease_next()
-            upcoming = None
-            if task is None:
-                if beats is not None:
-                    beats.activity = f"waiting: {waiting['reason']}" if waiting else "idle"
-                stop.wait(retry_after if waiting else idle_wait)
-                continue
-            leased += 1
-            if max_tasks is None or leased < max_tasks:
-                upcoming = prefetcher.submit(lease_next)  # the next lease's round trip hides behind this generation
-            if weights is not None and task.policy_step > 0:
-                if beats is not None:
-                    beats.activity = "downloading"
-                try:
-                    task = task.model_copy(update={"model": weights.model_for(task, pin=True)})
-                except DownloadError as e:
-                    # The step is gone from every relay (the run moved on) or none answers now: this
-                    # task is lost to us; its lease runs out and the coordinator decides what comes next.
-                    console.print(f"[yellow]Task {task.task_id} dropped: {e}.[/yellow]")
-                    working_on.discard(task.task_id)
-                    in_flight.release()
-                    stop.wait(idle_wait)
-                    continue
-            if beats is not None:
-                beats.activity = "generating"
-            uploads.put((task, finishers.submit(finish, generate(task, backend, dtype))))
-    except NotRegistered:
-        stop.wait(idle_wait)  # the heartbeat thread registers again; the caller loops
-    except KeyboardInterrupt:
-        # Asked to stop: finished work gets a few seconds to upload; the rest is left to its lease's expiry.
-        uploads.put(None)
-        thread.join(STOP_GRACE_S)
-        stop.set()
-        raise
-    except Stopped:
-        if not failure:
-            raise
-        # The uploader failed and set ``stop``; its error, raised below, is the one to report.
-    finally:
-        # A task leased ahead but never started stays held: the next lease hands it back, or its lease runs out.
-        prefetcher.shutdown(wait=True)
-        uploads.put(None)
-        thread.join()
-        if own_finishers:
-            finishers.shutdown(wait=True)
-    if failure:
-        raise failure[0]
-    return done
 
 
 @contextmanager

@@ -300,7 +300,7 @@ def test_upload_bodies_condemned_by_their_headers_are_never_staged(sqlite_url: s
         strangers = [sign_request(Account.create(), "POST", "/v1/submissions", query, b"", served.audience) for _ in range(12)]
         with StagingWatch(incoming) as watch, ThreadPoolExecutor(12) as pool:
             answers = list(pool.map(lambda h: _declare_upload(served, h, task.task_id), strangers))
-        assert answers == [401] * 12 and watch.most == 0
+        assert answers == [404] * 12 and watch.most == 0
 
         # Someone who knows the node's live task id and claims its address gets at most the address's
         # own share staged at once (three bodies), the rest 429; each is dropped when it stalls.

@@ -25,7 +25,7 @@ from intellect_protocol.node.client import NodeClient
 from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.work import finisher_pool, stop_finishers
-from intellect_protocol.node.worker import work_loop
+from intellect_protocol.node.work_loop import WorkLoop
 from intellect_protocol.shared.signing import SignedAuth
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, signed_post
@@ -256,7 +256,7 @@ def test_a_node_waiting_for_the_trainer_asks_again_within_a_second(sqlite_url: s
         # Its heartbeat interval is 60 s here; the coordinator says to ask again in a second.
         worker = threading.Thread(
             target=lambda: done.append(
-                work_loop(client, Console(file=out, width=300), stop, None, 60.0, max_tasks=1, finishers=finishers)
+                WorkLoop(client, Console(file=out, width=300), stop, idle_wait=60.0, finishers=finishers).run(max_tasks=1)
             )
         )
         try:

@@ -72,7 +72,7 @@ def test_a_node_holds_as_many_tasks_as_the_coordinator_allows(sqlite_url: str, t
 
     from intellect_protocol.coordinator.settings import CoordinatorSettings
     from intellect_protocol.node.work import finisher_pool, stop_finishers
-    from intellect_protocol.node.worker import work_loop
+    from intellect_protocol.node.work_loop import WorkLoop
     from intellect_protocol.shared.schemas import SamplingParams
     from tests.conftest import serve
     from tests.helpers import make_run
@@ -85,10 +85,8 @@ def test_a_node_holds_as_many_tasks_as_the_coordinator_allows(sqlite_url: str, t
         out = io.StringIO()
         finishers = finisher_pool()
         try:
-            assert (
-                work_loop(client, Console(file=out, width=300), threading.Event(), None, 0.1, max_tasks=3, finishers=finishers)
-                == 3
-            )
+            loop = WorkLoop(client, Console(file=out, width=300), threading.Event(), idle_wait=0.1, finishers=finishers)
+            assert loop.run(max_tasks=3) == 3
         finally:
             stop_finishers(finishers)
             client.close()

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
@@ -60,7 +61,13 @@ def test_receipt_lists_cost_the_same_queries_for_2_or_12_receipts(database_url: 
 
 
 def _compare(coordinator: Served) -> None:
-    make_run(coordinator, sampling=SamplingParams(max_tokens=8), prompts=1, samples=1, audit=0.0)
+    make_run(
+        coordinator,
+        sampling=SamplingParams(max_tokens=8),
+        prompts=1,
+        samples=1,
+        audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0),
+    )
     token = admin_token(coordinator)
     validator = Account.create()
     grant(coordinator, token, validator.address, "validator")

@@ -268,7 +268,7 @@ def test_manifests_need_a_trainer_and_a_good_signature(net: Net) -> None:
     reply = signed_post(
         net.served.url, "/v1/manifests", net.trainer, net.served.audience, sign_manifest(manifest, outsider).model_dump()
     )
-    assert reply.status_code == 403 and reply.json()["code"] == "manifest_invalid"
+    assert reply.status_code == 403 and reply.json()["code"] == "manifest_signer_mismatch"
     # A trainer's signature over a different manifest (a hash changed afterwards).
     forged = sign_manifest(manifest, net.trainer).model_dump()
     forged["manifest"]["chunks"][0]["blake3"] = "0" * 64

@@ -360,7 +360,7 @@ def test_verdicts_are_signed_and_anyone_can_check_who_judged(network, tmp_path: 
     forged = verdict_body(served.audience, validator_key, claim, [{**c, "reason": "other"} for c in passed]) | {"checks": passed}
     before = served.snapshot()
     reply = signed_post(served.url, "/v1/validation/verdicts", validator_key, served.audience, forged)
-    assert reply.status_code == 422 and reply.json()["code"] == "signature_invalid"
+    assert reply.status_code == 422 and reply.json()["code"] == "body_signature_invalid"
     assert {k: v for k, v in served.snapshot().items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
     expire_assignments(served, submission)  # the claim ends; the real validator takes it
 

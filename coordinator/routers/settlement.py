@@ -53,7 +53,7 @@ async def epochs(ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=500)] =
 async def epoch(epoch: Annotated[int, Path(ge=1, le=2**31 - 1)], ledger: LedgerDep) -> EpochInfo:
     found = await ledger.run(settlement.epoch_infos, 1, epoch)
     if not found:
-        raise ApiError(404, ErrorCode.not_found, f"No epoch {epoch}.")
+        raise ApiError(ErrorCode.not_found, f"No epoch {epoch}.")
     return found[0]
 
 
@@ -62,7 +62,7 @@ async def proof(epoch: Annotated[int, Path(ge=1, le=2**31 - 1)], address: Addres
     """``address``'s cumulative final credit in ``epoch`` and its Merkle proof, for a claim."""
     found = await ledger.run(settlement.proof, epoch, address)
     if found is None:
-        raise ApiError(404, ErrorCode.not_found, f"{address} has no final credit in epoch {epoch}.")
+        raise ApiError(ErrorCode.not_found, f"{address} has no final credit in epoch {epoch}.")
     return found
 
 

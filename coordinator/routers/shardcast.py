@@ -87,7 +87,7 @@ async def get_manifest(run_id: str, step: str, ledger: LedgerDep) -> ManifestEnt
 
 def _step_number(step: str) -> int:
     if not (step.isascii() and step.isdigit()) or len(step) > 9:
-        raise ApiError(422, ErrorCode.validation_error, "step must be a number or 'latest'.")
+        raise ApiError(ErrorCode.validation_error, "step must be a number or 'latest'.")
     return int(step)
 
 

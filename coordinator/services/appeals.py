@@ -32,20 +32,20 @@ DAY = timedelta(days=1)
 def file(session: Session, signer: str, body: AppealRequest, settings: CoordinatorSettings, now: datetime) -> AppealInfo:
     submission = session.get(Submission, body.submission_id, with_for_update=True)
     if submission is None:
-        raise ApiError(404, ErrorCode.not_found, f"No submission {body.submission_id}.")
+        raise ApiError(ErrorCode.not_found, f"No submission {body.submission_id}.")
     if submission.address != signer:
-        raise ApiError(403, ErrorCode.address_mismatch, "Only the node that submitted this work may appeal it.")
+        raise ApiError(ErrorCode.not_submitter, "Only the node that submitted this work may appeal it.")
     if submission.status != SubmissionStatus.rejected or submission.outcome not in ("soft", "hard"):
-        raise ApiError(409, ErrorCode.conflict, f"Only rejected work can be appealed; this submission is {submission.status}.")
+        raise ApiError(ErrorCode.conflict, f"Only rejected work can be appealed; this submission is {submission.status}.")
     if session.scalar(select(Appeal.id).where(Appeal.submission_id == submission.id)) is not None:
-        raise ApiError(409, ErrorCode.conflict, "This submission was appealed already; see its receipt for the outcome.")
+        raise ApiError(ErrorCode.conflict, "This submission was appealed already; see its receipt for the outcome.")
     run = session.get_one(Run, submission.run_id)
     window = settings.dispute_window_s if run.dispute_window_s is None else run.dispute_window_s
     if submission.validated_at is None:
-        raise ApiError(409, ErrorCode.conflict, "This submission has no decision yet.")
+        raise ApiError(ErrorCode.conflict, "This submission has no decision yet.")
     closes = submission.validated_at + timedelta(seconds=window)
     if now > closes:
-        raise ApiError(409, ErrorCode.conflict, f"The dispute window of this decision closed at {closes.isoformat()}.")
+        raise ApiError(ErrorCode.conflict, f"The dispute window of this decision closed at {closes.isoformat()}.")
     filed = session.scalar(select(func.count()).where(Appeal.address == signer, Appeal.created_at > now - DAY)) or 0
     if filed >= settings.appeals_per_day:
         oldest = session.scalar(
@@ -53,7 +53,6 @@ def file(session: Session, signer: str, body: AppealRequest, settings: Coordinat
         )
         wait = max(1, int((oldest + DAY - now).total_seconds()))  # type: ignore[operator]
         raise ApiError(
-            429,
             ErrorCode.rate_limited,
             f"At most {settings.appeals_per_day} appeals a day; the next is possible in {wait} s.",
             headers={"Retry-After": str(wait)},
@@ -73,7 +72,6 @@ def file(session: Session, signer: str, body: AppealRequest, settings: Coordinat
     if heard_by is None or not committee.could_be_judged(session, heard_by, settings):
         # The transaction rolls back: no appeal, no review.
         raise ApiError(
-            409,
             ErrorCode.conflict,
             "No validator that has not judged this work holds the role, so nobody could hear this appeal; nothing was filed.",
         )

@@ -50,7 +50,6 @@ def transition(session: Session, node: Node, to: NodeStatus, reason: str, now: d
 def check_version(client_version: str, settings: CoordinatorSettings) -> None:
     if Version(client_version) < Version(settings.min_node_version):
         raise ApiError(
-            426,
             ErrorCode.version_unsupported,
             f"Node client {client_version} is older than the oldest this coordinator accepts ({settings.min_node_version}).",
             {"min_node_version": settings.min_node_version},
@@ -74,7 +73,7 @@ def register(
     _require_signed_link(body, signer, audience)
     node = session.get(Node, signer)
     if node is not None and node.status == S.banned:
-        raise ApiError(403, ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
+        raise ApiError(ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
     if node is None:
         if admit_new is not None:
             admit_new()
@@ -96,8 +95,7 @@ def _require_signed_link(body: RegisterRequest, node: str, audience: str) -> Non
         return
     if body.operator_signature is None or link_signer(body.operator_signature, audience, node) != body.operator_address:
         raise ApiError(
-            422,
-            ErrorCode.signature_invalid,
+            ErrorCode.body_signature_invalid,
             f"operator_address {body.operator_address} needs that operator's signature of the link to this node on this deployment "
             "(operator_signature; the operator makes it with `intellect-node link-operator`).",
         )
@@ -134,7 +132,7 @@ def heartbeat(
     session.flush()  # the statement bypasses the ORM, so pending ORM changes must reach the database first
     status, ban_reason = session.connection().execute(_HEARTBEAT, params).one_or_none() or (None, None)
     if status is None:
-        raise ApiError(404, ErrorCode.node_not_registered, "This address has not registered; call /v1/nodes/register first.")
+        raise ApiError(ErrorCode.node_not_registered, "This address has not registered; call /v1/nodes/register first.")
     if status in (S.registered, S.unhealthy, S.dead):
         node = session.get_one(Node, signer)
         transition(session, node, S.healthy, "heartbeat", now)
@@ -145,7 +143,7 @@ def heartbeat(
 def ban(session: Session, address: str, reason: str, now: datetime) -> Node:
     node = get_node(session, address)
     if node.status == S.banned:
-        raise ApiError(409, ErrorCode.conflict, "This node is already banned.")
+        raise ApiError(ErrorCode.conflict, "This node is already banned.")
     transition(session, node, S.banned, f"banned: {reason}", now)
     node.ban_reason = reason
     return node
@@ -154,7 +152,7 @@ def ban(session: Session, address: str, reason: str, now: datetime) -> Node:
 def unban(session: Session, address: str, reason: str, now: datetime) -> Node:
     node = get_node(session, address)
     if node.status != S.banned:
-        raise ApiError(409, ErrorCode.conflict, "This node is not banned.")
+        raise ApiError(ErrorCode.conflict, "This node is not banned.")
     # Unhealthy, not healthy: it has to heartbeat to prove it is alive.
     transition(session, node, S.unhealthy, f"unbanned: {reason}", now)
     node.ban_reason = None
@@ -164,7 +162,7 @@ def unban(session: Session, address: str, reason: str, now: datetime) -> Node:
 def get_node(session: Session, address: str) -> Node:
     node = session.get(Node, address)
     if node is None:
-        raise ApiError(404, ErrorCode.not_found, f"No node with address {address}.")
+        raise ApiError(ErrorCode.not_found, f"No node with address {address}.")
     return node
 
 

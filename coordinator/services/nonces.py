@@ -28,7 +28,7 @@ def record_nonce(session: Session, address: str, nonce: str, now: datetime) -> N
         session.connection().execute(_INSERT, {"address": address, "nonce": nonce, "seen_at": now})
     except IntegrityError:
         session.rollback()
-        raise ApiError(401, ErrorCode.nonce_reused, "This request's nonce was already used; sign a fresh request.") from None
+        raise ApiError(ErrorCode.nonce_reused, "This request's nonce was already used; sign a fresh request.") from None
 
 
 def prune_nonces(session: Session, now: datetime, keep_s: int) -> int:

@@ -62,7 +62,7 @@ def admin_receipt(session: Session, submission_id: str) -> AdminReceipt:
 def _get(session: Session, submission_id: str) -> Submission:
     submission = session.get(Submission, submission_id)
     if submission is None:
-        raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
+        raise ApiError(ErrorCode.not_found, f"No submission {submission_id}.")
     return submission
 
 

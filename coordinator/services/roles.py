@@ -29,7 +29,7 @@ def grant(session: Session, address: str, role: RoleName, granted_by: str, now: 
 def revoke(session: Session, address: str, role: RoleName, now: datetime) -> Role:
     row = active(session, address, role)
     if row is None:
-        raise ApiError(404, ErrorCode.not_found, f"{address} does not hold the {role} role.")
+        raise ApiError(ErrorCode.not_found, f"{address} does not hold the {role} role.")
     row.revoked_at = now
     row.revoke_reason = "revoked by an admin"
     return row
@@ -49,5 +49,5 @@ def require(session: Session, address: str, role: RoleName) -> Role:
     if row is None:
         last = session.scalar(select(Role).where(Role.address == address, Role.role == role).order_by(Role.id.desc()).limit(1))
         why = f": revoked, {last.revoke_reason}" if last is not None and last.revoke_reason else " (an admin grants it)"
-        raise ApiError(403, ErrorCode.role_required, f"{address} does not hold the {role} role{why}.")
+        raise ApiError(ErrorCode.role_required, f"{address} does not hold the {role} role{why}.")
     return row

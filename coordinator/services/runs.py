@@ -38,10 +38,10 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
     """An active run of ``spec``; 422 for an unknown environment or tasks too big to submit, 409 for a taken name."""
     if spec.environment not in ENVIRONMENTS:
         raise ApiError(
-            422, ErrorCode.validation_error, f"Unknown environment {spec.environment!r}; choose one of {', '.join(ENVIRONMENTS)}."
+            ErrorCode.validation_error, f"Unknown environment {spec.environment!r}; choose one of {', '.join(ENVIRONMENTS)}."
         )
     if session.scalar(select(Run.id).where(Run.name == spec.name)):
-        raise ApiError(409, ErrorCode.conflict, f"A run named {spec.name!r} exists already.")
+        raise ApiError(ErrorCode.conflict, f"A run named {spec.name!r} exists already.")
     _require_submittable(spec.prompts_per_task, spec.samples_per_prompt, spec.sampling.max_tokens)
     run = Run(
         id=f"run-{uuid.uuid4().hex[:12]}",
@@ -110,13 +110,13 @@ def lease(
     run_id = request.run_id
     node = session.get(Node, signer)
     if node is None:
-        raise ApiError(404, ErrorCode.node_not_registered, "This address has not registered; call /v1/nodes/register first.")
+        raise ApiError(ErrorCode.node_not_registered, "This address has not registered; call /v1/nodes/register first.")
     if node.status == NodeStatus.banned:
-        raise ApiError(403, ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
+        raise ApiError(ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
     if run_id:
         run = session.get(Run, run_id)
         if run is None:
-            raise ApiError(404, ErrorCode.no_run, f"No run {run_id}.")
+            raise ApiError(ErrorCode.no_run, f"No run {run_id}.")
     else:
         active = session.scalar(select(Run).where(Run.status == RunStatus.active).order_by(Run.created_at).limit(1))
         run = active or session.scalar(select(Run).order_by(Run.created_at.desc()).limit(1))
@@ -141,9 +141,7 @@ def lease(
         message = f"{held_files} of this node's files are held: its validators split and no independent third validator holds the role yet"
         return WorkWait(reason="held", message=message, retry_after_s=60)
     if len(session.scalars(alive).all()) >= settings.max_leases_per_node:
-        raise ApiError(
-            409, ErrorCode.conflict, f"This node already holds {settings.max_leases_per_node} tasks; submit them first."
-        )
+        raise ApiError(ErrorCode.conflict, f"This node already holds {settings.max_leases_per_node} tasks; submit them first.")
 
     task = session.scalar(
         select(Task)
@@ -185,7 +183,7 @@ def policy_steps(session: Session) -> dict[str, int]:
 def get_run(session: Session, run_id: str) -> Run:
     run = session.get(Run, run_id)
     if run is None:
-        raise ApiError(404, ErrorCode.not_found, f"No run {run_id}.")
+        raise ApiError(ErrorCode.not_found, f"No run {run_id}.")
     return run
 
 
@@ -228,14 +226,12 @@ def require_stake(who_asks: str, signer: str, needed: int, stake: int | None) ->
     """403 ``stake_too_low`` unless ``stake`` (None: the registry cannot be read now: 503) reaches ``needed``."""
     if stake is None:
         raise ApiError(
-            503,
             ErrorCode.chain_unavailable,
             "A stake is needed and the stake registry cannot be read now; try again shortly.",
             headers={"Retry-After": "10"},
         )
     if stake < needed:
         raise ApiError(
-            403,
             ErrorCode.stake_too_low,
             f"{who_asks} needs {tokens(needed)} tokens staked; {signer} stakes {tokens(stake)}. Stake with `intellect-node stake`.",
             {"needed": str(needed), "staked": str(stake)},
@@ -247,7 +243,6 @@ def _require_submittable(prompts_per_task: int, samples_per_prompt: int, max_tok
     why = shape_error(prompts_per_task * samples_per_prompt, max_tokens)
     if why is not None:
         raise ApiError(
-            422,
             ErrorCode.validation_error,
             f"{prompts_per_task} prompts x {samples_per_prompt} samples of up to {max_tokens} tokens can never be submitted: {why}.",
         )
@@ -257,7 +252,7 @@ def set_status(session: Session, run_id: str, status: RunStatus) -> Run:
     """Pause (no new leases; leased work may still be submitted and validated) or resume a run."""
     run = get_run(session, run_id)
     if run.status == status:
-        raise ApiError(409, ErrorCode.conflict, f"Run {run_id} is already {status}.")
+        raise ApiError(ErrorCode.conflict, f"Run {run_id} is already {status}.")
     run.status = status
     return run
 
@@ -275,9 +270,9 @@ def requeue(session: Session, task_id: str) -> Task:
     """Take a leased task back from its node (e.g. a node known to be gone) and offer it to the next."""
     task = session.get(Task, task_id, with_for_update=True)
     if task is None:
-        raise ApiError(404, ErrorCode.not_found, f"No task {task_id}.")
+        raise ApiError(ErrorCode.not_found, f"No task {task_id}.")
     if task.status != TaskStatus.leased:
-        raise ApiError(409, ErrorCode.conflict, f"Only leased tasks can be requeued; this one is {task.status}.")
+        raise ApiError(ErrorCode.conflict, f"Only leased tasks can be requeued; this one is {task.status}.")
     task.status, task.leased_to, task.lease_expires_at = TaskStatus.open, None, None
     return task
 

@@ -23,19 +23,19 @@ from intellect_protocol.shared.shardcast.manifest import ManifestError, SignedMa
 def publish(session: Session, signer: str, signed: SignedManifest, now: datetime) -> PolicyManifest:
     roles.require(session, signer, RoleName.trainer)
     if signed.signer != signer:
-        raise ApiError(403, ErrorCode.manifest_invalid, "The manifest must be signed by the trainer posting it.")
+        raise ApiError(ErrorCode.manifest_signer_mismatch, "The manifest must be signed by the trainer posting it.")
     try:
         manifest = signed.verify()
     except ManifestError as e:
-        raise ApiError(422, ErrorCode.manifest_invalid, str(e)) from None
+        raise ApiError(ErrorCode.manifest_invalid, str(e)) from None
     run = session.get(Run, manifest.run_id, with_for_update=True)
     if run is None:
-        raise ApiError(404, ErrorCode.not_found, f"No run {manifest.run_id}.")
+        raise ApiError(ErrorCode.not_found, f"No run {manifest.run_id}.")
     existing = session.scalar(select(PolicyManifest).where(PolicyManifest.run_id == run.id, PolicyManifest.step == manifest.step))
     if existing is not None:
         if existing.digest == manifest.digest():
             return existing
-        raise ApiError(409, ErrorCode.conflict, f"Step {manifest.step} of {run.id} has another manifest already.")
+        raise ApiError(ErrorCode.conflict, f"Step {manifest.step} of {run.id} has another manifest already.")
     row = PolicyManifest(
         run_id=run.id,
         step=manifest.step,
@@ -57,7 +57,7 @@ def get(session: Session, run_id: str, step: int | None) -> PolicyManifest:
     query = query.where(PolicyManifest.step == step) if step is not None else query.order_by(PolicyManifest.step.desc())
     row = session.scalars(query.limit(1)).first()
     if row is None:
-        raise ApiError(404, ErrorCode.not_found, f"No manifest for {run_id} step {'latest' if step is None else step}.")
+        raise ApiError(ErrorCode.not_found, f"No manifest for {run_id} step {'latest' if step is None else step}.")
     return row
 
 
@@ -95,7 +95,7 @@ def all_relays(session: Session) -> list[tuple[Relay, int]]:
 
 def report(session: Session, reporter: str, body: RelayReportRequest, now: datetime) -> RelayReport:
     if session.scalar(select(Relay.address).where(Relay.url == body.relay_url).limit(1)) is None:
-        raise ApiError(404, ErrorCode.not_found, f"No relay serves {body.relay_url}.")
+        raise ApiError(ErrorCode.not_found, f"No relay serves {body.relay_url}.")
     row = RelayReport(
         relay_url=body.relay_url,
         reporter=reporter,

@@ -58,11 +58,11 @@ def admit_upload(session: Session, claimed: str, nonce: str, task_id: str, now: 
     except ValueError:
         node = None
     if node is None:
-        raise ApiError(401, ErrorCode.node_not_registered, "The claimed signer is not a registered node; nothing was read.")
+        raise ApiError(ErrorCode.node_not_registered, "The claimed signer is not a registered node; nothing was read.")
     if node.status == NodeStatus.banned:
-        raise ApiError(403, ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
+        raise ApiError(ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
     if session.scalar(select(Nonce.id).where(Nonce.address == node.address, Nonce.nonce == nonce)) is not None:
-        raise ApiError(401, ErrorCode.nonce_reused, "This request's nonce was already used; sign a fresh request.")
+        raise ApiError(ErrorCode.nonce_reused, "This request's nonce was already used; sign a fresh request.")
     if session.scalar(select(Submission.id).where(Submission.task_id == task_id, Submission.address == node.address)) is not None:
         return True
     _require_live_lease(session.get(Task, task_id), task_id, node.address, now)
@@ -71,11 +71,11 @@ def admit_upload(session: Session, claimed: str, nonce: str, task_id: str, now: 
 
 def _require_live_lease(task: Task | None, task_id: str, address: str, now: datetime) -> None:
     if task is None:
-        raise ApiError(404, ErrorCode.not_found, f"No task {task_id}.")
+        raise ApiError(ErrorCode.not_found, f"No task {task_id}.")
     if task.leased_to != address or task.status != TaskStatus.leased:
-        raise ApiError(403, ErrorCode.task_not_leased, "This task is not leased to you.")
+        raise ApiError(ErrorCode.task_not_leased, "This task is not leased to you.")
     if task.lease_expires_at is None or task.lease_expires_at <= now:
-        raise ApiError(409, ErrorCode.lease_expired, "The lease on this task expired; lease a new task.")
+        raise ApiError(ErrorCode.lease_expired, "The lease on this task expired; lease a new task.")
 
 
 def expected_file(session: Session, signer: str, task_id: str, digest: str, now: datetime) -> ExpectedFile | None:
@@ -84,12 +84,12 @@ def expected_file(session: Session, signer: str, task_id: str, digest: str, now:
     Read before the upload is parsed, so a file is decoded only within what its task can hold."""
     task = session.get(Task, task_id)
     if task is None:
-        raise ApiError(404, ErrorCode.not_found, f"No task {task_id}.")
+        raise ApiError(ErrorCode.not_found, f"No task {task_id}.")
     existing = session.scalar(select(Submission).where(Submission.task_id == task_id))
     if existing is not None:
         if existing.sha256 == digest and existing.address == signer:
             return None
-        raise ApiError(409, ErrorCode.conflict, "A different file was already submitted for this task.")
+        raise ApiError(ErrorCode.conflict, "A different file was already submitted for this task.")
     _require_live_lease(task, task_id, signer, now)
     params = params_of(session.get_one(Run, task.run_id), task)
     samples = params["samples_per_prompt"]
@@ -104,14 +104,12 @@ def parse(data: bytes, expected: ExpectedFile) -> list[Rollout]:
     try:
         rollouts = read_rollouts(data, expected.limits)
     except RolloutFileError as e:
-        raise ApiError(422, ErrorCode.rollout_invalid, f"The rollout file is invalid: {e}") from None
+        raise ApiError(ErrorCode.rollout_invalid, f"The rollout file is invalid: {e}") from None
     if [r.prompt_id for r in rollouts] != [row[0] for row in expected.rows]:
-        raise ApiError(
-            422, ErrorCode.rollout_invalid, f"Rows must be the task's prompts, {expected.samples} samples each, in order."
-        )
+        raise ApiError(ErrorCode.rollout_invalid, f"Rows must be the task's prompts, {expected.samples} samples each, in order.")
     for index, (r, row) in enumerate(zip(rollouts, expected.rows)):
         if (r.prompt_id, r.task_id, r.run_id, r.policy_step, r.seed) != row:
-            raise ApiError(422, ErrorCode.rollout_invalid, f"Row {index} names another task, run, policy step or seed.")
+            raise ApiError(ErrorCode.rollout_invalid, f"Row {index} names another task, run, policy step or seed.")
     return rollouts
 
 
@@ -131,7 +129,7 @@ def record(
     if expected is None or rollouts is None:
         existing = session.scalar(select(Submission).where(Submission.task_id == task_id))
         if existing is None:
-            raise ApiError(409, ErrorCode.conflict, "The task changed while its file was uploaded; upload it again.")
+            raise ApiError(ErrorCode.conflict, "The task changed while its file was uploaded; upload it again.")
         return receipt(existing)
     task = session.get_one(Task, task_id)
     submission = Submission(

@@ -49,14 +49,14 @@ def accepted_file_key(session: Session, signer: str, submission_id: str) -> str:
     roles.require(session, signer, RoleName.trainer)
     submission = session.get(Submission, submission_id)
     if submission is None or submission.status != SubmissionStatus.accepted:
-        raise ApiError(404, ErrorCode.not_found, f"No accepted submission {submission_id}.")
+        raise ApiError(ErrorCode.not_found, f"No accepted submission {submission_id}.")
     return submission.blob_key
 
 
 def record_metrics(session: Session, signer: str, body: TrainerMetricsRequest, now: datetime) -> TrainerMetrics:
     roles.require(session, signer, RoleName.trainer)
     if session.get(Run, body.run_id) is None:
-        raise ApiError(404, ErrorCode.not_found, f"No run {body.run_id}.")
+        raise ApiError(ErrorCode.not_found, f"No run {body.run_id}.")
     row = session.scalar(select(TrainerMetrics).where(TrainerMetrics.run_id == body.run_id, TrainerMetrics.step == body.step))
     if row is None:
         row = TrainerMetrics(run_id=body.run_id, step=body.step, metrics=body.metrics, created_at=now, cursor=body.cursor)

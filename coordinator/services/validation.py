@@ -91,7 +91,7 @@ def claimed(session: Session, signer: str, submission_id: str, now: datetime) ->
     roles.require(session, signer, RoleName.validator)
     submission = session.get(Submission, submission_id, with_for_update=True)
     if submission is None:
-        raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
+        raise ApiError(ErrorCode.not_found, f"No submission {submission_id}.")
     review = session.scalar(
         select(Review)
         .where(
@@ -105,7 +105,6 @@ def claimed(session: Session, signer: str, submission_id: str, now: datetime) ->
     )
     if review is None:
         raise ApiError(
-            409,
             ErrorCode.conflict,
             "You hold no live assignment to judge this submission (it was not drawn for you, or it expired).",
         )
@@ -117,15 +116,14 @@ def record_verdict(
 ) -> Submission:
     submission, review = claimed(session, signer, body.submission_id, now)
     if submission.address in committee.linked(session, signer, settings):
-        raise ApiError(403, ErrorCode.own_work, "A validator may not judge work of its own or of addresses linked to it.")
+        raise ApiError(ErrorCode.own_work, "A validator may not judge work of its own or of addresses linked to it.")
     try:
         verdict_by = verdict_signer(body.signature, audience, submission.id, submission.sha256, body.checks, body.untrained_rows)
     except ValueError:
         verdict_by = None
     if verdict_by != signer:
         raise ApiError(
-            422,
-            ErrorCode.signature_invalid,
+            ErrorCode.body_signature_invalid,
             "The verdict's signature is not yours over this submission's file, checks and untrained rows.",
         )
     review.outcome = "accept" if body.accepted else "hard" if body.hard else "soft"
@@ -142,9 +140,9 @@ def invalidate(session: Session, submission_id: str, reason: str, settings: Coor
     """An admin's later finding that accepted work was invalid: its credit goes, and the node is penalised."""
     submission = session.get(Submission, submission_id)
     if submission is None:
-        raise ApiError(404, ErrorCode.not_found, f"No submission {submission_id}.")
+        raise ApiError(ErrorCode.not_found, f"No submission {submission_id}.")
     if submission.status != SubmissionStatus.accepted:
-        raise ApiError(409, ErrorCode.conflict, f"Only accepted submissions can be invalidated; this one is {submission.status}.")
+        raise ApiError(ErrorCode.conflict, f"Only accepted submissions can be invalidated; this one is {submission.status}.")
     submission.status = SubmissionStatus.invalidated
     submission.reason = f"invalidated by an admin: {reason}"
     credit.claw_back(

@@ -62,7 +62,7 @@ async def revoke_token(token_id: Annotated[int, Path(ge=1, le=INT32_MAX)], ledge
     def work(session: Session) -> TokenOut:
         row = admin_tokens.revoke_token(session, token_id, datetime.now(UTC))
         if row is None:
-            raise ApiError(404, ErrorCode.not_found, f"No token {token_id}.")
+            raise ApiError(ErrorCode.not_found, f"No token {token_id}.")
         return TokenOut.model_validate(row)
 
     return await audited(ledger, token, "tokens.revoke", str(token_id), work)
