@@ -376,4 +376,14 @@ def audit(net: Network) -> Audit:
             errors.append(f"credit for {submission_id}, which is {statuses.get(submission_id)}")
     errors += [f"clawback beyond credit on {s}" for s, u in net_units.items() if u < 0]
     unfinished = sum(1 for s in statuses.values() if s == "pending")
+    # The trainer's own record, whatever killed it: one range per step, each starting where the last ended
+    # and holding accepted work of its own, the last ending at the cursor, which names a real entry.
+    by_step = sorted(state["consumed"])
+    if [step for step, _, _ in by_step] != list(range(1, len(by_step) + 1)):
+        errors.append(f"steps trained are not 1..{len(by_step)} once each: {[s for s, _, _ in by_step]}")
+    if by_step and (by_step[0][1] != 0 or any(a[2] != b[1] for a, b in zip(by_step, by_step[1:]))):
+        errors.append(f"consumed ranges skip or reread entries: {by_step}")
+    if by_step and not (state["cursor"] == by_step[-1][2] <= max(credits, default=0)):
+        errors.append(f"cursor {state['cursor']} is not the last range's end or names no ledger entry")
+    errors += [f"step {s} trained on no accepted work ({a}, {b}]" for s, a, b in by_step if not any(a < c <= b for c in credits)]
     return Audit(state["step"], lost, duplicates, unfinished, errors)

@@ -14,7 +14,7 @@ from eth_account.signers.local import LocalAccount
 
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.services.runs import create_run
-from intellect_protocol.shared.run_schemas import RunSpec
+from intellect_protocol.shared.run_schemas import AuditPolicy, RunSpec
 from intellect_protocol.shared.schemas import CheckOutcome, SamplingParams
 from intellect_protocol.shared.signing import sign_request
 from intellect_protocol.shared.verdicts import sign_verdict
@@ -49,15 +49,25 @@ def signed_post(
     return httpx.post(url + full_path, content=raw, headers={"content-type": "application/json", **signed, **(headers or {})})
 
 
-def make_run(served, **kw) -> str:  # type: ignore[no-untyped-def]
+def make_run(  # type: ignore[no-untyped-def]
+    served,
+    *,
+    name: str = "r",
+    sampling: SamplingParams = SamplingParams(max_tokens=8),
+    prompts: int = 2,
+    samples: int = 2,
+    audit: AuditPolicy | None = None,
+    min_stake: int = 0,
+) -> str:
+    """A run of the arithmetic environment on the tiny model, small enough for a test's patience."""
     with make_sessionmaker(served.engine).begin() as session:
         spec = RunSpec(
-            name=kw.get("name", "r"),
-            sampling=kw.get("sampling", SamplingParams(max_tokens=8)),
-            prompts_per_task=kw.get("prompts", 2),
-            samples_per_prompt=kw.get("samples", 2),
-            audit=kw.get("audit"),
-            min_stake=kw.get("min_stake", 0),
+            name=name,
+            sampling=sampling,
+            prompts_per_task=prompts,
+            samples_per_prompt=samples,
+            audit=audit,
+            min_stake=min_stake,
         )
         run = create_run(session, spec, datetime.now(UTC))
         return run.id

