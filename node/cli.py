@@ -126,7 +126,10 @@ def join(
     except ValidationError as e:
         raise fail(f"Invalid setting: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}.", 2) from None
 
+    stop = threading.Event()
+
     def interrupt(*_: object) -> None:
+        stop.set()
         # Once: a second signal must not break off the stop it started (which takes a few seconds at most).
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
@@ -140,11 +143,17 @@ def join(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, interrupt)
     try:
-        run_join(account, coordinator, settings, console, operator=link, stop=threading.Event())
+        run_join(account, coordinator, settings, console, operator=link, stop=stop)
     except KeyboardInterrupt:
         console.print("Stopped.")
     except NodeError as e:
         raise fail(str(e), e.exit_code) from None
+    except Exception:
+        # The interrupt lands wherever the main thread is: inside an import of torch it leaves a
+        # half-loaded module whose next import fails with an unrelated error. Asked to stop, it is a stop.
+        if not stop.is_set():
+            raise
+        console.print("Stopped.")
     finally:
         # Only a vLLM node has an engine to close; importing the module now would load torch while
         # the node's threads wind down (that segfaulted a node on SIGTERM).
