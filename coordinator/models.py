@@ -7,22 +7,18 @@ also a new :class:`NodeStatusEvent` row.
 
 from __future__ import annotations
 
-import enum
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
-    DateTime,
-    Enum,
     Float,
     ForeignKey,
     Index,
     Integer,
     String,
     Text,
-    TypeDecorator,
     UniqueConstraint,
     case,
 )
@@ -30,50 +26,10 @@ from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql.elements import ColumnElement
 
+from intellect_protocol.coordinator.column_types import TokenAmount, UTCDateTime, states_type
 from intellect_protocol.shared.run_schemas import oldest_usable_step
 from intellect_protocol.shared.schemas import NodeStatus
 from intellect_protocol.shared.states import AppealStatus, EntryKind, RunStatus, SubmissionStatus, TaskStatus
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """Aware UTC datetimes on every backend (SQLite keeps no zone, so store naive UTC)."""
-
-    impl = DateTime
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the ledger; use datetime.now(UTC)")
-        return value.astimezone(UTC).replace(tzinfo=None)
-
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
-        return None if value is None else value.replace(tzinfo=UTC)
-
-
-def states_type(states: type[enum.StrEnum]) -> Enum:
-    """A column of one of the ledger's vocabularies (:mod:`shared.states`): VARCHAR(16) holding the
-    value, as the plain string columns before it did (no data change), read back as the enum member;
-    writing a string outside the vocabulary fails."""
-    return Enum(states, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e], validate_strings=True)
-
-
-class TokenAmount(TypeDecorator[int]):
-    """Token base units: integers beyond any SQL integer type (18 decimals), kept as decimal text."""
-
-    impl = String(80)
-    cache_ok = True
-
-    def process_bind_param(self, value: int | None, dialect: Any) -> str | None:
-        if value is None:
-            return None
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"a token amount is a non-negative integer of base units, not {value!r}")
-        return str(value)
-
-    def process_result_value(self, value: str | None, dialect: Any) -> int | None:
-        return None if value is None else int(value)
 
 
 class Base(DeclarativeBase):
