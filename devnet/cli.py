@@ -48,6 +48,13 @@ class Accuracy(threading.Thread):
         self.by_step: dict[int, float] = {}
 
     def run(self) -> None:
+        try:
+            self._measure()
+        except httpx.HTTPError:
+            if not self.stop_event.is_set():
+                raise  # once the devnet stops, its coordinator going away is expected, not an error
+
+    def _measure(self) -> None:
         import torch
         import transformers
 
@@ -126,9 +133,18 @@ def main(
         for problem in missing + engine_problems():
             console.print(f"{problem}", style="red", markup=False)
             raise typer.Exit(1)
+    if workdir is not None and (earlier := _earlier_devnet(workdir)):
+        console.print(
+            f"{workdir} holds an earlier devnet ({', '.join(earlier)}); nothing in it was changed. "
+            "Pass a new --workdir, or delete that folder to start afresh.",
+            style="red",
+            markup=False,
+        )
+        raise typer.Exit(1)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     workdir = workdir or Path(tempfile.mkdtemp(prefix="intellect-devnet-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     console.print(f"Devnet workdir: {workdir}")
     started = time.monotonic()
     network: Network | None = None
@@ -198,6 +214,11 @@ def main(
             console.print(
                 f"Held-out accuracy {summary['accuracy_before']:.2f} -> {summary['accuracy_after']:.2f} over {summary['policy_step']} policy steps."
             )
+
+
+def _earlier_devnet(workdir: Path) -> list[str]:
+    """What an earlier devnet left in ``workdir``: its results, which a new one must not overwrite."""
+    return [name for name in ("summary.json", "ledger.db", "admin-token", "logs") if (workdir / name).exists()]
 
 
 def _interrupt(*_: object) -> None:

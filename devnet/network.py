@@ -111,6 +111,22 @@ def start_validator(net: Network, name: str) -> Process:
     return spawn(name, command, net.workdir / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": net.password})
 
 
+RUN_NAME = "devnet-arithmetic"
+
+
+def _holds_run(database_url: str, name: str) -> bool:
+    from sqlalchemy import create_engine, select
+
+    from intellect_protocol.coordinator.models import Run
+
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            return connection.scalar(select(Run.id).where(Run.name == name)) is not None
+    finally:
+        engine.dispose()
+
+
 def start_network(
     workdir: Path,
     *,
@@ -135,6 +151,11 @@ def start_network(
     workdir.mkdir(parents=True, exist_ok=True)
     database_url = database_url or f"sqlite:///{workdir / 'ledger.db'}"
     migrate(database_url, workdir / "logs" / "migrate.log")
+    if _holds_run(database_url, RUN_NAME):
+        raise StartError(
+            f"The ledger at {database_url} already holds an earlier devnet's run ({RUN_NAME!r}); nothing was added to it. "
+            "Give this devnet a database of its own, or leave out --database-url (SQLite in the workdir)."
+        )
     token = admin_token(database_url)
     (workdir / "admin-token").write_text(token + "\n")
     if chain is not None:
@@ -142,7 +163,7 @@ def start_network(
 
         run_options = [*run_options, "--min-stake", str(MIN_STAKE_TOKENS), "--dispute-window", str(DISPUTE_WINDOW_S)]
         coordinator_env = {**chain.coordinator_env, **(coordinator_env or {})}
-    run_id = create_run(database_url, "devnet-arithmetic", workdir / "logs" / "run.log", run_options)
+    run_id = create_run(database_url, RUN_NAME, workdir / "logs" / "run.log", run_options)
     password = secrets.token_urlsafe(16)
     (workdir / "wallet-password").write_text(password + "\n")
     net = Network(workdir, database_url, token, run_id, password, chain=chain)

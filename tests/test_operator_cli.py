@@ -21,6 +21,8 @@ from intellect_protocol.shared.wallet import create_wallet
 
 
 def _coordinator(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    if args[0] == "serve" and "--port" not in args:
+        args = (*args, "--port", str(free_port()))  # the default port may be another test's
     return subprocess.run(
         ["intellect-coordinator", *args], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
     )

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,6 @@ import pytest
 from intellect_protocol.devnet.network import Network
 from intellect_protocol.devnet.processes import Process, admin_token, create_run, migrate, script, spawn, start_coordinator
 from intellect_protocol.shared.wallet import create_wallet
-
-pytestmark = pytest.mark.e2e
 
 PROMPT_S = 10.0
 
@@ -45,37 +44,60 @@ def _wait_for(path: Path, text: str, timeout: float) -> None:
     )
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_the_devnet_stops_every_role_promptly(sig: signal.Signals, tmp_path: Path) -> None:
-    workdir = tmp_path / "devnet"
-    command = [
-        "intellect-devnet",
-        "--nodes",
-        "1",
-        "--validators",
-        "1",
-        "--steps",
-        "0",
-        "--heartbeat-interval",
-        "0.5",
-        "--workdir",
-        str(workdir),
-    ]
-    devnet = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _devnet(workdir: Path) -> subprocess.Popen[str]:
+    """The devnet with one node and one validator, in a process group of its own as at a terminal."""
+    command = ["intellect-devnet", "--nodes", "1", "--validators", "1", "--steps", "0", "--heartbeat-interval", "0.5"]
+    return subprocess.Popen(
+        [*command, "--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+def _stop(devnet: subprocess.Popen[str], send: Callable[[], None]) -> tuple[str, float]:
+    """Signal the devnet with ``send``; its output and how long it took to exit."""
     try:
-        _wait_for(workdir / "logs" / "node-0.log", "Task 1 ", 300)
         signalled = time.monotonic()
-        devnet.send_signal(sig)
+        send()
         output, _ = devnet.communicate(timeout=60)
-        took = time.monotonic() - signalled
+        return output, time.monotonic() - signalled
     finally:
         if devnet.poll() is None:
             devnet.kill()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_ctrl_c_stops_every_role_of_a_working_devnet_promptly(tmp_path: Path) -> None:
+    workdir = tmp_path / "devnet"
+    devnet = _devnet(workdir)
+    try:
+        _wait_for(workdir / "logs" / "node-0.log", "Task 1 ", 300)
+    except BaseException:
+        devnet.kill()
+        raise
+    # Ctrl-C at a terminal signals the whole foreground process group, not one process.
+    output, took = _stop(devnet, lambda: os.killpg(devnet.pid, signal.SIGINT))
     assert devnet.returncode == 0, output
     assert took < PROMPT_S, f"stopping took {took:.1f} s"
     codes = json.loads((workdir / "summary.json").read_text())["exit_codes"]
     assert codes and all(code == 0 for code in codes.values()), codes  # no role needed SIGKILL
+    assert "Traceback" not in output, output
+    assert _running_under(workdir) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_sigterm_while_the_devnet_starts_leaves_nothing_running(tmp_path: Path) -> None:
+    workdir = tmp_path / "devnet"
+    devnet = _devnet(workdir)
+    try:
+        # The coordinator is spawned and the devnet waits for it to answer.
+        _wait_for(workdir / "logs" / "coordinator.log", "", 60)
+    except BaseException:
+        devnet.kill()
+        raise
+    output, took = _stop(devnet, lambda: devnet.send_signal(signal.SIGTERM))
+    assert devnet.returncode == 0 and "Stopped." in output and "Traceback" not in output, output
+    assert took < PROMPT_S, f"stopping took {took:.1f} s"
     assert _running_under(workdir) == []
 
 

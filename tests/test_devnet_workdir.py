@@ -1,0 +1,63 @@
+"""`intellect-devnet` never destroys an earlier run's results, and a start that fails says why in
+one message and leaves its summary, without a traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from intellect_protocol.devnet.cli import app as devnet_cli
+from intellect_protocol.devnet.network import RUN_NAME
+from intellect_protocol.devnet.processes import create_run, migrate
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"" for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("left", ["summary.json", "ledger.db", "admin-token", "logs"])
+def test_a_workdir_holding_an_earlier_devnet_is_refused_and_left_untouched(left: str, tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir() if left == "logs" else (tmp_path / left).write_text("an earlier run's\n")
+    before = _snapshot(tmp_path)
+    result = CliRunner().invoke(devnet_cli, ["--workdir", str(tmp_path), "--steps", "1"], terminal_width=240)
+    assert result.exit_code == 1, result.output
+    assert "holds an earlier devnet" in result.output and left in result.output and "--workdir" in result.output
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_chain_devnet_without_anvil_says_how_to_install_it_and_nothing_else(tmp_path: Path) -> None:
+    workdir = tmp_path / "new" / "devnet"  # not there yet: the devnet makes it
+    # Only the interpreter's own folder on PATH: no anvil.
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    result = subprocess.run(
+        [str(shutil.which("intellect-devnet")), "--chain", "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "npm install -g @foundry-rs/anvil@1.7.1" in output and "Traceback" not in output, output
+    assert (workdir / "summary.json").exists()
+
+
+def test_a_ledger_holding_an_earlier_devnet_run_is_refused_before_anything_is_added(tmp_path: Path) -> None:
+    ledger = tmp_path / "shared.db"
+    url = f"sqlite:///{ledger}"
+    migrate(url, tmp_path / "migrate.log")
+    create_run(url, RUN_NAME, tmp_path / "run.log")
+    before = ledger.read_bytes()
+    command = ["intellect-devnet", "--workdir", str(tmp_path / "devnet"), "--database-url", url]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "already holds an earlier devnet's run" in output and "--database-url" in output and "Traceback" not in output
+    assert ledger.read_bytes() == before
