@@ -211,8 +211,11 @@ def main(
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         console.print(f"Stopped. Logs, ledger and summary.json are in {workdir}")
         if "accuracy_before" in summary:
+            # Measured beside the run, which may have moved on while the last step was evaluated.
+            measured = max(map(int, summary["accuracy_by_step"]))  # type: ignore[call-overload]
             console.print(
-                f"Held-out accuracy {summary['accuracy_before']:.2f} -> {summary['accuracy_after']:.2f} over {summary['policy_step']} policy steps."
+                f"Held-out accuracy {summary['accuracy_before']:.2f} at policy step 0 -> {summary['accuracy_after']:.2f} "
+                f"at step {measured} (the run reached step {summary['policy_step']})."
             )
 
 

@@ -159,7 +159,7 @@ def start_coordinator(workdir: Path, database_url: str, port: int | None = None,
             "--database-url",
             database_url,
             "--log-level",
-            "warning",
+            "info",
         ],
         workdir / "logs" / "coordinator.log",
         {"INTELLECT_BLOB_DIR": str(workdir / "blobs"), **(env or {})},  # run output stays in the run's workdir

@@ -142,10 +142,7 @@ def _node_error(refused: Refused) -> Exception:
     if code == ErrorCode.timestamp_out_of_window:
         return clock_skew_error(float(details.get("skew_s", 0)), float(details.get("window_s", 0)))
     if code == ErrorCode.node_banned:
-        return NodeError(
-            f"The coordinator's operator banned this node ({details.get('reason') or message}). Contact them to appeal.",
-            EXIT_BANNED,
-        )
+        return NodeError(f"This node is {details['notice']}." if details.get("notice") else message, EXIT_BANNED)
     if code == ErrorCode.version_unsupported:
         return version_error(details.get("min_node_version"))
     if code == ErrorCode.signature_invalid:

@@ -16,7 +16,8 @@ import typer
 from rich.progress import Progress
 
 from intellect_protocol.node.cli_output import CoordinatorUrl, checked_url, console, fail
-from intellect_protocol.shared.money import parse_tokens, tokens
+from intellect_protocol.shared.money import credit, parse_tokens, tokens
+from intellect_protocol.shared.schemas import NodeStatus
 from intellect_protocol.shared.settlement import EpochInfo
 from intellect_protocol.shared.wallet import WalletError, load_wallet, read_password
 
@@ -29,8 +30,9 @@ Rpc = Annotated[
 
 
 @contextmanager
-def _settlement(coordinator: str, rpc: str | None, wallet_file: Path | None = None) -> Iterator[tuple[Any, Any, Any]]:
-    """(api, settlement, account); every failure becomes a message and an exit code."""
+def _settlement(doing: str, coordinator: str, rpc: str | None, wallet_file: Path | None = None) -> Iterator[tuple[Any, Any, Any]]:
+    """(api, settlement, account) for the command ``doing`` ("stake", "claim", ...); every failure
+    becomes a message, naming what could not be done, and an exit code."""
     from intellect_protocol.node.settlement import SettlementUnavailable, settlement_of
     from intellect_protocol.shared.chain import ChainError
     from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
@@ -45,7 +47,7 @@ def _settlement(coordinator: str, rpc: str | None, wallet_file: Path | None = No
         with CoordinatorClient(coordinator, give_up_s=30.0) as api:
             yield api, settlement_of(api, rpc), account
     except (ProtocolError, SettlementUnavailable) as e:
-        raise fail(f"Cannot settle through {coordinator}: {e}", 2) from None
+        raise fail(f"Cannot {doing} through {coordinator}: {e}", 2) from None
     except ChainError as e:
         raise fail(f"The chain refused: {e}", 5) from None
 
@@ -65,7 +67,7 @@ def stake(
 ) -> None:
     """Stake tokens in the deployment's stake registry (runs may require a stake to lease work)."""
     value = _amount(amount)
-    with _settlement(coordinator, rpc, wallet_file) as (_, chain, account):
+    with _settlement("stake", coordinator, rpc, wallet_file) as (_, chain, account):
         held = chain.token.functions.balanceOf(account.address).call()
         if held < value:
             raise fail(f"{account.address} holds {tokens(held)} tokens, less than {amount}.", 5)
@@ -92,7 +94,7 @@ def unstake(
     if (amount is None) == (not withdraw):
         raise fail("Give an amount to unstake, or --withdraw (not both).", 1)
     value = None if withdraw else _amount(amount or "")
-    with _settlement(coordinator, rpc, wallet_file) as (_, chain, account):
+    with _settlement("unstake", coordinator, rpc, wallet_file) as (_, chain, account):
         registry = chain.registry.functions
         if value is None:
             waiting = registry.unbonding(account.address).call()
@@ -116,13 +118,38 @@ def unstake(
         )
 
 
+def _why_nothing(api: Any, address: str, epoch: int) -> str:
+    """Why ``address`` has nothing in anchored ``epoch``, and whether waiting would change that."""
+    from intellect_protocol.shared.coordinator_client import Refused
+
+    try:
+        banned = api.node(address).status == NodeStatus.banned
+    except Refused as e:
+        if e.status != 404:
+            raise
+        banned = False  # credit without a node of that address: laid by an operator, or a node since removed
+    if banned:
+        return (
+            f", now or later: {address} is banned, and the credit it had not made final was clawed back. "
+            "`intellect-node receipts` shows the rejected work."
+        )
+    held = api.credit(address)
+    if held.final:
+        return f" yet: {credit(held.final)} final credit came after epoch {epoch} closed; the next anchored epoch holds it."
+    if held.pending:
+        return (
+            f" yet: {credit(held.pending)} credit is pending; it turns final after the dispute window, then an epoch anchors it."
+        )
+    return f": {address} has no credit left in this coordinator's ledger, after clawbacks."
+
+
 def claim(wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8000", rpc: Rpc = None) -> None:
     """Claim the reward tokens for this wallet's final credit, as of the newest root on chain."""
 
     from intellect_protocol.shared.coordinator_client import Refused
     from intellect_protocol.shared.merkle import root_of
 
-    with _settlement(coordinator, rpc, wallet_file) as (api, chain, account):
+    with _settlement("claim", coordinator, rpc, wallet_file) as (api, chain, account):
         epoch = chain.latest_epoch()
         if epoch == 0:
             console.print("Nothing to claim: no epoch has been anchored on chain yet.")
@@ -132,9 +159,7 @@ def claim(wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8
         except Refused as e:
             if e.status != 404:
                 raise
-            console.print(
-                f"Nothing to claim: {account.address} has no final credit in epoch {epoch} (credit is final after the dispute window)."
-            )
+            console.print(f"Nothing to claim{_why_nothing(api, account.address, epoch)}")
             return
         cumulative, proof = int(found.cumulative), [bytes.fromhex(p.removeprefix("0x")) for p in found.proof]
         if root_of(account.address, cumulative, proof) != chain.root_at(epoch):
@@ -166,7 +191,7 @@ def verify_epoch(
     be paid). Exits 6, one sentence per finding, on anything else."""
     from intellect_protocol.node.settlement import audit_epochs, rebuild_roots
 
-    with _settlement(coordinator, rpc) as (api, chain, _):
+    with _settlement("verify epochs", coordinator, rpc) as (api, chain, _):
         posted = chain.posted_roots(api.chain_info().from_block)
         listed = {e.epoch: e for e in api.epochs(limit=500)}
         wanted = sorted({*posted, *listed} if epoch is None else {epoch})

@@ -75,9 +75,7 @@ class Heartbeats(threading.Thread):
                     self.session = self.reregister()
                     continue
                 if beat.action == "stop":
-                    raise NodeError(
-                        f"The coordinator's operator banned this node ({beat.reason}). Contact them to appeal.", EXIT_BANNED
-                    )
+                    raise NodeError(f"This node is {beat.reason}.", EXIT_BANNED)
                 if self.weights is not None:
                     for run_id, step in beat.policy_steps.items():
                         self.weights.prefetch(run_id, step)

@@ -28,6 +28,7 @@ from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
 from intellect_protocol.shared.committee import AppealInfo, AppealRequest, PublicReceipt
+from intellect_protocol.shared.public_schemas import Credit, PublicNode
 from intellect_protocol.shared.run_schemas import RunInfo
 from intellect_protocol.shared.schemas import (
     AcceptedRollouts,
@@ -98,6 +99,8 @@ class CoordinatorClient:
         self.on_retry = on_retry
         self.unreachable_since: float | None = None
         """Since when requests fail to connect (None: the last one connected)."""
+        self.ever_answered = False
+        """Whether the coordinator has answered this client once: if not, the URL itself may be wrong."""
         self._status: PublicStatus | None = None
         self._auth: SignedAuth | None = None
         self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers={"user-agent": f"intellect/{__version__}"})
@@ -129,6 +132,13 @@ class CoordinatorClient:
 
     def run_info(self, run_id: str) -> RunInfo:
         return RunInfo.model_validate(self._send("GET", f"/v1/public/runs/{run_id}").json())
+
+    def node(self, address: str) -> PublicNode:
+        return PublicNode.model_validate(self._send("GET", f"/v1/public/nodes/{address}").json())
+
+    def credit(self, address: str) -> Credit:
+        """Any address's credit in the ledger, pending and final (zero for one it never heard of)."""
+        return Credit.model_validate(self._send("GET", f"/v1/public/nodes/{address}/credit").json())
 
     def receipt(self, submission_id: str) -> PublicReceipt:
         return PublicReceipt.model_validate(self._send("GET", f"/v1/public/submissions/{submission_id}").json())
@@ -271,13 +281,20 @@ class CoordinatorClient:
                     f"cannot reach the coordinator at {self.base_url} ({type(e).__name__}: {e or 'no detail'})",
                     None,
                 )
+                if not self.ever_answered:
+                    problem += (
+                        ", which has not answered once since this started: check the URL and port, "
+                        f"and that a coordinator runs there (curl {self.base_url}/healthz)"
+                    )
                 self.unreachable_since = self.unreachable_since or time.monotonic()
             else:
                 if self.unreachable_since is not None:
+                    again = " again" if self.ever_answered else ""
                     self.on_retry(
-                        f"The coordinator at {self.base_url} answers again (after {time.monotonic() - self.unreachable_since:.0f} s)."
+                        f"The coordinator at {self.base_url} answers{again} (after {time.monotonic() - self.unreachable_since:.0f} s)."
                     )
                     self.unreachable_since = None
+                self.ever_answered = True
                 if reply.status_code < 400:
                     return reply
                 if reply.status_code != 429 and reply.status_code < 500:

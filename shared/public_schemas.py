@@ -47,7 +47,9 @@ class NetworkStatus(BaseModel):
     nodes_online: int
     """Healthy nodes: they heartbeated within the last few intervals."""
     rollouts_per_minute: float
-    """Sequences uploaded per minute, over the last five minutes."""
+    """Sequences uploaded per minute over the last five minutes or, when the first of them came later,
+    since that upload (at least a minute): the rate the throughput chart draws, not diluted by time
+    before anything was uploaded."""
     validation_backlog: int
     """Submissions waiting for a validator."""
     rejection_rate: float | None

@@ -71,7 +71,7 @@ def test_join_lifecycle(sqlite_url: str, tmp_path: Path, wallet: tuple[Path, str
             wait_for(lambda: "Resuming" in third.tail(50), 30, "the node to resume")
             httpx.post(f"{c.url}/v1/admin/nodes/{address}/ban", json={"reason": "cheating"}, headers=auth).raise_for_status()
             assert third.popen.wait(15) == 3
-            assert "banned this node (cheating)" in third.tail().replace("\n", " ")
+            assert "banned by the coordinator's operator: cheating" in third.tail().replace("\n", " ")
         finally:
             for p in (first, locals().get("second"), locals().get("third")):
                 if isinstance(p, Process):

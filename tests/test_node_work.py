@@ -164,6 +164,6 @@ def test_a_node_banned_while_working_stops_and_says_why(sqlite_url: str, tmp_pat
             )
             assert ban.status_code == 200, ban.text
             assert node.popen.wait(90) == 3, node.tail()
-            assert "banned this node (caught forging proofs)" in node.tail()
+            assert "banned by the coordinator's operator: caught forging proofs" in node.tail()
         finally:
             node.stop()

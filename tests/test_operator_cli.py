@@ -1,6 +1,7 @@
 """What an operator meets from the command line, through the real commands: a database that
 cannot be used, a busy port and a mistyped URL are one sentence and a non-zero exit, never a
-traceback or endless retries; a node says when its coordinator is back."""
+traceback or endless retries; a node that never reached its coordinator says so at once, and says
+when its coordinator is back."""
 
 from __future__ import annotations
 
@@ -122,6 +123,31 @@ def test_a_node_says_when_its_coordinator_is_back(tmp_path: Path) -> None:
         reached.join(30)
         assert not reached.is_alive()
         assert "answers again" in notices[-1] and notices[-1].startswith(f"The coordinator at {coordinator.url}")
+        # It answered before: the URL is right, so nothing suggests checking it.
+        assert not any("has not answered once" in n for n in notices), notices
     finally:
         client.close()
         coordinator.stop()
+
+
+def test_a_node_that_never_reached_its_coordinator_says_so_within_seconds(tmp_path: Path) -> None:
+    wallet = tmp_path / "wallet.json"
+    create_wallet(wallet, "pw")
+    url = f"http://127.0.0.1:{free_port()}"  # a mistyped port: nothing listens
+    command = ["intellect-node", "join", "--wallet", str(wallet), "--coordinator", url, "--state-dir", str(tmp_path / "state")]
+    env = {**os.environ, "INTELLECT_WALLET_PASSWORD": "pw", "COLUMNS": "240"}
+    node = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(node.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        deadline = time.monotonic() + 20  # the node's own start (imports, wallet) included
+        while not any("has not answered once" in line for line in said) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert node.poll() is None, "".join(said)  # it keeps retrying: the coordinator may be starting
+    finally:
+        node.terminate()
+        node.wait(30)
+    line = next((line for line in said if "has not answered once" in line), "")
+    assert url in line and "check the URL" in line and f"curl {url}/healthz" in line, "".join(said)
+    assert node.returncode == 0, "".join(said)

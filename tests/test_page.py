@@ -1,12 +1,17 @@
 """The leaderboard page on a young network, in Chromium: a chart of one point keeps a sensible axis,
-and the status panel says why nodes get no new work."""
+the accuracy chart says when its last point trails the run, and the status panel says why nodes get
+no new work."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.models import TrainerMetrics
 from tests.conftest import Served, admin_token
 from tests.helpers import chromium, make_run
 
@@ -31,6 +36,15 @@ def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:
         top, bottom = (float(t) for t in chart.locator("text").all_text_contents()[:2])
         assert 0.6 <= bottom < 0.67 < top <= 0.75, (bottom, top)  # not 0.17..1.17 around one value
         expect(page.locator("#stat-work")).to_have_text("handed out")
+        expect(page.locator("figure", has_text="Held-out accuracy").locator("figcaption")).to_have_text("Held-out accuracy")
+
+        # The trainer moves on while step 0 is still the last one evaluated: the chart says so.
+        with make_sessionmaker(coordinator.engine).begin() as session:
+            for step in (1, 2, 3):
+                session.add(TrainerMetrics(run_id=run_id, step=step, metrics={"reward": 0.5}, created_at=datetime.now(UTC)))
+        page.reload()
+        caption = page.locator("figure", has_text="Held-out accuracy").locator("figcaption")
+        expect(caption).to_have_text("Held-out accuracy (last measured at step 0; the run is at 3)")
 
         assert httpx.post(f"{coordinator.url}/v1/admin/runs/{run_id}/pause", headers=headers).status_code == 200
         page.reload()

@@ -53,3 +53,14 @@ def test_errors_have_code_and_message(coordinator) -> None:  # type: ignore[no-u
 def test_openapi_documents_the_api(coordinator) -> None:  # type: ignore[no-untyped-def]
     paths = httpx.get(f"{coordinator.url}/openapi.json").json()["paths"]
     assert {"/v1/nodes/register", "/v1/nodes/heartbeat", "/v1/admin/nodes", "/v1/public/status"} <= set(paths)
+
+
+def test_the_public_api_lists_itself(coordinator) -> None:  # type: ignore[no-untyped-def]
+    index = httpx.get(f"{coordinator.url}/v1/public")
+    assert index.status_code == 200
+    endpoints = index.json()["endpoints"]
+    assert {"/v1/public/status", "/v1/public/leaderboard", "/v1/public/epochs", "/v1/public/nodes/{address}"} <= set(endpoints)
+    assert not any(path.startswith(("/v1/admin", "/v1/nodes")) for path in endpoints)
+    # Every endpoint listed without a path parameter is there (422: it wants a query parameter).
+    for path in (p for p in endpoints if "{" not in p):
+        assert httpx.get(f"{coordinator.url}{path}").status_code in (200, 404, 422), path

@@ -164,7 +164,7 @@ def node(*args: str) -> tuple[int, str]:
 def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root(database_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
     settlement, _, keystore = chain
     (alice, alice_wallet), (bob, bob_wallet) = wallet(tmp_path, anvil), wallet(tmp_path, anvil)
-    carol = Account.create()
+    carol, carol_wallet = wallet(tmp_path)
     with serve(settled(database_url, tmp_path, anvil, settlement, keystore)) as served:
         assert httpx.get(f"{served.url}/v1/public/chain").json()["distributor"] == settlement.distributor.address
         run_id = make_run(served)
@@ -196,8 +196,18 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
         code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", served.url)
         assert code == 0 and "Claimed 1.25" in out, out
         code, out = node("claim", "--wallet", str(bob_wallet), "--coordinator", served.url)
-        assert code == 0 and "has no final credit in epoch 2" in out, out
+        assert code == 0 and "has no credit left in this coordinator's ledger, after clawbacks" in out, out
         assert settlement.token.functions.balanceOf(bob.address).call() == 0
+        # What waiting will change, and what it will not.
+        code, out = node("claim", "--wallet", str(carol_wallet), "--coordinator", served.url)
+        assert code == 0 and "Nothing to claim yet: 9 credit is pending; it turns final after the dispute window" in out, out
+        assert signed_post(served.url, "/v1/nodes/register", bob, served.audience, register_body(bob)).status_code == 200
+        reply = httpx.post(
+            f"{served.url}/v1/admin/nodes/{bob.address}/ban", json={"reason": "forged work"}, headers=admin_headers(served)
+        )
+        assert reply.status_code == 200, reply.text
+        code, out = node("claim", "--wallet", str(bob_wallet), "--coordinator", served.url)
+        assert code == 0 and "Nothing to claim, now or later" in out and "is banned" in out, out
 
         code, out = node("verify-epoch", "--coordinator", served.url)
         assert code == 0 and "epoch 1" in out and "epoch 2" in out and out.count("matches the chain") == 2, out

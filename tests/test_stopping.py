@@ -44,21 +44,20 @@ def _wait_for(path: Path, text: str, timeout: float) -> None:
     )
 
 
-def _devnet(workdir: Path) -> subprocess.Popen[str]:
-    """The devnet with one node and one validator, in a process group of its own as at a terminal."""
+def _stopped(workdir: Path, log: str, says: str, send: Callable[[subprocess.Popen[str]], None]) -> tuple[int, str, float]:
+    """Start the devnet (one node, one validator, a process group of its own as at a terminal),
+    wait until ``log`` ``says`` something, signal it with ``send``; its exit code, output, and how
+    long it took to exit after the signal."""
     command = ["intellect-devnet", "--nodes", "1", "--validators", "1", "--steps", "0", "--heartbeat-interval", "0.5"]
-    return subprocess.Popen(
+    devnet = subprocess.Popen(
         [*command, "--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
-
-
-def _stop(devnet: subprocess.Popen[str], send: Callable[[], None]) -> tuple[str, float]:
-    """Signal the devnet with ``send``; its output and how long it took to exit."""
     try:
+        _wait_for(workdir / "logs" / log, says, 300)
         signalled = time.monotonic()
-        send()
+        send(devnet)
         output, _ = devnet.communicate(timeout=60)
-        return output, time.monotonic() - signalled
+        return devnet.returncode, output, time.monotonic() - signalled
     finally:
         if devnet.poll() is None:
             devnet.kill()
@@ -68,15 +67,9 @@ def _stop(devnet: subprocess.Popen[str], send: Callable[[], None]) -> tuple[str,
 @pytest.mark.timeout(600)
 def test_ctrl_c_stops_every_role_of_a_working_devnet_promptly(tmp_path: Path) -> None:
     workdir = tmp_path / "devnet"
-    devnet = _devnet(workdir)
-    try:
-        _wait_for(workdir / "logs" / "node-0.log", "Task 1 ", 300)
-    except BaseException:
-        devnet.kill()
-        raise
     # Ctrl-C at a terminal signals the whole foreground process group, not one process.
-    output, took = _stop(devnet, lambda: os.killpg(devnet.pid, signal.SIGINT))
-    assert devnet.returncode == 0, output
+    code, output, took = _stopped(workdir, "node-0.log", "Task 1 ", lambda devnet: os.killpg(devnet.pid, signal.SIGINT))
+    assert code == 0, output
     assert took < PROMPT_S, f"stopping took {took:.1f} s"
     codes = json.loads((workdir / "summary.json").read_text())["exit_codes"]
     assert codes and all(code == 0 for code in codes.values()), codes  # no role needed SIGKILL
@@ -85,18 +78,12 @@ def test_ctrl_c_stops_every_role_of_a_working_devnet_promptly(tmp_path: Path) ->
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 def test_sigterm_while_the_devnet_starts_leaves_nothing_running(tmp_path: Path) -> None:
     workdir = tmp_path / "devnet"
-    devnet = _devnet(workdir)
-    try:
-        # The coordinator is spawned and the devnet waits for it to answer.
-        _wait_for(workdir / "logs" / "coordinator.log", "", 60)
-    except BaseException:
-        devnet.kill()
-        raise
-    output, took = _stop(devnet, lambda: devnet.send_signal(signal.SIGTERM))
-    assert devnet.returncode == 0 and "Stopped." in output and "Traceback" not in output, output
+    # Once the coordinator is spawned, the devnet waits for it to answer.
+    code, output, took = _stopped(workdir, "coordinator.log", "", lambda devnet: devnet.send_signal(signal.SIGTERM))
+    assert code == 0 and "Stopped." in output and "Traceback" not in output, output
     assert took < PROMPT_S, f"stopping took {took:.1f} s"
     assert _running_under(workdir) == []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from hashlib import sha256
 from pathlib import Path
 
 import httpx
@@ -19,18 +20,20 @@ from rich.console import Console
 from sqlalchemy import select, update
 
 from intellect_protocol.coordinator.db import make_sessionmaker
-from intellect_protocol.coordinator.models import ContributionEntry, Node, Role, Submission
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.models import ContributionEntry, Node, Role, Submission, Task
+from intellect_protocol.coordinator.services import submissions
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.committee import PublicReceipt
 from intellect_protocol.shared.links import sign_link
 from intellect_protocol.shared.rollout_file import read_rollouts, write_rollouts
-from intellect_protocol.shared.schemas import CHECKS, SamplingParams, TaskSpec
+from intellect_protocol.shared.schemas import CHECKS, ErrorCode, SamplingParams, TaskSpec
 from intellect_protocol.shared.verdicts import verdict_signer
 from intellect_protocol.validator.worker import Validator
 from tests.adversary import ATTACKS, random_tokens
 from tests.conftest import Served, admin_token, serve
-from tests.helpers import expire_assignments, make_run, register_body, signed_post, verdict_body
+from tests.helpers import expire_assignments, heartbeat_body, make_run, register_body, signed_post, verdict_body
 
 
 def grant(served: Served, token: str, address: str, role: str) -> None:
@@ -132,14 +135,37 @@ def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(networ
     assert all(httpx.get(f"{served.url}/v1/public/submissions/{s}").json()["credit"] > 0 for s in good)
     check_ledger(served)
 
-    upload(served, cheat, (task := lease(served, cheat)), forge(task))
+    # The cheat holds one more task, leased ahead, whose file is on its way when the ban comes.
+    held = lease(served, cheat)
+    held_file = forge(held)
+    reply = signed_post(
+        served.url, "/v1/tasks/lease", cheat, served.audience, {"address": cheat.address, "working_on": [held.task_id]}
+    )
+    task = TaskSpec.model_validate(reply.json())
+    assert task.task_id != held.task_id
+    second = upload(served, cheat, task, forge(task))
     validator.run(max_submissions=5)
     with make_sessionmaker(served.engine)() as session:
         node = session.get_one(Node, cheat.address)
         assert node.strikes == 2 and node.status == "banned"
         assert session.get_one(Node, honest.address).strikes == 0
+        # The ban ended its leases: the held task is offered to other nodes at once, and the file in
+        # flight is refused where an upload is recorded (the lease is checked again there).
+        task_row = session.get_one(Task, held.task_id)
+        assert (task_row.status, task_row.leased_to) == ("open", None)
+        with pytest.raises(ApiError) as refused:
+            submissions.record(session, cheat.address, held.task_id, sha256(held_file).hexdigest(), [], datetime.now(UTC))
+        assert refused.value.code == ErrorCode.task_not_leased
     reply = signed_post(served.url, "/v1/tasks/lease", cheat, served.audience, {"address": cheat.address})
-    assert reply.status_code == 403
+    assert reply.status_code == 403 and reply.json()["code"] == "node_banned"
+    # Banned by its strikes, not by a person: the notice says so and cites the verdicts behind them.
+    notice = reply.json()["details"]["notice"]
+    assert notice.startswith("banned automatically") and forged in notice and second in notice and cheat_good not in notice
+    assert "intellect-node appeal" in notice
+    beat = signed_post(served.url, "/v1/nodes/heartbeat", cheat, served.audience, heartbeat_body(cheat))
+    assert beat.json()["action"] == "stop" and beat.json()["reason"] == notice
+    refused_upload = signed_post(served.url, "/v1/submissions", cheat, served.audience, held_file, query=f"task={held.task_id}")
+    assert refused_upload.status_code == 403 and refused_upload.json()["code"] == "node_banned"
     check_ledger(served)
     validator.close()
 

@@ -6,7 +6,8 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.routing import APIRoute
 
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, client_rate_limit
 from intellect_protocol.coordinator.services import (
@@ -26,6 +27,17 @@ from intellect_protocol.shared.schemas import Address, ErrorBody, PublicStatus
 from intellect_protocol.shared.version import __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])
+
+
+@router.get("")
+async def index(request: Request) -> dict[str, object]:
+    """What this API offers anyone: every public endpoint, and where each is documented."""
+    paths = {
+        route.path
+        for route in request.app.routes
+        if isinstance(route, APIRoute) and route.path.startswith(f"{router.prefix}/") and "GET" in route.methods
+    }
+    return {"endpoints": sorted(paths), "docs": "/docs", "openapi": "/openapi.json"}
 
 
 @router.get("/status", response_model=PublicStatus)

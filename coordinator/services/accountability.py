@@ -13,6 +13,7 @@ from typing import Literal
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from intellect_protocol.coordinator import events
 from intellect_protocol.coordinator.models import Review, Role, Submission, ValidatorStrike
 from intellect_protocol.coordinator.services import roles
 from intellect_protocol.coordinator.settings import CoordinatorSettings
@@ -42,6 +43,7 @@ def strike(
         return "struck"
     role.revoked_at = now
     role.revoke_reason = f"{OUTVOTED} {count} times (the limit is {settings.validator_max_strikes})"
+    events.after_commit(session, "validator %s lost its role: %s", validator, role.revoke_reason)
     return "revoked"
 
 

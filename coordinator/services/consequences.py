@@ -24,8 +24,6 @@ from intellect_protocol.shared.committee import Outcome
 from intellect_protocol.shared.schemas import NodeStatus
 from intellect_protocol.shared.states import SubmissionStatus
 
-STRIKES_BAN = "strikes (forged or corrupted work, or repeated wrong work)"
-
 
 def apply(
     session: Session,
@@ -77,7 +75,7 @@ def strike(session: Session, address: str, submission_id: str, reason: str, sett
     session.add(NodeStrike(address=address, submission_id=submission_id, units=1, reason=reason, at=now))
     node.strikes += 1
     if node.strikes >= settings.max_strikes and node.status != NodeStatus.banned:
-        nodes.ban(session, address, f"{node.strikes} {STRIKES_BAN}", now)
+        nodes.ban(session, address, f"{node.strikes} {nodes.STRIKES_BAN}", now)
 
 
 def take_back_strikes(
@@ -92,7 +90,11 @@ def take_back_strikes(
         return
     session.add(NodeStrike(address=node.address, submission_id=submission.id, units=-given, reason=reason, at=now))
     node.strikes -= given
-    if node.status == NodeStatus.banned and (node.ban_reason or "").endswith(STRIKES_BAN) and node.strikes < settings.max_strikes:
+    if (
+        node.status == NodeStatus.banned
+        and (node.ban_reason or "").endswith(nodes.STRIKES_BAN)
+        and node.strikes < settings.max_strikes
+    ):
         nodes.unban(session, node.address, reason, now)
 
 

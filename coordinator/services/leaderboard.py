@@ -87,21 +87,30 @@ def public_node(session: Session, address: str, now: datetime) -> PublicNode:
     )
 
 
+RATE_WINDOW_MIN = 5
+"""Minutes over which the network's upload rate is averaged."""
+
+
 def network(session: Session, settings: CoordinatorSettings, now: datetime) -> NetworkStatus:
     run = session.scalar(select(Run).where(Run.status == RunStatus.active).order_by(Run.created_at.desc()).limit(1))
     latest = run or session.scalar(select(Run).order_by(Run.created_at.desc()).limit(1))
     counts = nodes.status_counts(session)
     by_status = dict(session.execute(select(Submission.status, func.count()).group_by(Submission.status)).all())
     verdicts = sum(by_status.get(s, 0) for s in (SubmissionStatus.accepted, *REJECTED))
-    recent = session.scalar(
-        select(func.coalesce(func.sum(Submission.rows), 0)).where(Submission.created_at >= now - timedelta(minutes=5))
-    )
+    first, recent = session.execute(
+        select(func.min(Submission.created_at), func.coalesce(func.sum(Submission.rows), 0)).where(
+            Submission.created_at >= now - timedelta(minutes=RATE_WINDOW_MIN)
+        )
+    ).one()
+    # Over the time uploads have come in, not the whole window: a run younger than five minutes
+    # would otherwise show a fraction of the rate its throughput chart draws.
+    minutes = min(RATE_WINDOW_MIN, max(1.0, (now - first).total_seconds() / 60)) if first else RATE_WINDOW_MIN
     return NetworkStatus(
         run=RunInfo.model_validate(run, from_attributes=True) if run else None,
         policy_step=run.policy_step if run else 0,
         nodes=counts,
         nodes_online=counts[NodeStatus.healthy],
-        rollouts_per_minute=int(recent or 0) / 5,
+        rollouts_per_minute=int(recent or 0) / minutes,
         validation_backlog=by_status.get(SubmissionStatus.pending, 0),
         rejection_rate=sum(by_status.get(s, 0) for s in REJECTED) / verdicts if verdicts else None,
         relays=len(shardcast.live_relays(session, now, settings.relay_ttl_s)),

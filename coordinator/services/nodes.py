@@ -20,11 +20,16 @@ from packaging.version import Version
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
+from intellect_protocol.coordinator import events
 from intellect_protocol.coordinator.errors import ApiError
-from intellect_protocol.coordinator.models import Node, NodeStatusEvent
+from intellect_protocol.coordinator.models import Node, NodeStatusEvent, NodeStrike, Task
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.links import link_signer
 from intellect_protocol.shared.schemas import ErrorCode, HeartbeatRequest, NodeStatus, RegisterRequest
+from intellect_protocol.shared.states import TaskStatus
+
+STRIKES_BAN = "strikes (forged or corrupted work, or repeated wrong work)"
+"""The end of the ban reason of a node banned by its strikes (the settlement slashes those bans)."""
 
 S = NodeStatus
 TRANSITIONS: dict[NodeStatus | None, set[NodeStatus]] = {
@@ -73,7 +78,7 @@ def register(
     _require_signed_link(body, signer, audience)
     node = session.get(Node, signer)
     if node is not None and node.status == S.banned:
-        raise ApiError(ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
+        raise banned_error(session, node)
     if node is None:
         if admit_new is not None:
             admit_new()
@@ -119,7 +124,7 @@ def heartbeat(
 ) -> tuple[NodeStatus, str | None]:
     """Record a heartbeat; a silent node that speaks again becomes healthy at once.
 
-    Returns the node's status and ban reason. The common case is one prepared
+    Returns the node's status and, when banned, :func:`ban_notice`. The common case is one prepared
     UPDATE ... RETURNING on the connection: this is the coordinator's hottest statement.
     """
     check_version(body.client_version, settings)
@@ -137,16 +142,48 @@ def heartbeat(
         node = session.get_one(Node, signer)
         transition(session, node, S.healthy, "heartbeat", now)
         status = S.healthy
-    return NodeStatus(status), ban_reason
+    return NodeStatus(status), ban_notice(session, signer, ban_reason) if status == S.banned else None
 
 
 def ban(session: Session, address: str, reason: str, now: datetime) -> Node:
+    """Ban the node and end its leases at once: a file it is still making would be refused at upload
+    (:func:`submissions.record` checks the lease again), so its tasks go to other nodes now."""
     node = get_node(session, address)
     if node.status == S.banned:
         raise ApiError(ErrorCode.conflict, "This node is already banned.")
     transition(session, node, S.banned, f"banned: {reason}", now)
     node.ban_reason = reason
+    events.after_commit(session, "node %s banned: %s", address, reason)
+    session.execute(
+        update(Task)
+        .where(Task.status == TaskStatus.leased, Task.leased_to == address)
+        .values(status=TaskStatus.open, leased_to=None, lease_expires_at=None)
+    )
     return node
+
+
+def struck_submissions(session: Session, address: str) -> list[str]:
+    """The submissions whose strikes against ``address`` still count (not taken back on appeal)."""
+    struck = select(NodeStrike.submission_id).where(NodeStrike.address == address, NodeStrike.submission_id.is_not(None))
+    counting = struck.group_by(NodeStrike.submission_id).having(func.sum(NodeStrike.units) > 0)
+    return [s for s in session.scalars(counting) if s]
+
+
+def ban_notice(session: Session, address: str, reason: str | None) -> str:
+    """Why the node is banned, by whom, and what it can do, as a phrase after "This node is"."""
+    if (reason or "").endswith(STRIKES_BAN):
+        cited = ", ".join(struck_submissions(session, address)) or "none left"
+        return (
+            f"banned automatically, for {reason}, by the validators' verdicts on its submissions {cited}. "
+            "`intellect-node receipts` shows each check and why; a rejection can be appealed within its dispute "
+            "window (`intellect-node appeal ID`)"
+        )
+    return f"banned by the coordinator's operator: {reason}. Contact them to appeal"
+
+
+def banned_error(session: Session, node: Node) -> ApiError:
+    notice = ban_notice(session, node.address, node.ban_reason)
+    return ApiError(ErrorCode.node_banned, f"This node is {notice}.", {"reason": node.ban_reason, "notice": notice})
 
 
 def unban(session: Session, address: str, reason: str, now: datetime) -> Node:

@@ -7,6 +7,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from intellect_protocol.coordinator import events
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Role
 from intellect_protocol.shared.schemas import ErrorCode, RoleName
@@ -32,6 +33,7 @@ def revoke(session: Session, address: str, role: RoleName, now: datetime) -> Rol
         raise ApiError(ErrorCode.not_found, f"{address} does not hold the {role} role.")
     row.revoked_at = now
     row.revoke_reason = "revoked by an admin"
+    events.after_commit(session, "%s lost its %s role: %s", address, role, row.revoke_reason)
     return row
 
 

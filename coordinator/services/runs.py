@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Evaluation, Node, Run, Submission, Task
-from intellect_protocol.coordinator.services import admission
+from intellect_protocol.coordinator.services import admission, nodes
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.environments.registry import ENVIRONMENTS, get_environment
@@ -112,7 +112,7 @@ def lease(
     if node is None:
         raise ApiError(ErrorCode.node_not_registered, "This address has not registered; call /v1/nodes/register first.")
     if node.status == NodeStatus.banned:
-        raise ApiError(ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
+        raise nodes.banned_error(session, node)
     if run_id:
         run = session.get(Run, run_id)
         if run is None:

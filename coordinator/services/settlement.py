@@ -16,9 +16,9 @@ from eth_utils import keccak
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from intellect_protocol.coordinator.models import ContributionEntry, Node, NodeStatusEvent, NodeStrike, Role, ValidatorStrike
+from intellect_protocol.coordinator.models import ContributionEntry, Node, NodeStatusEvent, Role, ValidatorStrike
 from intellect_protocol.coordinator.services.accountability import OUTVOTED
-from intellect_protocol.coordinator.services.consequences import STRIKES_BAN
+from intellect_protocol.coordinator.services.nodes import STRIKES_BAN, struck_submissions
 from intellect_protocol.coordinator.settlement_models import Epoch, EpochAnchor, EpochLeaf, Slashing
 from intellect_protocol.shared.merkle import CreditTree
 from intellect_protocol.shared.schemas import NodeStatus, RoleName
@@ -166,9 +166,7 @@ def slashes_due(session: Session, now: datetime, window_s: float) -> list[DueSla
             continue
         if session.scalar(select(Slashing.id).where(Slashing.ban_event_id == event.id)) is not None:
             continue
-        struck = select(NodeStrike.submission_id).where(NodeStrike.address == address, NodeStrike.submission_id.is_not(None))
-        counting = struck.group_by(NodeStrike.submission_id).having(func.sum(NodeStrike.units) > 0)
-        due.append(DueSlash(address, event.id, [s for s in session.scalars(counting) if s]))
+        due.append(DueSlash(address, event.id, struck_submissions(session, address)))
     return due + _revocations_due(session, now - timedelta(seconds=window_s))
 
 

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from intellect_protocol.coordinator import events
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Run
 from intellect_protocol.coordinator.services import roles
@@ -48,6 +49,7 @@ def publish(session: Session, signer: str, signed: SignedManifest, now: datetime
     session.add(row)
     run.policy_step = max(run.policy_step, manifest.step)
     session.flush()
+    events.after_commit(session, "policy step %d of %s published by %s", manifest.step, run.id, signer)
     return row
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Node, Nonce, Run, Submission, Task
-from intellect_protocol.coordinator.services import committee
+from intellect_protocol.coordinator.services import committee, nodes
 from intellect_protocol.coordinator.services.runs import params_of
 from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
 from intellect_protocol.shared.schemas import ErrorCode, NodeStatus, SubmissionReceipt, checksum_address, sequence_seed
@@ -60,7 +60,7 @@ def admit_upload(session: Session, claimed: str, nonce: str, task_id: str, now: 
     if node is None:
         raise ApiError(ErrorCode.node_not_registered, "The claimed signer is not a registered node; nothing was read.")
     if node.status == NodeStatus.banned:
-        raise ApiError(ErrorCode.node_banned, f"This node is banned: {node.ban_reason}", {"reason": node.ban_reason})
+        raise nodes.banned_error(session, node)
     if session.scalar(select(Nonce.id).where(Nonce.address == node.address, Nonce.nonce == nonce)) is not None:
         raise ApiError(ErrorCode.nonce_reused, "This request's nonce was already used; sign a fresh request.")
     if session.scalar(select(Submission.id).where(Submission.task_id == task_id, Submission.address == node.address)) is not None:

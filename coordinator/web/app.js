@@ -105,12 +105,20 @@ function charts(progress, throughput, timing) {
       { name: "reward", points: series(progress.steps, "reward") },
       { name: "task reward", points: series(progress.steps, "task_reward") },
     ], stepAxis),
-    lineChart("Held-out accuracy", [{ name: "held-out accuracy", points: series(progress.evaluations, "heldout_accuracy") }], stepAxis),
+    accuracyChart(progress, series(progress.evaluations, "heldout_accuracy")),
     lineChart("Throughput", [
       { name: "rollouts / min", points: throughput.map((b) => [Date.parse(b.start), b.rollouts]) },
     ], timeAxis),
     lineChart("Seconds per policy step", PHASES.map(([key, name]) => ({ name, points: series(timing, key) })), stepAxis),
   );
+}
+
+// Evaluated beside the run, which moves on meanwhile: the caption says how far behind the last point is.
+function accuracyChart(progress, points) {
+  const reached = progress.steps.length ? progress.steps[progress.steps.length - 1].step : 0;
+  const last = points.length ? points[points.length - 1][0] : null;
+  const title = last === null || last === reached ? "Held-out accuracy" : `Held-out accuracy (last measured at step ${last}; the run is at ${reached})`;
+  return lineChart(title, [{ name: "held-out accuracy", points }], stepAxis);
 }
 
 // ---- the leaderboard view ---------------------------------------------------------------------

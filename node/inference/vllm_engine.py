@@ -25,6 +25,7 @@ both, so the same class works whichever runner vLLM picks for the device.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,9 +188,11 @@ class ProofRecorder:
         LM head's preparation: its weight is the embedding's, which the checkpoint holds under the
         embedding's name only, so the reload leaves the head's prepared copy (the CPU build packs
         one for its GEMM) stale."""
-        self.reload_weights(weights_path=directory)  # type: ignore[attr-defined]
         model = self.model_runner.model
-        if getattr(model.config, "tie_word_embeddings", False):
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        _quiet_expected_reload_warnings(tied)
+        self.reload_weights(weights_path=directory)  # type: ignore[attr-defined]
+        if tied:
             model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
 
     def intellect_take(self, lengths: dict[str, int]) -> dict[str, tuple[list[float], bytes, list[int]]]:
@@ -209,3 +212,23 @@ class ProofRecorder:
             taken[request] = (logprobs, raw, missing)
         RECORDS.clear()
         return taken
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """vLLM's reload warns "Failed to load weights" for every layer the checkpoint holds nothing
+    for. Two such layers are expected, and this filter drops only their warnings: rotary embeddings
+    (their tables are computed, not stored) and, in a model with tied embeddings, the LM head (its
+    weight is the embedding's, reloaded under that name and re-prepared by ``intellect_reload``)."""
+
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        self.expected = {"RotaryEmbedding", *(("ParallelLMHead",) if tied else ())}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage().endswith(": Failed to load weights") and record.args and record.args[0] in self.expected)  # type: ignore[index]
+
+
+def _quiet_expected_reload_warnings(tied: bool) -> None:
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _ExpectedReloadWarnings) for f in logger.filters):
+        logger.addFilter(_ExpectedReloadWarnings(tied))
