@@ -75,7 +75,10 @@ def test_list_filter_detail_ban_unban(coordinator) -> None:  # type: ignore[no-u
 
     # A banned node is told to stop, and may not register again.
     beat = signed_post(coordinator.url, "/v1/nodes/heartbeat", b, coordinator.audience, heartbeat_body(b)).json()
-    assert beat["action"] == "stop" and beat["reason"] == "forged proofs"
+    assert (
+        beat["action"] == "stop"
+        and beat["reason"] == "banned by the coordinator's operator: forged proofs. Contact them to appeal"
+    )
     before = coordinator.snapshot()
     refused = signed_post(coordinator.url, "/v1/nodes/register", b, coordinator.audience, register_body(b))
     assert refused.status_code == 403 and refused.json()["code"] == "node_banned"
