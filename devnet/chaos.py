@@ -58,12 +58,12 @@ class Audit:
 
 
 def _get(net: Network, path: str) -> Any:
-    return httpx.get(f"{net.coordinator.url}{path}", headers={"authorization": f"Bearer {net.token}"}, timeout=10).json()
+    return net.http.get(f"{net.coordinator.url}{path}", headers={"authorization": f"Bearer {net.token}"}, timeout=10).json()
 
 
 def published(net: Network) -> int:
     try:
-        reply = httpx.get(f"{net.coordinator.url}/v1/manifests/{net.run_id}/latest", timeout=5)
+        reply = net.http.get(f"{net.coordinator.url}/v1/manifests/{net.run_id}/latest", timeout=5)
     except httpx.HTTPError:
         return 0
     return reply.json()["step"] if reply.status_code == 200 else 0
@@ -272,7 +272,7 @@ def clock_skew(net: Network, rng: random.Random) -> Recovery:
     node.env = {**node.env, "PYTHONPATH": path, "INTELLECT_CLOCK_SHIFT_FILE": str(offset)}
     node.restart()
     _until_working(net, "node-0")
-    window = httpx.get(f"{net.coordinator.url}/v1/public/status", timeout=10).json()["signature_window_s"]
+    window = net.http.get(f"{net.coordinator.url}/v1/public/status", timeout=10).json()["signature_window_s"]
     offset.write_text(str(2 * window))
     try:
         node.popen.wait(120)

@@ -69,7 +69,7 @@ class Accuracy(threading.Thread):
         self._record(0, greedy_accuracy(base, tokenizer, problems))
         while not self.stop_event.wait(2):
             url = f"{self.network.coordinator.url}/v1/manifests/{self.network.run_id}/latest"
-            reply = httpx.get(url, timeout=10)
+            reply = self.network.http.get(url, timeout=10)
             step = reply.json()["step"] if reply.status_code == 200 else 0
             if step and step not in self.by_step:
                 try:
@@ -80,7 +80,7 @@ class Accuracy(threading.Thread):
 
     def _record(self, step: int, accuracy: float) -> None:
         self.by_step[step] = accuracy
-        httpx.post(
+        self.network.http.post(
             f"{self.network.coordinator.url}/v1/admin/runs/{self.network.run_id}/evaluations",
             json={"step": step, "metrics": {"heldout_accuracy": accuracy}},
             headers={"authorization": f"Bearer {self.network.token}"},
@@ -232,7 +232,7 @@ def _interrupt(*_: object) -> None:
 
 
 def _progress(network: Network) -> dict:
-    return httpx.get(f"{network.coordinator.url}/v1/public/runs/{network.run_id}/progress", timeout=10).json()
+    return network.http.get(f"{network.coordinator.url}/v1/public/runs/{network.run_id}/progress", timeout=10).json()
 
 
 def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, object]:
@@ -241,7 +241,7 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
     except httpx.HTTPError:
         return {}
     measured = dict(sorted((accuracy.by_step if accuracy else {}).items()))
-    standings = httpx.get(f"{network.coordinator.url}/v1/public/validators", timeout=10).json()
+    standings = network.http.get(f"{network.coordinator.url}/v1/public/validators", timeout=10).json()
     out: dict[str, object] = {
         "validators": {v["address"]: {k: v[k] for k in ("active", "verdicts", "agreement_rate", "strikes")} for v in standings},
         "policy_step": int(progress["steps"][-1]["step"]) if progress["steps"] else 0,
@@ -252,7 +252,7 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
     if measured:
         out["accuracy_before"], out["accuracy_after"] = measured[min(measured)], measured[max(measured)]
     if network.chain is not None:
-        out["settlement"] = httpx.get(f"{network.coordinator.url}/v1/public/settlement", timeout=30).json()
+        out["settlement"] = network.http.get(f"{network.coordinator.url}/v1/public/settlement", timeout=30).json()
     return out
 
 
@@ -268,8 +268,8 @@ def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
                 ):
                     raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
             progress = _progress(network)
-            listing = httpx.get(f"{network.coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()
-            work = httpx.get(f"{network.coordinator.url}/v1/public/network", timeout=5).json()["work"]
+            listing = network.http.get(f"{network.coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()
+            work = network.http.get(f"{network.coordinator.url}/v1/public/network", timeout=5).json()["work"]
             live.update(_dashboard(network, progress, listing, accuracy.by_step, steps, work))
             step = progress["steps"][-1]["step"] if progress["steps"] else 0
             if steps and step >= steps and max(accuracy.by_step, default=0) >= steps:

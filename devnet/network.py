@@ -44,6 +44,9 @@ class Network:
     processes: list[Process] = field(default_factory=list)
     chain: DevChain | None = None
     """Settlement on a local chain (``--chain``): every node and validator staked before it asks for work."""
+    http: httpx.Client = field(default_factory=httpx.Client, repr=False)
+    """For everything the devnet asks the coordinator: one client, because each new one builds a TLS
+    context (about 25 ms of CPU) even for plain HTTP, and the dashboard and the chaos checks poll."""
 
     @property
     def coordinator(self) -> Process:
@@ -57,7 +60,7 @@ class Network:
         return path, create_wallet(path, self.password)
 
     def grant(self, address: str, role: str) -> None:
-        reply = httpx.post(
+        reply = self.http.post(
             f"{self.coordinator.url}/v1/admin/roles",
             json={"address": address, "role": role},
             headers={"authorization": f"Bearer {self.token}"},

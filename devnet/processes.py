@@ -93,15 +93,16 @@ def spawn(name: str, args: list[str], log_path: Path, env: dict[str, str] | None
 def wait_http(process: Process, url: str, timeout: float = 60) -> None:
     """Wait until ``url`` answers 2xx; raise :class:`StartError` if the process dies or time runs out."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.popen.poll() is not None:
-            raise StartError(f"{process.name} exited with code {process.popen.returncode}:\n{process.tail()}")
-        try:
-            if httpx.get(url, timeout=2).is_success:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
+    with httpx.Client(timeout=2) as http:  # one client: each new one costs ~25 ms of CPU, ten times a second
+        while time.monotonic() < deadline:
+            if process.popen.poll() is not None:
+                raise StartError(f"{process.name} exited with code {process.popen.returncode}:\n{process.tail()}")
+            try:
+                if http.get(url).is_success:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
     raise StartError(f"{process.name} did not answer {url} within {timeout:.0f} s:\n{process.tail()}")
 
 
