@@ -20,8 +20,9 @@ from intellect_protocol.shared.signing import sign_request
 from intellect_protocol.shared.verdicts import sign_verdict
 from intellect_protocol.shared.version import __version__
 
-HTTP = httpx.Client()
-"""Shared by the helpers: a new client builds a TLS context (about 25 ms of CPU) even for plain HTTP."""
+HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+"""Shared by the helpers: a new client builds a TLS context (about 25 ms of CPU) even for plain HTTP.
+No connection is kept open between requests: tests count an address's connections."""
 
 SPECS = {"cpu_cores": 2, "ram_bytes": 8 << 30, "disk_free_bytes": 100 << 30}
 
