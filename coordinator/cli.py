@@ -27,6 +27,7 @@ from intellect_protocol.coordinator.db_errors import DatabaseError, check_url, e
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.services import admin_tokens
 from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.cli import TlsCertOption, TlsKeyOption, tls_files
 from intellect_protocol.shared.logs import configure
 from intellect_protocol.shared.run_schemas import RUN_DEFAULTS, AuditPolicy
 
@@ -103,14 +104,17 @@ def serve(
         float | None, typer.Option("--heartbeat-interval", help="Seconds between node heartbeats.")
     ] = None,
     log_level: Annotated[str, typer.Option(help="Log level: debug, info, warning, error.")] = "info",
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
 ) -> None:
-    """Serve the coordinator's HTTP API."""
+    """Serve the coordinator's HTTP API (HTTPS with --tls-cert and --tls-key)."""
     import uvicorn
 
     from intellect_protocol.coordinator.app import create_app
     from intellect_protocol.shared.serving import listen, server_config
 
     configure(log_level)
+    tls = tls_files(tls_cert, tls_key, err)
     settings = _settings(database_url, heartbeat_interval_s=heartbeat_interval)
     try:
         sock = listen(host, port)
@@ -118,7 +122,9 @@ def serve(
         err.print(escape(str(e.strerror)), style="red")
         raise typer.Exit(2) from None
     api = create_app(settings)
-    server = uvicorn.Server(server_config(api, host, port, settings.header_limits, log_level=log_level, access_log=False))
+    server = uvicorn.Server(
+        server_config(api, host, port, settings.header_limits, log_level=log_level, access_log=False, tls=tls)
+    )
     server.run(sockets=[sock])
 
 

@@ -124,6 +124,14 @@ def main(
             "node and validator, anchor epochs of final credit, slash banned cheaters; the page shows stakes and claims.",
         ),
     ] = False,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls",
+            help="Run every role over HTTPS as in production: a local certificate authority (WORKDIR/tls/ca.pem) signs "
+            "the coordinator's, the origin's and the relay's certificates, and every client verifies them.",
+        ),
+    ] = False,
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
     if backend is Backend.vllm:
@@ -168,11 +176,15 @@ def main(
             coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
             node_env={"INTELLECT_NODE_BACKEND": backend.value},
             chain=settlement,
+            tls=tls,
         )
         console.print(
             f"Leaderboard: [bold]{network.coordinator.url}/[/bold]  (API: /docs; admin token in {workdir / 'admin-token'})"
         )
-        secret = {"INTELLECT_WALLET_PASSWORD": network.password}
+        if network.authority is not None:
+            console.print(
+                f"TLS: every role verifies certificates of the devnet's CA, {network.authority.cert} (for curl: --cacert)."
+            )
         if adversary or rogue_validator:
             accomplice = network.start_adversary()
         if rogue_validator:
@@ -185,10 +197,12 @@ def main(
                 "--wallet",
                 str(wallet),
                 "--coordinator",
-                network.coordinator.url,
+                str(network.coordinator.url),
             ]
             command += ["--accomplice", accomplice, "--state-dir", str(workdir / "state" / "rogue-validator")]
-            network.processes.append(spawn("rogue-validator", command, workdir / "logs" / "rogue-validator.log", secret))  # type: ignore[arg-type]
+            network.processes.append(
+                spawn("rogue-validator", command, workdir / "logs" / "rogue-validator.log", network.role_env())
+            )
         accuracy = Accuracy(network, stop)
         accuracy.start()
         _watch(network, accuracy, steps)

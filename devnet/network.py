@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from intellect_protocol.devnet.certificates import Authority, ServerFiles
 from intellect_protocol.devnet.processes import (
     Process,
     StartError,
@@ -28,6 +29,7 @@ from intellect_protocol.devnet.processes import (
     start_node,
     start_relay,
 )
+from intellect_protocol.shared.tls import CA_FILE_ENV, client_context
 from intellect_protocol.shared.wallet import create_wallet, wallet_address
 
 if TYPE_CHECKING:
@@ -44,9 +46,22 @@ class Network:
     processes: list[Process] = field(default_factory=list)
     chain: DevChain | None = None
     """Settlement on a local chain (``--chain``): every node and validator staked before it asks for work."""
-    http: httpx.Client = field(default_factory=httpx.Client, repr=False)
+    authority: Authority | None = None
+    """With ``--tls``: the local CA that signed every server's certificate, which every client trusts."""
+    http: httpx.Client = field(init=False, repr=False)
     """For everything the devnet asks the coordinator: one client, because each new one builds a TLS
     context (about 25 ms of CPU) even for plain HTTP, and the dashboard and the chaos checks poll."""
+
+    def __post_init__(self) -> None:
+        self.http = httpx.Client(verify=client_context(self.authority.cert if self.authority else None))
+
+    def role_env(self) -> dict[str, str]:
+        """What every role's process is started with: its wallet's password and, with TLS, the CA it trusts."""
+        return {"INTELLECT_WALLET_PASSWORD": self.password} | ({CA_FILE_ENV: str(self.authority.cert)} if self.authority else {})
+
+    def server_tls(self, name: str) -> ServerFiles | None:
+        """A certificate for the server ``name`` on loopback, signed by the devnet's CA (None without TLS)."""
+        return self.authority.issue(self.workdir / "tls", name) if self.authority else None
 
     @property
     def coordinator(self) -> Process:
@@ -88,9 +103,7 @@ class Network:
             str(self.coordinator.url),
         ]
         command += ["--state-dir", str(self.workdir / "state" / "adversary")]
-        self.processes.append(
-            spawn("adversary", command, self.workdir / "logs" / "adversary.log", {"INTELLECT_WALLET_PASSWORD": self.password})
-        )
+        self.processes.append(spawn("adversary", command, self.workdir / "logs" / "adversary.log", self.role_env()))
         return wallet_address(wallet)
 
     def validators(self) -> list[Process]:
@@ -111,7 +124,7 @@ def start_validator(net: Network, name: str) -> Process:
     net.grant(address, "validator")
     command = [*script("intellect-validator"), "run", "--wallet", str(wallet), "--coordinator", str(net.coordinator.url)]
     command += ["--state-dir", str(net.workdir / "state" / name)]
-    return spawn(name, command, net.workdir / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": net.password})
+    return spawn(name, command, net.workdir / "logs" / f"{name}.log", net.role_env())
 
 
 RUN_NAME = "devnet-arithmetic"
@@ -143,13 +156,15 @@ def start_network(
     steps: int = 0,
     keep_steps: int = 3,
     chain: DevChain | None = None,
+    tls: bool = False,
 ) -> Network:
     """Start every role; on a failure, stop what started and raise :class:`StartError` naming the process.
 
     ``steps``: the trainer stops after publishing this policy step (0: never); ``keep_steps``:
     how many policy steps the origin and relay keep: the default run's async level (2) + 1, so
     every step a task may still use stays downloadable (more to evaluate a whole run afterwards);
-    ``chain``: settle on it (the run asks for a stake, credit turns final within seconds).
+    ``chain``: settle on it (the run asks for a stake, credit turns final within seconds);
+    ``tls``: every server presents a certificate of a CA made in ``workdir/tls``, every client verifies it.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     database_url = database_url or f"sqlite:///{workdir / 'ledger.db'}"
@@ -169,10 +184,11 @@ def start_network(
     run_id = create_run(database_url, RUN_NAME, workdir / "logs" / "run.log", run_options)
     password = secrets.token_urlsafe(16)
     (workdir / "wallet-password").write_text(password + "\n")
-    net = Network(workdir, database_url, token, run_id, password, chain=chain)
+    authority = Authority.create(workdir / "tls") if tls else None
+    net = Network(workdir, database_url, token, run_id, password, chain=chain, authority=authority)
     try:
         env = {"INTELLECT_BLOB_DIR": str(workdir / "blobs"), **(coordinator_env or {})}
-        net.processes.append(start_coordinator(workdir, database_url, env=env))
+        net.processes.append(start_coordinator(workdir, database_url, env=env, tls=net.server_tls("coordinator")))
         url = net.coordinator.url
         if url is None:
             raise StartError("the coordinator started without a URL")
@@ -185,18 +201,25 @@ def start_network(
             net.grant(address, role)
 
         keep = ["--keep", str(keep_steps)]
-        net.processes.append(start_relay(workdir, "origin", origin_wallet, password, url, origin=True, extra=keep))
-        origin_url = net.by_name("origin").url
-        net.processes.append(start_relay(workdir, "relay", relay_wallet, password, url, upstreams=[origin_url], extra=keep))  # type: ignore[list-item]
-        secret = {"INTELLECT_WALLET_PASSWORD": password}
+        origin = start_relay(
+            workdir, "origin", origin_wallet, password, url, origin=True, extra=keep, tls=net.server_tls("origin")
+        )
+        net.processes.append(origin)
+        upstreams = [origin.url or ""]
+        net.processes.append(
+            start_relay(
+                workdir, "relay", relay_wallet, password, url, upstreams=upstreams, extra=keep, tls=net.server_tls("relay")
+            )
+        )
         for i in range(validators):
             net.processes.append(start_validator(net, f"validator-{i}"))
         trainer = [*script("intellect-trainer"), "run", "--wallet", str(trainer_wallet), "--coordinator", url, "--run", run_id]
         trainer += ["--origin-dir", str(workdir / "origin"), "--checkpoint-dir", str(workdir / "trainer"), "--steps", str(steps)]
         trainer_log = workdir / "logs" / "trainer.log"
-        net.processes.append(spawn("trainer", trainer, trainer_log, {**secret, **(trainer_env or {})}))
+        net.processes.append(spawn("trainer", trainer, trainer_log, {**net.role_env(), **(trainer_env or {})}))
         for i in range(nodes):
-            net.processes.append(start_node(workdir, f"node-{i}", net.staked_wallet(f"node-{i}")[0], url, password, node_env))
+            wallet = net.staked_wallet(f"node-{i}")[0]
+            net.processes.append(start_node(workdir, f"node-{i}", wallet, url, password, {**net.role_env(), **(node_env or {})}))
         if chain is not None:
             net.processes.append(chain.anvil)
     except BaseException:

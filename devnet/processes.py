@@ -18,6 +18,9 @@ from pathlib import Path
 
 import httpx
 
+from intellect_protocol.devnet.certificates import ServerFiles
+from intellect_protocol.shared.tls import client_context
+
 
 class StartError(RuntimeError):
     """A process did not come up; the message names it and carries its log's tail."""
@@ -46,6 +49,8 @@ class Process:
     extra: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     """The environment it was started with beyond ours (to restart it the same way)."""
+    ca: Path | None = None
+    """The CA that signed its certificate, when it serves HTTPS."""
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -75,7 +80,7 @@ class Process:
         again = spawn(self.name, list(self.popen.args), self.log_path, self.env)  # type: ignore[arg-type]
         self.popen = again.popen
         if self.url is not None:
-            wait_http(self, f"{self.url}/healthz")
+            wait_http(self, f"{self.url}/healthz", ca=self.ca)
 
 
 def spawn(name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> Process:
@@ -90,10 +95,13 @@ def spawn(name: str, args: list[str], log_path: Path, env: dict[str, str] | None
     return Process(name, popen, log_path, env=dict(env or {}))
 
 
-def wait_http(process: Process, url: str, timeout: float = 60) -> None:
-    """Wait until ``url`` answers 2xx; raise :class:`StartError` if the process dies or time runs out."""
+def wait_http(process: Process, url: str, timeout: float = 60, ca: Path | None = None) -> None:
+    """Wait until ``url`` answers 2xx (over HTTPS trusting ``ca``, if given); raise :class:`StartError`
+    if the process dies or time runs out."""
     deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=2) as http:  # one client: each new one costs ~25 ms of CPU, ten times a second
+    with httpx.Client(
+        timeout=2, verify=client_context(ca)
+    ) as http:  # one client: each new one costs ~25 ms of CPU, ten times a second
         while time.monotonic() < deadline:
             if process.popen.poll() is not None:
                 raise StartError(f"{process.name} exited with code {process.popen.returncode}:\n{process.tail()}")
@@ -106,12 +114,13 @@ def wait_http(process: Process, url: str, timeout: float = 60) -> None:
     raise StartError(f"{process.name} did not answer {url} within {timeout:.0f} s:\n{process.tail()}")
 
 
-def answering(process: Process, port: int) -> Process:
-    """``process`` once it answers /healthz on ``port``; stopped if it never does (StartError) or the
-    wait is interrupted (a Ctrl-C during start must not leave it running)."""
-    process.url = f"http://127.0.0.1:{port}"
+def answering(process: Process, port: int, tls: ServerFiles | None = None) -> Process:
+    """``process`` once it answers /healthz on ``port`` (over HTTPS with ``tls``); stopped if it never
+    does (StartError) or the wait is interrupted (a Ctrl-C during start must not leave it running)."""
+    process.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    process.ca = tls.ca if tls else None
     try:
-        wait_http(process, f"{process.url}/healthz")
+        wait_http(process, f"{process.url}/healthz", ca=process.ca)
     except BaseException:
         process.stop()
         raise
@@ -145,8 +154,14 @@ def create_run(database_url: str, name: str, log_path: Path, options: list[str] 
     )
 
 
-def start_coordinator(workdir: Path, database_url: str, port: int | None = None, env: dict[str, str] | None = None) -> Process:
-    """Serve a coordinator on an already migrated database; returns once it answers /healthz."""
+def start_coordinator(
+    workdir: Path,
+    database_url: str,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    tls: ServerFiles | None = None,
+) -> Process:
+    """Serve a coordinator on an already migrated database (over HTTPS with ``tls``); returns once it answers /healthz."""
     port = port or free_port()
     process = spawn(
         "coordinator",
@@ -161,11 +176,12 @@ def start_coordinator(workdir: Path, database_url: str, port: int | None = None,
             database_url,
             "--log-level",
             "info",
+            *(tls.args if tls else []),
         ],
         workdir / "logs" / "coordinator.log",
         {"INTELLECT_BLOB_DIR": str(workdir / "blobs"), **(env or {})},  # run output stays in the run's workdir
     )
-    return answering(process, port)
+    return answering(process, port, tls)
 
 
 def start_node(
@@ -199,12 +215,15 @@ def start_relay(
     origin: bool = False,
     port: int | None = None,
     extra: list[str] = (),  # type: ignore[assignment]
+    tls: ServerFiles | None = None,
 ) -> Process:
     """An ``intellect-relay`` (or, with ``origin``, the trainer's origin) serving from
-    ``workdir/NAME``; returns once it answers /healthz."""
+    ``workdir/NAME`` (over HTTPS with ``tls``, trusting its CA for upstreams and the coordinator);
+    returns once it answers /healthz."""
     port = port or free_port()
     args = [*script("intellect-relay"), "--coordinator", coordinator_url, "--wallet", str(wallet)]
     args += ["--data-dir", str(workdir / name), "--port", str(port), *extra]
     args += ["--origin"] if origin else [arg for upstream in upstreams for arg in ("--upstream", upstream)]
+    args += [*tls.args, "--ca-file", str(tls.ca)] if tls else []
     process = spawn(name, args, workdir / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": password})
-    return answering(process, port)
+    return answering(process, port, tls)

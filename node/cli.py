@@ -1,7 +1,7 @@
 """``intellect-node``: wallets, a machine check, and joining a coordinator.
 
 Exit codes of ``join``: 0 stopped by Ctrl-C or SIGTERM, 1 wallet problem, 2 clock skew,
-3 banned, 4 client too old, 5 request refused.
+3 banned, 4 client too old, 5 request refused, 6 the coordinator's TLS certificate not trusted.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from intellect_protocol.node.hardware import probe, problems
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.settlement_cli import register as register_settlement
 from intellect_protocol.shared import money
+from intellect_protocol.shared.cli import CaFileOption, entry_point
 from intellect_protocol.shared.schemas import checksum_address
 from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.shared.wallet import (
@@ -80,6 +81,7 @@ def join(
         Path, typer.Option("--wallet", help="Keystore file; its password from INTELLECT_WALLET_PASSWORD or a prompt.")
     ],
     coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+    ca_file: CaFileOption = None,
     operator: Annotated[
         str | None,
         typer.Option(
@@ -127,8 +129,11 @@ def join(
         raise fail(f"Invalid setting: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}.", 2) from None
 
     stop = threading.Event()
+    signalled = threading.Event()
+    """Set by Ctrl-C or SIGTERM only: ``stop`` is also set by the node itself as it winds down after an error."""
 
     def interrupt(*_: object) -> None:
+        signalled.set()
         stop.set()
         # Once: a second signal must not break off the stop it started (which takes a few seconds at most).
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -151,7 +156,7 @@ def join(
     except Exception:
         # The interrupt lands wherever the main thread is: inside an import of torch it leaves a
         # half-loaded module whose next import fails with an unrelated error. Asked to stop, it is a stop.
-        if not stop.is_set():
+        if not signalled.is_set():
             raise
         console.print("Stopped.")
     finally:
@@ -167,6 +172,7 @@ def check(
     coordinator: Annotated[
         str | None, typer.Option(help="Also check that this coordinator is reachable and compatible.", callback=checked_url)
     ] = None,
+    ca_file: CaFileOption = None,
     state_dir: StateDir = None,
 ) -> None:
     """Print what this machine offers and whether it can join; exits 1 when something critical is missing."""
@@ -201,6 +207,7 @@ def check(
 def receipts(
     wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore whose receipts to show (no password needed).")],
     coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+    ca_file: CaFileOption = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")] = 20,
 ) -> None:
     """Show this node's submissions: status, credit, and why any was rejected."""
@@ -229,6 +236,7 @@ def appeal(
     submission: Annotated[str, typer.Argument(help="The rejected submission's id (see `intellect-node receipts`).")],
     wallet_file: Annotated[Path, typer.Option("--wallet", help="Keystore of the node that submitted the work.")],
     coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+    ca_file: CaFileOption = None,
     reason: Annotated[str, typer.Option(help="Why the rejection is wrong (optional, up to 500 characters).")] = "",
 ) -> None:
     """Appeal a rejection within the dispute window: validators that did not judge the work check it
@@ -255,6 +263,7 @@ def link_operator(
     node: Annotated[str, typer.Option("--node", help="Address of the node this operator runs.")],
     wallet_file: Annotated[Path, typer.Option("--wallet", help="The operator's keystore (not the node's).")],
     coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+    ca_file: CaFileOption = None,
 ) -> None:
     """Sign, with the operator's wallet, that it runs NODE on this coordinator; prints the signature
     the node passes as `join --operator ADDRESS --operator-signature SIGNATURE`. A link counts only
@@ -284,12 +293,14 @@ def link_operator(
 def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:
     from packaging.version import Version
 
-    from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
+    from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError, Untrusted
     from intellect_protocol.shared.version import __version__
 
     try:
         with CoordinatorClient(url, timeout=settings.request_timeout_s, give_up_s=0) as api:
             status = api.public_status()
+    except Untrusted as e:
+        return [str(e)]
     except (ProtocolError, ValueError) as e:
         return [f"coordinator {url} is not reachable or not a coordinator ({type(e).__name__}: {e})"]
     found = []
@@ -301,3 +312,7 @@ def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:
     if not found:
         console.print(f"Coordinator {url}: version {status.coordinator_version}, {sum(status.nodes.values())} nodes known.")
     return found
+
+
+cli = entry_point(app)
+"""The console script: ``app`` with TLS failures told in one sentence."""

@@ -16,6 +16,7 @@ import typer
 from rich.progress import Progress
 
 from intellect_protocol.node.cli_output import CoordinatorUrl, checked_url, console, fail
+from intellect_protocol.shared.cli import CaFileOption
 from intellect_protocol.shared.money import credit, parse_tokens, tokens
 from intellect_protocol.shared.schemas import NodeStatus
 from intellect_protocol.shared.settlement import EpochInfo
@@ -63,6 +64,7 @@ def stake(
     amount: Annotated[str, typer.Argument(help="Tokens to stake, e.g. 100 or 0.5.")],
     wallet_file: Wallet,
     coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+    ca_file: CaFileOption = None,
     rpc: Rpc = None,
 ) -> None:
     """Stake tokens in the deployment's stake registry (runs may require a stake to lease work)."""
@@ -86,6 +88,7 @@ def unstake(
     amount: Annotated[str | None, typer.Argument(help="Tokens to start unbonding; omit with --withdraw.")] = None,
     withdraw: Annotated[bool, typer.Option("--withdraw", help="Withdraw what finished unbonding instead.")] = False,
     coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+    ca_file: CaFileOption = None,
     rpc: Rpc = None,
 ) -> None:
     """Start unbonding stake (it can still be slashed until the delay ends), or --withdraw it after."""
@@ -143,7 +146,9 @@ def _why_nothing(api: Any, address: str, epoch: int) -> str:
     return f": {address} has no credit left in this coordinator's ledger, after clawbacks."
 
 
-def claim(wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8000", rpc: Rpc = None) -> None:
+def claim(
+    wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8000", ca_file: CaFileOption = None, rpc: Rpc = None
+) -> None:
     """Claim the reward tokens for this wallet's final credit, as of the newest root on chain."""
 
     from intellect_protocol.shared.coordinator_client import Refused
@@ -183,6 +188,7 @@ def claim(wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8
 def verify_epoch(
     epoch: Annotated[int | None, typer.Argument(help="The epoch to check; every epoch if omitted.", min=1)] = None,
     coordinator: CoordinatorUrl = "http://127.0.0.1:8000",
+    ca_file: CaFileOption = None,
     rpc: Rpc = None,
 ) -> None:
     """Audit settlement: every root the distributor ever accepted (its events, not the coordinator's

@@ -34,7 +34,8 @@ from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.state import NodeSession, load_session, save_session
 from intellect_protocol.node.work_loop import WorkLoop
-from intellect_protocol.shared.coordinator_client import Stopped
+from intellect_protocol.shared.cli import EXIT_TLS
+from intellect_protocol.shared.coordinator_client import Stopped, Untrusted
 from intellect_protocol.shared.shardcast.weights import Weights
 from intellect_protocol.shared.version import __version__
 
@@ -90,6 +91,9 @@ class Heartbeats(threading.Thread):
             pass
         except NodeError as e:
             self.error = e
+            self.stop.set()
+        except Untrusted as e:  # e.g. the coordinator's certificate expired while this node ran
+            self.error = NodeError(str(e), EXIT_TLS)
             self.stop.set()
 
 
@@ -158,6 +162,8 @@ def join(
             stop_finishers(finishers)
     except Stopped:
         pass
+    except Untrusted as e:
+        raise NodeError(str(e), EXIT_TLS) from None
     finally:
         stop.set()
         if beats is not None:

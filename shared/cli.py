@@ -1,9 +1,12 @@
-"""What the role commands (validator, trainer, relay) share: the wallet option, unlocking it, stopping on SIGTERM."""
+"""What the role commands share: the wallet option, unlocking it, stopping on SIGTERM, and TLS: the
+CA a client trusts (``--ca-file``) and the certificate a server presents (``--tls-cert``/``--tls-key``)."""
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +14,12 @@ import typer
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
+from intellect_protocol.shared.coordinator_client import Untrusted
+from intellect_protocol.shared.tls import CA_FILE_ENV, TlsError, server_tls, trust
 from intellect_protocol.shared.wallet import WalletError, load_wallet, read_password
+
+EXIT_TLS = 6
+"""Exit code of a role or node command that stopped because TLS failed (a certificate not trusted)."""
 
 WalletOption = Annotated[
     Path, typer.Option("--wallet", help="Keystore; its password from INTELLECT_WALLET_PASSWORD or a prompt.")
@@ -32,3 +40,59 @@ def stop_on_sigterm() -> threading.Event:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     return stop
+
+
+def _trusting(ca_file: Path | None) -> Path | None:
+    if ca_file is not None:
+        try:
+            trust(ca_file)
+        except TlsError as e:
+            raise typer.BadParameter(str(e)) from None
+    return ca_file
+
+
+CaFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--ca-file",
+        envvar=CA_FILE_ENV,
+        callback=_trusting,
+        help="PEM certificate of a private certificate authority to trust beside the public ones, "
+        "for a coordinator or relay whose HTTPS certificate it signed.",
+    ),
+]
+"""Trust is process-wide (:func:`shared.tls.trust`): the option takes effect as it is parsed."""
+
+TlsCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-cert", envvar="INTELLECT_TLS_CERT", help="Serve HTTPS with this certificate chain (PEM); needs --tls-key."
+    ),
+]
+TlsKeyOption = Annotated[
+    Path | None, typer.Option("--tls-key", envvar="INTELLECT_TLS_KEY", help="The private key (PEM) of --tls-cert.")
+]
+
+
+def tls_files(cert: Path | None, key: Path | None, err: Console) -> dict[str, str]:
+    """uvicorn's options to serve HTTPS with ``cert`` and ``key`` (none for plain HTTP), checked
+    now so a bad pair is one sentence and exit code 2, not a traceback once the server starts."""
+    try:
+        return server_tls(cert, key)
+    except TlsError as e:
+        err.print(f"{e}", style="red", markup=False)
+        raise typer.Exit(2) from None
+
+
+def entry_point(app: typer.Typer) -> Callable[[], None]:
+    """The console script of a role's ``app``: a TLS failure (:class:`Untrusted`), wherever a client
+    met it, ends the command with its one sentence and :data:`EXIT_TLS`, not a traceback."""
+
+    def run() -> None:
+        try:
+            app()
+        except Untrusted as e:
+            Console(stderr=True, soft_wrap=True).print(f"{e}", style="red", markup=False)
+            sys.exit(EXIT_TLS)
+
+    return run

@@ -11,7 +11,9 @@ The contract:
   else an exponential backoff with jitter, until it is answered, ``stop`` is set (:class:`Stopped`)
   or ``give_up_s`` has passed (:class:`Unavailable`). Every route may be sent twice: the ledger
   answers a repeat as a conflict or with what it already recorded;
-- any other 4xx raises :class:`Refused` with the coordinator's error code, message and details.
+- any other 4xx raises :class:`Refused` with the coordinator's error code, message and details;
+- a TLS failure (a certificate not trusted, a server without TLS) raises :class:`Untrusted` at once,
+  with the sentence :func:`shared.tls.untrusted` writes. Trust comes from :func:`shared.tls.client_context`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from intellect_protocol.shared.schemas import (
 from intellect_protocol.shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry
 from intellect_protocol.shared.shardcast.manifest import ManifestEntry, SignedManifest
 from intellect_protocol.shared.signing import SignedAuth
+from intellect_protocol.shared.tls import client_context, untrusted
 from intellect_protocol.shared.version import __version__
 
 log = logging.getLogger("intellect.client")
@@ -71,6 +74,12 @@ class Refused(ProtocolError):
 
 class Unavailable(ProtocolError):
     """No answer (or only 429/5xx) for ``give_up_s``."""
+
+
+class Untrusted(Exception):
+    """TLS with the coordinator failed (a certificate we do not trust, a server that does not speak
+    TLS): resending cannot help, and no caller can do better than stop and say so, which the
+    commands' entry point does (:func:`shared.cli.entry_point`): so it is no :class:`ProtocolError`."""
 
 
 class Stopped(ProtocolError):
@@ -103,7 +112,12 @@ class CoordinatorClient:
         """Whether the coordinator has answered this client once: if not, the URL itself may be wrong."""
         self._status: PublicStatus | None = None
         self._auth: SignedAuth | None = None
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers={"user-agent": f"intellect/{__version__}"})
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            timeout=timeout,
+            headers={"user-agent": f"intellect/{__version__}"},
+            verify=client_context(),
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -277,6 +291,8 @@ class CoordinatorClient:
                     method, path, content=content, params=params, headers=headers, auth=auth, timeout=timeout
                 )
             except httpx.TransportError as e:
+                if (sentence := untrusted(e, self.base_url)) is not None:
+                    raise Untrusted(sentence) from e
                 problem, retry_after = (
                     f"cannot reach the coordinator at {self.base_url} ({type(e).__name__}: {e or 'no detail'})",
                     None,

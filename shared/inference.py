@@ -15,7 +15,7 @@ from typing import Literal, Protocol
 import torch
 from transformers import DynamicCache
 
-from intellect_protocol.shared.models import final_norm_outputs
+from intellect_protocol.shared.models import cache_keyword, final_norm_outputs
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.schemas import SamplingParams
 
@@ -75,10 +75,11 @@ def prefill_batch(
     ids = ids.to(device)
     step = chunk or ids.shape[1]
     cache = DynamicCache() if step < ids.shape[1] else None
+    keyword = cache_keyword(model)
     pieces = []
     with final_norm_outputs(model) as captured:
         for start in range(0, ids.shape[1], step):
-            out = model(input_ids=ids[:, start : start + step], past_key_values=cache, use_cache=cache is not None)
+            out = model(input_ids=ids[:, start : start + step], **{keyword: cache}, use_cache=cache is not None)
             pieces.append(out.logits.float())
     logits, hidden = torch.cat(pieces, dim=1), torch.cat(captured, dim=1)
     out = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +46,13 @@ def resolve_model(name_or_path: str | Path) -> str:
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
     resolved = resolve_model(name_or_path)
     return AutoTokenizer.from_pretrained(resolved, local_files_only=Path(resolved).is_dir())
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword ``model``'s forward takes a KV cache by: ``cache`` in the transformers releases that
+    renamed it (where ``past_key_values`` warns, and goes in 5.40), ``past_key_values`` before them.
+    Read from the forward's own signature, so the installed release decides."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def final_norm(model: torch.nn.Module) -> torch.nn.Module:

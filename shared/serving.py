@@ -107,11 +107,21 @@ def guarded_protocol(limits: HeaderLimits) -> type[HttpToolsProtocol]:
     return Guarded
 
 
-def server_config(app: object, host: str, port: int, limits: HeaderLimits | None = None, **options: object) -> uvicorn.Config:
+def server_config(
+    app: object,
+    host: str,
+    port: int,
+    limits: HeaderLimits | None = None,
+    *,
+    tls: dict[str, str] | None = None,
+    **options: object,
+) -> uvicorn.Config:
     """uvicorn's config for ``app`` with the header guard; checks the recursion limit as the server
-    starts. On SIGTERM, requests still open after 5 s (long polls) are cut, so a stop is prompt."""
+    starts. On SIGTERM, requests still open after 5 s (long polls) are cut, so a stop is prompt.
+    ``tls``: the certificate options of :func:`shared.tls.server_tls` (HTTPS), none for plain HTTP."""
     pin_recursion_limit()
     options.setdefault("timeout_graceful_shutdown", 5)
+    options.update(tls or {})
     return uvicorn.Config(app, host=host, port=port, http=guarded_protocol(limits or HeaderLimits()), **options)  # type: ignore[arg-type]
 
 

@@ -23,10 +23,12 @@ from sqlalchemy import Engine, inspect, text
 from intellect_protocol.coordinator.app import create_app
 from intellect_protocol.coordinator.db import alembic_config, make_engine
 from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.certificates import ServerFiles
 from intellect_protocol.devnet.postgres import create_database, pg_bin
 from intellect_protocol.devnet.postgres import postgres_server as postgres_server_at
 from intellect_protocol.devnet.processes import free_port
 from intellect_protocol.shared.serving import server_config
+from intellect_protocol.shared.tls import server_tls
 
 os.environ.setdefault("INTELLECT_WALLET_PASSWORD", "test-password")
 
@@ -135,14 +137,16 @@ class Served:
 
 
 @contextmanager
-def serve(settings: CoordinatorSettings) -> Iterator[Served]:
-    """A real coordinator: uvicorn on a free loopback port, in a thread of this process."""
+def serve(settings: CoordinatorSettings, tls: ServerFiles | None = None) -> Iterator[Served]:
+    """A real coordinator: uvicorn on a free loopback port, in a thread of this process (HTTPS with ``tls``)."""
     app = create_app(settings)
     port = free_port()
-    server = uvicorn.Server(server_config(app, "127.0.0.1", port, settings.header_limits, log_level="warning", lifespan="on"))
+    https = server_tls(tls.cert, tls.key) if tls else {}
+    config = server_config(app, "127.0.0.1", port, settings.header_limits, log_level="warning", lifespan="on", tls=https)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():

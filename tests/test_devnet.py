@@ -1,5 +1,6 @@
-"""The README's main command: `intellect-devnet` brings up every role (here on PostgreSQL, the honest
-node generating on vLLM's engine, with a cheating node and a rogue validator colluding with it), the
+"""The README's main command: `intellect-devnet` brings up every role (here on PostgreSQL, over HTTPS
+with certificates of a local authority, the honest node generating on vLLM's engine, with a cheating
+node and a rogue validator colluding with it), the
 run learns over a few policy steps, everything stops cleanly with a summary; then the public
 leaderboard page, served by a coordinator on that ledger, in a real browser.
 
@@ -47,7 +48,7 @@ class Devnet:
 def devnet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Devnet:
     workdir = tmp_path_factory.mktemp("devnet")
     database_url = _new_database("postgres", request, workdir)
-    command = ["intellect-devnet", "--nodes", "1", "--steps", str(STEPS), "--backend", "vllm", "--rogue-validator"]
+    command = ["intellect-devnet", "--nodes", "1", "--steps", str(STEPS), "--backend", "vllm", "--rogue-validator", "--tls"]
     command += ["--heartbeat-interval", "0.5", "--workdir", str(workdir), "--database-url", database_url]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -63,7 +64,9 @@ def test_devnet_learns_and_stops_by_itself(devnet: Devnet) -> None:
     assert summary["policy_step"] >= STEPS and summary["rollout_files"]["accepted"] >= 10 and summary["tokens_accepted"] > 0
     # Held-out greedy accuracy, measured by the devnet on each published step, rose over the run.
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.03, summary["accuracy_by_step"]
-    assert "Leaderboard: http://127.0.0.1:" in devnet.stdout
+    # Every server presented a certificate of the devnet's authority, and every client verified it.
+    assert "Leaderboard: https://127.0.0.1:" in devnet.stdout and "TLS: every role verifies" in devnet.stdout
+    assert (devnet.workdir / "tls" / "ca.pem").exists()
     # The final figure says at which step it was measured: the run it stopped with, not an earlier one.
     final = re.search(r"Held-out accuracy .* at step (\d+) \(the run reached step (\d+)\)", devnet.stdout)
     assert final and int(final[1]) >= STEPS and int(final[2]) == summary["policy_step"], devnet.stdout[-2000:]
@@ -73,6 +76,7 @@ def test_devnet_learns_and_stops_by_itself(devnet: Devnet) -> None:
     with engine.connect() as connection:
         reached = connection.execute(text("SELECT DISTINCT address FROM node_status_events WHERE to_status = 'healthy'")).all()
         manifests = connection.execute(text("SELECT count(*) FROM manifests")).scalar()
+        relay_urls = connection.execute(text("SELECT url FROM relays")).scalars().all()
         evaluated = connection.execute(text("SELECT step FROM evaluations ORDER BY step")).scalars().all()
         statuses = (
             connection.execute(
@@ -92,6 +96,7 @@ def test_devnet_learns_and_stops_by_itself(devnet: Devnet) -> None:
         ).all()
     engine.dispose()
     assert len(reached) >= 1 and manifests >= 3
+    assert len(relay_urls) == 2 and all(url.startswith("https://127.0.0.1:") for url in relay_urls), relay_urls
     assert evaluated[0] == 0 and sorted(map(int, summary["accuracy_by_step"])) == evaluated
     # The cheating node uploaded forged work, and none of it was accepted or credited.
     assert "uploaded forged rollouts" in (devnet.workdir / "logs" / "adversary.log").read_text()

@@ -109,3 +109,23 @@ def test_length_limit_and_eos_switch(tiny) -> None:  # type: ignore[no-untyped-d
     assert len(out.tokens) == 50 and out.finish_reason == "length"
     with pytest.raises(ValueError):
         backend.generate([[]], [1], SamplingParams())
+
+
+def test_the_kv_cache_is_passed_by_the_installed_transformers_own_name(tiny) -> None:  # type: ignore[no-untyped-def]
+    """Generation and chunked prefill run a KV cache through the model without a deprecation warning
+    (transformers renamed ``past_key_values`` to ``cache``; the old name goes in 5.40), and the cache is
+    really used: tokens generated step by step score exactly as one prefill of the whole sequence."""
+    import warnings
+
+    from intellect_protocol.shared.inference import prefill_batch
+
+    model, tokenizer, backend = tiny
+    prompt = prompt_ids(tokenizer, "12+34=")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        done = backend.generate([prompt], [5], SamplingParams(temperature=1.0, max_tokens=12, stop_on_eos=False))[0]
+        (_, whole), (_, chunked) = (prefill_batch(model, [prompt], [done.tokens], chunk=n)[0] for n in (None, 3))
+    chosen = torch.log_softmax(whole, -1)[torch.arange(len(done.tokens)), done.tokens]
+    assert torch.allclose(chosen, torch.tensor(done.logprobs), atol=1e-4)
+    assert torch.allclose(whole, chunked, atol=1e-4)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from intellect_protocol.shared.cli import WalletOption, stop_on_sigterm, unlock
+from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, stop_on_sigterm, unlock
 from intellect_protocol.shared.coordinator_client import Refused, Stopped
 
 app = typer.Typer(help="Run the GRPO trainer of one run (the address needs the trainer role).", no_args_is_help=True)
@@ -27,6 +27,7 @@ def run(
     run_id: Annotated[str, typer.Option("--run", help="The run to train.")],
     origin_dir: Annotated[Path, typer.Option(help="The shardcast origin's data directory: steps are written there.")],
     coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
+    ca_file: CaFileOption = None,
     checkpoint_dir: Annotated[
         Path | None, typer.Option(help="Trainer state (step, cursor, optimizer); default ORIGIN_DIR/../trainer.")
     ] = None,
@@ -62,3 +63,7 @@ def run(
     finally:
         trainer.close()
     console.print(f"Stopped at policy step {trainer.state.step}.")
+
+
+cli = entry_point(app)
+"""The console script: ``app`` with TLS failures told in one sentence."""

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from intellect_protocol.shared.cli import WalletOption, stop_on_sigterm, unlock
+from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, stop_on_sigterm, unlock
 from intellect_protocol.shared.coordinator_client import Refused, Stopped
 
 app = typer.Typer(help="Run an Intellect Protocol validator (the address needs the validator role).", no_args_is_help=True)
@@ -25,6 +25,7 @@ def main() -> None:
 def run(
     wallet_file: WalletOption,
     coordinator: Annotated[str, typer.Option(help="Coordinator URL.")] = "http://127.0.0.1:8000",
+    ca_file: CaFileOption = None,
     state_dir: Annotated[Path, typer.Option(help="Where policy weights are kept.")] = Path.home() / ".intellect" / "validator",
     batch: Annotated[int, typer.Option(min=1, max=64, help="Submissions claimed at once.")] = 8,
 ) -> None:
@@ -48,3 +49,7 @@ def run(
     finally:
         validator.close()
     console.print(f"Stopped after {validator.checked} submissions.")
+
+
+cli = entry_point(app)
+"""The console script: ``app`` with TLS failures told in one sentence."""

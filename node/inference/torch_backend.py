@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from intellect_protocol.shared.inference import Completion
-from intellect_protocol.shared.models import final_norm_outputs
+from intellect_protocol.shared.models import cache_keyword, final_norm_outputs
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.sampling import sample
 from intellect_protocol.shared.schemas import SamplingParams
@@ -28,6 +28,7 @@ class TorchBackend:
         self.pad = pad_token_id
         self.device = next(model.parameters()).device
         self.numerics = Numerics.of(model)
+        self.cache_keyword = cache_keyword(model)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]:
@@ -53,7 +54,7 @@ class TorchBackend:
 
         with final_norm_outputs(self.model) as captured:
             logits = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+                input_ids=ids, attention_mask=mask, position_ids=positions, **{self.cache_keyword: cache}, use_cache=True
             ).logits[:, -1]
             next_position = positions[:, -1] + 1
             for step in range(params.max_tokens):
@@ -77,7 +78,7 @@ class TorchBackend:
                     input_ids=fed[:, None],
                     attention_mask=mask,
                     position_ids=next_position[:, None],
-                    past_key_values=cache,
+                    **{self.cache_keyword: cache},
                     use_cache=True,
                 ).logits[:, -1]
                 state = captured[-1][:, -1].to(torch.bfloat16).cpu()

@@ -12,7 +12,7 @@ import typer
 import uvicorn
 from rich.console import Console
 
-from intellect_protocol.shared.cli import unlock
+from intellect_protocol.shared.cli import CaFileOption, TlsCertOption, TlsKeyOption, entry_point, tls_files, unlock
 from intellect_protocol.shared.coordinator_client import ProtocolError
 from intellect_protocol.shared.logs import configure
 from intellect_protocol.shared.serving import server_config
@@ -40,7 +40,9 @@ def main(
     ] = False,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8100,
-    public_url: Annotated[str | None, typer.Option(help="URL clients reach this server at; default http://HOST:PORT.")] = None,
+    public_url: Annotated[
+        str | None, typer.Option(help="URL clients reach this server at; default http://HOST:PORT (https:// with --tls-cert).")
+    ] = None,
     keep: Annotated[
         int,
         typer.Option(
@@ -50,19 +52,28 @@ def main(
     ] = 3,
     grace_s: Annotated[float, typer.Option(min=0, help="Seconds an older step stays after it is retired.")] = 60.0,
     concurrency: Annotated[int, typer.Option(min=1, max=64, help="Chunks fetched from upstreams at once.")] = 4,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """Serve policy steps: register with the coordinator, follow its manifests, fetch and verify
     chunks (relay) or serve the trainer's files in place (origin), and answer many clients at once."""
     if origin == bool(upstream):
         err.print("[red]Give --upstream (a relay) or --origin (the trainer's origin), not both or neither.[/red]")
         raise typer.Exit(2)
+    tls = tls_files(tls_cert, tls_key, err)
     account = unlock(wallet_file, err)
     configure()
     store = StepStore(data_dir, keep=keep, grace_s=grace_s, complete_on_disk=origin)
     worker = RelayWorker(
-        store, coordinator, account, public_url or f"http://{host}:{port}", upstreams=upstream or (), concurrency=concurrency
+        store,
+        coordinator,
+        account,
+        public_url or f"{'https' if tls else 'http'}://{host}:{port}",
+        upstreams=upstream or (),
+        concurrency=concurrency,
     )
-    server = uvicorn.Server(server_config(create_server(store), host, port, log_level="warning", access_log=False))
+    server = uvicorn.Server(server_config(create_server(store), host, port, log_level="warning", access_log=False, tls=tls))
     try:
         asyncio.run(_serve(server, worker))
     except ProtocolError as e:
@@ -87,3 +98,7 @@ async def _serve(server: uvicorn.Server, worker: RelayWorker) -> None:
     for task in done:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
+
+
+cli = entry_point(app)
+"""The console script: ``app`` with TLS failures told in one sentence."""

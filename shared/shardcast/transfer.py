@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 import blake3
 
+from intellect_protocol.shared.tls import client_context, untrusted
+
 BUFFER = 1 << 20
 TIMEOUT_S = 60.0
 
@@ -31,8 +33,11 @@ def _connection(scheme: str, netloc: str) -> http.client.HTTPConnection:
     pool: dict[tuple[str, str], http.client.HTTPConnection] = _local.__dict__.setdefault("pool", {})
     conn = pool.get((scheme, netloc))
     if conn is None:
-        cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        conn = pool[(scheme, netloc)] = cls(netloc, timeout=TIMEOUT_S)
+        if scheme == "https":
+            conn = http.client.HTTPSConnection(netloc, timeout=TIMEOUT_S, context=client_context())
+        else:
+            conn = http.client.HTTPConnection(netloc, timeout=TIMEOUT_S)
+        pool[(scheme, netloc)] = conn
     return conn
 
 
@@ -76,4 +81,6 @@ def fetch_range(url: str, fd: int, offset: int, length: int, expected: str) -> b
         return hasher.hexdigest() == expected
     except (OSError, http.client.HTTPException) as e:
         _drop(parts.scheme, parts.netloc)
-        raise e if isinstance(e, TransferError) else TransferError(f"{url}: {e}") from e
+        if isinstance(e, TransferError):
+            raise
+        raise TransferError(untrusted(e, f"{parts.scheme}://{parts.netloc}") or f"{url}: {e}") from e
