@@ -41,6 +41,12 @@ ONE_SHOT_GIVE_UP_S = 30.0
 """How long a one-shot command (receipts, appeal) waits out an unreachable or busy coordinator."""
 
 
+def _say_stopped() -> None:
+    # Not through Rich: the interrupt may have landed inside one of its prints, leaving the console's
+    # buffer open, and whatever it prints after that is never written.
+    print("Stopped.", flush=True)
+
+
 def _force_exit() -> None:
     print(f"Stopped after {STOP_DEADLINE_S:g} s; work still in flight was dropped (its leases run out).", flush=True)
     os._exit(0)
@@ -150,7 +156,7 @@ def join(
     try:
         run_join(account, coordinator, settings, console, operator=link, stop=stop)
     except KeyboardInterrupt:
-        console.print("Stopped.")
+        _say_stopped()
     except NodeError as e:
         raise fail(str(e), e.exit_code) from None
     except Exception:
@@ -158,7 +164,7 @@ def join(
         # half-loaded module whose next import fails with an unrelated error. Asked to stop, it is a stop.
         if not signalled.is_set():
             raise
-        console.print("Stopped.")
+        _say_stopped()
     finally:
         # Only a vLLM node has an engine to close; importing the module now would load torch while
         # the node's threads wind down (that segfaulted a node on SIGTERM).

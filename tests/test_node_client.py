@@ -11,11 +11,13 @@ import pytest
 from eth_account import Account
 from rich.console import Console
 
+from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.client import EXIT_CLOCK, EXIT_VERSION, NodeClient, NodeError
 from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.worker import join
 from intellect_protocol.shared.signing import SignedAuth
+from tests.conftest import serve
 
 
 def test_clock_skew_is_explained(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -30,8 +32,6 @@ def test_clock_skew_is_explained(coordinator, tmp_path: Path) -> None:  # type: 
 
 
 def test_too_old_for_the_coordinator(sqlite_url: str, tmp_path: Path) -> None:
-    from intellect_protocol.coordinator.settings import CoordinatorSettings
-    from tests.conftest import serve
 
     with serve(CoordinatorSettings(database_url=sqlite_url, min_node_version="99.0.0")) as c:
         with pytest.raises(NodeError) as refused:
@@ -46,9 +46,15 @@ def test_too_old_for_the_coordinator(sqlite_url: str, tmp_path: Path) -> None:
         assert "pip install -U intellect-protocol" in str(refused.value)
 
 
-def test_check_command(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_check_command(sqlite_url: str, tmp_path: Path) -> None:
+    # The node never sees the coordinator's database: one kind is enough.
+    with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")) as coordinator:
+        _check(coordinator.url, tmp_path)
+
+
+def _check(url: str, tmp_path: Path) -> None:
     ok = subprocess.run(
-        ["intellect-node", "check", "--coordinator", coordinator.url, "--state-dir", str(tmp_path)],
+        ["intellect-node", "check", "--coordinator", url, "--state-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -70,11 +76,9 @@ def test_check_command(coordinator, tmp_path: Path) -> None:  # type: ignore[no-
 def test_a_node_holds_as_many_tasks_as_the_coordinator_allows(sqlite_url: str, tmp_path: Path) -> None:
     import io
 
-    from intellect_protocol.coordinator.settings import CoordinatorSettings
     from intellect_protocol.node.work import finisher_pool, stop_finishers
     from intellect_protocol.node.work_loop import WorkLoop
     from intellect_protocol.shared.schemas import SamplingParams
-    from tests.conftest import serve
     from tests.helpers import make_run
 
     with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", max_leases_per_node=1)) as served:
