@@ -272,23 +272,27 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
 
 def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
     headers = {"authorization": f"Bearer {network.token}"}
-    with Live(console=console, refresh_per_second=2) as live:
-        while True:
-            for p in network.processes:
-                # The trainer ends after its last step, the adversary once banned, the rogue validator once
-                # revoked; anything else ending is a failure.
-                if p.popen.poll() is not None and not (
-                    p.name in ("trainer", "adversary", "rogue-validator") and p.popen.returncode == 0
-                ):
-                    raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
-            progress = _progress(network)
-            listing = network.http.get(f"{network.coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()
-            work = network.http.get(f"{network.coordinator.url}/v1/public/network", timeout=5).json()["work"]
-            live.update(_dashboard(network, progress, listing, accuracy.by_step, steps, work))
-            step = progress["steps"][-1]["step"] if progress["steps"] else 0
-            if steps and step >= steps and max(accuracy.by_step, default=0) >= steps:
-                return
-            time.sleep(0.5)
+    try:
+        with Live(console=console, refresh_per_second=2) as live:
+            while True:
+                for p in network.processes:
+                    # The trainer ends after its last step, the adversary once banned, the rogue validator once
+                    # revoked; anything else ending is a failure.
+                    if p.popen.poll() is not None and not (
+                        p.name in ("trainer", "adversary", "rogue-validator") and p.popen.returncode == 0
+                    ):
+                        raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
+                progress = _progress(network)
+                listing = network.http.get(f"{network.coordinator.url}/v1/admin/nodes", headers=headers, timeout=5).json()
+                work = network.http.get(f"{network.coordinator.url}/v1/public/network", timeout=5).json()["work"]
+                live.update(_dashboard(network, progress, listing, accuracy.by_step, steps, work))
+                step = progress["steps"][-1]["step"] if progress["steps"] else 0
+                if steps and step >= steps and max(accuracy.by_step, default=0) >= steps:
+                    return
+                time.sleep(0.5)
+    finally:
+        if not console.is_terminal:
+            console.line()  # Rich ends its last frame with a newline on a terminal only; in a log the next line ran on
 
 
 def _dashboard(

@@ -66,6 +66,7 @@ def test_devnet_learns_and_stops_by_itself(devnet: Devnet) -> None:
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.03, summary["accuracy_by_step"]
     # Every server presented a certificate of the devnet's authority, and every client verified it.
     assert "Leaderboard: https://127.0.0.1:" in devnet.stdout and "TLS: every role verifies" in devnet.stdout
+    assert re.search(r"^Stopped\. Logs, ledger and summary\.json are in ", devnet.stdout, re.MULTILINE), devnet.stdout[-2000:]
     assert (devnet.workdir / "tls" / "ca.pem").exists()
     # The final figure says at which step it was measured: the run it stopped with, not an earlier one.
     final = re.search(r"Held-out accuracy .* at step (\d+) \(the run reached step (\d+)\)", devnet.stdout)
