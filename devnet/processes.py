@@ -99,9 +99,8 @@ def wait_http(process: Process, url: str, timeout: float = 60, ca: Path | None =
     """Wait until ``url`` answers 2xx (over HTTPS trusting ``ca``, if given); raise :class:`StartError`
     if the process dies or time runs out."""
     deadline = time.monotonic() + timeout
-    with httpx.Client(
-        timeout=2, verify=client_context(ca)
-    ) as http:  # one client: each new one costs ~25 ms of CPU, ten times a second
+    # One client: each new one costs ~25 ms of CPU, ten times a second.
+    with httpx.Client(timeout=2, verify=client_context(ca)) as http:
         while time.monotonic() < deadline:
             if process.popen.poll() is not None:
                 raise StartError(f"{process.name} exited with code {process.popen.returncode}:\n{process.tail()}")

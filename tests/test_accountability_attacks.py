@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.models import Node, Run, ValidatorStrike
 from intellect_protocol.coordinator.services import committee
+from intellect_protocol.coordinator.services.independence import linked
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.cli import app as node_cli
 from intellect_protocol.node.work import finish, generate
@@ -96,7 +97,7 @@ def test_a_node_cannot_link_itself_to_a_validator_it_does_not_control(sqlite_url
             == 200
         )
         with make_sessionmaker(served.engine)() as session:
-            assert forger.address in committee.linked(session, honest.address, served.settings)
+            assert forger.address in linked(session, honest.address, served.settings)
 
 
 def test_a_split_on_a_thin_committee_is_held_and_the_forger_is_struck_once_a_third_judges(

@@ -3,6 +3,7 @@
 A validator whose verdict differs from its committee's decision is outvoted: one strike. After
 ``validator_max_strikes`` strikes since it was last granted the role, the role is revoked (the
 committee then re-checks its recent verdicts, see :mod:`coordinator.services.committee`).
+Nodes are suspect too (:func:`suspect_node`): their approvals are audited more often.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator import events
-from intellect_protocol.coordinator.models import Review, Role, Submission, ValidatorStrike
+from intellect_protocol.coordinator.models import Node, Review, Role, Submission, ValidatorStrike
 from intellect_protocol.coordinator.services import roles
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.committee import ValidatorStanding
@@ -117,3 +118,18 @@ def standings(session: Session) -> list[ValidatorStanding]:
             )
         )
     return sorted(out, key=lambda s: (not s.active, -s.verdicts))
+
+
+def suspect_node(session: Session, address: str) -> bool:
+    """A node with a strike, or whose work any validator called forged (a verdict not voided): its
+    approvals are audited like a suspect validator's, so a rogue cannot wave its forgeries through."""
+    node = session.get(Node, address)
+    if node is not None and node.strikes > 0:
+        return True
+    called_forged = (
+        select(Review.id)
+        .join(Submission, Submission.id == Review.submission_id)
+        .where(Submission.address == address, Review.outcome == "hard", Review.voided_at.is_(None))
+        .limit(1)
+    )
+    return session.scalar(called_forged) is not None

@@ -39,11 +39,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import case, exists, func, or_, select
+from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
-from intellect_protocol.coordinator.models import Appeal, ContributionEntry, Node, Review, Role, Run, Submission, Task
+from intellect_protocol.coordinator.models import Appeal, ContributionEntry, Review, Role, Run, Submission, Task
 from intellect_protocol.coordinator.services import accountability, consequences, roles
+from intellect_protocol.coordinator.services.independence import linked
+from intellect_protocol.coordinator.services.staleness import expire, expire_stale, stale
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.committee import Outcome, Purpose
 from intellect_protocol.shared.run_schemas import AuditPolicy
@@ -56,21 +58,6 @@ ASSIGN_SCAN = 256
 URGENT_FIRST = (case((Review.purpose == "appeal", 1), else_=0), Task.policy_step, Review.opened_at, Review.id)
 """Review order (with Submission and Task joined): appeals after all other work, then the oldest
 policy first (it goes stale first)."""
-
-EXPIRED = "policy step {step} fell out of the run's window {oldest}..{newest} before its validators finished: expired, no credit, no penalty"
-
-
-def linked(session: Session, address: str, settings: CoordinatorSettings) -> set[str]:
-    """Addresses ``address`` is not independent of: itself, the nodes it operates, its operator and
-    that operator's other nodes, and any group of ``settings.linked_addresses`` it is in. Operator
-    links exist only with the operator's signature (:func:`coordinator.services.nodes.register`)."""
-    node = session.get(Node, address)
-    operators = {address} | ({node.operator_address} if node is not None and node.operator_address else set())
-    out = operators | set(session.scalars(select(Node.address).where(Node.operator_address.in_(operators))))
-    for group in settings.linked_addresses:
-        if address in group:
-            out |= set(group)
-    return out
 
 
 def open_review(
@@ -226,26 +213,11 @@ def audit_chance(session: Session, submission: Submission, validator: str, setti
     )
     if accepted < policy.new_node_accepted:
         chance = max(chance, policy.new_node_share)
-    if suspect_node(session, submission.address):
+    if accountability.suspect_node(session, submission.address):
         chance = max(chance, policy.suspect_share)
     if accountability.suspect(session, validator, policy.new_validator_verdicts):
         chance = max(chance, policy.suspect_share)
     return chance
-
-
-def suspect_node(session: Session, address: str) -> bool:
-    """A node with a strike, or whose work any validator called forged (a verdict not voided): its
-    approvals are audited like a suspect validator's, so a rogue cannot wave its forgeries through."""
-    node = session.get(Node, address)
-    if node is not None and node.strikes > 0:
-        return True
-    called_forged = (
-        select(Review.id)
-        .join(Submission, Submission.id == Review.submission_id)
-        .where(Submission.address == address, Review.outcome == "hard", Review.voided_at.is_(None))
-        .limit(1)
-    )
-    return session.scalar(called_forged) is not None
 
 
 def _rows_trained(session: Session, submission: Submission) -> int:
@@ -344,43 +316,6 @@ def _decide(
                 recheck_verdicts_of(session, review.validator, settings, now)
             elif struck == "struck":
                 withhold_approvals_of(session, review.validator, settings, now)
-
-
-def stale(session: Session, submission: Submission) -> bool:
-    """Whether ``submission``'s policy fell out of its run's window: the trainer could not use it."""
-    task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
-    return task.policy_step < run.oldest_step
-
-
-def expire(session: Session, submission: Submission, now: datetime) -> None:
-    """Decide undecided, stale ``submission`` as expired: the network, not the node, made it late,
-    so no credit and no penalty; its open reviews are voided, so no validator spends a model pass on it."""
-    task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
-    for review in session.scalars(
-        select(Review).where(Review.submission_id == submission.id, Review.outcome.is_(None), Review.voided_at.is_(None))
-    ):
-        review.voided_at, review.void_reason = now, "the work went stale first"
-    submission.status, submission.outcome, submission.hard, submission.validated_at = SubmissionStatus.expired, "soft", False, now
-    submission.reason = EXPIRED.format(step=task.policy_step, oldest=run.oldest_step, newest=run.policy_step)
-
-
-def expire_stale(session: Session, now: datetime) -> None:
-    """:func:`expire` every undecided submission whose policy fell out of its run's window, unless a
-    validator called it forged: that is judged to the end, or a forger would outwait its committee."""
-    query = (
-        select(Submission)
-        .join(Task, Task.id == Submission.task_id)
-        .join(Run, Run.id == Submission.run_id)
-        .where(
-            Submission.status == SubmissionStatus.pending,
-            Submission.outcome.is_(None),
-            Task.policy_step < Run.oldest_step,
-        )
-        .where(~exists().where(Review.submission_id == Submission.id, Review.outcome == "hard", Review.voided_at.is_(None)))
-        .with_for_update(skip_locked=True, of=Submission)
-    )
-    for submission in session.scalars(query):
-        expire(session, submission, now)
 
 
 def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorSettings, now: datetime) -> None:

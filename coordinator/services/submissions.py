@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Node, Nonce, Run, Submission, Task
-from intellect_protocol.coordinator.services import committee, nodes
+from intellect_protocol.coordinator.services import committee, nodes, staleness
 from intellect_protocol.coordinator.services.runs import params_of
 from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
 from intellect_protocol.shared.schemas import ErrorCode, NodeStatus, SubmissionReceipt, checksum_address, sequence_seed
@@ -149,8 +149,8 @@ def record(
     session.add(submission)
     session.flush()
     task.status = TaskStatus.submitted
-    if committee.stale(session, submission):  # it went stale while being made: no validator need look
-        committee.expire(session, submission, now)
+    if staleness.stale(session, submission):  # it went stale while being made: no validator need look
+        staleness.expire(session, submission, now)
     else:
         committee.open_review(session, submission, "first", now)
     return receipt(submission)

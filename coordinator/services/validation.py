@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Review, Run, Submission, Task
 from intellect_protocol.coordinator.services import committee, consequences, credit, roles
+from intellect_protocol.coordinator.services.independence import linked
 from intellect_protocol.coordinator.services.runs import require_stake, spec
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.money import tokens
@@ -115,7 +116,7 @@ def record_verdict(
     session: Session, signer: str, body: VerdictRequest, settings: CoordinatorSettings, now: datetime, audience: str
 ) -> Submission:
     submission, review = claimed(session, signer, body.submission_id, now)
-    if submission.address in committee.linked(session, signer, settings):
+    if submission.address in linked(session, signer, settings):
         raise ApiError(ErrorCode.own_work, "A validator may not judge work of its own or of addresses linked to it.")
     try:
         verdict_by = verdict_signer(body.signature, audience, submission.id, submission.sha256, body.checks, body.untrained_rows)
