@@ -463,3 +463,8 @@ def test_a_step_in_use_is_kept_however_many_newer_steps_arrive(tmp_path: Path) -
     weights.unpin(task(1))
     weights.ensure(run, 5)
     assert sorted(p.name for p in (tmp_path / run).iterdir()) == ["4", "5"]
+    # A validator judging older work than the newest two steps gets that step, not a path its own
+    # pruning just removed (it crashed loading a deleted directory under the chaos run's backlog).
+    (tmp_path / run / "2").mkdir()
+    (tmp_path / run / "2" / MANIFEST_FILE).write_text("{}")  # as if just downloaded
+    assert Path(weights.model_for(task(2)), MANIFEST_FILE).exists()

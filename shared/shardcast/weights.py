@@ -70,7 +70,7 @@ class Weights:
             if pin:
                 self.pinned[(run_id, step)] += 1
             self.held[run_id] = max(self.held.get(run_id, 0), step)
-            self._prune(run_id)
+            self._prune(run_id, step)
         return dest
 
     def prefetch(self, run_id: str, step: int) -> None:
@@ -99,11 +99,13 @@ class Weights:
             f"Holding policy step {step} of {run_id} ({manifest.total_bytes / 2**20:.1f} MiB verified, {rate:.0f} MiB/s)."
         )
 
-    def _prune(self, run_id: str) -> None:
+    def _prune(self, run_id: str, wanted: int) -> None:
+        """Keep the newest KEEP steps, the pinned ones and ``wanted`` (the step being handed out, which
+        may be older than those: a validator works through a backlog of older policy steps)."""
         steps = sorted(
             (int(p.name) for p in (self.directory / run_id).glob("*") if p.name.isascii() and p.name.isdigit()), reverse=True
         )
         for old in steps[KEEP:]:
-            if (run_id, old) in self.pinned:
+            if old == wanted or (run_id, old) in self.pinned:
                 continue  # pruned by a later call, once its tasks are done
             shutil.rmtree(self.directory / run_id / str(old), ignore_errors=True)
