@@ -252,7 +252,8 @@ def test_a_task_older_than_the_runs_window_is_never_handed_out_again(sqlite_url:
             session.get_one(Run, run_id).policy_step = 3
         fresh = lease(c, second).json()
         assert fresh["task_id"] != old["task_id"] and fresh["policy_step"] == 3
-        assert lease(c, first).json()["task_id"] not in {old["task_id"], fresh["task_id"]}
+        # Not the stale task (the fresh one may come back: its 0.5 s lease can run out on a loaded machine).
+        assert lease(c, first).json()["task_id"] != old["task_id"]
 
 
 def test_tasks_a_run_left_behind_do_not_count_against_a_nodes_limit(coordinator) -> None:  # type: ignore[no-untyped-def]
