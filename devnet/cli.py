@@ -48,8 +48,12 @@ class Accuracy(threading.Thread):
         self.by_step: dict[int, float] = {}
 
     def run(self) -> None:
+        from intellect_protocol.shared.tiny_model import Stopped
+
         try:
             self._measure()
+        except Stopped:
+            pass
         except httpx.HTTPError:
             if not self.stop_event.is_set():
                 raise  # once the devnet stops, its coordinator going away is expected, not an error
@@ -66,7 +70,7 @@ class Accuracy(threading.Thread):
         transformers.utils.logging.disable_progress_bar()  # its bars would tear the live dashboard
         problems = held_out()
         base, tokenizer = load_model("tiny-arith")
-        self._record(0, greedy_accuracy(base, tokenizer, problems))
+        self._record(0, greedy_accuracy(base, tokenizer, problems, self.stop_event))
         while not self.stop_event.wait(2):
             url = f"{self.network.coordinator.url}/v1/manifests/{self.network.run_id}/latest"
             reply = self.network.http.get(url, timeout=10)
@@ -76,7 +80,7 @@ class Accuracy(threading.Thread):
                     model, _ = load_model(step_dir(self.network.workdir / "origin", self.network.run_id, step))
                 except OSError:
                     continue  # retired by the origin between the two reads; the next step comes soon
-                self._record(step, greedy_accuracy(model, tokenizer, problems))
+                self._record(step, greedy_accuracy(model, tokenizer, problems, self.stop_event))
 
     def _record(self, step: int, accuracy: float) -> None:
         self.by_step[step] = accuracy

@@ -15,13 +15,22 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import threading
 import time
 from pathlib import Path
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from intellect_protocol.shared.environments.arithmetic import make_problem, reward, scratchpad
 from intellect_protocol.shared.models import encode_prompt
@@ -83,21 +92,44 @@ def held_out(n: int = 200) -> list[tuple[str, int]]:
     return [make_problem(rng) for _ in range(n)]
 
 
+class Stopped(Exception):
+    """An evaluation given up because its ``stop`` event was set."""
+
+
+class _UntilSet(StoppingCriteria):
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.stop.is_set(), dtype=torch.bool)
+
+
 @torch.inference_mode()
-def greedy_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[str, int]]) -> float:
-    """Fraction of problems whose greedy completion ends with the right answer (no KV cache: short sequences)."""
-    heads = [prompt_ids(tokenizer, p) for p, _ in problems]
-    width = len(heads[0])  # every prompt has the same length
-    ids = torch.tensor(heads)
-    done = torch.zeros(len(problems), dtype=torch.bool)
-    for _ in range(MAX_LEN - width):
-        nxt = model(input_ids=ids).logits[:, -1].argmax(-1)
-        nxt = torch.where(done, torch.full_like(nxt, tokenizer.pad_token_id), nxt)
-        ids = torch.cat([ids, nxt[:, None]], dim=1)
-        done |= nxt == tokenizer.eos_token_id
-        if done.all():
-            break
-    texts = tokenizer.batch_decode(ids[:, width:], skip_special_tokens=True)
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[tuple[str, int]],
+    stop: threading.Event | None = None,
+) -> float:
+    """Fraction of problems whose greedy completion ends with the right answer.
+
+    Decoded with a KV cache (ten times faster than re-reading the prefix at every token). Raises
+    :class:`Stopped` when ``stop`` is set meanwhile: a caller that is shutting down waits at most
+    one decoding step."""
+    ids = torch.tensor([prompt_ids(tokenizer, p) for p, _ in problems])  # [problems, width]: every prompt has the same length
+    width = ids.shape[1]
+    out = model.generate(  # type: ignore[operator]  # transformers' GenerationMixin, untyped for mypy
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_length=MAX_LEN,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]) if stop is not None else None,
+    )
+    if stop is not None and stop.is_set():
+        raise Stopped
+    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     return sum(reward(text, answer) for text, (_, answer) in zip(texts, problems)) / len(problems)
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -122,3 +124,28 @@ def chromium() -> str:
             pytest.fail("Chromium is missing; .ci/run must install it (apt-get install chromium).")
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     return found
+
+
+def running_under(workdir: Path) -> list[str]:
+    """Command lines of live processes that mention ``workdir``: what a stop left behind."""
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and str(workdir) in cmdline and int(proc.name) != os.getpid():
+            left.append(cmdline)
+    return left
+
+
+def wait_for_text(path: Path, text: str, timeout: float) -> None:
+    """Return once the file at ``path`` holds ``text``; fail showing its tail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(
+        f"{path.name} never said {text!r}:\n{path.read_text(errors='replace')[-3000:] if path.exists() else '(no log)'}"
+    )

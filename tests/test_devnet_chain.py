@@ -1,11 +1,17 @@
-"""The devnet settling on a local chain (anvil): every node stakes before it works, epochs of final
-credit anchor, a forging node is banned and then slashed, an honest node claims its reward with
-``intellect-node claim``, ``verify-epoch`` rebuilds every root from the public ledger and finds the
-chain's, and the leaderboard page shows epochs, stakes, slashes and claims in a real browser."""
+"""`intellect-devnet --chain --adversary`, as a user runs it: every node stakes before it works,
+epochs of final credit anchor, the forging node is banned and then slashed, an honest node claims
+its reward with ``intellect-node claim``, ``verify-epoch`` rebuilds every root from the public
+ledger and finds the chain's, and the leaderboard page shows epochs, stakes, slashes and claims in
+a real browser. Then Ctrl-C, at a terminal, stops this working devnet (its most roles: anvil, two
+validators, the cheat) promptly, every role on its own, leaving nothing running."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,28 +19,56 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from intellect_protocol.devnet.chain import MIN_STAKE_TOKENS, NODE_STAKE, start_chain
-from intellect_protocol.devnet.network import start_network
+from intellect_protocol.devnet.anvil import anvil_binary
+from intellect_protocol.devnet.chain import MIN_STAKE_TOKENS, NODE_STAKE
 from intellect_protocol.devnet.processes import StartError
 from intellect_protocol.node.cli import app as node_cli
+from intellect_protocol.shared.chain import Settlement, connect
 from intellect_protocol.shared.money import TOKEN
-from tests.helpers import chromium
+from tests.helpers import chromium, running_under, wait_for_text
 
 pytestmark = pytest.mark.e2e
 
+PROMPT_S = 10.0
 
-def test_a_chain_devnet_stakes_anchors_slashes_and_pays(tmp_path: Path) -> None:
+
+def _anvil_or_skip() -> None:
     try:
-        chain = start_chain(tmp_path)
+        anvil_binary()
     except StartError as e:
         if os.environ.get("CI"):
             pytest.fail(f"{e}; .ci/run must install it")
         pytest.skip(str(e))
-    net = start_network(tmp_path, nodes=1, validators=2, chain=chain, coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": "1"})
+
+
+def _node_cli(*args: str, env: dict[str, str] | None = None) -> str:
+    result = CliRunner().invoke(node_cli, list(args), env=env)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.timeout(600)
+def test_a_chain_devnet_stakes_anchors_slashes_pays_and_stops_at_ctrl_c(tmp_path: Path) -> None:
+    _anvil_or_skip()
+    workdir, output = tmp_path / "devnet", tmp_path / "devnet.out"
+    command = ["intellect-devnet", "--chain", "--adversary", "--nodes", "1", "--steps", "0", "--heartbeat-interval", "1"]
+    with output.open("w") as out:
+        # A session of its own, as at a terminal: Ctrl-C signals the whole foreground process group.
+        devnet = subprocess.Popen(
+            [*command, "--workdir", str(workdir)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
-        url = str(net.coordinator.url)
-        assert httpx.get(f"{url}/v1/public/runs/{net.run_id}").json()["min_stake"] == str(MIN_STAKE_TOKENS * TOKEN)
-        cheat = net.start_adversary()
+        wait_for_text(output, "Leaderboard: ", 300)
+        url = re.search(r"Leaderboard: (\S+)/", output.read_text())[1]  # type: ignore[index]
+        contracts = json.loads((workdir / "chain.json").read_text())
+        chain = Settlement.at(
+            connect(contracts["rpc_url"]), contracts["token"], contracts["stake_registry"], contracts["distributor"]
+        )
+        run_id = httpx.get(f"{url}/v1/public/runs").json()[0]["id"]
+        assert httpx.get(f"{url}/v1/public/runs/{run_id}").json()["min_stake"] == str(MIN_STAKE_TOKENS * TOKEN)
+        wait_for_text(workdir / "logs" / "adversary.log", "", 120)  # started once its wallet is staked
+        cheat = "0x" + json.loads((workdir / "wallets" / "adversary.json").read_text())["address"]
+
         deadline = time.monotonic() + 420
         while True:
             overview = httpx.get(f"{url}/v1/public/settlement", timeout=30).json()
@@ -42,19 +76,17 @@ def test_a_chain_devnet_stakes_anchors_slashes_and_pays(tmp_path: Path) -> None:
             slashed = {n["address"].lower(): int(n["slashed"]) for n in overview["nodes"]}
             if len(anchored) >= 2 and slashed.get(cheat.lower()):
                 break
-            assert time.monotonic() < deadline, (overview, chain.anvil.tail(), net.coordinator.tail())
+            assert devnet.poll() is None and time.monotonic() < deadline, (overview, output.read_text()[-3000:])
             time.sleep(2)
         # The cheat's whole stake went to the distributor, citing the submissions that were rejected.
-        assert slashed[cheat.lower()] == NODE_STAKE and chain.settlement.stake_of(cheat) == 0
-        assert chain.settlement.registry.functions.slashed(cheat).call() == NODE_STAKE
+        assert slashed[cheat.lower()] == NODE_STAKE and chain.stake_of(cheat) == 0
+        assert chain.registry.functions.slashed(cheat).call() == NODE_STAKE
 
-        honest = net.by_name("node-0")
-        wallet = net.workdir / "wallets" / "node-0.json"
-        env = {"INTELLECT_WALLET_PASSWORD": net.password}
-        claimed = CliRunner().invoke(node_cli, ["claim", "--wallet", str(wallet), "--coordinator", url], env=env)
-        assert claimed.exit_code == 0 and "Claimed" in claimed.output, claimed.output + honest.tail()
-        verified = CliRunner().invoke(node_cli, ["verify-epoch", "--coordinator", url])
-        assert verified.exit_code == 0 and verified.output.count("matches the chain") >= 2, verified.output
+        wallet = workdir / "wallets" / "node-0.json"
+        password = (workdir / "wallet-password").read_text().strip()
+        claimed = _node_cli("claim", "--wallet", str(wallet), "--coordinator", url, env={"INTELLECT_WALLET_PASSWORD": password})
+        assert "Claimed" in claimed, claimed
+        assert _node_cli("verify-epoch", "--coordinator", url).count("matches the chain") >= 2
 
         from playwright.sync_api import expect, sync_playwright
 
@@ -69,5 +101,24 @@ def test_a_chain_devnet_stakes_anchors_slashes_and_pays(tmp_path: Path) -> None:
             expect(claimed_cell).not_to_have_text("0.00", timeout=15_000)  # the overview is cached for 5 s
             page.screenshot(path=str(tmp_path / "settlement.png"), full_page=True)
             browser.close()
+
+        signalled = time.monotonic()
+        os.killpg(devnet.pid, signal.SIGINT)
+        devnet.wait(60)
+        took = time.monotonic() - signalled
     finally:
-        net.stop()
+        if devnet.poll() is None:  # failed before the Ctrl-C: still let the devnet stop its roles
+            os.killpg(devnet.pid, signal.SIGTERM)
+            try:
+                devnet.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(devnet.pid, signal.SIGKILL)
+    said = output.read_text()
+    assert devnet.returncode == 0 and "Stopped." in said and "Traceback" not in said, said[-3000:]
+    assert took < PROMPT_S, f"stopping took {took:.1f} s"
+    codes = json.loads((workdir / "summary.json").read_text())["exit_codes"]
+    assert {"anvil", "coordinator", "node-0", "adversary", "validator-0", "validator-1", "trainer"} <= set(codes), codes
+    assert all(code == 0 for code in codes.values()), codes  # no role needed SIGKILL
+    assert running_under(workdir) == []
+    with pytest.raises(httpx.TransportError):
+        httpx.post(contracts["rpc_url"], json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=2)

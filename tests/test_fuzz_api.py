@@ -39,7 +39,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     tmp = tmp_path_factory.mktemp("fuzz")
     url = _new_database(request.param, request, tmp, request.getfixturevalue(f"migrated_{request.param}"))
     settings_ = CoordinatorSettings(
-        database_url=url, blob_dir=tmp / "blobs", rate_limit_per_s=1e6, rate_limit_burst=10**6, manifest_wait_max_s=1
+        database_url=url, blob_dir=tmp / "blobs", rate_limit_per_s=1e6, rate_limit_burst=10**6, manifest_wait_max_s=0.05
     )
     with serve(settings_) as s:
         make_run(s)
@@ -69,7 +69,7 @@ def test_no_request_makes_a_server_error(served: Served, mode) -> None:  # type:
         @given(case=operation.as_strategy(generation_mode=mode))
         def check(case) -> None:  # type: ignore[no-untyped-def]
             for name, session in sessions.items():
-                response = case.call(base_url=served.url, session=session, timeout=10)  # long polls are capped at 1 s here
+                response = case.call(base_url=served.url, session=session, timeout=10)  # long polls are capped at 50 ms here
                 seen[response.status_code] = seen.get(response.status_code, 0) + 1
                 assert response.status_code < 500, (
                     f"{name} {case.method} {case.formatted_path}: {response.status_code} {response.text[:300]}"

@@ -4,6 +4,7 @@ verify; a swapped model fails; every sampled token re-derives from its seed."""
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from intellect_protocol.shared.inference import prefill
 from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
 from intellect_protocol.shared.sampling import replay
 from intellect_protocol.shared.schemas import SamplingParams
-from intellect_protocol.shared.tiny_model import prompt_ids
+from intellect_protocol.shared.tiny_model import MAX_LEN, Stopped, greedy_accuracy, held_out, prompt_ids
 from intellect_protocol.shared.toploc import build_proofs, rollout_passes, verify_proofs
 
 pytestmark = pytest.mark.unit
@@ -129,3 +130,21 @@ def test_the_kv_cache_is_passed_by_the_installed_transformers_own_name(tiny) -> 
     chosen = torch.log_softmax(whole, -1)[torch.arange(len(done.tokens)), done.tokens]
     assert torch.allclose(chosen, torch.tensor(done.logprobs), atol=1e-4)
     assert torch.allclose(whole, chunked, atol=1e-4)
+
+
+def test_held_out_accuracy_decodes_as_argmax_without_a_cache_and_gives_up_when_stopped(tiny) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer, _ = tiny
+    problems = held_out()[:40]
+    ids = torch.tensor([prompt_ids(tokenizer, p) for p, _ in problems])
+    width = ids.shape[1]
+    with torch.inference_mode():  # the reference: the whole prefix re-read for every token
+        for _ in range(MAX_LEN - width):
+            ids = torch.cat([ids, model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    texts = [text.split(tokenizer.eos_token)[0] for text in tokenizer.batch_decode(ids[:, width:])]
+    solved = sum(reward(text, answer) for text, (_, answer) in zip(texts, problems)) / len(problems)
+    assert 0 < solved < 1 and greedy_accuracy(model, tokenizer, problems) == solved
+
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Stopped):
+        greedy_accuracy(model, tokenizer, problems, stop)

@@ -103,16 +103,18 @@ def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite
         sharded = load_file(step_dir(tmp_path / "origin", run_id, 1) / "model.safetensors")
         single, base = alone.model.state_dict(), load_model(alone.run_info.model)[0].state_dict()
         # Compared as updates: reduction order differs between an all-reduce and one process, and
-        # Adam scales a weight's update by its own gradient's size, so where a gradient is almost
-        # zero the rounding shows elementwise (measured: up to 0.2 % of a tensor's update in norm).
-        # Ranks that trained on the wrong rows or gathered the wrong shards miss by far more.
+        # where a gradient is near Adam's eps the update scales with the gradient's own size, so the
+        # rounding shows elementwise (measured over 8 runs: up to 2 % of a tensor's update in norm,
+        # and no element off by half the largest update). Ranks that trained on the wrong rows or
+        # gathered the wrong shards flip the sign of a large share of elements (each off by up to twice it).
         assert set(sharded) == set(single)
         for name, value in sharded.items():
             ours, theirs = value - base[name], single[name] - base[name]
             if theirs.norm() == 0:
                 assert ours.norm() == 0, name
                 continue
-            assert float((ours - theirs).norm() / theirs.norm()) < 2e-2, name
+            off = (ours - theirs).abs() > 0.5 * theirs.abs().max()
+            assert float(off.float().mean()) < 1e-3 and float((ours - theirs).norm() / theirs.norm()) < 0.1, name
         assert any(not torch.equal(single[n], base[n]) for n in single), "the step changed no weight"
 
         with make_sessionmaker(served.engine)() as session:

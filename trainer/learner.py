@@ -10,6 +10,7 @@ logprobs their generator recorded, and returns the step's metrics. The network's
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -18,6 +19,10 @@ from intellect_protocol.trainer.distributed import Placement, clip_grad_norm, sh
 from intellect_protocol.trainer.logprobs import sequence_logprobs
 from intellect_protocol.trainer.loss import group_advantages, grpo_loss
 from intellect_protocol.trainer.settings import TrainerSettings
+
+
+class Abandoned(Exception):
+    """A step given up between micro-batches because its ``stop`` was set."""
 
 
 class Learner:
@@ -35,8 +40,15 @@ class Learner:
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
         self.optimizer_steps = optimizer_steps
 
-    def step(self, batch: Batch, policy_step: int) -> dict[str, float]:
-        """The optimizer steps that make policy ``policy_step + 1`` from ``batch``; returns its metrics."""
+    def step(self, batch: Batch, policy_step: int, stop: threading.Event | None = None) -> dict[str, float]:
+        """The optimizer steps that make policy ``policy_step + 1`` from ``batch``; returns its metrics.
+
+        Each optimizer step accumulates gradients over micro-batches of at most ``micro_batch``
+        sequences (every part normalised by the whole batch, so the sum is the full batch's
+        gradient). A single process checks ``stop`` between them and raises :class:`Abandoned`:
+        the weights it may have moved were never published nor checkpointed, so a restart takes
+        the step again from the last checkpoint. FSDP ranks never abandon alone (the others would
+        wait in a collective); torchrun stops them."""
         everything = [r for g in batch.groups for r in g.rollouts]
         group_ids = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g.rollouts])
         all_advantages = group_advantages(
@@ -45,28 +57,35 @@ class Learner:
         # Data parallel under FSDP: each rank takes every world_size-th sequence of the batch.
         rank, world = self.where.rank, self.where.world_size
         rollouts, advantages = everything[rank::world], all_advantages[rank::world]
-        longest = max(len(r.completion_tokens) for r in rollouts)
-        behaviour = torch.zeros(len(rollouts), longest)
-        for i, r in enumerate(rollouts):
-            behaviour[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
-        prompts, completions = [r.prompt_tokens for r in rollouts], [r.completion_tokens for r in rollouts]
+        # As many micro-batches on every rank (each backward is a collective under FSDP).
+        parts = torch.arange(len(rollouts)).tensor_split(max(1, math.ceil(len(everything) // world / self.settings.micro_batch)))
         share = (float(sum(len(r.completion_tokens) for r in everything)), world)
+        may_abandon = stop if world == 1 else None
         metrics: dict[str, float] = {}
         skipped = 0
         for _ in range(self.settings.optimizer_steps):
             self._set_lr()
-            logp, entropy, mask = sequence_logprobs(self.module, prompts, completions, self.temperature)
-            loss, stats = grpo_loss(
-                logp,
-                behaviour.to(logp.device),
-                advantages.to(logp.device),
-                mask,
-                self.settings.loss,
-                entropy=entropy,
-                share=share,
-            )
             self.optimizer.zero_grad()
-            loss.backward()
+            totals = dict.fromkeys(("loss", "clip_low", "clip_high", "ratio_mean", "entropy"), 0.0)
+            capped = negative = 0.0
+            for part in parts:
+                if may_abandon is not None and may_abandon.is_set():
+                    raise Abandoned
+                chosen = [rollouts[i] for i in part.tolist()]
+                logp, entropy, mask = sequence_logprobs(
+                    self.module, [r.prompt_tokens for r in chosen], [r.completion_tokens for r in chosen], self.temperature
+                )
+                behaviour = torch.zeros_like(logp)  # [micro, T]
+                for i, r in enumerate(chosen):
+                    behaviour[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
+                loss, stats = grpo_loss(
+                    logp, behaviour, advantages[part].to(logp.device), mask, self.settings.loss, entropy=entropy, share=share
+                )
+                loss.backward()
+                for key in totals:  # each part's figures are normalised by the whole batch: they add up
+                    totals[key] += getattr(stats, key)
+                negatives = float(((advantages[part] < 0)[:, None].to(mask.device) & mask).sum())
+                capped, negative = capped + stats.clip_delta * negatives, negative + negatives
             grad_norm = float(clip_grad_norm(self.module, self.settings.max_grad_norm))
             if not math.isfinite(grad_norm):
                 # One non-finite value would poison every weight; the norm is global under FSDP, so
@@ -76,15 +95,7 @@ class Learner:
                 continue
             self.optimizer.step()
             self.optimizer_steps += 1
-            metrics = {
-                "loss": stats.loss,
-                "clip_low": stats.clip_low,
-                "clip_high": stats.clip_high,
-                "clip_delta": stats.clip_delta,
-                "ratio_mean": stats.ratio_mean,
-                "entropy": stats.entropy,
-                "grad_norm": grad_norm,
-            }
+            metrics = totals | {"clip_delta": capped / max(negative, 1.0), "grad_norm": grad_norm}
         metrics |= {
             "reward": sum(r.reward for r in everything) / len(everything),
             "task_reward": sum(r.task_reward for r in everything) / len(everything),

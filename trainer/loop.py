@@ -33,7 +33,7 @@ from intellect_protocol.shared.shardcast.manifest import SignedManifest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.trainer.data import Batch, add_submission, fetch_accepted
 from intellect_protocol.trainer.distributed import full_state_dict, placement
-from intellect_protocol.trainer.learner import Learner
+from intellect_protocol.trainer.learner import Abandoned, Learner
 from intellect_protocol.trainer.settings import TrainerSettings
 
 log = logging.getLogger("intellect.trainer")
@@ -114,9 +114,10 @@ class Trainer:
         rate = self.problems[prompt_id].pass_rate if prompt_id in self.problems else None
         return rate is None or self.settings.pass_rate_min <= rate <= self.settings.pass_rate_max
 
-    def train_step(self, batch: Batch) -> dict[str, float]:
-        """The optimizer steps of one policy version; returns its metrics."""
-        metrics = self.learner.step(batch, self.state.step)
+    def train_step(self, batch: Batch, stop: threading.Event | None = None) -> dict[str, float]:
+        """The optimizer steps of one policy version; returns its metrics. :class:`Abandoned` when
+        ``stop`` is set meanwhile (a single process only)."""
+        metrics = self.learner.step(batch, self.state.step, stop)
         self.state.optimizer_steps = self.learner.optimizer_steps
         return metrics
 
@@ -163,7 +164,10 @@ class Trainer:
                 batch = shared[0]
             if batch is None:
                 break
-            metrics = self.train_step(batch)
+            try:
+                metrics = self.train_step(batch, stop)
+            except Abandoned:
+                break  # nothing of this step was kept: a restart takes it again from the checkpoint
             metrics["step_s"] = time.perf_counter() - started
             if self.publish(batch, metrics) is None:
                 continue  # another rank publishes and reports

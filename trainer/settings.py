@@ -26,6 +26,9 @@ class TrainerSettings(RoleSettings):
     """Gradient-norm clipping."""
     optimizer_steps: int = Field(2, ge=1)
     """Optimizer steps per policy version (each over the whole batch)."""
+    micro_batch: int = Field(16, ge=1)
+    """Sequences per forward and backward pass; a step's gradients accumulate over them, which
+    bounds activation memory, and a stop request is honoured between them."""
     groups_per_step: int = Field(16, ge=1)
     """Prompt groups (all samples of one prompt in one task) with a learning signal per policy version."""
     pass_rate_min: float = Field(0.0, ge=0, le=1)
