@@ -85,7 +85,12 @@ def final_norm_outputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """How every role turns a prompt into token ids: BOS (when the model has one), then the text."""
+    """How every role turns a prompt into token ids. With a chat template (an instruction-tuned
+    model), the user's turn as the template renders it, up to where the assistant's answer begins;
+    without one, BOS (when the model has one), then the text."""
+    if tokenizer.chat_template:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        return tokenizer.encode(rendered, add_special_tokens=False)  # the template writes its own special tokens
     ids = tokenizer.encode(text, add_special_tokens=False)
     bos = tokenizer.bos_token_id
     return [bos, *ids] if bos is not None else ids

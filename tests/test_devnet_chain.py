@@ -27,7 +27,7 @@ from intellect_protocol.shared.chain import Settlement, connect
 from intellect_protocol.shared.money import TOKEN
 from tests.helpers import chromium, running_under, wait_for_text
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-b")]
 
 PROMPT_S = 10.0
 

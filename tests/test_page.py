@@ -15,7 +15,7 @@ from intellect_protocol.coordinator.models import TrainerMetrics
 from tests.conftest import Served, admin_token
 from tests.helpers import chromium, make_run
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-a")]
 
 
 def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:

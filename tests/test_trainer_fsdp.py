@@ -34,7 +34,7 @@ from tests.conftest import admin_token, serve
 from tests.helpers import make_run
 from tests.test_validation import grant, joined, lease, upload
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-b")]
 
 GROUPS = 2
 

@@ -1,0 +1,71 @@
+"""Small models of real families, made on this machine: a config of each family from transformers
+(``AutoConfig.for_model``), random weights from a seed, and a byte-level BPE tokenizer trained
+here with the ``tokenizers`` library on the arithmetic environment's text, with a chat template.
+Nothing comes from a hub; each is saved as a Hugging Face directory the roles load as any model."""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from intellect_protocol.shared.environments.arithmetic import make_problem, scratchpad
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+# head_dim 32: the smallest vLLM's CPU attention kernels take.
+SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4}
+SHAPE |= {"num_key_value_heads": 2, "max_position_embeddings": 512}
+
+FAMILIES = {
+    "llama": {"tie_word_embeddings": False},
+    "qwen2": {"tie_word_embeddings": False},  # q/k/v projections with bias
+    "qwen3": {"head_dim": 32, "tie_word_embeddings": True},  # per-head q/k norms
+    "mistral": {"sliding_window": None, "tie_word_embeddings": False},
+    # Scaled embeddings, four norms a layer, sliding and global attention layers, a tied head.
+    "gemma3_text": {"head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": 32, "tie_word_embeddings": True},
+}
+"""Each family's ``model_type`` and what its small config sets beyond :data:`SHAPE`."""
+
+
+@cache
+def tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on arithmetic prompts and scratchpads, with a chat template."""
+    rng = random.Random(0)
+    corpus = []
+    for _ in range(2000):
+        prompt, _ = make_problem(rng)
+        corpus.append(prompt + scratchpad(prompt))
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    core.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", chat_template=CHAT_TEMPLATE
+    )
+
+
+def build(family: str, directory: Path, seed: int = 0) -> Path:
+    """A randomly initialised small ``family`` model and the shared tokenizer, saved in ``directory``."""
+    tok = tokenizer()
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    config = AutoConfig.for_model(family, vocab_size=len(tok), **SHAPE, **FAMILIES[family], **ids)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # peaked enough that sampling is not uniform noise: honest work has near-ties and clear winners
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.mul_(4.0)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
