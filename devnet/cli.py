@@ -1,6 +1,6 @@
 """``intellect-devnet``: the whole network on this machine, one process per role, on loopback.
 
-The coordinator (SQLite by default) with an arithmetic run on the shipped tiny model, the
+The coordinator (SQLite by default) with an arithmetic run on the shipped tiny model (or --model), the
 trainer's shardcast origin, a relay, two validators, the trainer and N nodes, all with fresh
 wallets and the roles they need; a live dashboard while the run learns; a summary at the end.
 """
@@ -25,6 +25,7 @@ from rich.table import Table
 
 from intellect_protocol.devnet.network import Network, start_network
 from intellect_protocol.devnet.processes import StartError, spawn
+from intellect_protocol.shared.schemas import DEFAULT_MODEL
 
 app = typer.Typer(help=__doc__, no_args_is_help=False, add_completion=False)
 console = Console(soft_wrap=True)
@@ -42,9 +43,9 @@ class Accuracy(threading.Thread):
     """Held-out greedy accuracy of each newly published policy step, measured beside the run and
     posted to the coordinator as an operator's evaluation (the leaderboard charts it)."""
 
-    def __init__(self, network: Network, stop: threading.Event) -> None:
+    def __init__(self, network: Network, stop: threading.Event, model: str) -> None:
         super().__init__(name="accuracy", daemon=True)
-        self.network, self.stop_event = network, stop
+        self.network, self.stop_event, self.model = network, stop, model
         self.by_step: dict[int, float] = {}
 
     def run(self) -> None:
@@ -69,7 +70,7 @@ class Accuracy(threading.Thread):
         torch.set_num_threads(1)
         transformers.utils.logging.disable_progress_bar()  # its bars would tear the live dashboard
         problems = held_out()
-        base, tokenizer = load_model("tiny-arith")
+        base, tokenizer = load_model(self.model)
         self._record(0, greedy_accuracy(base, tokenizer, problems, self.stop_event))
         while not self.stop_event.wait(2):
             url = f"{self.network.coordinator.url}/v1/manifests/{self.network.run_id}/latest"
@@ -136,6 +137,17 @@ def main(
             "the coordinator's, the origin's and the relay's certificates, and every client verifies them.",
         ),
     ] = False,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            help="Run this model instead of the shipped tiny one: a local Hugging Face directory with config, weights and "
+            "tokenizer (its chat template, if any, renders the prompts). A model that never solves a problem gives the "
+            "trainer nothing to learn from, so no policy step is published: run it with --steps 0.",
+            exists=True,
+            file_okay=False,
+            resolve_path=True,
+        ),
+    ] = None,
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
     if backend is Backend.vllm:
@@ -145,6 +157,9 @@ def main(
         for problem in missing + engine_problems():
             console.print(f"{problem}", style="red", markup=False)
             raise typer.Exit(1)
+    if model is not None and not (model / "config.json").is_file():
+        console.print(f"{model} is not a Hugging Face model directory: it has no config.json.", style="red", markup=False)
+        raise typer.Exit(1)
     if workdir is not None and (earlier := _earlier_devnet(workdir)):
         console.print(
             f"{workdir} holds an earlier devnet ({', '.join(earlier)}); nothing in it was changed. "
@@ -175,7 +190,7 @@ def main(
             nodes=nodes,
             validators=validators,
             database_url=database_url,
-            run_options=RUN,
+            run_options=RUN + (["--model", str(model)] if model else []),
             steps=steps,
             coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
             node_env={"INTELLECT_NODE_BACKEND": backend.value},
@@ -207,7 +222,7 @@ def main(
             network.processes.append(
                 spawn("rogue-validator", command, workdir / "logs" / "rogue-validator.log", network.role_env())
             )
-        accuracy = Accuracy(network, stop)
+        accuracy = Accuracy(network, stop, str(model) if model else DEFAULT_MODEL)
         accuracy.start()
         _watch(network, accuracy, steps)
     except StartError as e:

@@ -110,7 +110,9 @@ class Network:
         return [p for p in self.processes if p.name.startswith("validator-")]
 
     def stop(self, timeout: float = 8) -> dict[str, int | None]:
-        """SIGTERM to every process at once, SIGKILL to what still runs after ``timeout``; exit codes by name."""
+        """SIGTERM to every process at once, SIGKILL to what still runs after ``timeout``; exit codes by
+        name. The default outlasts a node's own deadline for stopping (6 s), so a loaded node winding
+        down exits by itself rather than killed."""
         for p in self.processes:
             if p.popen.poll() is None:
                 p.popen.terminate()

@@ -35,7 +35,7 @@ from intellect_protocol.shared.wallet import (
     wallet_address,
 )
 
-STOP_DEADLINE_S = 8.0
+STOP_DEADLINE_S = 6.0
 """After SIGTERM or Ctrl-C the node exits within this long, whatever it was doing."""
 ONE_SHOT_GIVE_UP_S = 30.0
 """How long a one-shot command (receipts, appeal) waits out an unreachable or busy coordinator."""

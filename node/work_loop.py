@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from intellect_protocol.node.work import TaskResult
     from intellect_protocol.shared.schemas import TaskSpec
 
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = 3.0
 """How long a node asked to stop keeps uploading work it already finished."""
 
 

@@ -105,31 +105,43 @@ class _UntilSet(StoppingCriteria):
 
 
 @torch.inference_mode()
+def greedy_completions(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], stop: threading.Event | None = None
+) -> list[str]:
+    """Each prompt's greedy completion (as :func:`prompt_ids` renders it), decoded as one batch with a
+    KV cache: ten times faster than re-reading the prefix at every token. Prompts of unequal length
+    are padded on the left, where a causal model never reads them. Raises :class:`Stopped` when
+    ``stop`` is set meanwhile: a caller that is shutting down waits at most one decoding step."""
+    heads = [prompt_ids(tokenizer, p) for p in prompts]
+    width = max(map(len, heads))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.full((len(heads), width), pad)  # [prompts, width]
+    mask = torch.zeros_like(ids)
+    for row, head in enumerate(heads):
+        ids[row, width - len(head) :] = torch.tensor(head)
+        mask[row, width - len(head) :] = 1
+    out = model.generate(  # type: ignore[operator]  # transformers' GenerationMixin, untyped for mypy
+        ids,
+        attention_mask=mask,
+        max_new_tokens=max(MAX_LEN - width, 8),
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad,
+        stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]) if stop is not None else None,
+    )
+    if stop is not None and stop.is_set():
+        raise Stopped
+    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+
+
 def greedy_accuracy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     problems: list[tuple[str, int]],
     stop: threading.Event | None = None,
 ) -> float:
-    """Fraction of problems whose greedy completion ends with the right answer.
-
-    Decoded with a KV cache (ten times faster than re-reading the prefix at every token). Raises
-    :class:`Stopped` when ``stop`` is set meanwhile: a caller that is shutting down waits at most
-    one decoding step."""
-    ids = torch.tensor([prompt_ids(tokenizer, p) for p, _ in problems])  # [problems, width]: every prompt has the same length
-    width = ids.shape[1]
-    out = model.generate(  # type: ignore[operator]  # transformers' GenerationMixin, untyped for mypy
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_length=MAX_LEN,
-        do_sample=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]) if stop is not None else None,
-    )
-    if stop is not None and stop.is_set():
-        raise Stopped
-    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    """Fraction of problems whose greedy completion ends with the right answer (see :func:`greedy_completions`)."""
+    texts = greedy_completions(model, tokenizer, [p for p, _ in problems], stop)
     return sum(reward(text, answer) for text, (_, answer) in zip(texts, problems)) / len(problems)
 
 

@@ -1,4 +1,6 @@
-"""`intellect-devnet --chain --adversary`, as a user runs it: every node stakes before it works,
+"""`intellect-devnet --chain --adversary --model DIR`, as a user runs it, on a small Qwen3 model
+made here (random weights: it never earns a reward, so no policy step; its honest work is all
+accepted and credited all the same): every node stakes before it works,
 epochs of final credit anchor, the forging node is banned and then slashed, an honest node claims
 its reward with ``intellect-node claim``, ``verify-epoch`` rebuilds every root from the public
 ledger and finds the chain's, and the leaderboard page shows epochs, stakes, slashes and claims in
@@ -11,6 +13,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -25,6 +28,7 @@ from intellect_protocol.devnet.processes import StartError
 from intellect_protocol.node.cli import app as node_cli
 from intellect_protocol.shared.chain import Settlement, connect
 from intellect_protocol.shared.money import TOKEN
+from tests.families import build
 from tests.helpers import chromium, running_under, wait_for_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-b")]
@@ -51,7 +55,9 @@ def _node_cli(*args: str, env: dict[str, str] | None = None) -> str:
 def test_a_chain_devnet_stakes_anchors_slashes_pays_and_stops_at_ctrl_c(tmp_path: Path) -> None:
     _anvil_or_skip()
     workdir, output = tmp_path / "devnet", tmp_path / "devnet.out"
-    command = ["intellect-devnet", "--chain", "--adversary", "--nodes", "1", "--steps", "0", "--heartbeat-interval", "1"]
+    model = build("qwen3", tmp_path / "qwen3")
+    command = ["intellect-devnet", "--chain", "--adversary", "--model", str(model), "--nodes", "1", "--steps", "0"]
+    command += ["--heartbeat-interval", "1"]
     with output.open("w") as out:
         # A session of its own, as at a terminal: Ctrl-C signals the whole foreground process group.
         devnet = subprocess.Popen(
@@ -65,7 +71,8 @@ def test_a_chain_devnet_stakes_anchors_slashes_pays_and_stops_at_ctrl_c(tmp_path
             connect(contracts["rpc_url"]), contracts["token"], contracts["stake_registry"], contracts["distributor"]
         )
         run_id = httpx.get(f"{url}/v1/public/runs").json()[0]["id"]
-        assert httpx.get(f"{url}/v1/public/runs/{run_id}").json()["min_stake"] == str(MIN_STAKE_TOKENS * TOKEN)
+        run = httpx.get(f"{url}/v1/public/runs/{run_id}").json()
+        assert run["min_stake"] == str(MIN_STAKE_TOKENS * TOKEN) and run["model"] == str(model)
         wait_for_text(workdir / "logs" / "adversary.log", "", 120)  # started once its wallet is staked
         cheat = "0x" + json.loads((workdir / "wallets" / "adversary.json").read_text())["address"]
 
@@ -120,5 +127,9 @@ def test_a_chain_devnet_stakes_anchors_slashes_pays_and_stops_at_ctrl_c(tmp_path
     assert {"anvil", "coordinator", "node-0", "adversary", "validator-0", "validator-1", "trainer"} <= set(codes), codes
     assert all(code == 0 for code in codes.values()), codes  # no role needed SIGKILL
     assert running_under(workdir) == []
+    honest = "0x" + json.loads((workdir / "wallets" / "node-0.json").read_text())["address"]
+    with sqlite3.connect(workdir / "ledger.db") as ledger:
+        statuses = [s for (s,) in ledger.execute("SELECT status FROM submissions WHERE lower(address) = ?", (honest.lower(),))]
+    assert statuses.count("accepted") >= 3 and "rejected" not in statuses, statuses
     with pytest.raises(httpx.TransportError):
         httpx.post(contracts["rpc_url"], json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=2)

@@ -16,7 +16,7 @@ from intellect_protocol.shared.inference import prefill
 from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
 from intellect_protocol.shared.sampling import replay
 from intellect_protocol.shared.schemas import SamplingParams
-from intellect_protocol.shared.tiny_model import MAX_LEN, Stopped, greedy_accuracy, held_out, prompt_ids
+from intellect_protocol.shared.tiny_model import MAX_LEN, Stopped, greedy_accuracy, greedy_completions, held_out, prompt_ids
 from intellect_protocol.shared.toploc import build_proofs, rollout_passes, verify_proofs
 
 pytestmark = pytest.mark.unit
@@ -148,3 +148,11 @@ def test_held_out_accuracy_decodes_as_argmax_without_a_cache_and_gives_up_when_s
     stop.set()
     with pytest.raises(Stopped):
         greedy_accuracy(model, tokenizer, problems, stop)
+
+
+def test_greedy_completions_of_unequal_prompts_are_each_prompts_own(tiny) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer, _ = tiny
+    prompts = ["12+34:", "123+456:", "1+2:", "4321+8765:"]
+    together = greedy_completions(model, tokenizer, prompts)
+    assert together == [greedy_completions(model, tokenizer, [p])[0] for p in prompts]
+    assert len(set(together)) == len(prompts) and all(text for text in together)
