@@ -44,7 +44,9 @@ def test_a_deadlocked_transaction_is_run_again(database_url: str) -> None:
     for t in threads:
         t.join(60)
     assert failures == []
-    assert sorted(attempts.values()) == [1, 2]  # one side was aborted and ran again
+    # One side was aborted and ran again. Its rerun can race the other side for the freed row and
+    # deadlock once more (seen under load: [1, 3]), so count reruns, not their number.
+    assert sum(attempts.values()) >= 3
     with engine.connect() as connection:
         assert connection.execute(text("SELECT sum(hits) FROM probe")).scalar() == 4  # each transaction counted once
     engine.dispose()
