@@ -22,7 +22,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from intellect_protocol.node.work import finish, generate
-from intellect_protocol.shared.environments.registry import get_environment
+from intellect_protocol.shared.environments.registry import get_environment, plugin
 from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
 from intellect_protocol.shared.rollout_file import read_rollouts
 from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
@@ -34,6 +34,7 @@ def task(model: str, i: int, prompts: int, samples: int, tokens: int) -> TaskSpe
         task_id=f"bench-{i}",
         run_id="bench",
         environment="arithmetic",
+        environment_version=plugin("arithmetic").pin,
         model=model,
         prompt_ids=[f"a{i * prompts + k}" for k in range(prompts)],
         samples_per_prompt=samples,

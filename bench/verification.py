@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from intellect_protocol.devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs  # noqa: E402
 from intellect_protocol.node.work import Generated, finish, generate, torch_backend_for  # noqa: E402
-from intellect_protocol.shared.environments.registry import get_environment  # noqa: E402
+from intellect_protocol.shared.environments.registry import get_environment, plugin  # noqa: E402
 from intellect_protocol.shared.inference import prefill_batch  # noqa: E402
 from intellect_protocol.shared.models import load_model  # noqa: E402
 from intellect_protocol.shared.rollout_file import read_rollouts  # noqa: E402
@@ -53,6 +53,7 @@ def make_task(seed: int, temperature: float, max_tokens: int) -> TaskSpec:
         task_id=f"task-{seed}",
         run_id="run-bench",
         environment="arithmetic",
+        environment_version=plugin("arithmetic").pin,
         model="tiny-arith",
         prompt_ids=[ids[(seed * 4 + i) % len(ids)] for i in range(4)],
         samples_per_prompt=4,

@@ -179,7 +179,7 @@ def token_revoke(
     console.print(f"Token {token_id} revoked.")
 
 
-runs_app = typer.Typer(help="Create RL runs.", no_args_is_help=True)
+runs_app = typer.Typer(help="Create RL runs and list the environments they can name.", no_args_is_help=True)
 app.add_typer(runs_app, name="run")
 
 
@@ -187,7 +187,10 @@ app.add_typer(runs_app, name="run")
 @_database_command
 def run_create(
     name: Annotated[str, typer.Option(help="A unique name for the run.")],
-    environment: Annotated[str, typer.Option(help="arithmetic, math or code.")] = RUN_DEFAULTS.environment,
+    environment: Annotated[
+        str,
+        typer.Option(help="An installed environment plugin (built in: arithmetic, math, code); the run pins its version."),
+    ] = RUN_DEFAULTS.environment,
     model: Annotated[str, typer.Option(help="Model path or hub id; default: the shipped tiny model.")] = RUN_DEFAULTS.model,
     prompts_per_task: Annotated[int, typer.Option(help="Prompts in one task (1 to 1024).")] = RUN_DEFAULTS.prompts_per_task,
     samples_per_prompt: Annotated[
@@ -261,3 +264,17 @@ def run_create(
         err.print(f"{e.message}", style="red", markup=False)
         raise typer.Exit(2) from None
     print(run.id)
+
+
+@runs_app.command("environments")
+def run_environments() -> None:
+    """List the environments a run can name here: the built-in ones and every installed plugin, with the version a new run pins."""
+    from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, installed
+
+    try:
+        plugins = installed()
+    except EnvironmentUnavailable as e:
+        err.print(f"{e}.", style="red", markup=False)
+        raise typer.Exit(2) from None
+    for name, found in sorted(plugins.items()):
+        print(f"{name}\t{found.pin}")

@@ -47,6 +47,7 @@ STATUS_OF: dict[ErrorCode, int] = {
     ErrorCode.version_unsupported: 426,
     ErrorCode.rate_limited: 429,
     ErrorCode.chain_unavailable: 503,
+    ErrorCode.environment_unavailable: 503,
     ErrorCode.storage_unavailable: 503,
     ErrorCode.overloaded: 503,
     ErrorCode.http_error: 400,  # the framework's own refusals keep the status it chose (see the handler below)

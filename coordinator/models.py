@@ -113,6 +113,8 @@ class Run(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     environment: Mapped[str] = mapped_column(String(64))
+    environment_version: Mapped[str] = mapped_column(String(256))
+    """The environment plugin's ``package==version`` when the run was created: every role must run exactly it."""
     model: Mapped[str] = mapped_column(Text)
     sampling: Mapped[dict[str, Any]]
     prompts_per_task: Mapped[int] = mapped_column(Integer)

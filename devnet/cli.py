@@ -148,6 +148,13 @@ def main(
             resolve_path=True,
         ),
     ] = None,
+    environment: Annotated[
+        str,
+        typer.Option(
+            help="The run's environment: a built-in one (arithmetic, math, code) or any installed plugin "
+            "(see examples/environments/). Held-out accuracy is always measured on arithmetic.",
+        ),
+    ] = "arithmetic",
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
     if backend is Backend.vllm:
@@ -190,7 +197,7 @@ def main(
             nodes=nodes,
             validators=validators,
             database_url=database_url,
-            run_options=RUN + (["--model", str(model)] if model else []),
+            run_options=[*RUN, "--environment", environment, *(["--model", str(model)] if model else [])],
             steps=steps,
             coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
             node_env={"INTELLECT_NODE_BACKEND": backend.value},

@@ -50,7 +50,7 @@ def completion_of(model: torch.nn.Module, prompt: list[int], tokens: list[int], 
 
 def _reward(row: AssignedRow, tokens: list[int], generated: Generated) -> float:
     tokenizer = load_tokenizer(generated.task.model)
-    task_reward = environment_for(generated.task.environment).task_reward(completion_text(tokenizer, tokens), row.problem)
+    task_reward = environment_for(generated.task).task_reward(completion_text(tokenizer, tokens), row.problem)
     return reward(task_reward, len(tokens), generated.budget)[0]
 
 

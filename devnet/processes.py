@@ -147,10 +147,8 @@ def admin_token(database_url: str, name: str = "devnet", scope: str = "admin") -
 
 
 def create_run(database_url: str, name: str, log_path: Path, options: list[str] = ()) -> str:  # type: ignore[assignment]
-    """An arithmetic run on the shipped tiny model (``options``: more ``run create`` flags); returns its id."""
-    return coordinator_command(
-        ["run", "create", "--name", name, "--environment", "arithmetic", "--database-url", database_url, *options], log_path
-    )
+    """A run with ``run create``'s defaults (arithmetic on the shipped tiny model) but for ``options``; returns its id."""
+    return coordinator_command(["run", "create", "--name", name, "--database-url", database_url, *options], log_path)
 
 
 def start_coordinator(

@@ -25,7 +25,8 @@ from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.settlement_cli import register as register_settlement
 from intellect_protocol.shared import money
 from intellect_protocol.shared.cli import CaFileOption, entry_point
-from intellect_protocol.shared.schemas import checksum_address
+from intellect_protocol.shared.run_schemas import RunInfo
+from intellect_protocol.shared.schemas import NodeSpecs, checksum_address
 from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.shared.wallet import (
     WalletError,
@@ -176,12 +177,18 @@ def join(
 @app.command()
 def check(
     coordinator: Annotated[
-        str | None, typer.Option(help="Also check that this coordinator is reachable and compatible.", callback=checked_url)
+        str | None,
+        typer.Option(
+            help="Also check that this coordinator is reachable and compatible, and that this machine can serve its runs.",
+            callback=checked_url,
+        ),
     ] = None,
     ca_file: CaFileOption = None,
     state_dir: StateDir = None,
 ) -> None:
-    """Print what this machine offers and whether it can join; exits 1 when something critical is missing."""
+    """Print what this machine offers and whether it can join; with --coordinator, also whether it can serve each
+    of that coordinator's runs (the run's environment plugin, memory for its model). Exits 1 when something
+    critical is missing."""
     from intellect_protocol.node.inference.vllm_backend import engine_problems, installed_engine
 
     overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
@@ -201,7 +208,7 @@ def check(
 
     found = problems(specs) + engine_problems()
     if coordinator:
-        found += _check_coordinator(coordinator.rstrip("/"), settings)
+        found += _check_coordinator(coordinator.rstrip("/"), settings, specs)
     for problem in found:
         err.print(f"✗ {problem}", style="red", markup=False)
     if found:
@@ -296,7 +303,8 @@ def link_operator(
     )
 
 
-def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:
+def _check_coordinator(url: str, settings: NodeSettings, specs: NodeSpecs) -> list[str]:
+    """Whether this client may speak to the coordinator at ``url``, and can serve each of its runs."""
     from packaging.version import Version
 
     from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError, Untrusted
@@ -305,6 +313,7 @@ def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:
     try:
         with CoordinatorClient(url, timeout=settings.request_timeout_s, give_up_s=0) as api:
             status = api.public_status()
+            runs = api.runs()
     except Untrusted as e:
         return [str(e)]
     except (ProtocolError, ValueError) as e:
@@ -317,6 +326,23 @@ def _check_coordinator(url: str, settings: NodeSettings) -> list[str]:
         found.append(f"this clock is {skew:+.0f} s off the coordinator's (at most ±{status.signature_window_s} s)")
     if not found:
         console.print(f"Coordinator {url}: version {status.coordinator_version}, {sum(status.nodes.values())} nodes known.")
+    return found + _check_runs(runs, settings, specs)
+
+
+def _check_runs(runs: list[RunInfo], settings: NodeSettings, specs: NodeSpecs) -> list[str]:
+    """A row per run the coordinator may hand this node work of; the reasons it could not serve one."""
+    from intellect_protocol.node.fit import fit
+
+    table = Table("run", "model", "environment", f"needs ({settings.backend}, {settings.dtype})", "has", title="Runs")
+    found = []
+    for run in runs:
+        f = fit(run, settings, specs)
+        needs = "downloaded at join" if f.needs_bytes is None else f"{f.needs_bytes / 2**30:.2f} GiB"
+        mark = "[red]✗[/red] " if f.problems else "[green]✓[/green] "
+        table.add_row(mark + run.name, run.model, run.environment_version, needs, f"{f.has_bytes / 2**30:.1f} GiB {f.where}")
+        found += [f"run {run.name}: {problem}" for problem in f.problems]
+    if runs:
+        console.print(table)
     return found
 
 

@@ -26,6 +26,7 @@ from intellect_protocol.shared.schemas import (
 from intellect_protocol.shared.version import __version__
 
 EXIT_CLOCK, EXIT_BANNED, EXIT_VERSION, EXIT_REJECTED = 2, 3, 4, 5
+EXIT_ENVIRONMENT = 7
 
 
 OperatorLink = tuple[str, str]

@@ -56,14 +56,13 @@ def torch_backend_for(model: str, dtype: Dtype) -> tuple[TorchBackend, PreTraine
     return TorchBackend(loaded, tokenizer.eos_token_id, tokenizer.pad_token_id), tokenizer
 
 
-@cache
-def environment_for(name: str) -> Environment:
-    return get_environment(name)
+def environment_for(task: TaskSpec) -> Environment:
+    return get_environment(task.environment, task.environment_version)
 
 
 @cache
-def problems_for(name: str) -> dict[str, Problem]:
-    return {p.id: p for p in environment_for(name).problems()}
+def problems_for(name: str, version: str) -> dict[str, Problem]:
+    return {p.id: p for p in get_environment(name, version).problems()}
 
 
 @dataclass
@@ -115,7 +114,7 @@ def generate(task: TaskSpec, backend_kind: BackendKind = "torch", dtype: Dtype =
 
 def generate_with(backend: InferenceBackend, tokenizer: PreTrainedTokenizerBase, task: TaskSpec) -> Generated:
     """``task``'s completions from ``backend`` (whatever weights it holds, whatever ``task.model`` says)."""
-    rows = assigned_rows(task, problems_for(task.environment), tokenizer)
+    rows = assigned_rows(task, problems_for(task.environment, task.environment_version), tokenizer)
     start = time.perf_counter()
     completions = backend.generate([r.prompt_tokens for r in rows], [r.seed for r in rows], task.sampling)
     return Generated(task, rows, completions, budget_of(task), time.perf_counter() - start, backend.numerics)
@@ -136,7 +135,7 @@ def score(generated: Generated, proofs: list[bytes]) -> list[Rollout]:
     """The task's rollouts: each completion with its environment reward, length penalty and proof."""
     task, budget = generated.task, generated.budget
     tokenizer = load_tokenizer(task.model)
-    environment = environment_for(task.environment)
+    environment = environment_for(task)
     rollouts = []
     for row, completion, proof in zip(generated.rows, generated.completions, proofs, strict=True):
         text = completion_text(tokenizer, completion.tokens)

@@ -23,6 +23,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from intellect_protocol.node.client import (
     EXIT_BANNED,
+    EXIT_ENVIRONMENT,
     NodeClient,
     NodeError,
     NotRegistered,
@@ -36,6 +37,7 @@ from intellect_protocol.node.state import NodeSession, load_session, save_sessio
 from intellect_protocol.node.work_loop import WorkLoop
 from intellect_protocol.shared.cli import EXIT_TLS
 from intellect_protocol.shared.coordinator_client import Stopped, Untrusted
+from intellect_protocol.shared.environments.registry import EnvironmentUnavailable
 from intellect_protocol.shared.shardcast.weights import Weights
 from intellect_protocol.shared.version import __version__
 
@@ -164,6 +166,8 @@ def join(
         pass
     except Untrusted as e:
         raise NodeError(str(e), EXIT_TLS) from None
+    except EnvironmentUnavailable as e:
+        raise NodeError(f"This node cannot work on the run it was given: {e}.", EXIT_ENVIRONMENT) from None
     finally:
         stop.set()
         if beats is not None:

@@ -147,6 +147,10 @@ class CoordinatorClient:
     def run_info(self, run_id: str) -> RunInfo:
         return RunInfo.model_validate(self._send("GET", f"/v1/public/runs/{run_id}").json())
 
+    def runs(self) -> list[RunInfo]:
+        """Every run, newest first."""
+        return [RunInfo.model_validate(run) for run in self._send("GET", "/v1/public/runs").json()]
+
     def node(self, address: str) -> PublicNode:
         return PublicNode.model_validate(self._send("GET", f"/v1/public/nodes/{address}").json())
 

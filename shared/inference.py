@@ -9,6 +9,7 @@ stopped. :func:`prefill` is that validator pass.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -44,13 +45,54 @@ class InferenceBackend(Protocol):
     def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]: ...
 
 
+LOGITS_BLOCK_BYTES = 64 << 20
+"""The most float32 logits a prefill's reader holds at once. ``[tokens, vocab]`` for a whole completion
+is never made: at a 151,936-token vocabulary and 4,096 tokens it alone is 2.5 GB a row."""
+
+
+def logits_of(model: torch.nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """The model's logits (float32) from its final-norm outputs ``[..., hidden]``: its LM head, then the
+    final soft cap the Gemma families apply, exactly as the model's own forward computes them."""
+    logits = model.get_output_embeddings()(states)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits.float()
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """One row of a prefill: the states its TOPLOC proofs commit to, and the logits that chose each
+    completion token, made on demand in blocks (:meth:`blocks`)."""
+
+    hidden: torch.Tensor
+    """``[len(completion) - 1, hidden]`` bf16: the committed states."""
+    states: torch.Tensor
+    """``[len(completion), hidden]`` in the model's dtype: the final-norm outputs that chose each completion token."""
+    model: torch.nn.Module
+
+    def logits(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """``[stop - start, vocab]`` float32 logits of completion positions ``start..stop``."""
+        with torch.inference_mode():
+            return logits_of(self.model, self.states[start:stop])
+
+    def blocks(self, max_bytes: int = LOGITS_BLOCK_BYTES) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first position, its block's logits) over the whole completion, each block at most ``max_bytes``."""
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        step = max(1, max_bytes // (4 * vocab))
+        for start in range(0, len(self.states), step):
+            yield start, self.logits(start, start + step)
+
+
 def prefill(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward pass over prompt + completion[:-1].
 
     Returns the committed hidden states ``[len(completion) - 1, hidden]`` (bf16) and the
-    logits that chose each completion token ``[len(completion), vocab]`` (float32).
+    logits that chose each completion token ``[len(completion), vocab]`` (float32): for short
+    completions; a validator reads :func:`prefill_batch`'s rows block by block instead.
     """
-    return prefill_batch(model, [prompt], [completion])[0]
+    row = prefill_batch(model, [prompt], [completion])[0]
+    return row.hidden, row.logits()
 
 
 @torch.inference_mode()
@@ -60,9 +102,12 @@ def prefill_batch(
     completions: list[list[int]],
     pad_token_id: int = 0,
     chunk: int | None = None,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
+) -> list[Prefilled]:
     """:func:`prefill` for many sequences in one forward pass (or, with ``chunk``, in passes of
     that many positions over a KV cache, to bound memory on long sequences).
+
+    The model's LM head runs on one position per pass only: the logits of every position are made
+    later, a block at a time, from the final-norm outputs kept here (:class:`Prefilled`).
 
     Right padding: attention is causal, so a row's positions never see the padding after them,
     and each row's positions start at 0 exactly as in its own prefill.
@@ -76,14 +121,13 @@ def prefill_batch(
     step = chunk or ids.shape[1]
     cache = DynamicCache() if step < ids.shape[1] else None
     keyword = cache_keyword(model)
-    pieces = []
     with final_norm_outputs(model) as captured:
         for start in range(0, ids.shape[1], step):
-            out = model(input_ids=ids[:, start : start + step], **{keyword: cache}, use_cache=cache is not None)
-            pieces.append(out.logits.float())
-    logits, hidden = torch.cat(pieces, dim=1), torch.cat(captured, dim=1)
+            model(input_ids=ids[:, start : start + step], **{keyword: cache}, use_cache=cache is not None, logits_to_keep=1)
+    states = torch.cat(captured, dim=1)
     out = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
         start, n = len(prompt), len(completion)
-        out.append((hidden[i, start : start + n - 1].to(torch.bfloat16).cpu(), logits[i, start - 1 : start - 1 + n].cpu()))
+        chose = states[i, start - 1 : start - 1 + n]
+        out.append(Prefilled(hidden=chose[1:].to(torch.bfloat16).cpu(), states=chose.clone(), model=model))
     return out

@@ -54,6 +54,8 @@ class RunInfo(BaseModel):
     id: str
     name: str
     environment: str
+    environment_version: str
+    """The environment plugin every role must have installed to work on this run: ``package==version``."""
     model: str
     sampling: SamplingParams
     prompts_per_task: int
@@ -122,7 +124,7 @@ class RunCreate(RunSettings):
     name: RunName
     """Unique name."""
     environment: str = Field("arithmetic", max_length=64)
-    """arithmetic, math or code."""
+    """An environment plugin installed on the coordinator (built in: arithmetic, math, code); the run pins its version."""
 
 
 class RunSpec(BaseModel):
@@ -134,7 +136,7 @@ class RunSpec(BaseModel):
     name: RunName
     """Unique name."""
     environment: str = Field("arithmetic", max_length=64)
-    """arithmetic, math or code."""
+    """An environment plugin installed on the coordinator (built in: arithmetic, math, code); the run pins its version."""
     model: str = Field(DEFAULT_MODEL, min_length=1, max_length=512)
     """Model path or hub id the policy starts from."""
     sampling: SamplingParams = SamplingParams(max_tokens=48)

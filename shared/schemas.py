@@ -68,6 +68,8 @@ class ErrorCode(enum.StrEnum):
     node_banned = "node_banned"
     stake_too_low = "stake_too_low"
     chain_unavailable = "chain_unavailable"
+    environment_unavailable = "environment_unavailable"
+    """The server lacks the environment plugin version a run pins (an operator must install it)."""
     version_unsupported = "version_unsupported"
     not_found = "not_found"
     no_run = "no_run"
@@ -225,6 +227,8 @@ class TaskSpec(BaseModel):
     task_id: str
     run_id: str
     environment: str
+    environment_version: str
+    """The environment plugin every role must run: ``package==version``."""
     model: str
     """Where the run's model lives (a path, or a hub id in real deployments)."""
     prompt_ids: list[str]

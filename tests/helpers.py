@@ -149,3 +149,23 @@ def wait_for_text(path: Path, text: str, timeout: float) -> None:
     raise AssertionError(
         f"{path.name} never said {text!r}:\n{path.read_text(errors='replace')[-3000:] if path.exists() else '(no log)'}"
     )
+
+
+EXAMPLE_ENVIRONMENT = Path(__file__).resolve().parent.parent / "examples" / "environments" / "column-credit"
+
+
+def install_example_environment(where: Path) -> dict[str, str]:
+    """pip-install the example environment plugin into ``where`` (outside the test environment's site-packages,
+    so only processes started with the returned variables see it); returns those variables."""
+    import subprocess
+    import sys
+
+    source = where / "source"
+    shutil.copytree(EXAMPLE_ENVIRONMENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    target = where / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}

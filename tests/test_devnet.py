@@ -1,6 +1,6 @@
 """The README's main command: `intellect-devnet` brings up every role (here on PostgreSQL, over HTTPS
 with certificates of a local authority, the honest node generating on vLLM's engine, with a cheating
-node and a rogue validator colluding with it), the
+node and a rogue validator colluding with it, on a task from an environment plugin installed beside it), the
 run learns over a few policy steps, everything stops cleanly with a summary; then the public
 leaderboard page, served by a coordinator on that ledger, in a real browser.
 
@@ -24,7 +24,7 @@ from intellect_protocol.devnet.processes import start_coordinator
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.rollout_file import read_numerics
 from tests.conftest import _new_database
-from tests.helpers import chromium
+from tests.helpers import chromium, install_example_environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-a")]  # one network for the module, on one worker
 if not os.environ.get("CI"):
@@ -50,7 +50,10 @@ def devnet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     database_url = _new_database("postgres", request, workdir)
     command = ["intellect-devnet", "--nodes", "1", "--steps", str(STEPS), "--backend", "vllm", "--rogue-validator", "--tls"]
     command += ["--heartbeat-interval", "0.5", "--workdir", str(workdir), "--database-url", database_url]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    # The run's task is a plugin a researcher would write: installed here beside the network, not part of it.
+    command += ["--environment", "column-credit"]
+    plugin = install_example_environment(tmp_path_factory.mktemp("plugin"))
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, **plugin})
     assert result.returncode == 0, result.stdout + result.stderr
     return Devnet(workdir, database_url, json.loads((workdir / "summary.json").read_text()), result.stdout)
 
@@ -92,10 +95,12 @@ def test_devnet_learns_and_stops_by_itself(devnet: Devnet) -> None:
             )
         ).scalar()
         accepted = connection.execute(text("SELECT count(*) FROM submissions WHERE status = 'accepted'")).scalar()
+        environment = connection.execute(text("SELECT environment, environment_version FROM runs")).one()
         honest = connection.execute(
             text("SELECT status, blob_key FROM submissions WHERE lower(address) = :a"), {"a": devnet.address("node-0")}
         ).all()
     engine.dispose()
+    assert tuple(environment) == ("column-credit", "intellect-column-credit==0.1.0")
     assert len(reached) >= 1 and manifests >= 3
     assert len(relay_urls) == 2 and all(url.startswith("https://127.0.0.1:") for url in relay_urls), relay_urls
     assert evaluated[0] == 0 and sorted(map(int, summary["accuracy_by_step"])) == evaluated

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from intellect_protocol.shared.environments import arithmetic
+from intellect_protocol.shared.environments.builtin import Arithmetic
 from intellect_protocol.shared.environments.code import UnsupportedTest, parse_test
 from intellect_protocol.shared.environments.code import reward as code_reward
 from intellect_protocol.shared.environments.datasets import DatasetError, load_rows
@@ -31,7 +32,7 @@ def test_arithmetic_scratchpad_and_reward() -> None:
     assert arithmetic.reward("632", 632) == 0.0
     env = get_environment("arithmetic")
     assert len({p.id for p in env.problems()}) == len(env.problems())
-    assert env.problems()[:3] == get_environment("arithmetic").problems()[:3]  # deterministic
+    assert env.problems()[:3] == Arithmetic().problems()[:3]  # deterministic
 
 
 @pytest.fixture(scope="module")
@@ -177,8 +178,8 @@ def test_datasets_load_and_refuse_bad_files(tmp_path: Path) -> None:
 
     parquet = tmp_path / "a.parquet"
     pq.write_table(pa.Table.from_pylist(rows), parquet)
-    assert get_environment("arithmetic", jsonl).problems() == get_environment("arithmetic", parquet).problems()
-    assert get_environment("arithmetic", jsonl).problems()[0] == Problem(id="1", prompt="1+1:", answer="2")
+    assert Arithmetic(jsonl).problems() == Arithmetic(parquet).problems()
+    assert Arithmetic(jsonl).problems()[0] == Problem(id="1", prompt="1+1:", answer="2")
 
     for content, message in (
         ("{bad json", "not JSON"),
@@ -190,5 +191,3 @@ def test_datasets_load_and_refuse_bad_files(tmp_path: Path) -> None:
             load_rows(jsonl, ("prompt", "answer"))
     with pytest.raises(DatasetError, match="jsonl or .parquet"):
         load_rows(tmp_path / "a.csv", ("prompt",))
-    with pytest.raises(ValueError, match="unknown environment"):
-        get_environment("poetry")

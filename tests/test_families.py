@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from intellect_protocol.node.work import finish, generate
-from intellect_protocol.shared.environments.registry import get_environment
+from intellect_protocol.shared.environments.registry import get_environment, plugin
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.rollout_file import read_rollouts, write_rollouts
 from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
@@ -38,6 +38,7 @@ def _task(model: Path, seed: int = 1) -> TaskSpec:
         task_id=f"task-{seed}",
         run_id="run-test",
         environment="arithmetic",
+        environment_version=plugin("arithmetic").pin,
         model=str(model),
         prompt_ids=[f"a{seed * 2}", f"a{seed * 2 + 1}"],
         samples_per_prompt=4,
@@ -109,3 +110,28 @@ def test_prompts_are_rendered_by_the_chat_template_and_checked_as_tokens(family:
     rollouts[0].prompt_tokens = [bos, *tokenizer.encode(problem, add_special_tokens=False)]
     verdict = _check(write_rollouts(rollouts), task, run_model)
     assert not verdict.accepted and any(c.name == "assignment" and c.passed is False for c in verdict.checks), verdict.reason
+
+
+def test_logits_made_block_by_block_are_the_models_own(family: tuple[Path, Path]) -> None:
+    """The validator never holds [tokens, vocab] logits at once: it makes them in blocks from the final-norm
+    outputs, with the family's own head (and the Gemma families' final soft cap, where a config sets one)."""
+    from intellect_protocol.shared.inference import prefill_batch
+
+    model, _ = load_model(family[0])
+    capped = hasattr(model.config, "final_logit_softcapping")
+    prompt, completion = [1, 5, 9, 12], list(range(20, 60))
+    made: dict[float | None, torch.Tensor] = {}
+    for softcap in [None, 3.0] if capped else [None]:
+        if capped:
+            model.config.final_logit_softcapping = softcap
+        with torch.inference_mode():
+            reference = model(torch.tensor([prompt + completion[:-1]])).logits[0, len(prompt) - 1 :].float()
+        row = prefill_batch(model, [prompt], [completion])[0]
+        vocab = reference.shape[-1]
+        blocks = list(row.blocks(max_bytes=4 * vocab * 7))  # 7 positions a block
+        assert [first for first, _ in blocks] == list(range(0, len(completion), 7))
+        assert all(len(logits) <= 7 for _, logits in blocks)
+        torch.testing.assert_close(torch.cat([logits for _, logits in blocks]), reference, rtol=1e-5, atol=1e-5)
+        made[softcap] = reference
+    if capped:  # the cap bit: the logits changed, and stay inside it
+        assert float(made[3.0].abs().max()) < 3.0 and not torch.allclose(made[3.0], made[None], atol=1e-3)

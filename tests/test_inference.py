@@ -126,7 +126,7 @@ def test_the_kv_cache_is_passed_by_the_installed_transformers_own_name(tiny) -> 
         warnings.simplefilter("error", FutureWarning)
         warnings.simplefilter("error", DeprecationWarning)
         done = backend.generate([prompt], [5], SamplingParams(temperature=1.0, max_tokens=12, stop_on_eos=False))[0]
-        (_, whole), (_, chunked) = (prefill_batch(model, [prompt], [done.tokens], chunk=n)[0] for n in (None, 3))
+        whole, chunked = (prefill_batch(model, [prompt], [done.tokens], chunk=n)[0].logits() for n in (None, 3))
     chosen = torch.log_softmax(whole, -1)[torch.arange(len(done.tokens)), done.tokens]
     assert torch.allclose(chosen, torch.tensor(done.logprobs), atol=1e-4)
     assert torch.allclose(whole, chunked, atol=1e-4)

@@ -172,8 +172,10 @@ def test_one_far_token_a_bf16_file_is_an_outlier_two_are_forgery() -> None:
     )
     one = dataclasses.replace(honest, completion_tokens=[0, 0, 5, 0, 0, 0])
     two = dataclasses.replace(honest, completion_tokens=[0, 5, 0, 0, 5, 0])
-    assert _row_sampling(honest, logits, 1.0, 1.0, TOLERANCES["bfloat16"]).forged is None
-    row = _row_sampling(one, logits, 1.0, 1.0, TOLERANCES["bfloat16"])
-    assert row.forged is None and row.outliers == 1 and row.deviations == 1
-    assert _row_sampling(two, logits, 1.0, 1.0, TOLERANCES["bfloat16"]).forged
-    assert _row_sampling(one, logits, 1.0, 1.0, TOLERANCES["float32"]).forged
+    whole, split = [(0, logits)], [(0, logits[:4]), (4, logits[4:])]  # read at once, or in blocks of positions
+    for blocks in (whole, split):
+        assert _row_sampling(honest, blocks, 1.0, 1.0, TOLERANCES["bfloat16"]).forged is None
+        row = _row_sampling(one, blocks, 1.0, 1.0, TOLERANCES["bfloat16"])
+        assert row.forged is None and row.outliers == 1 and row.deviations == 1
+        assert _row_sampling(two, blocks, 1.0, 1.0, TOLERANCES["bfloat16"]).forged
+        assert _row_sampling(one, blocks, 1.0, 1.0, TOLERANCES["float32"]).forged

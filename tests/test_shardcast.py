@@ -444,6 +444,7 @@ def test_a_step_in_use_is_kept_however_many_newer_steps_arrive(tmp_path: Path) -
             task_id="t",
             run_id=run,
             environment="arithmetic",
+            environment_version="intellect-protocol==0.1.0",
             model="tiny-arith",
             prompt_ids=["p"],
             samples_per_prompt=1,

@@ -172,7 +172,7 @@ def test_run_create_cli(database_url: str) -> None:
         capture_output=True,
         text=True,
     )
-    assert bad.returncode == 2 and "Unknown environment" in bad.stderr
+    assert bad.returncode == 2 and "environment 'poetry' is not installed; installed: arithmetic, code, math" in bad.stderr
 
 
 def test_a_node_holds_at_most_three_tasks(coordinator) -> None:  # type: ignore[no-untyped-def]

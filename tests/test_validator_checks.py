@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from intellect_protocol.node.work import finish, generate
-from intellect_protocol.shared.environments.registry import get_environment
+from intellect_protocol.shared.environments.registry import get_environment, plugin
 from intellect_protocol.shared.rollout_file import Rollout, read_rollouts, write_rollouts
 from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
 from intellect_protocol.validator.checks import CheckSettings, Context, Verdict, validate
@@ -35,6 +35,7 @@ def make_task(seed: int, prompts: int = 2, samples: int = 4, **sampling: object)
         task_id=f"task-{seed}",
         run_id="run-test",
         environment="arithmetic",
+        environment_version=plugin("arithmetic").pin,
         model="tiny-arith",
         prompt_ids=[f"a{(seed * prompts + i) % 10_000}" for i in range(prompts)],
         samples_per_prompt=samples,

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, stop_on_sigterm, unlock
 from intellect_protocol.shared.coordinator_client import Refused, Stopped
+from intellect_protocol.shared.environments.registry import EnvironmentUnavailable
 
 app = typer.Typer(help="Run the GRPO trainer of one run (the address needs the trainer role).", no_args_is_help=True)
 console = Console()
@@ -45,6 +46,9 @@ def run(
     except Refused as e:
         err.print(f"Cannot start: the coordinator refused ({e}).", style="red", markup=False)
         raise typer.Exit(5) from None
+    except EnvironmentUnavailable as e:
+        err.print(f"Cannot train this run: {e}.", style="red", markup=False)
+        raise typer.Exit(7) from None
     console.print(f"Training {run_id} from step {trainer.state.step} as {account.address}; Ctrl-C to stop.")
 
     def report(step: int, metrics: dict[str, float], _batch: object) -> None:

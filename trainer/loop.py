@@ -79,7 +79,9 @@ class Trainer:
         self.model.train()
         if self.settings.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.problems = {p.id: p for p in get_environment(self.run_info.environment).problems()}
+        self.problems = {
+            p.id: p for p in get_environment(self.run_info.environment, self.run_info.environment_version).problems()
+        }
         self.where = placement()
         temperature = self.run_info.sampling.temperature  # node logprobs are of logits / T: the ratio must use the same T
         self.learner = Learner(self.model, self.settings, temperature, self.where, self.state.optimizer_steps)

@@ -54,6 +54,7 @@ import copy
 import hashlib
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -232,14 +233,14 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
     errors: list[torch.Tensor] = []
     for start in range(0, len(rollouts), settings.prefill_batch):
         batch = rollouts[start : start + settings.prefill_batch]
-        states = prefill_batch(
+        rows = prefill_batch(
             model, [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch], chunk=settings.prefill_chunk
         )
-        for i, (r, (hidden, logits)) in enumerate(zip(batch, states), start):
-            if not rollout_passes(chunks := verify_proofs(hidden, r.proofs, settings.toploc)):
+        for i, (r, prefilled) in enumerate(zip(batch, rows), start):
+            if not rollout_passes(chunks := verify_proofs(prefilled.hidden, r.proofs, settings.toploc)):
                 first = next(c for n, c in enumerate(chunks) if not c.ok)
                 toploc.append(f"row {i}: proof chunk {chunks.index(first)} fails ({first.reason})")
-            row = _row_sampling(r, logits.float(), params.temperature, params.top_p, tolerance)
+            row = _row_sampling(r, prefilled.blocks(), params.temperature, params.top_p, tolerance)
             errors.append(row.logprob_errors)
             if row.forged:
                 forged.append(f"row {i}: {row.forged}")
@@ -300,11 +301,24 @@ def _shift(errors: torch.Tensor, tolerance: Tolerance) -> str | None:
     return None
 
 
-def _row_sampling(r: Rollout, logits: torch.Tensor, temperature: float, top_p: float, tolerance: Tolerance) -> RowSampling:
-    """Judge one row's tokens and logprobs against ``logits [n, vocab]`` (fp32) computed in the node's dtype."""
-    tokens = torch.tensor(r.completion_tokens)
+@dataclass(frozen=True)
+class PositionScores:
+    """Per completion position, what the sampling check needs from the validator's logits."""
+
+    gap: torch.Tensor
+    """Best score minus the claimed token's, over the position's logit scale (0: the claimed token is the draw)."""
+    runner_up: torch.Tensor
+    """Best minus second-best score, over the logit scale: how near a tie the position is."""
+    logprob: torch.Tensor
+    """The claimed token's logprob under ``logits / T``."""
+
+
+def _position_scores(
+    logits: torch.Tensor, tokens: torch.Tensor, seed: int, first: int, temperature: float, top_p: float, tolerance: Tolerance
+) -> PositionScores:
+    """Scores of positions ``first..first + len(tokens)`` of one row, from their ``logits [n, vocab]`` (fp32)."""
     n = len(tokens)
-    seeds, positions = torch.full((n,), r.seed, dtype=torch.int64), torch.arange(n)
+    seeds, positions = torch.full((n,), seed, dtype=torch.int64), torch.arange(first, first + n)
     scores = sampling_scores(logits, seeds, positions, temperature, top_p)
     scale = (logits.abs().amax(-1) / (temperature or 1.0)).clamp(min=1e-6)
     top2 = scores.topk(2, dim=-1).values
@@ -319,7 +333,24 @@ def _row_sampling(r: Rollout, logits: torch.Tensor, temperature: float, top_p: f
         near = ~nucleus_mask(scaled, top_p).gather(-1, tokens[:, None])[:, 0] & (above < top_p + tolerance.nucleus_mass)
         unmasked = sampling_scores(logits, seeds, positions, temperature).gather(-1, tokens[:, None])[:, 0]
         claimed = torch.where(near, unmasked, claimed)
-    gap = (top2[:, 0] - claimed) / scale
+    return PositionScores(
+        gap=(top2[:, 0] - claimed) / scale,
+        runner_up=((top2[:, 0] - top2[:, 1]) / scale).nan_to_num(nan=float("inf")),
+        logprob=token_logprobs(logits, tokens, temperature),
+    )
+
+
+def _row_sampling(
+    r: Rollout, blocks: Iterable[tuple[int, torch.Tensor]], temperature: float, top_p: float, tolerance: Tolerance
+) -> RowSampling:
+    """Judge one row's tokens and logprobs against the validator's logits, computed in the node's dtype and read as
+    ``(first position, logits [n, vocab] fp32)`` blocks (never ``[tokens, vocab]`` at once)."""
+    tokens = torch.tensor(r.completion_tokens)
+    scored = [
+        _position_scores(logits, tokens[first : first + len(logits)], r.seed, first, temperature, top_p, tolerance)
+        for first, logits in blocks
+    ]
+    gap, runner_up = torch.cat([b.gap for b in scored]), torch.cat([b.runner_up for b in scored])
     beyond = gap > tolerance.max_gap
     if int(beyond.sum()) > tolerance.outliers:
         t = int(beyond.nonzero()[0])
@@ -331,7 +362,7 @@ def _row_sampling(r: Rollout, logits: torch.Tensor, temperature: float, top_p: f
         )
 
     # Where the logits themselves disagree beyond rounding (an allowed outlier), so may their logprobs.
-    recomputed = token_logprobs(logits, tokens, temperature)[~beyond]
+    recomputed = torch.cat([b.logprob for b in scored])[~beyond]
     error = torch.tensor(r.logprobs)[~beyond] - recomputed
     # Logits are divided by T before the softmax: below T = 1 their rounding grows with 1 / T.
     bound = tolerance.logprob_abs / min(1.0, temperature or 1.0) + tolerance.logprob_rel * recomputed.abs()
@@ -342,7 +373,6 @@ def _row_sampling(r: Rollout, logits: torch.Tensor, temperature: float, top_p: f
         )
     if shift := _shift(error, tolerance):
         return RowSampling(shift, 0, 0.0, error)
-    runner_up = ((top2[:, 0] - top2[:, 1]) / scale).nan_to_num(nan=float("inf"))
     expected = float((torch.exp(-runner_up / tolerance.flip_scale) / 2).sum())
     return RowSampling(None, int((gap > 0).sum()), expected, error, outliers=int(beyond.sum()))
 

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, stop_on_sigterm, unlock
 from intellect_protocol.shared.coordinator_client import Refused, Stopped
+from intellect_protocol.shared.environments.registry import EnvironmentUnavailable
 
 app = typer.Typer(help="Run an Intellect Protocol validator (the address needs the validator role).", no_args_is_help=True)
 console = Console()
@@ -46,6 +47,10 @@ def run(
     except Refused as e:
         err.print(f"The coordinator refused this validator: {e}", style="red", markup=False)
         raise typer.Exit(5) from None
+    except EnvironmentUnavailable as e:
+        # Judging with other reward code than the node's would reject honest work: leave the claim to expire.
+        err.print(f"This validator cannot judge a run's work: {e}.", style="red", markup=False)
+        raise typer.Exit(7) from None
     finally:
         validator.close()
     console.print(f"Stopped after {validator.checked} submissions.")

@@ -39,8 +39,8 @@ def _model(path: str):
 
 
 @cache
-def _environment(name: str) -> tuple[Environment, dict[str, Problem]]:
-    environment = get_environment(name)
+def _environment(name: str, version: str) -> tuple[Environment, dict[str, Problem]]:
+    environment = get_environment(name, version)
     return environment, {p.id: p for p in environment.problems()}
 
 
@@ -129,7 +129,7 @@ class Validator:
             data = self.api.claimed_file(claim.submission_id)
         task = claim.task.model_copy(update={"model": self.weights.model_for(claim.task)})
         model, tokenizer = _model(task.model)
-        environment, problems = _environment(task.environment)
+        environment, problems = _environment(task.environment, task.environment_version)
         ctx = Context(task, claim.sha256, claim.oldest_step, claim.newest_step, model, tokenizer, environment, problems)
         verdict = validate(data, ctx, self.settings)
         checks = verdict.checks

@@ -21,7 +21,7 @@ from intellect_protocol.coordinator.models import Evaluation, Node, Run, Submiss
 from intellect_protocol.coordinator.services import admission, nodes
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.environments.length import LengthBudget
-from intellect_protocol.shared.environments.registry import ENVIRONMENTS, get_environment
+from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment, plugin
 from intellect_protocol.shared.money import tokens
 from intellect_protocol.shared.rollout_file import shape_error
 from intellect_protocol.shared.run_schemas import RunSpec
@@ -30,16 +30,22 @@ from intellect_protocol.shared.states import RunStatus, TaskStatus
 
 
 @cache
-def problem_ids(environment: str) -> tuple[str, ...]:
-    return tuple(p.id for p in get_environment(environment).problems())
+def problem_ids(environment: str, version: str) -> tuple[str, ...]:
+    """The run's problems, from exactly the plugin version it pins (503 when this coordinator has another)."""
+    try:
+        return tuple(p.id for p in get_environment(environment, version).problems())
+    except EnvironmentUnavailable as e:
+        raise ApiError(ErrorCode.environment_unavailable, f"This coordinator cannot serve the run's tasks: {e}.") from None
 
 
 def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
-    """An active run of ``spec``; 422 for an unknown environment or tasks too big to submit, 409 for a taken name."""
-    if spec.environment not in ENVIRONMENTS:
-        raise ApiError(
-            ErrorCode.validation_error, f"Unknown environment {spec.environment!r}; choose one of {', '.join(ENVIRONMENTS)}."
-        )
+    """An active run of ``spec``, pinned to the environment plugin installed here; 422 for an environment
+    that is not installed or does not load, or tasks too big to submit, 409 for a taken name."""
+    try:
+        version = plugin(spec.environment).pin
+        get_environment(spec.environment, version)
+    except EnvironmentUnavailable as e:
+        raise ApiError(ErrorCode.validation_error, f"Unusable environment: {e}.") from None
     if session.scalar(select(Run.id).where(Run.name == spec.name)):
         raise ApiError(ErrorCode.conflict, f"A run named {spec.name!r} exists already.")
     _require_submittable(spec.prompts_per_task, spec.samples_per_prompt, spec.sampling.max_tokens)
@@ -47,6 +53,7 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
         id=f"run-{uuid.uuid4().hex[:12]}",
         name=spec.name,
         environment=spec.environment,
+        environment_version=version,
         model=spec.model,
         sampling=spec.sampling.model_dump(),
         prompts_per_task=spec.prompts_per_task,
@@ -86,6 +93,7 @@ def spec(run: Run, task: Task) -> TaskSpec:
         task_id=task.id,
         run_id=run.id,
         environment=run.environment,
+        environment_version=run.environment_version,
         model=params["model"],
         prompt_ids=task.prompt_ids["ids"],
         samples_per_prompt=params["samples_per_prompt"],
@@ -155,7 +163,7 @@ def lease(
         wait = admission.work_wait(session, run, settings, now)
         if wait is not None:
             return wait
-        ids = problem_ids(run.environment)
+        ids = problem_ids(run.environment, run.environment_version)
         chosen = [ids[(run.next_prompt + i) % len(ids)] for i in range(run.prompts_per_task)]
         run.next_prompt = (run.next_prompt + run.prompts_per_task) % len(ids)
         task = Task(

@@ -53,8 +53,14 @@ class TorchBackend:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
 
         with final_norm_outputs(self.model) as captured:
+            # The prompt's last position only: logits of every prompt position are [batch, prompt, vocab].
             logits = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, **{self.cache_keyword: cache}, use_cache=True
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                **{self.cache_keyword: cache},
+                use_cache=True,
+                logits_to_keep=1,
             ).logits[:, -1]
             next_position = positions[:, -1] + 1
             for step in range(params.max_tokens):

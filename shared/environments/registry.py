@@ -1,24 +1,33 @@
-"""The environments a run can name: each lists its problems and scores a completion of one.
+"""The environments a run can name, discovered as plugins: each lists its problems and scores a completion of one.
 
-A completion is scored on its text; a run's :class:`~shared.environments.length.LengthBudget`
-turns that task reward into the final reward.
+An environment is a Python distribution that registers a factory in the entry-point group
+``intellect_protocol.environments`` (``name = "package.module:Factory"``); the factory, called with
+no arguments, returns an :class:`Environment`. It brings its own dataset loader (``problems``), its
+reward function (``task_reward``, on the completion's text) and its prompt rendering (each problem's
+``prompt`` is the user's turn; the network renders it with the model's chat template, when there is
+one). The built-in environments register the same way (:mod:`shared.environments.builtin`).
+
+A run pins the distribution and version the coordinator had (``package==version``): the node, the
+validator and the trainer load exactly that, or refuse with :class:`EnvironmentUnavailable`, so a
+reward is never recomputed by other code than the one that produced it. A completion's task reward
+becomes its final reward through the run's :class:`~shared.environments.length.LengthBudget`.
 """
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from intellect_protocol.shared.environments import arithmetic, code
-from intellect_protocol.shared.environments.datasets import SAMPLES, DatasetError, load_rows
 from intellect_protocol.shared.environments.length import LengthBudget, length_penalty
-from intellect_protocol.shared.environments.math import MathVerifier
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+GROUP = "intellect_protocol.environments"
 
 
 class Problem(BaseModel):
@@ -30,6 +39,7 @@ class Problem(BaseModel):
     """How often a reference model solves it, when the dataset says (for the trainer's offline filter)."""
 
 
+@runtime_checkable
 class Environment(Protocol):
     name: str
 
@@ -38,69 +48,75 @@ class Environment(Protocol):
     def task_reward(self, completion: str, problem: Problem) -> float: ...
 
 
-class Arithmetic:
-    """Generated column-addition problems (``dataset``: a JSONL/Parquet file of them instead)."""
-
-    name = "arithmetic"
-
-    def __init__(self, dataset: Path | None = None, count: int = 10_000, seed: int = 0) -> None:
-        if dataset is not None:
-            self._problems = [Problem(**row) for row in load_rows(dataset, ("prompt", "answer"))]
-        else:
-            rng = random.Random(seed)
-            made = (arithmetic.make_problem(rng) for _ in range(count))
-            self._problems = [Problem(id=f"a{i}", prompt=p, answer=str(a)) for i, (p, a) in enumerate(made)]
-
-    def problems(self) -> list[Problem]:
-        return self._problems
-
-    def task_reward(self, completion: str, problem: Problem) -> float:
-        return arithmetic.reward(completion, int(problem.answer or 0))
+class EnvironmentUnavailable(LookupError):
+    """The environment a run names is not installed here, is installed in another version, or does not load."""
 
 
-class Math:
-    name = "math"
+@dataclass(frozen=True)
+class Plugin:
+    """One installed environment: its name and the distribution that provides it."""
 
-    def __init__(self, dataset: Path | None = None, timeout_s: float = 5.0) -> None:
-        rows = load_rows(dataset or SAMPLES / "math_sample.jsonl", ("prompt", "answer"))
-        self._problems = [Problem(**row) for row in rows]
-        self.verifier = MathVerifier(timeout_s)
+    name: str
+    package: str
+    version: str
+    entry: EntryPoint
 
-    def problems(self) -> list[Problem]:
-        return self._problems
-
-    def task_reward(self, completion: str, problem: Problem) -> float:
-        return self.verifier.reward(completion, problem.answer or "")
-
-
-class Code:
-    name = "code"
-
-    def __init__(self, dataset: Path | None = None) -> None:
-        path = dataset or SAMPLES / "code_sample.jsonl"
-        self._problems = [Problem(**row) for row in load_rows(path, ("prompt", "tests"))]
-        for problem in self._problems:
-            for test in problem.tests or []:
-                try:
-                    code.parse_test(test)
-                except code.UnsupportedTest as e:
-                    raise DatasetError(f"{path}: problem {problem.id}: test {test!r}: {e}") from None
-
-    def problems(self) -> list[Problem]:
-        return self._problems
-
-    def task_reward(self, completion: str, problem: Problem) -> float:
-        return code.reward(completion, problem.tests or [])
+    @property
+    def pin(self) -> str:
+        """What a run records, and every role must have installed: ``package==version``."""
+        return f"{self.package}=={self.version}"
 
 
-ENVIRONMENTS: dict[str, type[Arithmetic] | type[Math] | type[Code]] = {"arithmetic": Arithmetic, "math": Math, "code": Code}
+def installed() -> dict[str, Plugin]:
+    """Every environment installed in this Python environment, by name; a name two distributions
+    claim is refused rather than resolved by whichever the import system lists first."""
+    found: dict[str, Plugin] = {}
+    for entry in entry_points(group=GROUP):
+        dist = entry.dist
+        plugin = Plugin(entry.name, dist.name if dist else "?", dist.version if dist else "?", entry)
+        other = found.get(entry.name)
+        if other is not None and other.package != plugin.package:
+            raise EnvironmentUnavailable(
+                f"environment {entry.name!r} is provided by both {other.pin} and {plugin.pin}; uninstall one"
+            )
+        found.setdefault(entry.name, plugin)
+    return found
 
 
-def get_environment(name: str, dataset: Path | None = None) -> Environment:
+def plugin(name: str, pin: str | None = None) -> Plugin:
+    """The installed plugin called ``name``, checked against a run's ``pin`` when given."""
+    plugins = installed()
+    found = plugins.get(name)
+    if found is None:
+        wanted = f" (the run pins {pin}: pip install '{pin}')" if pin else ""
+        raise EnvironmentUnavailable(
+            f"environment {name!r} is not installed{wanted}; installed: {', '.join(sorted(plugins)) or 'none'}"
+        )
+    if pin is not None and found.pin != pin:
+        raise EnvironmentUnavailable(
+            f"environment {name!r} is {found.pin} here but the run pins {pin}: "
+            f"rewards must be recomputed by the code that produced them (pip install '{pin}')"
+        )
+    return found
+
+
+@cache
+def get_environment(name: str, pin: str | None = None) -> Environment:
+    """The environment ``name`` (exactly the ``pin``'s version when given), loaded once per process."""
+    found = plugin(name, pin)
     try:
-        return ENVIRONMENTS[name](dataset)
-    except KeyError:
-        raise ValueError(f"unknown environment {name!r}; choose one of {', '.join(ENVIRONMENTS)}") from None
+        environment = found.entry.load()()
+    except Exception as e:
+        raise EnvironmentUnavailable(f"environment {name!r} ({found.pin}) failed to load: {type(e).__name__}: {e}") from e
+    if not isinstance(environment, Environment):
+        raise EnvironmentUnavailable(f"environment {name!r} ({found.pin}) lacks problems() or task_reward()")
+    problems = environment.problems()
+    if not all(isinstance(p, Problem) for p in problems):
+        raise EnvironmentUnavailable(f"environment {name!r} ({found.pin}): problems() must return Problem objects")
+    ids = [p.id for p in problems]
+    if not problems or len(set(ids)) != len(ids) or not all(ids):
+        raise EnvironmentUnavailable(f"environment {name!r} ({found.pin}) must list problems with unique, non-empty ids")
+    return environment
 
 
 def completion_text(tokenizer: PreTrainedTokenizerBase, tokens: list[int]) -> str:

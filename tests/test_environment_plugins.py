@@ -1,0 +1,232 @@
+"""Environments as plugins: discovered through their entry-point group, pinned by each run to the
+distribution and version the coordinator had, and refused, with a sentence saying what to install,
+wherever that exact version is missing. The built-ins register the same way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, select
+
+from intellect_protocol.coordinator.models import Run, Submission, Task
+from intellect_protocol.devnet.processes import Process, admin_token, script, spawn, start_coordinator, start_node
+from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment, installed, plugin
+from intellect_protocol.shared.states import SubmissionStatus
+from intellect_protocol.shared.wallet import create_wallet
+from tests.helpers import HTTP, install_example_environment
+
+OURS = f"intellect-protocol=={version('intellect-protocol')}"
+
+
+def _distribution(root: Path, package: str, release: str, entries: dict[str, str], module: str = "") -> None:
+    """Install a distribution by hand, as pip lays one out: a module and a ``.dist-info`` with its entry points."""
+    if module:
+        (root / f"{package.replace('-', '_')}.py").write_text(module)
+    info = root / f"{package.replace('-', '_')}-{release}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {release}\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in entries.items())
+    (info / "entry_points.txt").write_text(f"[intellect_protocol.environments]\n{lines}")
+
+
+PALINDROMES = """
+from intellect_protocol.shared.environments.registry import Problem
+
+class Palindromes:
+    name = "palindromes"
+
+    def problems(self):
+        return [Problem(id=f"p{i}", prompt=f"{i}{i}:", answer=str(i)[::-1]) for i in range(100, 120)]
+
+    def task_reward(self, completion, problem):
+        return float(completion.strip() == problem.answer)
+
+class Broken:
+    def __init__(self):
+        raise RuntimeError("its dataset is missing")
+
+class Duplicates:
+    name = "duplicates"
+
+    def problems(self):
+        return [Problem(id="same", prompt="1+1:"), Problem(id="same", prompt="2+2:")]
+
+    def task_reward(self, completion, problem):
+        return 0.0
+"""
+
+
+@pytest.mark.unit
+def test_the_builtins_are_plugins_of_this_distribution() -> None:
+    plugins = installed()
+    assert {name: found.pin for name, found in plugins.items() if found.package == "intellect-protocol"} == {
+        "arithmetic": OURS,
+        "math": OURS,
+        "code": OURS,
+    }
+    assert get_environment("arithmetic", OURS).problems()[0].prompt.endswith(":")
+
+
+@pytest.mark.unit
+def test_a_plugin_is_found_loaded_and_pinned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entries = {
+        "palindromes": "intellect_palindromes:Palindromes",
+        "broken": "intellect_palindromes:Broken",
+        "duplicates": "intellect_palindromes:Duplicates",
+        "missing-module": "intellect_nowhere:Factory",
+    }
+    _distribution(tmp_path, "intellect-palindromes", "2.1.0", entries, PALINDROMES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    found = plugin("palindromes")
+    assert (found.package, found.version, found.pin) == ("intellect-palindromes", "2.1.0", "intellect-palindromes==2.1.0")
+    environment = get_environment("palindromes", "intellect-palindromes==2.1.0")
+    problem = environment.problems()[3]
+    assert environment.task_reward("301", problem) == 1.0 and environment.task_reward("103", problem) == 0.0
+
+    with pytest.raises(
+        EnvironmentUnavailable, match=r"is intellect-palindromes==2.1.0 here but the run pins intellect-palindromes==2.0.0"
+    ):
+        get_environment("palindromes", "intellect-palindromes==2.0.0")
+    with pytest.raises(
+        EnvironmentUnavailable, match=r"'poetry' is not installed \(the run pins poetry==1.0: pip install 'poetry==1.0'\)"
+    ):
+        get_environment("poetry", "poetry==1.0")
+    with pytest.raises(EnvironmentUnavailable, match="installed: .*arithmetic.*palindromes"):
+        plugin("poetry")
+    with pytest.raises(EnvironmentUnavailable, match="failed to load: RuntimeError: its dataset is missing"):
+        get_environment("broken")
+    with pytest.raises(EnvironmentUnavailable, match="failed to load: ModuleNotFoundError"):
+        get_environment("missing-module")
+    with pytest.raises(EnvironmentUnavailable, match="unique, non-empty ids"):
+        get_environment("duplicates")
+
+
+@pytest.mark.unit
+def test_a_name_two_distributions_claim_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A package that registers "arithmetic" must not silently replace (or be replaced by) the built-in one.
+    _distribution(tmp_path, "arith-impostor", "1.0", {"arithmetic": "arith_impostor:Arithmetic"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        EnvironmentUnavailable,
+        match=f"provided by both .*{OURS}.*arith-impostor==1.0|provided by both arith-impostor==1.0 and {OURS}",
+    ):
+        installed()
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return install_example_environment(tmp_path_factory.mktemp("plugin"))
+
+
+def _coordinator(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*script("intellect-coordinator"), *args], capture_output=True, text=True, env={**os.environ, **env})
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_run_pins_the_installed_plugin_and_roles_without_it_stop_and_say_what_to_install(
+    tmp_path: Path, sqlite_url: str, example: dict[str, str]
+) -> None:
+    listed = _coordinator(["run", "environments"], example)
+    assert "column-credit\tintellect-column-credit==0.1.0" in listed.stdout.splitlines()
+
+    refused = _coordinator(["run", "create", "--name", "cc", "--environment", "column-credit", "--database-url", sqlite_url], {})
+    assert refused.returncode == 2 and "Unusable environment: environment 'column-credit' is not installed" in refused.stderr
+
+    created = _coordinator(
+        ["run", "create", "--name", "cc", "--environment", "column-credit", "--database-url", sqlite_url], example
+    )
+    assert created.returncode == 0, created.stderr
+    engine = create_engine(sqlite_url)
+    with engine.connect() as connection:
+        assert connection.execute(select(Run.environment, Run.environment_version)).one() == (
+            "column-credit",
+            "intellect-column-credit==0.1.0",
+        )
+
+    coordinator = start_coordinator(tmp_path, sqlite_url, env={"INTELLECT_BLOB_DIR": str(tmp_path / "blobs"), **example})
+    create_wallet(tmp_path / "node.json", "pw")
+    node = start_node(tmp_path, "node", tmp_path / "node.json", coordinator.url, "pw")  # the plugin is not on its path
+    others: list[Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while node.popen.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert node.popen.returncode == 7, node.tail()
+        assert (
+            "not installed (the run pins intellect-column-credit==0.1.0: pip install 'intellect-column-credit==0.1.0')"
+            in _words(node.tail())
+        )
+        with engine.connect() as connection:  # the coordinator drew the task's prompts from the plugin's own dataset
+            prompt_ids = [pid for ids in connection.execute(select(Task.prompt_ids)).scalars() for pid in ids["ids"]]
+        assert prompt_ids and all(pid.startswith("cc") for pid in prompt_ids)
+
+        # A node with the plugin submits work; a validator without it must not judge that work by other reward code.
+        create_wallet(tmp_path / "equipped.json", "pw")
+        equipped = start_node(tmp_path, "equipped", tmp_path / "equipped.json", coordinator.url, "pw", env=example)
+        others.append(equipped)
+        while not _statuses(engine) and time.monotonic() < deadline + 120:
+            assert equipped.popen.poll() is None, equipped.tail()
+            time.sleep(0.3)
+        equipped.stop()
+        address = create_wallet(tmp_path / "validator.json", "pw")
+        token = admin_token(sqlite_url)
+        HTTP.post(
+            f"{coordinator.url}/v1/admin/roles",
+            json={"address": address, "role": "validator"},
+            headers={"authorization": f"Bearer {token}"},
+        ).raise_for_status()
+        command = [*script("intellect-validator"), "run", "--wallet", str(tmp_path / "validator.json")]
+        command += ["--coordinator", coordinator.url, "--state-dir", str(tmp_path / "state" / "validator")]
+        validator = spawn("validator", command, tmp_path / "logs" / "validator.log", {"INTELLECT_WALLET_PASSWORD": "pw"})
+        others.append(validator)
+        assert validator.popen.wait(timeout=120) == 7, validator.tail()
+        assert "This validator cannot judge a run's work: environment 'column-credit' is not installed" in _words(
+            validator.tail()
+        )
+        assert set(_statuses(engine)) == {SubmissionStatus.pending}  # no verdict: the claim lapses for a validator with it
+    finally:
+        for process in [node, *others]:
+            process.stop()
+        coordinator.stop()
+        engine.dispose()
+
+
+def _statuses(engine: Engine) -> list[SubmissionStatus]:
+    with engine.connect() as connection:
+        return list(connection.execute(select(Submission.status)).scalars())
+
+
+PROBE = """
+import json
+from intellect_protocol.shared.environments.arithmetic import scratchpad
+from intellect_protocol.shared.environments.registry import get_environment
+
+environment = get_environment("column-credit", "intellect-column-credit==0.1.0")
+problem = environment.problems()[0]
+right = scratchpad(problem.prompt)
+steps = right.split(";")
+slip = ";".join([steps[0][:-2] + "99", *steps[1:]])
+print(json.dumps({label: environment.task_reward(text, problem) for label, text in (("right", right), ("slip", slip), ("none", ""))}))
+"""
+
+
+@pytest.mark.integration
+def test_the_example_plugin_gives_credit_per_right_column(example: dict[str, str]) -> None:
+    import json
+
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env={**os.environ, **example}, check=True)
+    # Three columns: a slip in the first costs its third of the column half, and the answer still counts.
+    assert json.loads(out.stdout) == {"right": 1.0, "slip": pytest.approx(0.5 * 2 / 3 + 0.5), "none": 0.0}
+
+
+def _words(text: str) -> str:
+    """``text`` with its line wrapping (a terminal-width console's) undone."""
+    return " ".join(text.split())

@@ -1,0 +1,77 @@
+"""`intellect-node check` before joining: whether this machine can serve each of a coordinator's runs
+(its environment plugin at the pinned version, memory for its model), from estimates checked here
+against what the loaded model really holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import create_engine, text
+
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.processes import create_run
+from intellect_protocol.node.fit import kv_cache_bytes, parameter_count
+from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
+from tests import families
+from tests.conftest import serve
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("family", ["tiny", "qwen2", "gemma3_text"])  # tied and untied heads, biases, extra norms
+def test_the_estimate_counts_what_the_loaded_model_holds(family: str, tmp_path: Path) -> None:
+    directory = TINY_MODEL_DIR if family == "tiny" else families.build(family, tmp_path / family)
+    model, _ = load_model(directory)
+    assert parameter_count(directory) == sum(p.numel() for p in model.parameters())
+
+    # The KV cache a forward pass really keeps, for 3 sequences of 11 tokens.
+    with torch.no_grad():
+        out = model(torch.ones(3, 11, dtype=torch.long), use_cache=True)
+    kept = sum(t.numel() * t.element_size() for layer in out.past_key_values.layers for t in (layer.keys, layer.values))
+    config = json.loads((directory / "config.json").read_text())
+    assert kv_cache_bytes(config, sequences=3, tokens=11, dtype="float32") == kept
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_check_says_which_runs_this_machine_can_serve(sqlite_url: str, tmp_path: Path) -> None:
+    # A model whose config claims a million layers: its KV cache fits no machine (the weights are the tiny model's).
+    deep = tmp_path / "deep"
+    shutil.copytree(TINY_MODEL_DIR, deep)
+    config = json.loads((deep / "config.json").read_text())
+    (deep / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 1_000_000}))
+    logs = tmp_path / "logs"
+    create_run(sqlite_url, "fits", logs / "fits.log")
+    create_run(sqlite_url, "deep", logs / "deep.log", ["--model", str(deep)])
+    create_run(sqlite_url, "hub", logs / "hub.log", ["--model", "Qwen/Qwen3-0.6B"])
+    create_run(sqlite_url, "newer-plugin", logs / "plugin.log")
+    engine = create_engine(sqlite_url)
+    with engine.begin() as connection:  # as if the coordinator had a newer release of the built-in environments
+        connection.execute(text("UPDATE runs SET environment_version = 'intellect-protocol==9.0' WHERE name = 'newer-plugin'"))
+    engine.dispose()
+
+    with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")) as coordinator:
+        checked = subprocess.run(
+            ["intellect-node", "check", "--coordinator", coordinator.url, "--state-dir", str(tmp_path / "state")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "250"},
+        )
+    said = " ".join(checked.stderr.split())
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    rows = {line.split()[2]: line for line in checked.stdout.splitlines() if line.strip().startswith(("│ ✓", "│ ✗"))}
+    assert set(rows) == {"fits", "deep", "hub", "newer-plugin"}, checked.stdout
+    assert "✓" in rows["fits"] and "✓" in rows["hub"] and "downloaded at join" in rows["hub"]
+    assert "✗" in rows["deep"] and "✗" in rows["newer-plugin"]
+    assert "run deep: model " in said and "needs about" in said and "GiB of usable RAM" in said
+    assert (
+        "run newer-plugin: environment 'arithmetic' is intellect-protocol==0.1.0 here but the run pins intellect-protocol==9.0"
+        in said
+    )
+    assert "run fits:" not in said and "run hub:" not in said
