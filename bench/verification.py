@@ -77,7 +77,8 @@ def previous_check(data: bytes, task: TaskSpec) -> bool:
     rollouts = read_rollouts(data)
     params = task.sampling
     states = prefill_batch(MODEL, [r.prompt_tokens for r in rollouts], [r.completion_tokens for r in rollouts])
-    for r, (_, logits) in zip(rollouts, states):
+    for r, row in zip(rollouts, states):
+        logits = row.logits()
         tokens = torch.tensor(r.completion_tokens)
         n = len(tokens)
         scores = sampling_scores(logits, torch.full((n,), r.seed), torch.arange(n), params.temperature, params.top_p)

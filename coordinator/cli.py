@@ -205,6 +205,17 @@ def run_create(
     target_length: Annotated[
         int, typer.Option(help="Thinking-budget target length, in tokens.")
     ] = RUN_DEFAULTS.length_budget.target_tokens,
+    system_prompt: Annotated[
+        str | None,
+        typer.Option(help="A system turn before every problem (rendered by the model's chat template; without one, prepended)."),
+    ] = None,
+    thinking: Annotated[
+        bool | None,
+        typer.Option(
+            "--thinking/--no-thinking",
+            help="The chat template's enable_thinking switch (Qwen3-style templates); default: the template's own.",
+        ),
+    ] = None,
     async_level: Annotated[
         int, typer.Option(help="Accept rollouts of policies at most this many steps old (0: synchronous; at most 64).")
     ] = RUN_DEFAULTS.async_level,
@@ -233,7 +244,7 @@ def run_create(
     from intellect_protocol.shared.environments.length import LengthBudget
     from intellect_protocol.shared.money import parse_tokens
     from intellect_protocol.shared.run_schemas import RunSpec
-    from intellect_protocol.shared.schemas import SamplingParams
+    from intellect_protocol.shared.schemas import Prompting, SamplingParams
 
     try:
         spec = RunSpec(
@@ -244,6 +255,7 @@ def run_create(
             prompts_per_task=prompts_per_task,
             samples_per_prompt=samples_per_prompt,
             length_budget=LengthBudget(alpha=length_alpha, target_tokens=target_length),
+            prompting=Prompting(system_prompt=system_prompt, enable_thinking=thinking),
             async_level=async_level,
             dispute_window_s=dispute_window,
             audit=AuditPolicy(share=audit_share),

@@ -120,6 +120,8 @@ class Run(Base):
     prompts_per_task: Mapped[int] = mapped_column(Integer)
     samples_per_prompt: Mapped[int] = mapped_column(Integer)
     length_budget: Mapped[dict[str, Any]]
+    prompting: Mapped[dict[str, Any] | None]
+    """The run's :class:`shared.schemas.Prompting`; None: no system prompt, the template's default thinking."""
     policy_step: Mapped[int] = mapped_column(Integer)
     next_prompt: Mapped[int] = mapped_column(Integer)
     """Cursor into the environment's problems: the coordinator, not nodes, picks prompts."""

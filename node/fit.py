@@ -85,7 +85,7 @@ def fit(run: RunInfo, settings: NodeSettings, specs: NodeSpecs) -> Fit:
         if prompts:
             from intellect_protocol.shared.models import encode_prompt, load_tokenizer
 
-            longest = len(encode_prompt(load_tokenizer(str(model_dir)), max(prompts, key=len)))
+            longest = len(encode_prompt(load_tokenizer(str(model_dir)), max(prompts, key=len), run.prompting))
         sequences = run.prompts_per_task * run.samples_per_prompt
         needs = weights + kv_cache_bytes(config, sequences, longest + run.sampling.max_tokens, settings.dtype)
     except (OSError, ValueError, KeyError) as e:

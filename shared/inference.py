@@ -45,9 +45,10 @@ class InferenceBackend(Protocol):
     def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]: ...
 
 
-LOGITS_BLOCK_BYTES = 64 << 20
-"""The most float32 logits a prefill's reader holds at once. ``[tokens, vocab]`` for a whole completion
-is never made: at a 151,936-token vocabulary and 4,096 tokens it alone is 2.5 GB a row."""
+LOGITS_BLOCK_BYTES = 8 << 20
+"""The most float32 logits a prefill's reader holds at once; the sampling check's temporaries (the seeded
+noise is computed in int64) take about ten times that. ``[tokens, vocab]`` for a whole completion is never
+made: at a 151,936-token vocabulary and 4,096 tokens it alone is 2.5 GB a row."""
 
 
 def logits_of(model: torch.nn.Module, states: torch.Tensor) -> torch.Tensor:
@@ -129,5 +130,5 @@ def prefill_batch(
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
         start, n = len(prompt), len(completion)
         chose = states[i, start - 1 : start - 1 + n]
-        out.append(Prefilled(hidden=chose[1:].to(torch.bfloat16).cpu(), states=chose.clone(), model=model))
+        out.append(Prefilled(hidden=chose[1:].to(torch.bfloat16).cpu(), states=chose, model=model))
     return out

@@ -17,7 +17,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from intellect_protocol.shared.schemas import DEFAULT_MODEL
+from intellect_protocol.shared.schemas import DEFAULT_MODEL, Prompting
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
 """The embedded default: a tiny Llama trained by ``python -m intellect_protocol.shared.tiny_model`` and shipped."""
@@ -84,13 +84,21 @@ def final_norm_outputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, prompting: Prompting | None = None) -> list[int]:
     """How every role turns a prompt into token ids. With a chat template (an instruction-tuned
-    model), the user's turn as the template renders it, up to where the assistant's answer begins;
-    without one, BOS (when the model has one), then the text."""
+    model), the run's system turn (if any) and the user's turn as the template renders them, up to
+    where the assistant's answer begins, with the run's thinking switch; without one, BOS (when the
+    model has one), then the system prompt and a blank line (if any), then the text."""
+    prompting = prompting or Prompting()
     if tokenizer.chat_template:
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        system = [{"role": "system", "content": prompting.system_prompt}] if prompting.system_prompt is not None else []
+        switch = {"enable_thinking": prompting.enable_thinking} if prompting.enable_thinking is not None else {}
+        rendered = tokenizer.apply_chat_template(
+            [*system, {"role": "user", "content": text}], add_generation_prompt=True, tokenize=False, **switch
+        )
         return tokenizer.encode(rendered, add_special_tokens=False)  # the template writes its own special tokens
+    if prompting.system_prompt is not None:
+        text = f"{prompting.system_prompt}\n\n{text}"
     ids = tokenizer.encode(text, add_special_tokens=False)
     bos = tokenizer.bos_token_id
     return [bos, *ids] if bos is not None else ids

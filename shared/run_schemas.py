@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.money import TokenAmount
-from intellect_protocol.shared.schemas import DEFAULT_MODEL, INT32_MAX, Finite, SamplingParams
+from intellect_protocol.shared.schemas import DEFAULT_MODEL, INT32_MAX, Finite, Prompting, SamplingParams
 from intellect_protocol.shared.states import RunStatus
 
 RunName = Annotated[str, Field(min_length=1, max_length=128)]
@@ -64,6 +64,8 @@ class RunInfo(BaseModel):
     async_level: int
     """Rollouts of a policy older than ``policy_step - async_level`` are refused (INTELLECT-2: 2)."""
     length_budget: dict[str, Any]
+    prompting: Prompting | None = None
+    """System prompt and thinking switch for the chat template; None: neither."""
     dispute_window_s: float | None
     """None: the coordinator's default."""
     min_stake: TokenAmount = 0
@@ -92,6 +94,8 @@ class RunSettings(BaseModel):
     """Thinking-budget penalty per token off target; 0 disables it."""
     target_length: int | None = Field(None, ge=1, le=1 << 20)
     """Thinking-budget target length, in tokens."""
+    prompting: Prompting | None = None
+    """A system prompt and the chat template's thinking switch (replaces both)."""
     async_level: AsyncLevel | None = None
     """Accept rollouts of policies at most this many steps old (0: synchronous)."""
     dispute_window_s: DisputeWindow | None = None
@@ -147,6 +151,8 @@ class RunSpec(BaseModel):
     """Samples per prompt: the GRPO group size."""
     length_budget: LengthBudget = LengthBudget()
     """The thinking budget (off by default)."""
+    prompting: Prompting = Prompting()
+    """No system prompt, the chat template's default thinking."""
     async_level: AsyncLevel = 2
     """Accept rollouts of policies at most this many steps old (INTELLECT-2: 2)."""
     dispute_window_s: DisputeWindow | None = None

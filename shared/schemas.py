@@ -221,6 +221,18 @@ class LeaseRequest(Request):
     """Tasks this node still holds and is working on: the lease must be another one."""
 
 
+class Prompting(BaseModel):
+    """How a problem becomes the model's prompt, beyond its text (a run setting; every role renders alike)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    system_prompt: str | None = Field(None, max_length=16_384)
+    """The system turn before each problem; without a chat template, the text before the problem and a blank line."""
+    enable_thinking: bool | None = None
+    """Passed to the chat template as ``enable_thinking`` (Qwen3-style templates open or close the thinking
+    block by it); None: the template's own default. Ignored without a chat template."""
+
+
 class TaskSpec(BaseModel):
     """A leased task: what to generate, from which policy, with which seeds, until when."""
 
@@ -240,6 +252,8 @@ class TaskSpec(BaseModel):
     length_alpha: float
     target_length: int
     length_over_only: bool
+    prompting: Prompting = Prompting()
+    """How each problem is rendered into prompt tokens (the validator checks those tokens)."""
     lease_expires_at: datetime
 
 

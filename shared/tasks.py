@@ -29,7 +29,9 @@ def assigned_rows(task: TaskSpec, problems: dict[str, Problem], tokenizer: PreTr
     """The task's rows; ``KeyError`` when it names a problem the environment lacks."""
     budget = budget_of(task)
     prompts = {
-        pid: encode_prompt(tokenizer, with_target(problems[pid].prompt, budget) if budget.alpha else problems[pid].prompt)
+        pid: encode_prompt(
+            tokenizer, with_target(problems[pid].prompt, budget) if budget.alpha else problems[pid].prompt, task.prompting
+        )
         for pid in task.prompt_ids
     }
     ids = [pid for pid in task.prompt_ids for _ in range(task.samples_per_prompt)]

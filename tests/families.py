@@ -15,10 +15,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 
 from intellect_protocol.shared.environments.arithmetic import make_problem, scratchpad
 
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<|user|>", "<|assistant|>"]
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<|user|>", "<|assistant|>", "<|system|>", "<think>", "</think>"]
+# Qwen3-style: ``enable_thinking=False`` opens and closes an empty thinking block for the model.
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think></think>' }}{% endif %}{% endif %}"
 )
 # head_dim 32: the smallest vLLM's CPU attention kernels take.
 SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4}

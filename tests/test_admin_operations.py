@@ -110,11 +110,16 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
             "samples_per_prompt": 2,
             "sampling": {"temperature": 1.0, "max_tokens": 8},
             "dispute_window_s": 60,
+            "prompting": {"system_prompt": "Be brief."},
         }
         created = httpx.post(runs, json=body, headers=ops)
         assert created.status_code == 201, created.text
         run = created.json()
         assert run["status"] == "active" and run["dispute_window_s"] == 60 and run["async_level"] == 2
+        assert run["prompting"] == {"system_prompt": "Be brief.", "enable_thinking": None}
+        assert run["environment_version"].startswith("intellect-protocol==")
+        too_long = {**body, "name": "e", "prompting": {"system_prompt": "x" * 16_385}}
+        assert httpx.post(runs, json=too_long, headers=ops).status_code == 422
         assert httpx.post(runs, json=body, headers=ops).json()["code"] == "conflict"
         assert httpx.post(runs, json={**body, "name": "b", "environment": "poetry"}, headers=ops).status_code == 422
         assert httpx.post(runs, json={**body, "name": "c", "samples_per_prompt": 0}, headers=ops).status_code == 422
@@ -122,8 +127,10 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
 
         first = joined(served)
         old_task = lease(served, first).json()
-        assert old_task["samples_per_prompt"] == 2
+        assert old_task["samples_per_prompt"] == 2 and old_task["prompting"]["system_prompt"] == "Be brief."
+        assert old_task["environment_version"] == run["environment_version"]
         update = {"samples_per_prompt": 3, "sampling": {"temperature": 0.7, "max_tokens": 8}, "length_alpha": 0.001}
+        update |= {"prompting": {"enable_thinking": False}}
         updated = httpx.patch(f"{runs}/{run['id']}", json=update, headers=ops).json()
         assert updated["samples_per_prompt"] == 3 and updated["length_budget"]["alpha"] == 0.001
         assert httpx.patch(f"{runs}/{run['id']}", json={"name": "renamed"}, headers=ops).status_code == 422
@@ -135,6 +142,7 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
         second = joined(served)
         new_task = lease(served, second).json()
         assert new_task["samples_per_prompt"] == 3 and new_task["sampling"]["temperature"] == 0.7
+        assert new_task["prompting"] == {"system_prompt": None, "enable_thinking": False}
 
         assert httpx.post(f"{runs}/{run['id']}/pause", headers=ops).json()["status"] == "paused"
         assert httpx.post(f"{runs}/{run['id']}/pause", headers=ops).status_code == 409

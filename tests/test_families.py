@@ -17,7 +17,7 @@ from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.environments.registry import get_environment, plugin
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.rollout_file import read_rollouts, write_rollouts
-from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
+from intellect_protocol.shared.schemas import Prompting, SamplingParams, TaskSpec
 from intellect_protocol.trainer.data import Batch, Group
 from intellect_protocol.trainer.distributed import placement
 from intellect_protocol.trainer.learner import Learner
@@ -108,6 +108,35 @@ def test_prompts_are_rendered_by_the_chat_template_and_checked_as_tokens(family:
     assert rollouts[0].prompt_tokens == [bos, user, *tokenizer.encode(problem, add_special_tokens=False), assistant]
     # The bare text, as a node ignoring the template would send it, is not the prompt the task assigned.
     rollouts[0].prompt_tokens = [bos, *tokenizer.encode(problem, add_special_tokens=False)]
+    verdict = _check(write_rollouts(rollouts), task, run_model)
+    assert not verdict.accepted and any(c.name == "assignment" and c.passed is False for c in verdict.checks), verdict.reason
+
+
+def test_the_runs_system_prompt_and_thinking_switch_are_rendered_and_checked(family: tuple[Path, Path]) -> None:
+    run_model, _ = family
+    task = _task(run_model, seed=3).model_copy(
+        update={"prompting": Prompting(system_prompt="Add carefully.", enable_thinking=False)}
+    )
+    _, tokenizer = load_model(run_model)
+    rollouts = read_rollouts(data := finish(generate(task)).data)
+    problem = PROBLEMS[task.prompt_ids[0]].prompt
+    bos, system, user, assistant, think, end = (
+        tokenizer.convert_tokens_to_ids(t) for t in ("<bos>", "<|system|>", "<|user|>", "<|assistant|>", "<think>", "</think>")
+    )
+    words = tokenizer.encode("Add carefully.", add_special_tokens=False)
+    assert rollouts[0].prompt_tokens == [
+        bos,
+        system,
+        *words,
+        user,
+        *tokenizer.encode(problem, add_special_tokens=False),
+        assistant,
+        think,
+        end,
+    ]
+    assert _check(data, task, run_model).accepted
+    # Work rendered without the run's system prompt and switch is not what the task assigned.
+    rollouts[0].prompt_tokens = read_rollouts(finish(generate(_task(run_model, seed=3))).data)[0].prompt_tokens
     verdict = _check(write_rollouts(rollouts), task, run_model)
     assert not verdict.accepted and any(c.name == "assignment" and c.passed is False for c in verdict.checks), verdict.reason
 

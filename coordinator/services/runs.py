@@ -25,7 +25,7 @@ from intellect_protocol.shared.environments.registry import EnvironmentUnavailab
 from intellect_protocol.shared.money import tokens
 from intellect_protocol.shared.rollout_file import shape_error
 from intellect_protocol.shared.run_schemas import RunSpec
-from intellect_protocol.shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec, WorkWait
+from intellect_protocol.shared.schemas import ErrorCode, LeaseRequest, NodeStatus, Prompting, SamplingParams, TaskSpec, WorkWait
 from intellect_protocol.shared.states import RunStatus, TaskStatus
 
 
@@ -59,6 +59,7 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
         prompts_per_task=spec.prompts_per_task,
         samples_per_prompt=spec.samples_per_prompt,
         length_budget=spec.length_budget.model_dump(),
+        prompting=spec.prompting.model_dump(exclude_none=True),
         policy_step=0,
         next_prompt=0,
         status=RunStatus.active,
@@ -79,6 +80,7 @@ def task_params(run: Run) -> dict[str, Any]:
         "sampling": run.sampling,
         "samples_per_prompt": run.samples_per_prompt,
         "length_budget": run.length_budget,
+        "prompting": run.prompting,
     }
 
 
@@ -103,6 +105,7 @@ def spec(run: Run, task: Task) -> TaskSpec:
         length_alpha=budget.alpha,
         target_length=budget.target_tokens,
         length_over_only=budget.over_only,
+        prompting=Prompting(**(params.get("prompting") or {})),
         lease_expires_at=task.lease_expires_at,
     )
 
@@ -206,6 +209,7 @@ UPDATABLE = frozenset(
         "prompts_per_task",
         "samples_per_prompt",
         "length_budget",
+        "prompting",
         "async_level",
         "dispute_window_s",
         "audit",

@@ -55,6 +55,8 @@ def _changes(settings: RunSettings, run: Run | None) -> dict[str, Any]:
         given["sampling"] = settings.sampling.model_dump() if settings.sampling else SamplingParams().model_dump()
     if settings.audit is not None:
         given["audit"] = settings.audit.model_dump()
+    if settings.prompting is not None:
+        given["prompting"] = settings.prompting.model_dump(exclude_none=True)
     budget = {"alpha": settings.length_alpha, "target_tokens": settings.target_length}
     if any(v is not None for v in budget.values()):
         current = run.length_budget if run is not None else LengthBudget().model_dump()
