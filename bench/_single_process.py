@@ -23,10 +23,10 @@ from intellect_protocol.coordinator.db import make_engine, make_sessionmaker
 from intellect_protocol.coordinator.models import Run, Task
 from intellect_protocol.coordinator.services.runs import problem_ids, spec, task_params
 from intellect_protocol.devnet.processes import create_run, migrate
-from intellect_protocol.node.inference.torch_backend import TorchBackend
 from intellect_protocol.node.work import generate_with, score
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.schemas import TaskSpec
+from intellect_protocol.shared.torch_backend import TorchBackend
 from intellect_protocol.trainer.data import Batch, add_submission
 from intellect_protocol.trainer.distributed import placement
 from intellect_protocol.trainer.learner import Learner

@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from intellect_protocol.node.inference.torch_backend import TorchBackend
 from intellect_protocol.shared.environments.arithmetic import make_problem
 from intellect_protocol.shared.inference import prefill, prefill_batch
 from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.tiny_model import prompt_ids
 from intellect_protocol.shared.toploc import build_proofs, build_proofs_batch, verify_proofs
+from intellect_protocol.shared.torch_backend import TorchBackend
 
 
 def measure(name: str, model: torch.nn.Module, prompts: list[list[int]], eos: int, pad: int, tokens: int) -> float:

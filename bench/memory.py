@@ -70,13 +70,13 @@ def measure(role: str, directory: Path, tokens: int) -> dict[str, float]:
     """Run one role's work on the saved model in this process; its peak above the loaded model's RSS."""
     from transformers import AutoModelForCausalLM
 
-    from intellect_protocol.node.inference.torch_backend import TorchBackend
     from intellect_protocol.shared.inference import prefill_batch
     from intellect_protocol.shared.numerics import TOLERANCES
     from intellect_protocol.shared.rollout_file import Rollout
     from intellect_protocol.shared.schemas import SamplingParams
     from intellect_protocol.shared.toploc import build_proofs_batch, verify_proofs
-    from intellect_protocol.validator.checks import _row_sampling
+    from intellect_protocol.shared.torch_backend import TorchBackend
+    from intellect_protocol.validator.checks import row_sampling
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
@@ -89,7 +89,9 @@ def measure(role: str, directory: Path, tokens: int) -> dict[str, float]:
     before = reset_peak()
     started = time.perf_counter()
     if role == "node":
-        completion = TorchBackend(model, eos_token_id=model.config.eos_token_id, pad_token_id=0).generate([prompt], [7], params)[0]
+        completion = TorchBackend(model, eos_token_id=model.config.eos_token_id, pad_token_id=0).generate([prompt], [7], params)[
+            0
+        ]
         proofs = build_proofs_batch([completion.hidden])[0]
         work.write_text(json.dumps({"tokens": completion.tokens, "logprobs": completion.logprobs, "proofs": proofs.hex()}))
     else:
@@ -117,7 +119,7 @@ def measure(role: str, directory: Path, tokens: int) -> dict[str, float]:
             with torch.inference_mode():
                 whole = model(torch.tensor([prompt + row.completion_tokens[:-1]])).logits[0, PROMPT - 1 :].float()
             blocks = iter([(0, whole)])
-        judged = _row_sampling(row, blocks, 1.0, 1.0, TOLERANCES["float32"])
+        judged = row_sampling(row, blocks, 1.0, 1.0, TOLERANCES["float32"])
         proofs_ok = all(c.ok for c in verify_proofs(prefilled.hidden, row.proofs))
         if judged.forged or not proofs_ok:
             raise SystemExit(f"{role}: honest work failed its check ({judged.forged or 'proofs'})")
@@ -142,7 +144,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "qwen3-151936"
         build(directory, args.vocab, args.hidden)
-        print(f"Qwen3-shaped, vocab {args.vocab:,}, hidden {args.hidden}, {PROMPT}-token prompt, {args.tokens}-token completion, fp32, 1 thread")
+        print(
+            f"Qwen3-shaped, vocab {args.vocab:,}, hidden {args.hidden}, {PROMPT}-token prompt, {args.tokens}-token completion, fp32, 1 thread"
+        )
         results = {}
         for role in ("node", "validator", "previous-validator"):
             command = [sys.executable, __file__, "--measure", role, "--model", str(directory), "--tokens", str(args.tokens)]
@@ -157,7 +161,9 @@ def main() -> None:
                 f"({(peak - kv) / weights:5.2f}x the weights beyond the {kv / 2**20:.1f} MiB KV cache; goal <= 1.5)  {r['seconds']:6.1f} s"
             )
     new, old = results["validator"], results["previous-validator"]
-    print(f"validator peak above its weights, previous / now: {old['extra'] / 2**20:.1f} / {new['extra'] / 2**20:.1f} MiB = {old['extra'] / new['extra']:.1f}x")
+    print(
+        f"validator peak above its weights, previous / now: {old['extra'] / 2**20:.1f} / {new['extra'] / 2**20:.1f} MiB = {old['extra'] / new['extra']:.1f}x"
+    )
 
 
 if __name__ == "__main__":

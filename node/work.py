@@ -16,7 +16,6 @@ from functools import cache, lru_cache
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from intellect_protocol.node.inference.torch_backend import TorchBackend
 from intellect_protocol.node.settings import BackendKind, Dtype
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.environments.registry import Environment, Problem, completion_text, get_environment, reward
@@ -27,6 +26,7 @@ from intellect_protocol.shared.rollout_file import Rollout, write_rollouts
 from intellect_protocol.shared.schemas import TaskSpec
 from intellect_protocol.shared.tasks import AssignedRow, assigned_rows, budget_of
 from intellect_protocol.shared.toploc import build_proofs_batch
+from intellect_protocol.shared.torch_backend import TorchBackend
 
 
 @dataclass

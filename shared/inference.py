@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 
 from intellect_protocol.shared.models import cache_keyword, final_norm_outputs
 from intellect_protocol.shared.numerics import Numerics
@@ -54,11 +54,15 @@ made: at a 151,936-token vocabulary and 4,096 tokens it alone is 2.5 GB a row.""
 def logits_of(model: torch.nn.Module, states: torch.Tensor) -> torch.Tensor:
     """The model's logits (float32) from its final-norm outputs ``[..., hidden]``: its LM head, then the
     final soft cap the Gemma families apply, exactly as the model's own forward computes them."""
-    logits = model.get_output_embeddings()(states)
+    logits = _head(model)(states)
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap
     return logits.float()
+
+
+def _head(model: torch.nn.Module) -> torch.nn.Linear:
+    return cast(PreTrainedModel, model).get_output_embeddings()
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class Prefilled:
 
     def blocks(self, max_bytes: int = LOGITS_BLOCK_BYTES) -> Iterator[tuple[int, torch.Tensor]]:
         """(first position, its block's logits) over the whole completion, each block at most ``max_bytes``."""
-        vocab = self.model.get_output_embeddings().weight.shape[0]
+        vocab = _head(self.model).weight.shape[0]
         step = max(1, max_bytes // (4 * vocab))
         for start in range(0, len(self.states), step):
             yield start, self.logits(start, start + step)

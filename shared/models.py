@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -92,7 +93,7 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, prompting: Prom
     prompting = prompting or Prompting()
     if tokenizer.chat_template:
         system = [{"role": "system", "content": prompting.system_prompt}] if prompting.system_prompt is not None else []
-        switch = {"enable_thinking": prompting.enable_thinking} if prompting.enable_thinking is not None else {}
+        switch: dict[str, Any] = {"enable_thinking": prompting.enable_thinking} if prompting.enable_thinking is not None else {}
         rendered = tokenizer.apply_chat_template(
             [*system, {"role": "user", "content": text}], add_generation_prompt=True, tokenize=False, **switch
         )

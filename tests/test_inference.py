@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from intellect_protocol.node.inference.torch_backend import TorchBackend
 from intellect_protocol.shared.environments.arithmetic import make_problem, reward
 from intellect_protocol.shared.inference import prefill
 from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
@@ -18,6 +17,7 @@ from intellect_protocol.shared.sampling import replay
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.tiny_model import MAX_LEN, Stopped, greedy_accuracy, greedy_completions, held_out, prompt_ids
 from intellect_protocol.shared.toploc import build_proofs, rollout_passes, verify_proofs
+from intellect_protocol.shared.torch_backend import TorchBackend
 
 pytestmark = pytest.mark.unit
 

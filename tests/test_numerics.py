@@ -150,7 +150,7 @@ def test_the_validators_bf16_copy_computes_what_a_bf16_node_computes() -> None:
 
 
 def test_one_far_token_a_bf16_file_is_an_outlier_two_are_forgery() -> None:
-    from intellect_protocol.validator.checks import _row_sampling
+    from intellect_protocol.validator.checks import row_sampling
 
     logits = torch.zeros(6, 8)
     logits[:, 0] = 10.0  # token 0 wins every position by far, whatever the noise
@@ -174,8 +174,8 @@ def test_one_far_token_a_bf16_file_is_an_outlier_two_are_forgery() -> None:
     two = dataclasses.replace(honest, completion_tokens=[0, 5, 0, 0, 5, 0])
     whole, split = [(0, logits)], [(0, logits[:4]), (4, logits[4:])]  # read at once, or in blocks of positions
     for blocks in (whole, split):
-        assert _row_sampling(honest, blocks, 1.0, 1.0, TOLERANCES["bfloat16"]).forged is None
-        row = _row_sampling(one, blocks, 1.0, 1.0, TOLERANCES["bfloat16"])
+        assert row_sampling(honest, blocks, 1.0, 1.0, TOLERANCES["bfloat16"]).forged is None
+        row = row_sampling(one, blocks, 1.0, 1.0, TOLERANCES["bfloat16"])
         assert row.forged is None and row.outliers == 1 and row.deviations == 1
-        assert _row_sampling(two, blocks, 1.0, 1.0, TOLERANCES["bfloat16"]).forged
-        assert _row_sampling(one, blocks, 1.0, 1.0, TOLERANCES["float32"]).forged
+        assert row_sampling(two, blocks, 1.0, 1.0, TOLERANCES["bfloat16"]).forged
+        assert row_sampling(one, blocks, 1.0, 1.0, TOLERANCES["float32"]).forged

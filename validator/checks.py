@@ -240,7 +240,7 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
             if not rollout_passes(chunks := verify_proofs(prefilled.hidden, r.proofs, settings.toploc)):
                 first = next(c for n, c in enumerate(chunks) if not c.ok)
                 toploc.append(f"row {i}: proof chunk {chunks.index(first)} fails ({first.reason})")
-            row = _row_sampling(r, prefilled.blocks(), params.temperature, params.top_p, tolerance)
+            row = row_sampling(r, prefilled.blocks(), params.temperature, params.top_p, tolerance)
             errors.append(row.logprob_errors)
             if row.forged:
                 forged.append(f"row {i}: {row.forged}")
@@ -340,20 +340,34 @@ def _position_scores(
     )
 
 
-def _row_sampling(
+def row_scores(
+    tokens: list[int],
+    seed: int,
+    blocks: Iterable[tuple[int, torch.Tensor]],
+    temperature: float,
+    top_p: float,
+    tolerance: Tolerance,
+) -> PositionScores:
+    """:class:`PositionScores` of a whole row from its ``(first position, logits [n, vocab] fp32)`` blocks."""
+    claimed = torch.tensor(tokens)
+    # Filled in place: a block's small results kept between its large temporaries would fragment the
+    # allocator's heap (a 4,096-token row at a 151,936 vocabulary grew it by 5 GB).
+    gap, runner_up, logprob = (torch.empty(len(claimed)) for _ in range(3))
+    for first, logits in blocks:
+        stop = first + len(logits)
+        scored = _position_scores(logits, claimed[first:stop], seed, first, temperature, top_p, tolerance)
+        gap[first:stop], runner_up[first:stop], logprob[first:stop] = scored.gap, scored.runner_up, scored.logprob
+        del logits, scored
+    return PositionScores(gap, runner_up, logprob)
+
+
+def row_sampling(
     r: Rollout, blocks: Iterable[tuple[int, torch.Tensor]], temperature: float, top_p: float, tolerance: Tolerance
 ) -> RowSampling:
     """Judge one row's tokens and logprobs against the validator's logits, computed in the node's dtype and read as
     ``(first position, logits [n, vocab] fp32)`` blocks (never ``[tokens, vocab]`` at once)."""
-    tokens = torch.tensor(r.completion_tokens)
-    # Filled in place: a block's small results kept between its large temporaries would fragment the
-    # allocator's heap (a 4,096-token row at a 151,936 vocabulary grew it by 5 GB).
-    gap, runner_up, logprob = (torch.empty(len(tokens)) for _ in range(3))
-    for first, logits in blocks:
-        stop = first + len(logits)
-        scored = _position_scores(logits, tokens[first:stop], r.seed, first, temperature, top_p, tolerance)
-        gap[first:stop], runner_up[first:stop], logprob[first:stop] = scored.gap, scored.runner_up, scored.logprob
-        del logits, scored
+    scores = row_scores(r.completion_tokens, r.seed, blocks, temperature, top_p, tolerance)
+    gap, runner_up, logprob = scores.gap, scores.runner_up, scores.logprob
     beyond = gap > tolerance.max_gap
     if int(beyond.sum()) > tolerance.outliers:
         t = int(beyond.nonzero()[0])

@@ -56,5 +56,71 @@ def run(
     console.print(f"Stopped after {validator.checked} submissions.")
 
 
+@app.command()
+def calibrate(
+    model: Annotated[str, typer.Option(help="Model directory or hub id; default: the shipped tiny model.")] = "tiny-arith",
+    environment: Annotated[str, typer.Option(help="Whose problems to prompt with (an installed environment).")] = "arithmetic",
+    rows: Annotated[int, typer.Option(min=16, max=100_000, help="Honest rows generated per dtype.")] = 256,
+    dtype: Annotated[list[str], typer.Option(help="Node dtypes to measure (repeat the option).")] = ["float32", "bfloat16"],  # noqa: B006
+    temperature: Annotated[float, typer.Option(min=0.05, max=10, help="Sampling temperature.")] = 1.0,
+    max_tokens: Annotated[int, typer.Option(min=1, max=8192, help="Tokens per completion.")] = 48,
+    margin: Annotated[float, typer.Option(min=1, help="Fitted bounds are this many times the measured ones.")] = 2.0,
+    out: Annotated[Path | None, typer.Option(help="Also write the measurements and fitted bounds here, as JSON.")] = None,
+) -> None:
+    """Measure, on this model, how far honest nodes' work disagrees with a validator's recomputation in each dtype,
+    and whether the network's tolerances explain it (honest rows they would reject: anything but 0 means they do not)."""
+    import json
+
+    import torch
+    from rich.table import Table
+
+    from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment
+    from intellect_protocol.shared.models import encode_prompt, load_model
+    from intellect_protocol.shared.numerics import DTYPES, TOLERANCES
+    from intellect_protocol.shared.schemas import SamplingParams
+    from intellect_protocol.validator.calibration import measure
+
+    if unknown := [d for d in dtype if d not in DTYPES]:
+        err.print(f"Unknown dtype {', '.join(unknown)}; choose from {', '.join(DTYPES)}.", style="red", markup=False)
+        raise typer.Exit(2)
+    try:
+        problems = get_environment(environment).problems()
+    except EnvironmentUnavailable as e:
+        err.print(f"{e}.", style="red", markup=False)
+        raise typer.Exit(2) from None
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    loaded, tokenizer = load_model(model)
+    prompts = [encode_prompt(tokenizer, problems[i % len(problems)].prompt) for i in range(rows)]
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+    table = Table(
+        "dtype", "tokens", "deviations", "max gap", "flip scale", "max logprob error", "file bias", "rejected", title=model
+    )
+    results = []
+    for name in dtype:
+        with console.status(f"Generating and checking {rows} honest rows in {name}..."):
+            m = measure(loaded, tokenizer, prompts, name, params)
+        results.append(m)
+        rejected = "[green]0[/green]" if m.rejected_rows == 0 else f"[red]{m.rejected_rows}[/red]"
+        scale = "-" if m.flip_scale is None else f"{m.flip_scale:.3g}"
+        table.add_row(
+            name,
+            str(m.tokens),
+            str(m.deviations),
+            f"{m.max_gap:.3g}",
+            scale,
+            f"{m.logprob_max_error:.3g}",
+            f"{m.file_bias:.3g}",
+            f"{rejected} of {m.rows}",
+        )
+        force = TOLERANCES[name]
+        table.add_row(
+            "  in force", "", "", f"{force.max_gap:g}", f"{force.flip_scale:g}", "", f"{force.logprob_bias:g}", "", style="dim"
+        )
+    console.print(table)
+    if out is not None:
+        out.write_text(json.dumps({"model": model, "margin": margin, "dtypes": [m.as_dict(margin) for m in results]}, indent=2))
+        console.print(f"Written to {out}.")
+
+
 cli = entry_point(app)
 """The console script: ``app`` with TLS failures told in one sentence."""

@@ -1,5 +1,7 @@
 """The default backend: batched generation with transformers on torch, KV cache, left padding.
 
+Nodes generate with it; validators calibrating a run's tolerances generate honest work with it too.
+
 Hidden states come from a hook on the final norm during generation itself, so proofs need
 no second pass. Rows that finished keep being fed padding (their outputs are ignored) so
 the batch stays rectangular.
