@@ -71,9 +71,9 @@ def measure(role: str, directory: Path, tokens: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     from intellect_protocol.shared.inference import prefill_batch
-    from intellect_protocol.shared.numerics import TOLERANCES
     from intellect_protocol.shared.rollout_file import Rollout
     from intellect_protocol.shared.schemas import SamplingParams
+    from intellect_protocol.shared.tolerances import TOLERANCES
     from intellect_protocol.shared.toploc import build_proofs_batch, verify_proofs
     from intellect_protocol.shared.torch_backend import TorchBackend
     from intellect_protocol.validator.checks import row_sampling

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
@@ -216,6 +218,15 @@ def run_create(
             help="The chat template's enable_thinking switch (Qwen3-style templates); default: the template's own.",
         ),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            help="Tolerances calibrated on the run's model (the JSON `intellect-validator calibrate --out` writes); the run "
+            "then admits only the numerics calibrated. Default: the shipped model's bounds, any numerics.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
     async_level: Annotated[
         int, typer.Option(help="Accept rollouts of policies at most this many steps old (0: synchronous; at most 64).")
     ] = RUN_DEFAULTS.async_level,
@@ -256,6 +267,7 @@ def run_create(
             samples_per_prompt=samples_per_prompt,
             length_budget=LengthBudget(alpha=length_alpha, target_tokens=target_length),
             prompting=Prompting(system_prompt=system_prompt, enable_thinking=thinking),
+            tolerances=_calibrated(calibration) if calibration else None,
             async_level=async_level,
             dispute_window_s=dispute_window,
             audit=AuditPolicy(share=audit_share),
@@ -264,6 +276,9 @@ def run_create(
     except ValidationError as e:
         where = ".".join(map(str, e.errors()[0]["loc"]))
         err.print(f"Invalid run setting {where}: {e.errors()[0]['msg']}.", markup=False)
+        raise typer.Exit(2) from None
+    except CalibrationError as e:
+        err.print(f"--calibration {calibration}: {e}.", markup=False)
         raise typer.Exit(2) from None
     except ValueError as e:
         err.print(f"--min-stake: {e}.", markup=False)
@@ -276,6 +291,21 @@ def run_create(
         err.print(f"{e.message}", style="red", markup=False)
         raise typer.Exit(2) from None
     print(run.id)
+
+
+class CalibrationError(ValueError):
+    """A ``--calibration`` file without the tolerances ``intellect-validator calibrate --out`` writes."""
+
+
+def _calibrated(path: Path) -> dict[str, object]:
+    try:
+        written = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CalibrationError(f"cannot be read as JSON ({e})") from None
+    tolerances = written.get("tolerances") if isinstance(written, dict) else None
+    if not isinstance(tolerances, dict):
+        raise CalibrationError("has no tolerances (write one with intellect-validator calibrate --out FILE)")
+    return tolerances
 
 
 @runs_app.command("environments")

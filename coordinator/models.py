@@ -121,6 +121,8 @@ class Run(Base):
     samples_per_prompt: Mapped[int] = mapped_column(Integer)
     length_budget: Mapped[dict[str, Any]]
     prompting: Mapped[dict[str, Any] | None]
+    tolerances: Mapped[dict[str, Any] | None]
+    """Calibrated :class:`shared.tolerances.Tolerance` by numerics name; None: uncalibrated."""
     """The run's :class:`shared.schemas.Prompting`; None: no system prompt, the template's default thinking."""
     policy_step: Mapped[int] = mapped_column(Integer)
     next_prompt: Mapped[int] = mapped_column(Integer)

@@ -20,9 +20,9 @@ from intellect_protocol.node.work import Generated, environment_for, finish
 from intellect_protocol.shared.environments.registry import completion_text, reward
 from intellect_protocol.shared.inference import Completion, prefill
 from intellect_protocol.shared.models import load_tokenizer
-from intellect_protocol.shared.numerics import TOLERANCES
 from intellect_protocol.shared.sampling import sample, sampling_scores, token_logprobs
 from intellect_protocol.shared.tasks import AssignedRow
+from intellect_protocol.shared.tolerances import TOLERANCES
 
 
 def continue_seeded(

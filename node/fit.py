@@ -72,6 +72,12 @@ def fit(run: RunInfo, settings: NodeSettings, specs: NodeSpecs) -> Fit:
         prompts = [p.prompt for p in get_environment(run.environment, run.environment_version).problems()]
     except EnvironmentUnavailable as e:
         problems.append(str(e))
+    mine = f"{settings.backend}/{settings.dtype}"
+    if run.tolerances is not None and mine not in run.tolerances:
+        problems.append(
+            f"this node computes as {mine} (INTELLECT_NODE_BACKEND, INTELLECT_NODE_DTYPE) and the run, calibrated on its model, "
+            f"admits only {', '.join(sorted(run.tolerances))}"
+        )
     gpu = settings.backend == "vllm" and specs.gpus
     has = int((specs.gpus[0].memory_bytes if gpu else specs.ram_bytes) * USABLE_SHARE)
     where = f"{specs.gpus[0].name} memory" if gpu else "RAM"

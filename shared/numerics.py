@@ -23,7 +23,7 @@ vs bf16 prefill at batch 1, 16 and 32):
   over 90 honest bf16 files the signed mean error stayed within 0.0007 nats (2.7 standard
   errors), while claiming +0.019 on every token (capped at 0) shifts a file's mean by 0.003.
 
-A tolerance is a model of that disagreement; :mod:`validator.checks` says how it is used.
+A tolerance (:mod:`shared.tolerances`) is a model of that disagreement; :mod:`validator.checks` says how it is used.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
+from intellect_protocol.shared.tolerances import ENGINES
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-ENGINES = ("torch", "vllm")
 METADATA_KEY = "intellect.numerics"
 
 
@@ -56,42 +57,3 @@ class Numerics:
     def of(cls, model: torch.nn.Module, engine: str = "torch") -> Numerics:
         dtype = next(model.parameters()).dtype
         return cls(engine, next(name for name, d in DTYPES.items() if d == dtype))
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """How far honest work in one dtype may be from the validator's recomputation in that dtype."""
-
-    max_gap: float
-    """Largest top-1 minus claimed score, relative to the logit scale, that numerics can explain;
-    beyond it a token is not the seeded draw (a hard failure)."""
-    flip_scale: float
-    """s in the chance ``exp(-gap / s) / 2`` that honest numerics flip a position with this gap."""
-    logprob_abs: float
-    logprob_rel: float
-    """A claimed logprob may differ from the recomputed one by ``abs + rel * |logprob|`` nats."""
-    logprob_bias: float
-    """Largest mean signed logprob difference over a row (honest errors cancel; a shift does not)."""
-    nucleus_mass: float
-    """How near the top-p boundary a token outside the validator's nucleus may lie."""
-    outliers: int
-    """Tokens per file that may lie beyond ``max_gap`` (their logprobs unchecked, their rows untrained):
-    bf16 decode and prefill, at rare positions, disagree by far more than rounding elsewhere
-    (one token 0.57 of the logit scale off in 20,032 honest bf16 rows; none in fp32)."""
-
-
-TOLERANCES = {
-    # 50x the fp32 disagreement measured; a declared fp32 node has almost no room.
-    "float32": Tolerance(
-        max_gap=1e-3, flip_scale=1e-5, logprob_abs=0.005, logprob_rel=0.01, logprob_bias=1e-3, nucleus_mass=1e-4, outliers=0
-    ),
-    # About 2x the largest bf16 disagreement measured, per quantity (the per-token logprob bound
-    # only stops gross lies such as one token 89 nats off; the bias bounds catch systematic shifts).
-    "bfloat16": Tolerance(
-        max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02, outliers=1
-    ),
-    # fp16 keeps 3 more mantissa bits than bf16: bf16's tolerance covers it.
-    "float16": Tolerance(
-        max_gap=0.06, flip_scale=0.002, logprob_abs=0.6, logprob_rel=1.0, logprob_bias=0.0015, nucleus_mass=0.02, outliers=1
-    ),
-}

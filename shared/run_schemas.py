@@ -11,6 +11,7 @@ from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.money import TokenAmount
 from intellect_protocol.shared.schemas import DEFAULT_MODEL, INT32_MAX, Finite, Prompting, SamplingParams
 from intellect_protocol.shared.states import RunStatus
+from intellect_protocol.shared.tolerances import Calibration, Tolerance
 
 RunName = Annotated[str, Field(min_length=1, max_length=128)]
 PromptsPerTask = Annotated[int, Field(ge=1, le=1024)]
@@ -66,6 +67,9 @@ class RunInfo(BaseModel):
     length_budget: dict[str, Any]
     prompting: Prompting | None = None
     """System prompt and thinking switch for the chat template; None: neither."""
+    tolerances: dict[str, Tolerance] | None = None
+    """How far honest work may be from a validator's recomputation, by the numerics the run admits, as
+    calibrated on the run's model; None: uncalibrated (the shipped model's bounds, any numerics)."""
     dispute_window_s: float | None
     """None: the coordinator's default."""
     min_stake: TokenAmount = 0
@@ -96,6 +100,9 @@ class RunSettings(BaseModel):
     """Thinking-budget target length, in tokens."""
     prompting: Prompting | None = None
     """A system prompt and the chat template's thinking switch (replaces both)."""
+    tolerances: Calibration | None = None
+    """Tolerances calibrated on the run's model by numerics (``intellect-validator calibrate``); only these
+    numerics are admitted, and no bound is below the shipped model's (replaces the calibration)."""
     async_level: AsyncLevel | None = None
     """Accept rollouts of policies at most this many steps old (0: synchronous)."""
     dispute_window_s: DisputeWindow | None = None
@@ -153,6 +160,8 @@ class RunSpec(BaseModel):
     """The thinking budget (off by default)."""
     prompting: Prompting = Prompting()
     """No system prompt, the chat template's default thinking."""
+    tolerances: Calibration | None = None
+    """Uncalibrated: the shipped model's bounds, any numerics."""
     async_level: AsyncLevel = 2
     """Accept rollouts of policies at most this many steps old (INTELLECT-2: 2)."""
     dispute_window_s: DisputeWindow | None = None

@@ -15,6 +15,7 @@ from eth_utils import is_address, to_checksum_address
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from intellect_protocol.shared.states import SubmissionStatus
+from intellect_protocol.shared.tolerances import Calibration
 
 VERSION_PATTERN = r"^\d+\.\d+\.\d+([.+-][0-9A-Za-z.+-]{1,32})?$"
 
@@ -254,6 +255,8 @@ class TaskSpec(BaseModel):
     length_over_only: bool
     prompting: Prompting = Prompting()
     """How each problem is rendered into prompt tokens (the validator checks those tokens)."""
+    tolerances: Calibration | None = None
+    """The run's calibrated tolerances by numerics (only these numerics are admitted); None: the floors."""
     lease_expires_at: datetime
 
 

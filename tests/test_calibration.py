@@ -14,6 +14,7 @@ import torch
 from intellect_protocol.shared.environments.registry import get_environment
 from intellect_protocol.shared.models import encode_prompt, load_model
 from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.tolerances import TOLERANCES
 from intellect_protocol.validator.calibration import flip_scale, measure
 
 pytestmark = pytest.mark.unit
@@ -52,9 +53,11 @@ def test_the_command_writes_what_it_measured(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     written = json.loads(out.read_text())
-    assert [d["dtype"] for d in written["dtypes"]] == ["float32", "bfloat16"]
-    assert all(
-        d["rows"] == 16 and d["rejected_rows"] == 0 and set(d["fitted"]) >= {"max_gap", "logprob_bias"} for d in written["dtypes"]
-    )
+    assert [d["dtype"] for d in written["measured"]] == ["float32", "bfloat16"]
+    for d in written["measured"]:
+        assert d["rows"] == 16 and d["rejected_rows"] == 0 and set(d["fitted"]) >= {"max_gap", "logprob_bias"}
+        # The run's tolerances: the floors, widened to what was measured wherever that is wider.
+        bound, floor = written["tolerances"][f"torch/{d['dtype']}"], TOLERANCES[d["dtype"]]
+        assert bound["max_gap"] == max(floor.max_gap, d["fitted"]["max_gap"]) and bound["outliers"] == floor.outliers
     bad = subprocess.run(["intellect-validator", "calibrate", "--dtype", "int8"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Unknown dtype int8" in bad.stderr

@@ -10,14 +10,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from sqlalchemy import create_engine, text
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
-from intellect_protocol.devnet.processes import create_run
+from intellect_protocol.devnet.processes import StartError, create_run
 from intellect_protocol.node.fit import kv_cache_bytes, parameter_count
 from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
+from intellect_protocol.shared.tolerances import TOLERANCES
 from tests import families
 from tests.conftest import serve
 
@@ -50,12 +52,22 @@ def test_check_says_which_runs_this_machine_can_serve(sqlite_url: str, tmp_path:
     create_run(sqlite_url, "deep", logs / "deep.log", ["--model", str(deep)])
     create_run(sqlite_url, "hub", logs / "hub.log", ["--model", "Qwen/Qwen3-0.6B"])
     create_run(sqlite_url, "newer-plugin", logs / "plugin.log")
+    # Calibrated on its model for bf16 nodes only (as `intellect-validator calibrate --dtype bfloat16 --out` writes it).
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(
+        json.dumps({"tolerances": {"torch/bfloat16": TOLERANCES["bfloat16"].widened({"max_gap": 0.1}).model_dump()}})
+    )
+    create_run(sqlite_url, "bf16-only", logs / "bf16.log", ["--calibration", str(calibration)])
+    calibration.write_text(json.dumps({"measured": []}))
+    with pytest.raises(StartError, match="has no tolerances"):
+        create_run(sqlite_url, "no-tolerances", logs / "bad.log", ["--calibration", str(calibration)])
     engine = create_engine(sqlite_url)
     with engine.begin() as connection:  # as if the coordinator had a newer release of the built-in environments
         connection.execute(text("UPDATE runs SET environment_version = 'intellect-protocol==9.0' WHERE name = 'newer-plugin'"))
     engine.dispose()
 
     with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")) as coordinator:
+        published = httpx.get(f"{coordinator.url}/v1/public/runs").json()
         checked = subprocess.run(
             ["intellect-node", "check", "--coordinator", coordinator.url, "--state-dir", str(tmp_path / "state")],
             capture_output=True,
@@ -66,7 +78,7 @@ def test_check_says_which_runs_this_machine_can_serve(sqlite_url: str, tmp_path:
     said = " ".join(checked.stderr.split())
     assert checked.returncode == 1, checked.stdout + checked.stderr
     rows = {line.split()[2]: line for line in checked.stdout.splitlines() if line.strip().startswith(("│ ✓", "│ ✗"))}
-    assert set(rows) == {"fits", "deep", "hub", "newer-plugin"}, checked.stdout
+    assert set(rows) == {"fits", "deep", "hub", "newer-plugin", "bf16-only"}, checked.stdout
     assert "✓" in rows["fits"] and "✓" in rows["hub"] and "downloaded at join" in rows["hub"]
     assert "✗" in rows["deep"] and "✗" in rows["newer-plugin"]
     assert "run deep: model " in said and "needs about" in said and "GiB of usable RAM" in said
@@ -74,4 +86,7 @@ def test_check_says_which_runs_this_machine_can_serve(sqlite_url: str, tmp_path:
         "run newer-plugin: environment 'arithmetic' is intellect-protocol==0.1.0 here but the run pins intellect-protocol==9.0"
         in said
     )
+    assert "run bf16-only: this node computes as torch/float32" in said and "admits only torch/bfloat16" in said
     assert "run fits:" not in said and "run hub:" not in said
+    by_name = {run["name"]: run for run in published}
+    assert by_name["bf16-only"]["tolerances"]["torch/bfloat16"]["max_gap"] == 0.1 and by_name["fits"]["tolerances"] is None

@@ -17,10 +17,11 @@ from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs
 from intellect_protocol.node.work import finish, generate, torch_backend_for
 from intellect_protocol.shared.coordinator_client import CoordinatorClient
-from intellect_protocol.shared.numerics import TOLERANCES, Numerics
+from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.rollout_file import Rollout, read_numerics, read_rollouts
 from intellect_protocol.shared.sampling import token_logprobs
 from intellect_protocol.shared.schemas import CHECKS, SamplingParams
+from intellect_protocol.shared.tolerances import TOLERANCES
 from intellect_protocol.trainer.data import fetch_accepted
 from intellect_protocol.validator.checks import CheckSettings, Context, Verdict, in_dtype, validate
 from tests.adversary import MODEL, TOKENIZER
@@ -179,3 +180,22 @@ def test_one_far_token_a_bf16_file_is_an_outlier_two_are_forgery() -> None:
         assert row.forged is None and row.outliers == 1 and row.deviations == 1
         assert row_sampling(two, blocks, 1.0, 1.0, TOLERANCES["bfloat16"]).forged
         assert row_sampling(one, blocks, 1.0, 1.0, TOLERANCES["float32"]).forged
+
+
+def test_a_calibrated_run_judges_by_its_own_bounds_and_admits_only_its_numerics() -> None:
+    from intellect_protocol.devnet.numerics_forgeries import shifted_logprobs
+
+    task = make_task(996, prompts=2, samples=4, temperature=1.0, max_tokens=48)
+    generated = generate(task, "torch", "float32")
+    shifted = shifted_logprobs(generated, 0.019, every_token=True)  # beyond the fp32 floor's bias bound (0.001)
+    assert not check(shifted, task).accepted
+    # A run whose model was measured to shift honest fp32 logprobs that far admits it; a bound is never below the floor.
+    calibrated = {"torch/float32": TOLERANCES["float32"].widened({"logprob_bias": 0.05, "logprob_abs": 0.05, "max_gap": 0.0})}
+    assert calibrated["torch/float32"].max_gap == TOLERANCES["float32"].max_gap
+    assert check(shifted, task.model_copy(update={"tolerances": calibrated})).accepted
+    # bf16 work on a run calibrated for fp32 only: refused as unassigned numerics (soft: no strike), not judged.
+    bf16 = finish(generate(task, "torch", "bfloat16")).data
+    verdict = check(bf16, task.model_copy(update={"tolerances": calibrated}))
+    assert not verdict.accepted and not verdict.hard
+    assert "computed as torch/bfloat16; the run was calibrated for torch/float32 only" in verdict.reason
+    assert check(bf16, task).accepted  # an uncalibrated run admits any numerics, at the floors

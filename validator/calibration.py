@@ -28,9 +28,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from intellect_protocol.shared.inference import prefill_batch
-from intellect_protocol.shared.numerics import TOLERANCES
 from intellect_protocol.shared.rollout_file import Rollout
 from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.tolerances import TOLERANCES
 from intellect_protocol.shared.torch_backend import TorchBackend
 from intellect_protocol.validator.checks import in_dtype, row_sampling, row_scores
 

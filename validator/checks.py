@@ -64,11 +64,12 @@ from transformers import PreTrainedTokenizerBase
 
 from intellect_protocol.shared.environments.registry import Environment, Problem, completion_text, reward
 from intellect_protocol.shared.inference import prefill_batch
-from intellect_protocol.shared.numerics import DTYPES, TOLERANCES, Numerics, Tolerance
+from intellect_protocol.shared.numerics import DTYPES, Numerics
 from intellect_protocol.shared.rollout_file import Rollout, RolloutFileError, read_numerics, read_rollouts
 from intellect_protocol.shared.sampling import nucleus_mask, sampling_scores, token_logprobs
 from intellect_protocol.shared.schemas import CHECKS, CheckName, CheckOutcome, Judgement, TaskSpec
 from intellect_protocol.shared.tasks import assigned_rows, budget_of
+from intellect_protocol.shared.tolerances import TOLERANCES, Tolerance, tolerance_for
 from intellect_protocol.shared.toploc import ToplocThresholds, rollout_passes, verify_proofs
 
 
@@ -131,7 +132,7 @@ def validate(data: bytes, ctx: Context, settings: CheckSettings | None = None) -
             ok = record("integrity", [], f"{len(rollouts)} rows parse under the rollout schema; computed as {numerics}")
         except RolloutFileError as e:
             ok = record("integrity", [str(e)], "")
-    ok = ok and record("assignment", _assignment(rollouts, ctx), "rows, prompts, seeds and policy step as assigned")
+    ok = ok and record("assignment", _assignment(rollouts, ctx, numerics), "rows, prompts, seeds and policy step as assigned")
     ok = ok and record("termination", _termination(rollouts, ctx), "every completion ends with EOS or at the token limit")
     untrained: list[int] = []
     if ok:
@@ -150,9 +151,14 @@ def validate(data: bytes, ctx: Context, settings: CheckSettings | None = None) -
     return Verdict(checks=results, untrained_rows=untrained if all(c.passed for c in results) else [])
 
 
-def _assignment(rollouts: list[Rollout], ctx: Context) -> list[str]:
+def _assignment(rollouts: list[Rollout], ctx: Context, numerics: Numerics) -> list[str]:
     task = ctx.task
     failures = []
+    if tolerance_for(str(numerics), numerics.dtype, task.tolerances) is None:
+        admitted = ", ".join(sorted(task.tolerances or {}))
+        failures.append(
+            f"the file was computed as {numerics}; the run was calibrated for {admitted} only and admits no other numerics"
+        )
     if not ctx.oldest_step <= task.policy_step <= ctx.newest_step:
         failures.append(f"policy step {task.policy_step} is outside the run's window {ctx.oldest_step}..{ctx.newest_step}")
     try:
@@ -226,7 +232,8 @@ def in_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
 
 
 def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettings, numerics: Numerics) -> PrefillFindings:
-    params, tolerance = ctx.task.sampling, TOLERANCES[numerics.dtype]
+    params = ctx.task.sampling
+    tolerance = tolerance_for(str(numerics), numerics.dtype, ctx.task.tolerances) or TOLERANCES[numerics.dtype]
     model = in_dtype(ctx.model, numerics.dtype)
     toploc, forged, deviating_rows = [], [], []
     deviations, expected, outliers = 0, 0.0, 0

@@ -65,7 +65,10 @@ def calibrate(
     temperature: Annotated[float, typer.Option(min=0.05, max=10, help="Sampling temperature.")] = 1.0,
     max_tokens: Annotated[int, typer.Option(min=1, max=8192, help="Tokens per completion.")] = 48,
     margin: Annotated[float, typer.Option(min=1, help="Fitted bounds are this many times the measured ones.")] = 2.0,
-    out: Annotated[Path | None, typer.Option(help="Also write the measurements and fitted bounds here, as JSON.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Also write the measurements and the run's tolerances here, as JSON (for run create --calibration)."),
+    ] = None,
 ) -> None:
     """Measure, on this model, how far honest nodes' work disagrees with a validator's recomputation in each dtype,
     and whether the network's tolerances explain it (honest rows they would reject: anything but 0 means they do not)."""
@@ -76,8 +79,9 @@ def calibrate(
 
     from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment
     from intellect_protocol.shared.models import encode_prompt, load_model
-    from intellect_protocol.shared.numerics import DTYPES, TOLERANCES
+    from intellect_protocol.shared.numerics import DTYPES
     from intellect_protocol.shared.schemas import SamplingParams
+    from intellect_protocol.shared.tolerances import TOLERANCES
     from intellect_protocol.validator.calibration import measure
 
     if unknown := [d for d in dtype if d not in DTYPES]:
@@ -118,8 +122,11 @@ def calibrate(
         )
     console.print(table)
     if out is not None:
-        out.write_text(json.dumps({"model": model, "margin": margin, "dtypes": [m.as_dict(margin) for m in results]}, indent=2))
-        console.print(f"Written to {out}.")
+        # What `intellect-coordinator run create --calibration` reads: the floors, widened to what was measured.
+        tolerances = {f"torch/{m.dtype}": TOLERANCES[m.dtype].widened(m.fitted(margin)).model_dump() for m in results}
+        written = {"model": model, "margin": margin, "tolerances": tolerances, "measured": [m.as_dict(margin) for m in results]}
+        out.write_text(json.dumps(written, indent=2))
+        console.print(f"Written to {out} (for intellect-coordinator run create --calibration).")
 
 
 cli = entry_point(app)

@@ -27,6 +27,7 @@ from intellect_protocol.shared.rollout_file import shape_error
 from intellect_protocol.shared.run_schemas import RunSpec
 from intellect_protocol.shared.schemas import ErrorCode, LeaseRequest, NodeStatus, Prompting, SamplingParams, TaskSpec, WorkWait
 from intellect_protocol.shared.states import RunStatus, TaskStatus
+from intellect_protocol.shared.tolerances import Tolerance
 
 
 @cache
@@ -60,6 +61,7 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
         samples_per_prompt=spec.samples_per_prompt,
         length_budget=spec.length_budget.model_dump(),
         prompting=spec.prompting.model_dump(exclude_none=True),
+        tolerances=_dumped(spec.tolerances),
         policy_step=0,
         next_prompt=0,
         status=RunStatus.active,
@@ -81,6 +83,7 @@ def task_params(run: Run) -> dict[str, Any]:
         "samples_per_prompt": run.samples_per_prompt,
         "length_budget": run.length_budget,
         "prompting": run.prompting,
+        "tolerances": run.tolerances,
     }
 
 
@@ -106,6 +109,7 @@ def spec(run: Run, task: Task) -> TaskSpec:
         target_length=budget.target_tokens,
         length_over_only=budget.over_only,
         prompting=Prompting(**(params.get("prompting") or {})),
+        tolerances=params.get("tolerances"),
         lease_expires_at=task.lease_expires_at,
     )
 
@@ -198,6 +202,10 @@ def get_run(session: Session, run_id: str) -> Run:
     return run
 
 
+def _dumped(tolerances: dict[str, Tolerance] | None) -> dict[str, Any] | None:
+    return {name: t.model_dump() for name, t in tolerances.items()} if tolerances else None
+
+
 def list_runs(session: Session) -> list[Run]:
     return list(session.scalars(select(Run).order_by(Run.created_at.desc())))
 
@@ -210,6 +218,7 @@ UPDATABLE = frozenset(
         "samples_per_prompt",
         "length_budget",
         "prompting",
+        "tolerances",
         "async_level",
         "dispute_window_s",
         "audit",
