@@ -46,14 +46,14 @@ def test_honest_work_measures_within_the_tolerances_the_shipped_model_was_fitted
 def test_the_command_writes_what_it_measured(tmp_path: Path) -> None:
     out = tmp_path / "calibration.json"
     done = subprocess.run(
-        ["intellect-validator", "calibrate", "--rows", "16", "--max-tokens", "8", "--out", str(out)],
+        ["intellect-validator", "calibrate", "--rows", "16", "--max-tokens", "8", "--dtype", "bfloat16", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     written = json.loads(out.read_text())
-    assert [d["dtype"] for d in written["measured"]] == ["float32", "bfloat16"]
+    assert [d["dtype"] for d in written["measured"]] == ["bfloat16"] and list(written["tolerances"]) == ["torch/bfloat16"]
     for d in written["measured"]:
         assert d["rows"] == 16 and d["rejected_rows"] == 0 and set(d["fitted"]) >= {"max_gap", "logprob_bias"}
         # The run's tolerances: the floors, widened to what was measured wherever that is wider.

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -15,10 +16,14 @@ import pytest
 import torch
 from sqlalchemy import create_engine, text
 
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.services.runs import create_run as new_run
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.devnet.processes import StartError, create_run
 from intellect_protocol.node.fit import kv_cache_bytes, parameter_count
 from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
+from intellect_protocol.shared.run_schemas import RunSpec
+from intellect_protocol.shared.schemas import DEFAULT_MODEL
 from intellect_protocol.shared.tolerances import TOLERANCES
 from tests import families
 from tests.conftest import serve
@@ -48,10 +53,15 @@ def test_check_says_which_runs_this_machine_can_serve(sqlite_url: str, tmp_path:
     config = json.loads((deep / "config.json").read_text())
     (deep / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 1_000_000}))
     logs = tmp_path / "logs"
-    create_run(sqlite_url, "fits", logs / "fits.log")
-    create_run(sqlite_url, "deep", logs / "deep.log", ["--model", str(deep)])
-    create_run(sqlite_url, "hub", logs / "hub.log", ["--model", "Qwen/Qwen3-0.6B"])
-    create_run(sqlite_url, "newer-plugin", logs / "plugin.log")
+    engine = create_engine(sqlite_url)
+    with make_sessionmaker(engine).begin() as session:
+        for name, model in (
+            ("fits", DEFAULT_MODEL),
+            ("deep", str(deep)),
+            ("hub", "Qwen/Qwen3-0.6B"),
+            ("newer-plugin", DEFAULT_MODEL),
+        ):
+            new_run(session, RunSpec(name=name, model=model), datetime.now(UTC))
     # Calibrated on its model for bf16 nodes only (as `intellect-validator calibrate --dtype bfloat16 --out` writes it).
     calibration = tmp_path / "calibration.json"
     calibration.write_text(
@@ -61,7 +71,6 @@ def test_check_says_which_runs_this_machine_can_serve(sqlite_url: str, tmp_path:
     calibration.write_text(json.dumps({"measured": []}))
     with pytest.raises(StartError, match="has no tolerances"):
         create_run(sqlite_url, "no-tolerances", logs / "bad.log", ["--calibration", str(calibration)])
-    engine = create_engine(sqlite_url)
     with engine.begin() as connection:  # as if the coordinator had a newer release of the built-in environments
         connection.execute(text("UPDATE runs SET environment_version = 'intellect-protocol==9.0' WHERE name = 'newer-plugin'"))
     engine.dispose()

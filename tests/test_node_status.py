@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 from eth_account import Account
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from intellect_protocol.coordinator.db import make_engine, make_sessionmaker
 from intellect_protocol.coordinator.models import Node, NodeStatusEvent
@@ -113,6 +113,16 @@ def test_background_loop_moves_silent_nodes(database_url: str, account) -> None:
             if not seen or seen[-1] != status():
                 seen.append(status())
             time.sleep(0.05)
-        assert seen == ["healthy", "unhealthy", "dead"]
+        # A sweep delayed by a loaded machine finds the node past both limits and moves it straight to dead, as
+        # designed (test_silence_then_return pins the unhealthy stage); the loop itself must have run, and said why.
+        assert seen in (["healthy", "unhealthy", "dead"], ["healthy", "dead"]), seen
+        with c.engine.connect() as connection:
+            moved = connection.execute(
+                text(
+                    "SELECT to_status, reason FROM node_status_events WHERE address = :a AND reason LIKE 'no heartbeat%' ORDER BY id"
+                ),
+                {"a": account.address},
+            ).all()
+        assert moved and moved[-1][0] == "dead" and [m[0] for m in moved][:-1] in ([], ["unhealthy"]), moved
         metrics = httpx.get(f"{c.url}/metrics").text
         assert 'intellect_nodes{status="dead"} 1.0' in metrics
