@@ -331,7 +331,9 @@ def _check_coordinator(url: str, settings: NodeSettings, specs: NodeSpecs) -> li
 
 def _check_runs(runs: list[RunInfo], settings: NodeSettings, specs: NodeSpecs) -> list[str]:
     """A row per run the coordinator may hand this node work of; the reasons it could not serve one."""
-    from intellect_protocol.node.fit import fit
+    if not runs:
+        return []
+    from intellect_protocol.node.fit import fit  # torch and transformers: only for a coordinator with runs
 
     table = Table("run", "model", "environment", f"needs ({settings.backend}, {settings.dtype})", "has", title="Runs")
     found = []
@@ -341,8 +343,7 @@ def _check_runs(runs: list[RunInfo], settings: NodeSettings, specs: NodeSpecs) -
         mark = "[red]✗[/red] " if f.problems else "[green]✓[/green] "
         table.add_row(mark + run.name, run.model, run.environment_version, needs, f"{f.has_bytes / 2**30:.1f} GiB {f.where}")
         found += [f"run {run.name}: {problem}" for problem in f.problems]
-    if runs:
-        console.print(table)
+    console.print(table)
     return found
 
 

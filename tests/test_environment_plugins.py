@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, select
 
 from intellect_protocol.coordinator.models import Run, Submission, Task
-from intellect_protocol.devnet.processes import Process, admin_token, script, spawn, start_coordinator, start_node
+from intellect_protocol.devnet.processes import admin_token, script, spawn, start_coordinator, start_node
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment, installed, plugin
 from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.shared.wallet import create_wallet
@@ -130,6 +129,7 @@ def _coordinator(args: list[str], env: dict[str, str]) -> subprocess.CompletedPr
 
 
 @pytest.mark.integration
+@pytest.mark.early  # the stage's longest test: started first, the rest runs beside it
 @pytest.mark.timeout(240)
 def test_a_run_pins_the_installed_plugin_and_roles_without_it_stop_and_say_what_to_install(
     tmp_path: Path, sqlite_url: str, example: dict[str, str]
@@ -152,48 +152,39 @@ def test_a_run_pins_the_installed_plugin_and_roles_without_it_stop_and_say_what_
         )
 
     coordinator = start_coordinator(tmp_path, sqlite_url, env={"INTELLECT_BLOB_DIR": str(tmp_path / "blobs"), **example})
-    create_wallet(tmp_path / "node.json", "pw")
-    node = start_node(tmp_path, "node", tmp_path / "node.json", coordinator.url, "pw")  # the plugin is not on its path
-    others: list[Process] = []
+    address = create_wallet(tmp_path / "validator.json", "pw")
+    HTTP.post(
+        f"{coordinator.url}/v1/admin/roles",
+        json={"address": address, "role": "validator"},
+        headers={"authorization": f"Bearer {admin_token(sqlite_url)}"},
+    ).raise_for_status()
+    for name in ("node", "equipped"):
+        create_wallet(tmp_path / f"{name}.json", "pw")
+    # Side by side: a node without the plugin, one with it, and a validator without it, which must not judge the
+    # equipped node's work by other reward code.
+    node = start_node(tmp_path, "node", tmp_path / "node.json", coordinator.url, "pw")
+    equipped = start_node(tmp_path, "equipped", tmp_path / "equipped.json", coordinator.url, "pw", env=example)
+    command = [*script("intellect-validator"), "run", "--wallet", str(tmp_path / "validator.json")]
+    command += ["--coordinator", coordinator.url, "--state-dir", str(tmp_path / "state" / "validator")]
+    validator = spawn("validator", command, tmp_path / "logs" / "validator.log", {"INTELLECT_WALLET_PASSWORD": "pw"})
     try:
-        deadline = time.monotonic() + 120
-        while node.popen.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.3)
-        assert node.popen.returncode == 7, node.tail()
+        assert node.popen.wait(timeout=120) == 7, node.tail()
         assert (
             "not installed (the run pins intellect-column-credit==0.1.0: pip install 'intellect-column-credit==0.1.0')"
             in _words(node.tail())
         )
-        with engine.connect() as connection:  # the coordinator drew the task's prompts from the plugin's own dataset
-            prompt_ids = [pid for ids in connection.execute(select(Task.prompt_ids)).scalars() for pid in ids["ids"]]
-        assert prompt_ids and all(pid.startswith("cc") for pid in prompt_ids)
-
-        # A node with the plugin submits work; a validator without it must not judge that work by other reward code.
-        create_wallet(tmp_path / "equipped.json", "pw")
-        equipped = start_node(tmp_path, "equipped", tmp_path / "equipped.json", coordinator.url, "pw", env=example)
-        others.append(equipped)
-        while not _statuses(engine) and time.monotonic() < deadline + 120:
-            assert equipped.popen.poll() is None, equipped.tail()
-            time.sleep(0.3)
-        equipped.stop()
-        address = create_wallet(tmp_path / "validator.json", "pw")
-        token = admin_token(sqlite_url)
-        HTTP.post(
-            f"{coordinator.url}/v1/admin/roles",
-            json={"address": address, "role": "validator"},
-            headers={"authorization": f"Bearer {token}"},
-        ).raise_for_status()
-        command = [*script("intellect-validator"), "run", "--wallet", str(tmp_path / "validator.json")]
-        command += ["--coordinator", coordinator.url, "--state-dir", str(tmp_path / "state" / "validator")]
-        validator = spawn("validator", command, tmp_path / "logs" / "validator.log", {"INTELLECT_WALLET_PASSWORD": "pw"})
-        others.append(validator)
-        assert validator.popen.wait(timeout=120) == 7, validator.tail()
+        assert validator.popen.wait(timeout=180) == 7, validator.tail() + equipped.tail()
         assert "This validator cannot judge a run's work: environment 'column-credit' is not installed" in _words(
             validator.tail()
         )
-        assert set(_statuses(engine)) == {SubmissionStatus.pending}  # no verdict: the claim lapses for a validator with it
+        assert equipped.popen.poll() is None, equipped.tail()
+        # The equipped node's work waits for a validator that has the plugin: no verdict was posted.
+        assert set(_statuses(engine)) == {SubmissionStatus.pending}
+        with engine.connect() as connection:  # the coordinator drew every task's prompts from the plugin's own dataset
+            prompt_ids = [pid for ids in connection.execute(select(Task.prompt_ids)).scalars() for pid in ids["ids"]]
+        assert prompt_ids and all(pid.startswith("cc") for pid in prompt_ids)
     finally:
-        for process in [node, *others]:
+        for process in (node, equipped, validator):
             process.stop()
         coordinator.stop()
         engine.dispose()

@@ -13,6 +13,7 @@ import json
 import re
 from importlib.resources import files
 
+from intellect_protocol.shared.environments.arithmetic import scratchpad
 from intellect_protocol.shared.environments.registry import Problem
 
 STEP = re.compile(r"c(\d+):(\d)\+(\d)\+(\d)=(\d\d)")
@@ -21,15 +22,7 @@ ANSWER = re.compile(r"=(\d{1,12})$")
 
 def columns(prompt: str) -> list[str]:
     """The expected column steps of ``a+b:``, right to left, as ``cK:a+b+carry=sum``."""
-    a, b = prompt.rstrip(":").split("+")
-    width = max(len(a), len(b))
-    a, b = a.zfill(width), b.zfill(width)
-    steps, carry = [], 0
-    for k, (da, db) in enumerate(zip(reversed(a), reversed(b)), start=1):
-        total = int(da) + int(db) + carry
-        steps.append(f"c{k}:{da}+{db}+{carry}={total:02d}")
-        carry = total // 10
-    return steps
+    return scratchpad(prompt).split(";")[:-1]
 
 
 class ColumnCredit:
