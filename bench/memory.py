@@ -76,7 +76,7 @@ def measure(role: str, directory: Path, tokens: int) -> dict[str, float]:
     from intellect_protocol.shared.tolerances import TOLERANCES
     from intellect_protocol.shared.toploc import build_proofs_batch, verify_proofs
     from intellect_protocol.shared.torch_backend import TorchBackend
-    from intellect_protocol.validator.checks import row_sampling
+    from intellect_protocol.validator.sampling_check import row_sampling
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(directory).eval()

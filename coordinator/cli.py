@@ -254,8 +254,9 @@ def run_create(
     from intellect_protocol.coordinator.services.runs import create_run
     from intellect_protocol.shared.environments.length import LengthBudget
     from intellect_protocol.shared.money import parse_tokens
+    from intellect_protocol.shared.prompting import Prompting
     from intellect_protocol.shared.run_schemas import RunSpec
-    from intellect_protocol.shared.schemas import Prompting, SamplingParams
+    from intellect_protocol.shared.schemas import SamplingParams
 
     try:
         spec = RunSpec(

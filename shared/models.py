@@ -18,7 +18,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from intellect_protocol.shared.schemas import DEFAULT_MODEL, Prompting
+from intellect_protocol.shared.prompting import Prompting
+from intellect_protocol.shared.schemas import DEFAULT_MODEL
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
 """The embedded default: a tiny Llama trained by ``python -m intellect_protocol.shared.tiny_model`` and shipped."""

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.money import TokenAmount
-from intellect_protocol.shared.schemas import DEFAULT_MODEL, INT32_MAX, Finite, Prompting, SamplingParams
+from intellect_protocol.shared.prompting import Prompting
+from intellect_protocol.shared.schemas import DEFAULT_MODEL, INT32_MAX, Finite, SamplingParams
 from intellect_protocol.shared.states import RunStatus
 from intellect_protocol.shared.tolerances import Calibration, Tolerance
 

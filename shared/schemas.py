@@ -14,6 +14,7 @@ from typing import Annotated, Literal, get_args
 from eth_utils import is_address, to_checksum_address
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from intellect_protocol.shared.prompting import Prompting
 from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.shared.tolerances import Calibration
 
@@ -220,18 +221,6 @@ class LeaseRequest(Request):
     """Ask for work of this run; by default the coordinator picks an active one."""
     working_on: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=8)
     """Tasks this node still holds and is working on: the lease must be another one."""
-
-
-class Prompting(BaseModel):
-    """How a problem becomes the model's prompt, beyond its text (a run setting; every role renders alike)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    system_prompt: str | None = Field(None, max_length=16_384)
-    """The system turn before each problem; without a chat template, the text before the problem and a blank line."""
-    enable_thinking: bool | None = None
-    """Passed to the chat template as ``enable_thinking`` (Qwen3-style templates open or close the thinking
-    block by it); None: the template's own default. Ignored without a chat template."""
 
 
 class TaskSpec(BaseModel):

@@ -16,8 +16,9 @@ import torch
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.environments.registry import get_environment, plugin
 from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.prompting import Prompting
 from intellect_protocol.shared.rollout_file import read_rollouts, write_rollouts
-from intellect_protocol.shared.schemas import Prompting, SamplingParams, TaskSpec
+from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
 from intellect_protocol.trainer.data import Batch, Group
 from intellect_protocol.trainer.distributed import placement
 from intellect_protocol.trainer.learner import Learner

@@ -151,7 +151,7 @@ def test_the_validators_bf16_copy_computes_what_a_bf16_node_computes() -> None:
 
 
 def test_one_far_token_a_bf16_file_is_an_outlier_two_are_forgery() -> None:
-    from intellect_protocol.validator.checks import row_sampling
+    from intellect_protocol.validator.sampling_check import row_sampling
 
     logits = torch.zeros(6, 8)
     logits[:, 0] = 10.0  # token 0 wins every position by far, whatever the noise

@@ -32,7 +32,8 @@ from intellect_protocol.shared.rollout_file import Rollout
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.tolerances import TOLERANCES
 from intellect_protocol.shared.torch_backend import TorchBackend
-from intellect_protocol.validator.checks import in_dtype, row_sampling, row_scores
+from intellect_protocol.validator.checks import in_dtype
+from intellect_protocol.validator.sampling_check import row_sampling, row_scores
 
 FILE_ROWS = 16
 """Rows per file when the mean logprob error of a file is measured (the devnet's task size)."""

@@ -23,9 +23,10 @@ from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment, plugin
 from intellect_protocol.shared.money import tokens
+from intellect_protocol.shared.prompting import Prompting
 from intellect_protocol.shared.rollout_file import shape_error
 from intellect_protocol.shared.run_schemas import RunSpec
-from intellect_protocol.shared.schemas import ErrorCode, LeaseRequest, NodeStatus, Prompting, SamplingParams, TaskSpec, WorkWait
+from intellect_protocol.shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec, WorkWait
 from intellect_protocol.shared.states import RunStatus, TaskStatus
 from intellect_protocol.shared.tolerances import Tolerance
 

@@ -1,0 +1,132 @@
+"""The sampling check on one row: is each token the seeded sampler's draw under the validator's logits, and
+each claimed logprob the recomputed one, within what the file's numerics explain (:mod:`validator.checks`
+says how the findings are judged). Logits are read a block of positions at a time, never ``[tokens, vocab]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from intellect_protocol.shared.rollout_file import Rollout
+from intellect_protocol.shared.sampling import nucleus_mask, sampling_scores, token_logprobs
+from intellect_protocol.shared.tolerances import Tolerance
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    forged: str | None
+    deviations: int
+    expected: float
+    """Deviations numerics would make in this row on average."""
+    logprob_errors: torch.Tensor
+    """Claimed minus recomputed logprob per token."""
+    outliers: int = 0
+    """Tokens beyond the dtype's gap bound (allowed up to ``Tolerance.outliers`` a file)."""
+
+
+def logprob_shift(errors: torch.Tensor, tolerance: Tolerance) -> str | None:
+    """Whether logprob errors are shifted one way beyond what numerics (and chance, at 4 standard errors) explain."""
+    n = len(errors)
+    spread = float(errors.std()) / math.sqrt(n) if n > 1 else 0.0
+    if abs(mean := float(errors.mean())) > tolerance.logprob_bias + 4 * spread:
+        return (
+            f"logprobs are shifted by {mean:+.3g} nats on average over {n} tokens (numerics explain {tolerance.logprob_bias:g})"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class PositionScores:
+    """Per completion position, what the sampling check needs from the validator's logits."""
+
+    gap: torch.Tensor
+    """Best score minus the claimed token's, over the position's logit scale (0: the claimed token is the draw)."""
+    runner_up: torch.Tensor
+    """Best minus second-best score, over the logit scale: how near a tie the position is."""
+    logprob: torch.Tensor
+    """The claimed token's logprob under ``logits / T``."""
+
+
+def _position_scores(
+    logits: torch.Tensor, tokens: torch.Tensor, seed: int, first: int, temperature: float, top_p: float, tolerance: Tolerance
+) -> PositionScores:
+    """Scores of positions ``first..first + len(tokens)`` of one row, from their ``logits [n, vocab]`` (fp32)."""
+    n = len(tokens)
+    seeds, positions = torch.full((n,), seed, dtype=torch.int64), torch.arange(first, first + n)
+    scores = sampling_scores(logits, seeds, positions, temperature, top_p)
+    scale = (logits.abs().amax(-1) / (temperature or 1.0)).clamp(min=1e-6)
+    top2 = scores.topk(2, dim=-1).values
+    claimed = scores.gather(-1, tokens[:, None])[:, 0]
+    if top_p < 1:
+        # A token just outside the validator's nucleus may be just inside the node's: judge it on
+        # its score if the mass ranked above it is within numerics of top_p.
+        scaled = logits / (temperature or 1.0)
+        probs = scaled.softmax(-1)
+        mine = probs.gather(-1, tokens[:, None])
+        above = (probs * (probs > mine)).sum(-1)
+        near = ~nucleus_mask(scaled, top_p).gather(-1, tokens[:, None])[:, 0] & (above < top_p + tolerance.nucleus_mass)
+        unmasked = sampling_scores(logits, seeds, positions, temperature).gather(-1, tokens[:, None])[:, 0]
+        claimed = torch.where(near, unmasked, claimed)
+    return PositionScores(
+        gap=(top2[:, 0] - claimed) / scale,
+        runner_up=((top2[:, 0] - top2[:, 1]) / scale).nan_to_num(nan=float("inf")),
+        logprob=token_logprobs(logits, tokens, temperature),
+    )
+
+
+def row_scores(
+    tokens: list[int],
+    seed: int,
+    blocks: Iterable[tuple[int, torch.Tensor]],
+    temperature: float,
+    top_p: float,
+    tolerance: Tolerance,
+) -> PositionScores:
+    """:class:`PositionScores` of a whole row from its ``(first position, logits [n, vocab] fp32)`` blocks."""
+    claimed = torch.tensor(tokens)
+    # Filled in place: a block's small results kept between its large temporaries would fragment the
+    # allocator's heap (a 4,096-token row at a 151,936 vocabulary grew it by 5 GB).
+    gap, runner_up, logprob = (torch.empty(len(claimed)) for _ in range(3))
+    for first, logits in blocks:
+        stop = first + len(logits)
+        scored = _position_scores(logits, claimed[first:stop], seed, first, temperature, top_p, tolerance)
+        gap[first:stop], runner_up[first:stop], logprob[first:stop] = scored.gap, scored.runner_up, scored.logprob
+        del logits, scored
+    return PositionScores(gap, runner_up, logprob)
+
+
+def row_sampling(
+    r: Rollout, blocks: Iterable[tuple[int, torch.Tensor]], temperature: float, top_p: float, tolerance: Tolerance
+) -> RowSampling:
+    """Judge one row's tokens and logprobs against the validator's logits, computed in the node's dtype and read as
+    ``(first position, logits [n, vocab] fp32)`` blocks (never ``[tokens, vocab]`` at once)."""
+    scores = row_scores(r.completion_tokens, r.seed, blocks, temperature, top_p, tolerance)
+    gap, runner_up, logprob = scores.gap, scores.runner_up, scores.logprob
+    beyond = gap > tolerance.max_gap
+    if int(beyond.sum()) > tolerance.outliers:
+        t = int(beyond.nonzero()[0])
+        return RowSampling(
+            f"token {t} is not the seeded draw ({float(gap[t]):.3g} of the logit scale below it; numerics explain {tolerance.max_gap:g})",
+            0,
+            0.0,
+            torch.zeros(0),
+        )
+
+    # Where the logits themselves disagree beyond rounding (an allowed outlier), so may their logprobs.
+    recomputed = logprob[~beyond]
+    error = torch.tensor(r.logprobs)[~beyond] - recomputed
+    # Logits are divided by T before the softmax: below T = 1 their rounding grows with 1 / T.
+    bound = tolerance.logprob_abs / min(1.0, temperature or 1.0) + tolerance.logprob_rel * recomputed.abs()
+    if (off := error.abs() > bound).any():
+        t = int(off.nonzero()[0])
+        return RowSampling(
+            f"a logprob is off by {float(error[t]):+.3g} nats (numerics explain {float(bound[t]):.3g})", 0, 0.0, error
+        )
+    if shift := logprob_shift(error, tolerance):
+        return RowSampling(shift, 0, 0.0, error)
+    expected = float((torch.exp(-runner_up / tolerance.flip_scale) / 2).sum())
+    return RowSampling(None, int((gap > 0).sum()), expected, error, outliers=int(beyond.sum()))
