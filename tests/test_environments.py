@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from intellect_protocol.shared.environments.datasets import DatasetError, load_r
 from intellect_protocol.shared.environments.length import LengthBudget, length_penalty, with_target
 from intellect_protocol.shared.environments.math import MathVerifier
 from intellect_protocol.shared.environments.registry import Problem, get_environment, reward
-from intellect_protocol.shared.environments.sandbox import Limits
+from intellect_protocol.shared.environments.sandbox import SANDBOX_UIDS, Limits
 
 pytestmark = pytest.mark.unit
 
@@ -125,6 +126,34 @@ os._exit(0)
 def test_code_cannot_forge_a_pass_from_inside_the_sandbox(forgery: str) -> None:
     assert code_reward(f"```python\n{forgery}\n```", ADD_TESTS) < 1.0
     assert code_reward(f"```python\n{forgery}\n```", ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]) < 1.0
+
+
+def test_a_fork_bomb_cannot_starve_the_sandboxes_beside_it() -> None:
+    """Process limits bind per user, so each sandbox has a user of its own: honest code scores
+    full marks while a fork bomb holds its own limit to the brim, and none of it outlives its run."""
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    honest = "```python\nimport subprocess\nsubprocess.run(['true'])\ndef add(a, b): return a + b\n```"
+    with ThreadPoolExecutor(4) as pool:
+        bombs = [pool.submit(code_reward, f"```python\n{bomb}\n```", ADD_TESTS[:1], Limits(wall_s=4, cpu_s=4)) for _ in range(2)]
+        time.sleep(0.5)  # the bombs are at their limits
+        assert [code_reward(honest, ADD_TESTS[:1]) for _ in range(3)] == [1.0, 1.0, 1.0]
+        assert [b.result() for b in bombs] == [0.0, 0.0]
+    if os.geteuid() == 0:
+        deadline = time.monotonic() + 2  # SIGKILL is delivered, not awaited
+        while _live_sandbox_processes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _live_sandbox_processes() == []
+
+
+def _live_sandbox_processes() -> list[str]:
+    live = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and proc.stat().st_uid in SANDBOX_UIDS and "\tZ" not in (proc / "status").read_text():
+                live.append(proc.name)
+        except FileNotFoundError:
+            pass
+    return live
 
 
 def test_tests_are_judged_outside_the_sandbox() -> None:

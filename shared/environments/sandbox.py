@@ -3,30 +3,85 @@
 Where bubblewrap (``bwrap``) is installed, the process sees the machine read-only except its
 own temp dir, in new user, pid, network and IPC namespaces that die with it. Always, it runs
 under rlimits (CPU seconds, address space, file size, process count, open files) and a
-wall-clock timeout that kills its whole process group; when started as root it runs as
-``nobody``, so the process-count limit binds.
+wall-clock timeout that kills its whole process group. Started as root, each sandbox runs as
+a user id of its own, held for its lifetime by a lock, so the process-count limit (counted per
+user) binds one sandbox alone: a fork bomb in one cannot starve a sandbox beside it, and every
+process left under that id is killed before the id is handed on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-NOBODY = 65534
+SANDBOX_UIDS = range(600_000, 604_096)
+"""User ids no account uses; one per live sandbox on this machine."""
+UID_LOCKS = Path(tempfile.gettempdir()) / "intellect-sandbox-uids"
 
 
 def interpreter() -> str:
-    """A Python that ``nobody`` may execute: the system one when ours lives in root's home."""
+    """A Python that any user may execute: the system one when ours lives in root's home."""
     for candidate in (sys.executable, "/usr/bin/python3"):
         if os.access(candidate, os.X_OK) and (os.geteuid() != 0 or _world_executable(Path(candidate))):
             return candidate
     raise RuntimeError("no Python interpreter the sandbox user can run; install python3 system-wide")
+
+
+_KILL_ALL_OF_MY_USER = """
+import os, signal
+try:
+    os.kill(-1, signal.SIGKILL)  # every process this user may signal, the caller excepted
+except ProcessLookupError:
+    pass
+"""
+
+
+@contextlib.contextmanager
+def _own_uid() -> Iterator[int]:
+    """A user id no other live sandbox holds, locked until the sandbox ends (the lock dies with
+    this process too), with nothing left running under it afterwards."""
+    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    if UID_LOCKS.stat().st_uid != 0 or UID_LOCKS.stat().st_mode & 0o077:
+        raise RuntimeError(f"{UID_LOCKS} must be root's alone; remove it")
+    start = random.randrange(len(SANDBOX_UIDS))
+    for i in range(len(SANDBOX_UIDS)):
+        uid = SANDBOX_UIDS[(start + i) % len(SANDBOX_UIDS)]
+        fd = os.open(UID_LOCKS / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            _kill_everything_of(uid)  # a holder that died mid-run may have left processes behind
+            yield uid
+        finally:
+            _kill_everything_of(uid)
+            os.close(fd)
+        return
+    raise RuntimeError(f"all {len(SANDBOX_UIDS)} sandbox user ids are in use")
+
+
+def _kill_everything_of(uid: int) -> None:
+    """SIGKILL every process running as ``uid``, including any that left the process group."""
+    subprocess.run(
+        [interpreter(), "-I", "-S", "-c", _KILL_ALL_OF_MY_USER],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        env={},
+        check=True,
+    )
 
 
 def _world_executable(path: Path) -> bool:
@@ -108,14 +163,21 @@ def _command(workdir: Path, argv: list[str]) -> list[str]:
 def run_python(files: dict[str, str], script: str, stdin: str = "", limits: Limits | None = None) -> RunResult:
     """Write ``files`` into a fresh temp dir and run ``python -I script`` there under the limits."""
     limits = limits or Limits()
+    if os.geteuid() != 0:
+        return _run(files, script, stdin, limits, None)
+    with _own_uid() as uid:
+        return _run(files, script, stdin, limits, uid)
+
+
+def _run(files: dict[str, str], script: str, stdin: str, limits: Limits, uid: int | None) -> RunResult:
     with tempfile.TemporaryDirectory(prefix="intellect-sandbox-") as tmp:
         workdir = Path(tmp)
-        os.chmod(workdir, 0o777)  # writable by nobody
+        if uid is not None:  # its own, out of reach of every other sandbox
+            os.chown(workdir, uid, uid)
         for name, content in files.items():
             (workdir / name).write_text(content)
         out_path = workdir / ".stdout"
         with open(out_path, "wb") as out:
-            root = os.geteuid() == 0
             process = subprocess.Popen(
                 _limited(limits, _command(workdir, [interpreter(), "-I", "-B", str(workdir / script)])),
                 cwd=workdir,
@@ -124,9 +186,9 @@ def run_python(files: dict[str, str], script: str, stdin: str = "", limits: Limi
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={"PATH": "/usr/bin:/bin"},
-                user=NOBODY if root else None,
-                group=NOBODY if root else None,
-                extra_groups=[] if root else None,
+                user=uid,
+                group=uid,
+                extra_groups=[] if uid is not None else None,
             )
             try:
                 process.communicate(stdin.encode(), timeout=limits.wall_s)
