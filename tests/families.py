@@ -6,6 +6,7 @@ Nothing comes from a hub; each is saved as a Hugging Face directory the roles lo
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from intellect_protocol.shared.environments.arithmetic import make_problem, scratchpad
+from intellect_protocol.shared.environments.registry import plugin
+from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<|user|>", "<|assistant|>", "<|system|>", "<think>", "</think>"]
 # Qwen3-style: ``enable_thinking=False`` opens and closes an empty thinking block for the model.
@@ -71,3 +74,23 @@ def build(family: str, directory: Path, seed: int = 0) -> Path:
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
     return directory
+
+
+def arithmetic_task(model: Path, seed: int = 1) -> TaskSpec:
+    """An arithmetic task of two prompts, four samples each, on ``model``."""
+    return TaskSpec(
+        task_id=f"task-{seed}",
+        run_id="run-test",
+        environment="arithmetic",
+        environment_version=plugin("arithmetic").pin,
+        model=str(model),
+        prompt_ids=[f"a{seed * 2}", f"a{seed * 2 + 1}"],
+        samples_per_prompt=4,
+        seed=seed,
+        policy_step=0,
+        sampling=SamplingParams(temperature=1.0, max_tokens=24),
+        length_alpha=0.0,
+        target_length=1024,
+        length_over_only=False,
+        lease_expires_at=datetime.now(UTC) + timedelta(minutes=5),
+    )
