@@ -24,7 +24,7 @@ from rich.live import Live
 from rich.table import Table
 
 from intellect_protocol.devnet.network import Network, start_network
-from intellect_protocol.devnet.processes import StartError, spawn
+from intellect_protocol.devnet.processes import StartError, calibrate, spawn
 from intellect_protocol.shared.schemas import DEFAULT_MODEL
 
 app = typer.Typer(help=__doc__, no_args_is_help=False, add_completion=False)
@@ -36,7 +36,10 @@ class Backend(str, Enum):
     vllm = "vllm"
 
 
-RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", "64"]
+MAX_TOKENS = 64
+RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", str(MAX_TOKENS)]
+CALIBRATION_ROWS = 128
+"""Honest rows a --model is calibrated on before its run opens (the nodes' numerics only)."""
 
 
 class Accuracy(threading.Thread):
@@ -142,9 +145,20 @@ def main(
         typer.Option(
             help="Run this model instead of the shipped tiny one: a local Hugging Face directory with config, weights and "
             "tokenizer (its chat template, if any, renders the prompts). A model that never solves a problem gives the "
-            "trainer nothing to learn from, so no policy step is published: run it with --steps 0.",
+            "trainer nothing to learn from, so no policy step is published: run it with --steps 0. Its verification is "
+            f"calibrated first ({CALIBRATION_ROWS} honest rows in the nodes' numerics) unless --calibration is given.",
             exists=True,
             file_okay=False,
+            resolve_path=True,
+        ),
+    ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            help="Judge the run by these tolerances (intellect-validator calibrate --out FILE) instead of measuring them "
+            "here; its numerics must include the nodes' (BACKEND/float32).",
+            exists=True,
+            dir_okay=False,
             resolve_path=True,
         ),
     ] = None,
@@ -166,6 +180,9 @@ def main(
             raise typer.Exit(1)
     if model is not None and not (model / "config.json").is_file():
         console.print(f"{model} is not a Hugging Face model directory: it has no config.json.", style="red", markup=False)
+        raise typer.Exit(1)
+    if calibration is not None and (unusable := _unusable(calibration, f"{backend.value}/float32")):
+        console.print(f"--calibration {calibration}: {unusable}.", style="red", markup=False)
         raise typer.Exit(1)
     if workdir is not None and (earlier := _earlier_devnet(workdir)):
         console.print(
@@ -192,12 +209,18 @@ def main(
 
             settlement = start_chain(workdir)
             console.print(f"Chain: anvil at {settlement.anvil.url}, contracts in {workdir / 'chain.json'}")
+        run_options = [*RUN, "--environment", environment]
+        if model is not None:
+            run_options += ["--model", str(model)]
+            calibration = calibration or _calibrated(model, backend, workdir)
+        if calibration is not None:
+            run_options += ["--calibration", str(calibration)]
         network = start_network(
             workdir,
             nodes=nodes,
             validators=validators,
             database_url=database_url,
-            run_options=[*RUN, "--environment", environment, *(["--model", str(model)] if model else [])],
+            run_options=run_options,
             steps=steps,
             coordinator_env={"INTELLECT_HEARTBEAT_INTERVAL_S": str(heartbeat_interval)},
             node_env={"INTELLECT_NODE_BACKEND": backend.value},
@@ -257,6 +280,32 @@ def main(
                 f"Held-out accuracy {summary['accuracy_before']:.2f} at policy step 0 -> {summary['accuracy_after']:.2f} "
                 f"at step {measured} (the run reached step {summary['policy_step']})."
             )
+
+
+def _calibrated(model: Path, backend: Backend, workdir: Path) -> Path:
+    """The tolerances of ``model`` in the nodes' numerics, measured here: the shipped model's floors are
+    a guess about any other model."""
+    out, numerics = workdir / "calibration.json", f"{backend.value}/float32"
+    with console.status(f"Calibrating verification on {model.name}: {CALIBRATION_ROWS} honest rows in {numerics}..."):
+        calibrate(model, numerics, CALIBRATION_ROWS, MAX_TOKENS, out, workdir / "logs" / "calibrate.log")
+    measured = json.loads(out.read_text())["measured"][0]
+    console.print(
+        f"Calibrated {numerics}: {measured['tokens']} tokens, {measured['deviations']} off the seeded draw, "
+        f"largest logprob error {measured['logprob_max_error']:.2g}; the floors would have rejected "
+        f"{measured['rejected_rows']} of {measured['rows']} honest rows. Tolerances in {out}."
+    )
+    return out
+
+
+def _unusable(calibration: Path, numerics: str) -> str | None:
+    """Why a --calibration file cannot judge the devnet's nodes, or None."""
+    try:
+        tolerances = json.loads(calibration.read_text()).get("tolerances")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        return f"not a calibration file ({e})"
+    if not isinstance(tolerances, dict) or numerics not in tolerances:
+        return f"has no tolerances for the nodes' numerics, {numerics} (intellect-validator calibrate --engine ... --out FILE)"
+    return None
 
 
 def _earlier_devnet(workdir: Path) -> list[str]:

@@ -137,6 +137,20 @@ def coordinator_command(args: list[str], log_path: Path | None = None) -> str:
     return result.stdout.strip()
 
 
+def calibrate(model: Path, numerics: str, rows: int, max_tokens: int, out: Path, log_path: Path) -> None:
+    """``intellect-validator calibrate`` of ``model`` in ``numerics`` (``engine/dtype``), its tolerances written to ``out``."""
+    engine, _, dtype = numerics.partition("/")
+    args = ["calibrate", "--model", str(model), "--engine", engine, "--dtype", dtype, "--rows", str(rows)]
+    args += ["--max-tokens", str(max_tokens), "--out", str(out)]
+    result = subprocess.run([*script("intellect-validator"), *args], capture_output=True, text=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(result.stdout + result.stderr)
+    if result.returncode != 0:
+        raise StartError(
+            f"intellect-validator calibrate failed (log: {log_path}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        )
+
+
 def migrate(database_url: str, log_path: Path) -> None:
     coordinator_command(["migrate", "--database-url", database_url], log_path)
 

@@ -74,8 +74,21 @@ def _numerics_name(text: str) -> str:
 NumericsName = Annotated[str, Field(max_length=32), AfterValidator(_numerics_name)]
 """``engine/dtype``, as a rollout file declares it (e.g. ``torch/bfloat16``)."""
 
-Calibration = Annotated[dict[NumericsName, Tolerance], Field(min_length=1, max_length=8)]
-"""A run's tolerances by the numerics it admits (a calibrated run admits only these)."""
+def _at_least_the_floor(calibration: dict[str, Tolerance]) -> dict[str, Tolerance]:
+    for numerics, tolerance in calibration.items():
+        floor = TOLERANCES[numerics.partition("/")[2]]
+        if narrower := [k for k in type(floor).model_fields if getattr(tolerance, k) < getattr(floor, k)]:
+            raise ValueError(
+                f"{numerics}: {', '.join(narrower)} below the floor measured on the shipped model "
+                f"({', '.join(f'{k} >= {getattr(floor, k):g}' for k in narrower)}); a calibration only widens bounds"
+            )
+    return calibration
+
+
+Calibration = Annotated[
+    dict[NumericsName, Tolerance], Field(min_length=1, max_length=8), AfterValidator(_at_least_the_floor)
+]
+"""A run's tolerances by the numerics it admits (a calibrated run admits only these), none below the floor."""
 
 
 def tolerance_for(numerics: str, dtype: str, calibration: dict[str, Tolerance] | None) -> Tolerance | None:

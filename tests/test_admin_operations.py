@@ -16,6 +16,7 @@ from rich.console import Console
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
+from intellect_protocol.shared.tolerances import TOLERANCES
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, signed_post
@@ -175,6 +176,19 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
             ("runs.update", run["id"], "test-operate"),
             ("runs.create", "arith", "test-operate"),
         ]
+
+        # Recalibrated on request: new work is judged by the new bounds, which the public config shows;
+        # bounds below the floor are refused and change nothing.
+        floor = TOLERANCES["bfloat16"].model_dump()
+        recalibrated = {"tolerances": {"vllm/bfloat16": {**floor, "max_gap": 0.1}}}
+        assert httpx.patch(f"{runs}/{run['id']}", json=recalibrated, headers=ops).status_code == 200
+        narrower = {"tolerances": {"vllm/bfloat16": {**floor, "max_gap": 0.001}}}
+        refused = httpx.patch(f"{runs}/{run['id']}", json=narrower, headers=ops)
+        assert refused.status_code == 422 and "below the floor" in refused.text
+        public = httpx.get(f"{served.url}/v1/public/runs/{run['id']}").json()
+        assert public["tolerances"] == recalibrated["tolerances"]
+        recalibrated_task = lease(served, joined(served)).json()
+        assert recalibrated_task["tolerances"] == recalibrated["tolerances"] and new_task["tolerances"] is None
 
 
 def test_submissions_ledger_tokens_audit_and_leaderboard(sqlite_url: str, tmp_path: Path) -> None:

@@ -53,7 +53,9 @@ def test_the_command_writes_what_it_measured(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     written = json.loads(out.read_text())
-    assert [d["dtype"] for d in written["measured"]] == ["bfloat16"] and list(written["tolerances"]) == ["torch/bfloat16"]
+    assert [(d["engine"], d["dtype"]) for d in written["measured"]] == [("torch", "bfloat16")] and list(
+        written["tolerances"]
+    ) == ["torch/bfloat16"]
     for d in written["measured"]:
         assert d["rows"] == 16 and d["rejected_rows"] == 0 and set(d["fitted"]) >= {"max_gap", "logprob_bias"}
         # The run's tolerances: the floors, widened to what was measured wherever that is wider.
@@ -61,3 +63,5 @@ def test_the_command_writes_what_it_measured(tmp_path: Path) -> None:
         assert bound["max_gap"] == max(floor.max_gap, d["fitted"]["max_gap"]) and bound["outliers"] == floor.outliers
     bad = subprocess.run(["intellect-validator", "calibrate", "--dtype", "int8"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Unknown dtype int8" in bad.stderr
+    bad = subprocess.run(["intellect-validator", "calibrate", "--engine", "cuda"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Unknown engine cuda" in bad.stderr

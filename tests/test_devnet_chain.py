@@ -73,6 +73,8 @@ def test_a_chain_devnet_stakes_anchors_slashes_pays_and_stops_at_ctrl_c(tmp_path
         run_id = httpx.get(f"{url}/v1/public/runs").json()[0]["id"]
         run = httpx.get(f"{url}/v1/public/runs/{run_id}").json()
         assert run["min_stake"] == str(MIN_STAKE_TOKENS * TOKEN) and run["model"] == str(model)
+        # A model the network never saw is calibrated before its run opens, in the nodes' numerics only.
+        assert list(run["tolerances"]) == ["torch/float32"] and "Calibrated torch/float32" in output.read_text()
         wait_for_text(workdir / "logs" / "adversary.log", "", 120)  # started once its wallet is staked
         cheat = "0x" + json.loads((workdir / "wallets" / "adversary.json").read_text())["address"]
 

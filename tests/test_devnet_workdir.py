@@ -32,6 +32,21 @@ def test_a_workdir_holding_an_earlier_devnet_is_refused_and_left_untouched(left:
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.unit
+def test_a_calibration_that_cannot_judge_the_nodes_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    calibration, workdir = tmp_path / "calibration.json", tmp_path / "devnet"
+    for written, says in (
+        ("{not json", "not a calibration file"),
+        ('{"tolerances": {"vllm/bfloat16": {}}}', "no tolerances for the nodes' numerics, torch/float32"),
+    ):
+        calibration.write_text(written)
+        result = CliRunner().invoke(
+            devnet_cli, ["--calibration", str(calibration), "--workdir", str(workdir)], terminal_width=240
+        )
+        assert result.exit_code == 1 and says in result.output, result.output
+        assert not workdir.exists()
+
+
 def test_a_chain_devnet_without_anvil_says_how_to_install_it_and_nothing_else(tmp_path: Path) -> None:
     workdir = tmp_path / "new" / "devnet"  # not there yet: the devnet makes it
     # Only the interpreter's own folder on PATH: no anvil.

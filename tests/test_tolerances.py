@@ -33,6 +33,10 @@ def test_a_calibration_names_real_numerics_with_sane_bounds() -> None:
     ):
         with pytest.raises(ValidationError):
             CALIBRATION.validate_python(bad)
+    # Narrower than the floor would reject honest work the floor was measured to cover.
+    narrower = {"vllm/bfloat16": {**TOLERANCES["bfloat16"].model_dump(), "max_gap": 0.01, "outliers": 0}}
+    with pytest.raises(ValidationError, match="max_gap, outliers below the floor"):
+        CALIBRATION.validate_python(narrower)
 
 
 def test_an_uncalibrated_run_judges_any_numerics_at_the_floor_and_a_calibrated_one_only_its_own() -> None:

