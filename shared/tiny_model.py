@@ -2,6 +2,12 @@
 
     python -m intellect_protocol.shared.tiny_model --out shared/assets/tiny-arith
 
+or, with ``--family``, a model of a real family (``qwen3``, ``llama``, ... as transformers names
+them) of ``--layers`` x ``--hidden`` with a byte-level BPE tokenizer of ``--bpe-vocab`` tokens
+trained here, on the same text, with a chat template (the text has about 2,200 tokens' worth of
+merges: the model's vocabulary is padded beyond them); ``--max-steps`` trains it briefly, so its
+distributions are peaked as a real model's are (``bench/verification.py --model``).
+
 Supervised learning on the arithmetic environment's scratchpads, from scratch, with a fixed
 seed on one CPU thread, stopping as soon as greedy accuracy on held-out problems reaches
 ``--target`` (default 0.6), so reinforcement learning has room to improve it. Writes
@@ -21,8 +27,10 @@ from pathlib import Path
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -46,6 +54,63 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
+
+
+BPE_SPECIALS = ["<pad>", "<bos>", "<eos>", "<|user|>", "<|assistant|>", "<|system|>", "<think>", "</think>"]
+# Qwen3-style: ``enable_thinking=False`` opens and closes an empty thinking block for the model.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think></think>' }}{% endif %}{% endif %}"
+)
+
+
+def bpe_tokenizer(vocab_size: int, texts: int = 2000, seed: int = 0) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``texts`` arithmetic prompts and scratchpads, with a chat
+    template (fewer than ``vocab_size`` tokens when the text has no more merges to make)."""
+    rng = random.Random(seed)
+    corpus = []
+    for _ in range(texts):
+        prompt, _ = make_problem(rng)
+        corpus.append(prompt + scratchpad(prompt))
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=BPE_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", chat_template=CHAT_TEMPLATE
+    )
+
+
+def family_model(
+    family: str, tokenizer: PreTrainedTokenizerFast, layers: int, hidden: int, vocab_size: int = 0
+) -> PreTrainedModel:
+    """A randomly initialised ``family`` model (transformers' own config class) of ``layers`` x ``hidden``,
+    64-wide heads, grouped KV and an untied head. ``vocab_size`` above the tokenizer's pads the
+    embedding and head with rows no text uses, as Qwen's 151,936 do over its tokenizer's 151,665."""
+    heads = max(1, hidden // 64)
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=max(vocab_size, len(tokenizer)),
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=64,
+        max_position_embeddings=MAX_LEN * 4,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return AutoModelForCausalLM.from_config(config)
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
@@ -145,16 +210,31 @@ def greedy_accuracy(
     return sum(reward(text, answer) for text, (_, answer) in zip(texts, problems)) / len(problems)
 
 
-def train(out: Path, seed: int, target: float, max_steps: int, batch_size: int, eval_every: int) -> dict:
+def train(
+    out: Path,
+    seed: int,
+    target: float,
+    max_steps: int,
+    batch_size: int,
+    eval_every: int,
+    family: tuple[str, int, int, int] | None = None,
+    lr: float = 3e-3,
+) -> dict:
+    """``family``: (model type, layers, hidden, BPE vocabulary) instead of the tiny Llama."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     held_rng = random.Random(seed + 1)
     stopping_set = [make_problem(held_rng) for _ in range(128)]  # decides when training stops; held_out() reports
 
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    if family is None:
+        tokenizer = build_tokenizer()
+        model: PreTrainedModel = build_model(tokenizer)
+    else:
+        model_type, layers, hidden, vocab = family
+        tokenizer = bpe_tokenizer(vocab, texts=20_000)
+        model = family_model(model_type, tokenizer, layers, hidden, vocab)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     start, accuracy, step = time.monotonic(), 0.0, 0
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()
@@ -181,6 +261,9 @@ def train(out: Path, seed: int, target: float, max_steps: int, batch_size: int, 
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     report = {
+        "model_type": model.config.model_type,
+        "tokenizer_size": len(tokenizer),
+        "vocab_size": model.config.vocab_size,
         "seed": seed,
         "steps": step,
         "batch_size": batch_size,
@@ -201,8 +284,15 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=20000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--family", help="a transformers model type (qwen3, llama, mistral, ...) instead of the tiny Llama")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--bpe-vocab", type=int, default=4096)
     args = parser.parse_args()
-    print(json.dumps(train(args.out, args.seed, args.target, args.max_steps, args.batch_size, args.eval_every), indent=2))
+    family = (args.family, args.layers, args.hidden, args.bpe_vocab) if args.family else None
+    report = train(args.out, args.seed, args.target, args.max_steps, args.batch_size, args.eval_every, family, args.lr)
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

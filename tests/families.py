@@ -1,35 +1,28 @@
 """Small models of real families, made on this machine: a config of each family from transformers
 (``AutoConfig.for_model``), random weights from a seed, and a byte-level BPE tokenizer trained
-here with the ``tokenizers`` library on the arithmetic environment's text, with a chat template.
+here with the ``tokenizers`` library on the arithmetic environment's text, with a chat template
+(:func:`shared.tiny_model.bpe_tokenizer`).
 Nothing comes from a hub; each is saved as a Hugging Face directory the roles load as any model."""
 
 from __future__ import annotations
 
-import random
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from intellect_protocol.shared.environments.arithmetic import make_problem, scratchpad
 from intellect_protocol.shared.environments.registry import plugin
 from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
+from intellect_protocol.shared.tiny_model import bpe_tokenizer
 
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<|user|>", "<|assistant|>", "<|system|>", "<think>", "</think>"]
-# Qwen3-style: ``enable_thinking=False`` opens and closes an empty thinking block for the model.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}"
-    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think></think>' }}{% endif %}{% endif %}"
-)
 # head_dim 32: the smallest vLLM's CPU attention kernels take.
 SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4}
 SHAPE |= {"num_key_value_heads": 2, "max_position_embeddings": 512}
 
-FAMILIES = {
+FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {"tie_word_embeddings": False},
     "qwen2": {"tie_word_embeddings": False},  # q/k/v projections with bias
     "qwen3": {"head_dim": 32, "tie_word_embeddings": True},  # per-head q/k norms
@@ -42,22 +35,8 @@ FAMILIES = {
 
 @cache
 def tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on arithmetic prompts and scratchpads, with a chat template."""
-    rng = random.Random(0)
-    corpus = []
-    for _ in range(2000):
-        prompt, _ = make_problem(rng)
-        corpus.append(prompt + scratchpad(prompt))
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    core.train_from_iterator(corpus, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", chat_template=CHAT_TEMPLATE
-    )
+    """The training script's byte-level BPE tokenizer, with a chat template: one for every family."""
+    return bpe_tokenizer(vocab_size)
 
 
 def build(family: str, directory: Path, seed: int = 0) -> Path:

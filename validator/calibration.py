@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from intellect_protocol.shared.inference import InferenceBackend, prefill_batch
 from intellect_protocol.shared.rollout_file import Rollout
 from intellect_protocol.shared.schemas import SamplingParams
-from intellect_protocol.shared.tolerances import TOLERANCES
+from intellect_protocol.shared.tolerances import TOLERANCES, Tolerance
 from intellect_protocol.shared.torch_backend import TorchBackend
 from intellect_protocol.validator.checks import in_dtype
 from intellect_protocol.validator.sampling_check import row_sampling, row_scores
@@ -55,7 +55,7 @@ class Measured:
     file_bias: float
     """Largest absolute mean logprob error over a file of :data:`FILE_ROWS` rows."""
     rejected_rows: int
-    """Honest rows the tolerances in force for this dtype would fail."""
+    """Honest rows the tolerance measured against (by default the floor for this dtype) would fail."""
 
     def fitted(self, margin: float) -> dict[str, float]:
         """Each measured bound with ``margin`` to spare (the flip scale from the measured one, when there is one)."""
@@ -106,15 +106,17 @@ def measure(
     backend: InferenceBackend | None = None,
     batch: int = 16,
     seed: int = 0,
+    tolerance: Tolerance | None = None,
 ) -> Measured:
     """Generate one honest row per prompt in ``dtype`` and measure how a validator's recomputation differs.
-    ``backend`` generates (it must compute in ``dtype``); by default the node's torch backend on ``model``."""
+    ``backend`` generates (it must compute in ``dtype``); by default the node's torch backend on ``model``.
+    ``rejected_rows`` counts the rows ``tolerance`` (by default the floor) would fail."""
     computing = cast(PreTrainedModel, in_dtype(model, dtype))
     if backend is None:
         backend = TorchBackend(computing, tokenizer.eos_token_id, tokenizer.pad_token_id or 0, threads=None)
     if backend.numerics.dtype != dtype:
         raise ValueError(f"the backend computes in {backend.numerics.dtype}, not {dtype}")
-    tolerance = TOLERANCES[dtype]
+    tolerance = tolerance or TOLERANCES[dtype]
     gaps, runner_ups, recomputed, errors, file_means = [], [], [], [], []
     rejected = 0
     for start in range(0, len(prompts), batch):
