@@ -43,7 +43,7 @@ def calibrate(model_name: str, numerics: list[tuple[str, str]], rows: int, param
     for engine, dtype in numerics:
         backend = None
         if engine == "vllm":
-            from intellect_protocol.node.inference.vllm_backend import close_engine, engine_for
+            from intellect_protocol.shared.vllm_backend import close_engine, engine_for
 
             close_engine()  # an engine computes in the dtype it started with
             backend = engine_for(resolve_model(model_name), tokenizer.eos_token_id, dtype=dtype)

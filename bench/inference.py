@@ -77,7 +77,7 @@ def engines(
     name: str, model: torch.nn.Module, model_dir: Path, prompts: list[list[int]], eos: int, pad: int, tokens: int
 ) -> tuple[float, float]:
     """vLLM against torch generation on one model; returns (vLLM / torch, validator prefill / vLLM) in tokens/s."""
-    from intellect_protocol.node.inference.vllm_backend import VllmBackend
+    from intellect_protocol.shared.vllm_backend import VllmBackend
 
     params = SamplingParams(temperature=1.0, max_tokens=tokens, stop_on_eos=False)
     seeds = list(range(len(prompts)))

