@@ -37,12 +37,13 @@ from tests.fsdp_step import grpo_step
 from tests.helpers import make_run
 from tests.test_validation import grant, joined, lease, upload
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-b")]
+pytestmark = pytest.mark.e2e
 
 GROUPS = 2
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.xdist_group("e2e-b")
 def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
         database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
