@@ -291,6 +291,14 @@ def run_create(
     except ApiError as e:
         err.print(f"{e.message}", style="red", markup=False)
         raise typer.Exit(2) from None
+    if calibration is None and model != RUN_DEFAULTS.model:
+        err.print(
+            f"{run.id} is not calibrated on {model}: validators judge it by the shipped model's tolerances, a guess "
+            "about any other model. Measure them with intellect-validator calibrate --model ... --out FILE and send the "
+            "file's tolerances in PATCH /v1/admin/runs/ID before nodes join.",
+            style="yellow",
+            markup=False,
+        )
     print(run.id)
 
 

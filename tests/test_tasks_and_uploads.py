@@ -11,8 +11,9 @@ import httpx
 from eth_account import Account
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.models import resolve_model
 from intellect_protocol.shared.rollout_file import Rollout, write_rollouts
-from intellect_protocol.shared.schemas import sequence_seed
+from intellect_protocol.shared.schemas import DEFAULT_MODEL, sequence_seed
 from intellect_protocol.shared.signing import sign_request
 from tests.conftest import serve
 from tests.helpers import make_run, register_body, signed_post
@@ -162,7 +163,16 @@ def test_run_create_cli(sqlite_url: str) -> None:
         text=True,
         check=True,
     )
-    assert result.stdout.strip().startswith("run-")
+    assert result.stdout.strip().startswith("run-") and "not calibrated" not in result.stderr
+    # Another model without its calibration: created, with a warning saying how to calibrate it.
+    other = str(resolve_model(DEFAULT_MODEL))
+    uncalibrated = subprocess.run(
+        ["intellect-coordinator", "run", "create", "--name", "other", "--model", other, "--database-url", database_url],
+        capture_output=True,
+        text=True,
+    )
+    assert uncalibrated.returncode == 0 and uncalibrated.stdout.strip().startswith("run-")
+    assert f"is not calibrated on {other}" in uncalibrated.stderr and "intellect-validator calibrate" in uncalibrated.stderr
     again = subprocess.run(
         ["intellect-coordinator", "run", "create", "--name", "demo", "--database-url", database_url],
         capture_output=True,
