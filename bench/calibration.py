@@ -57,7 +57,8 @@ def calibrate(model_name: str, numerics: list[tuple[str, str]], rows: int, param
         print(
             f"{Path(model_name).name[:12]:12s} {m.numerics:14s} {m.tokens:7d} {m.deviations:5d} {m.max_gap:8.3g} {scale:>8s} "
             f"{m.logprob_max_error:9.3g} {m.file_bias:9.3g}   gap {fitted.max_gap:.3g}, flip {fitted.flip_scale:.2g}, "
-            f"logprob {fitted.logprob_abs:.3g} + {fitted.logprob_rel:.3g}|lp|, bias {fitted.logprob_bias:.3g}",
+            f"logprob {fitted.logprob_abs:.3g} + {fitted.logprob_rel:.3g}|lp|, bias {fitted.logprob_bias:.3g}; "
+            f"held-out rejected {by_floor.rejected_rows} by the floor, {by_fit.rejected_rows} by the fit",
             flush=True,
         )
         out.append((by_floor.rows, by_floor.rejected_rows, by_fit.rejected_rows))
