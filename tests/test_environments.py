@@ -3,6 +3,7 @@ hostile code, the thinking budget, and dataset files."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -19,7 +20,7 @@ from intellect_protocol.shared.environments.datasets import DatasetError, load_r
 from intellect_protocol.shared.environments.length import LengthBudget, length_penalty, with_target
 from intellect_protocol.shared.environments.math import MathVerifier
 from intellect_protocol.shared.environments.registry import Problem, get_environment, reward
-from intellect_protocol.shared.environments.sandbox import SANDBOX_UIDS, Limits
+from intellect_protocol.shared.environments.sandbox import SANDBOX_UIDS, UID_LOCKS, Limits
 
 pytestmark = pytest.mark.unit
 
@@ -146,14 +147,27 @@ def test_a_fork_bomb_cannot_starve_the_sandboxes_beside_it() -> None:
 
 
 def _live_sandbox_processes() -> list[str]:
+    """Live processes under a sandbox user id that no sandbox holds (another test's running sandbox holds its id)."""
     live = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and proc.stat().st_uid in SANDBOX_UIDS and "\tZ" not in (proc / "status").read_text():
+            uid = proc.stat().st_uid
+            if proc.name.isdigit() and uid in SANDBOX_UIDS and "\tZ" not in (proc / "status").read_text() and _released(uid):
                 live.append(proc.name)
         except FileNotFoundError:
             pass
     return live
+
+
+def _released(uid: int) -> bool:
+    fd = os.open(UID_LOCKS / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def test_tests_are_judged_outside_the_sandbox() -> None:
