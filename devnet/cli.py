@@ -23,8 +23,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from intellect_protocol.devnet.calibration import CALIBRATION_ROWS, calibrated, unusable
 from intellect_protocol.devnet.network import Network, start_network
-from intellect_protocol.devnet.processes import StartError, calibrate, spawn
+from intellect_protocol.devnet.processes import StartError, spawn
 from intellect_protocol.shared.schemas import DEFAULT_MODEL
 
 app = typer.Typer(help=__doc__, no_args_is_help=False, add_completion=False)
@@ -38,8 +39,6 @@ class Backend(str, Enum):
 
 MAX_TOKENS = 64
 RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", str(MAX_TOKENS)]
-CALIBRATION_ROWS = 128
-"""Honest rows a --model is calibrated on before its run opens (the nodes' numerics only)."""
 
 
 class Accuracy(threading.Thread):
@@ -181,8 +180,8 @@ def main(
     if model is not None and not (model / "config.json").is_file():
         console.print(f"{model} is not a Hugging Face model directory: it has no config.json.", style="red", markup=False)
         raise typer.Exit(1)
-    if calibration is not None and (unusable := _unusable(calibration, f"{backend.value}/float32")):
-        console.print(f"--calibration {calibration}: {unusable}.", style="red", markup=False)
+    if calibration is not None and (refusal := unusable(calibration, f"{backend.value}/float32")):
+        console.print(f"--calibration {calibration}: {refusal}.", style="red", markup=False)
         raise typer.Exit(1)
     if workdir is not None and (earlier := _earlier_devnet(workdir)):
         console.print(
@@ -212,7 +211,7 @@ def main(
         run_options = [*RUN, "--environment", environment]
         if model is not None:
             run_options += ["--model", str(model)]
-            calibration = calibration or _calibrated(model, backend, workdir)
+            calibration = calibration or calibrated(model, f"{backend.value}/float32", MAX_TOKENS, workdir, console)
         if calibration is not None:
             run_options += ["--calibration", str(calibration)]
         network = start_network(
@@ -280,32 +279,6 @@ def main(
                 f"Held-out accuracy {summary['accuracy_before']:.2f} at policy step 0 -> {summary['accuracy_after']:.2f} "
                 f"at step {measured} (the run reached step {summary['policy_step']})."
             )
-
-
-def _calibrated(model: Path, backend: Backend, workdir: Path) -> Path:
-    """The tolerances of ``model`` in the nodes' numerics, measured here: the shipped model's floors are
-    a guess about any other model."""
-    out, numerics = workdir / "calibration.json", f"{backend.value}/float32"
-    with console.status(f"Calibrating verification on {model.name}: {CALIBRATION_ROWS} honest rows in {numerics}..."):
-        calibrate(model, numerics, CALIBRATION_ROWS, MAX_TOKENS, out, workdir / "logs" / "calibrate.log")
-    measured = json.loads(out.read_text())["measured"][0]
-    console.print(
-        f"Calibrated {numerics}: {measured['tokens']} tokens, {measured['deviations']} off the seeded draw, "
-        f"largest logprob error {measured['logprob_max_error']:.2g}; the floors would have rejected "
-        f"{measured['rejected_rows']} of {measured['rows']} honest rows. Tolerances in {out}."
-    )
-    return out
-
-
-def _unusable(calibration: Path, numerics: str) -> str | None:
-    """Why a --calibration file cannot judge the devnet's nodes, or None."""
-    try:
-        tolerances = json.loads(calibration.read_text()).get("tolerances")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
-        return f"not a calibration file ({e})"
-    if not isinstance(tolerances, dict) or numerics not in tolerances:
-        return f"has no tolerances for the nodes' numerics, {numerics} (intellect-validator calibrate --engine ... --out FILE)"
-    return None
 
 
 def _earlier_devnet(workdir: Path) -> list[str]:
