@@ -34,7 +34,7 @@ from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.tolerances import TOLERANCES, Tolerance
 from intellect_protocol.shared.torch_backend import TorchBackend
 from intellect_protocol.validator.checks import in_dtype
-from intellect_protocol.validator.sampling_check import row_sampling, row_scores
+from intellect_protocol.validator.sampling_check import row_sampling, row_scores, shifted_rows
 
 FILE_ROWS = 16
 """Rows per file when the mean logprob error of a file is measured (the devnet's task size)."""
@@ -110,7 +110,7 @@ def measure(
 ) -> Measured:
     """Generate one honest row per prompt in ``dtype`` and measure how a validator's recomputation differs.
     ``backend`` generates (it must compute in ``dtype``); by default the node's torch backend on ``model``.
-    ``rejected_rows`` counts the rows ``tolerance`` (by default the floor) would fail."""
+    ``rejected_rows`` counts the rows ``tolerance`` (by default the floor) would fail, each ``batch`` rows judged as a file."""
     computing = cast(PreTrainedModel, in_dtype(model, dtype))
     if backend is None:
         backend = TorchBackend(computing, tokenizer.eos_token_id, tokenizer.pad_token_id or 0, threads=None)
@@ -124,6 +124,7 @@ def measure(
         seeds = [seed + start + i for i in range(len(chunk))]
         completions = backend.generate(chunk, seeds, params)
         prefilled = prefill_batch(computing, chunk, [c.tokens for c in completions])
+        judged = []
         for prompt, s, completion, row in zip(chunk, seeds, completions, prefilled):
             scores = row_scores(completion.tokens, s, row.blocks(), params.temperature, params.top_p, tolerance)
             gaps.append(scores.gap)
@@ -131,7 +132,9 @@ def measure(
             recomputed.append(scores.logprob)
             errors.append(torch.tensor(completion.logprobs) - scores.logprob)
             rollout = _rollout(prompt, completion.tokens, completion.logprobs, s)
-            rejected += row_sampling(rollout, row.blocks(), params.temperature, params.top_p, tolerance).forged is not None
+            judged.append(row_sampling(rollout, row.blocks(), params.temperature, params.top_p, tolerance))
+        shifted = shifted_rows([j.logprob_errors for j in judged], tolerance)
+        rejected += sum(j.forged is not None or i in shifted for i, j in enumerate(judged))
     for start in range(0, len(errors), FILE_ROWS):
         file_means.append(abs(float(torch.cat(errors[start : start + FILE_ROWS]).mean())))
     gap, runner_up = torch.cat(gaps), torch.cat(runner_ups)

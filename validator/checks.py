@@ -68,7 +68,7 @@ from intellect_protocol.shared.schemas import CHECKS, CheckName, CheckOutcome, J
 from intellect_protocol.shared.tasks import assigned_rows, budget_of
 from intellect_protocol.shared.tolerances import TOLERANCES, tolerance_for
 from intellect_protocol.shared.toploc import ToplocThresholds, rollout_passes, verify_proofs
-from intellect_protocol.validator.sampling_check import logprob_shift, row_sampling
+from intellect_protocol.validator.sampling_check import logprob_shift, row_sampling, shifted_rows
 
 
 class CheckSettings(BaseModel):
@@ -254,6 +254,7 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
             deviations += row.deviations
             expected += row.expected
             outliers += row.outliers
+    forged += [f"row {i}: {shift}" for i, shift in shifted_rows(errors, tolerance).items()]
     if not forged and outliers > tolerance.outliers:
         forged.append(
             f"{outliers} tokens are not the seeded draw beyond what {numerics} numerics explain (at most {tolerance.outliers} a file)"

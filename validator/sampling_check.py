@@ -28,15 +28,32 @@ class RowSampling:
     """Tokens beyond the dtype's gap bound (allowed up to ``Tolerance.outliers`` a file)."""
 
 
-def logprob_shift(errors: torch.Tensor, tolerance: Tolerance) -> str | None:
-    """Whether logprob errors are shifted one way beyond what numerics (and chance, at 4 standard errors) explain."""
+def logprob_shift(errors: torch.Tensor, tolerance: Tolerance, spread: float | None = None) -> str | None:
+    """Whether logprob errors are shifted one way beyond what numerics (and chance, at 4 standard errors) explain.
+    ``spread`` is the honest error's standard deviation per token, by default these errors' own; one token's
+    error has none, and is judged by the per-token bound alone."""
     n = len(errors)
-    spread = float(errors.std()) / math.sqrt(n) if n > 1 else 0.0
-    if abs(mean := float(errors.mean())) > tolerance.logprob_bias + 4 * spread:
+    if spread is None:
+        if n < 2:
+            return None
+        spread = float(errors.std())
+    if abs(mean := float(errors.mean())) > tolerance.logprob_bias + 4 * spread / math.sqrt(n):
         return (
             f"logprobs are shifted by {mean:+.3g} nats on average over {n} tokens (numerics explain {tolerance.logprob_bias:g})"
         )
     return None
+
+
+def shifted_rows(errors: list[torch.Tensor], tolerance: Tolerance) -> dict[int, str]:
+    """The rows of one file (by index) whose logprob errors are shifted one way. The spread per token is pooled
+    within the file's rows: a row of one or a few tokens cannot measure its own (its sample spread of 0 once
+    rejected an honest one-token row), and pooling within rows leaves a shifted row unable to widen it."""
+    rows = [e for e in errors if len(e)]
+    freedom = sum(len(e) for e in rows) - len(rows)
+    if freedom < 1:
+        return {}
+    spread = math.sqrt(sum(float(((e - e.mean()) ** 2).sum()) for e in rows) / freedom)
+    return {i: shift for i, e in enumerate(errors) if len(e) and (shift := logprob_shift(e, tolerance, spread))}
 
 
 @dataclass(frozen=True)
@@ -103,7 +120,8 @@ def row_sampling(
     r: Rollout, blocks: Iterable[tuple[int, torch.Tensor]], temperature: float, top_p: float, tolerance: Tolerance
 ) -> RowSampling:
     """Judge one row's tokens and logprobs against the validator's logits, computed in the node's dtype and read as
-    ``(first position, logits [n, vocab] fp32)`` blocks (never ``[tokens, vocab]`` at once)."""
+    ``(first position, logits [n, vocab] fp32)`` blocks (never ``[tokens, vocab]`` at once). Whether its logprobs
+    are shifted one way is judged with the file's other rows (:func:`shifted_rows`)."""
     scores = row_scores(r.completion_tokens, r.seed, blocks, temperature, top_p, tolerance)
     gap, runner_up, logprob = scores.gap, scores.runner_up, scores.logprob
     beyond = gap > tolerance.max_gap
@@ -126,7 +144,5 @@ def row_sampling(
         return RowSampling(
             f"a logprob is off by {float(error[t]):+.3g} nats (numerics explain {float(bound[t]):.3g})", 0, 0.0, error
         )
-    if shift := logprob_shift(error, tolerance):
-        return RowSampling(shift, 0, 0.0, error)
     expected = float((torch.exp(-runner_up / tolerance.flip_scale) / 2).sum())
     return RowSampling(None, int((gap > 0).sum()), expected, error, outliers=int(beyond.sum()))
