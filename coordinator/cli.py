@@ -30,6 +30,7 @@ from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.services import admin_tokens
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.cli import TlsCertOption, TlsKeyOption, tls_files
+from intellect_protocol.shared.island_schemas import OuterSettings
 from intellect_protocol.shared.logs import configure
 from intellect_protocol.shared.run_schemas import RUN_DEFAULTS, AuditPolicy
 
@@ -246,6 +247,15 @@ def run_create(
             help="Tokens (an exact decimal, e.g. 50 or 0.5) a node must have staked to lease this run's tasks (needs settlement on a chain); 0: none."
         ),
     ] = "0",
+    sync_every: Annotated[
+        int, typer.Option(help="Trainer islands: inner GRPO steps between outer steps (DiLoCo's H).")
+    ] = OuterSettings().sync_every,
+    outer_lr: Annotated[
+        float, typer.Option(help="Trainer islands: the outer Nesterov SGD's learning rate.")
+    ] = OuterSettings().outer_lr,
+    outer_momentum: Annotated[
+        float, typer.Option(help="Trainer islands: the outer Nesterov SGD's momentum.")
+    ] = OuterSettings().outer_momentum,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an active run that nodes can lease tasks of."""
@@ -273,6 +283,7 @@ def run_create(
             dispute_window_s=dispute_window,
             audit=AuditPolicy(share=audit_share),
             min_stake=parse_tokens(min_stake, allow_zero=True),
+            outer=OuterSettings(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum),
         )
     except ValidationError as e:
         where = ".".join(map(str, e.errors()[0]["loc"]))

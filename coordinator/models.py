@@ -137,6 +137,8 @@ class Run(Base):
     """The run's :class:`shared.committee.AuditPolicy`; None: its defaults."""
     min_stake: Mapped[int] = mapped_column(TokenAmount, default=0, server_default="0")
     """Token base units a node must have staked to lease this run's tasks (0: none)."""
+    outer: Mapped[dict[str, Any] | None]
+    """The run's :class:`shared.island_schemas.OuterSettings` for trainer islands; None: its defaults."""
     trainer_cursor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """The trainer's last read position (a credit entry id): accepted work after it is unread."""
 

@@ -190,6 +190,10 @@ class CoordinatorSettings(RoleSettings):
     trainer_live_s: float = Field(600.0, gt=0)
     """A trainer that read nothing for this long counts as gone: nodes are told why work stops."""
 
+    island_lease_s: float = Field(300.0, gt=0)
+    """A trainer island silent this long loses the accepted submissions it claimed but has not reported
+    for an outer step: another island takes them."""
+
     min_node_version: str = "0.1.0"
     """Oldest node client version allowed to register and heartbeat."""
 

@@ -39,6 +39,8 @@ class Backend(str, Enum):
 
 MAX_TOKENS = 64
 RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", str(MAX_TOKENS)]
+ISLAND_SYNC_EVERY = 2
+"""Inner steps between the devnet islands' outer steps: few, so a short devnet publishes steps."""
 
 
 class Accuracy(threading.Thread):
@@ -168,6 +170,15 @@ def main(
             "(see examples/environments/). Held-out accuracy is always measured on arithmetic.",
         ),
     ] = "arithmetic",
+    islands: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=8,
+            help="Train with this many trainer islands and a lighthouse instead of one trainer: each learns from its own "
+            f"share of accepted work and they average every {ISLAND_SYNC_EVERY} steps (DiLoCo; the \\[islands] extra).",
+        ),
+    ] = 0,
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
     if backend is Backend.vllm:
@@ -214,6 +225,8 @@ def main(
             calibration = calibration or calibrated(model, f"{backend.value}/float32", MAX_TOKENS, workdir, console)
         if calibration is not None:
             run_options += ["--calibration", str(calibration)]
+        if islands:
+            run_options += ["--sync-every", str(ISLAND_SYNC_EVERY)]
         network = start_network(
             workdir,
             nodes=nodes,
@@ -225,6 +238,7 @@ def main(
             node_env={"INTELLECT_NODE_BACKEND": backend.value},
             chain=settlement,
             tls=tls,
+            islands=islands,
         )
         console.print(
             f"Leaderboard: [bold]{network.coordinator.url}/[/bold]  (API: /docs; admin token in {workdir / 'admin-token'})"
@@ -313,6 +327,8 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
     }
     if measured:
         out["accuracy_before"], out["accuracy_after"] = measured[min(measured)], measured[max(measured)]
+    if any(p.name.startswith("island-") for p in network.processes):
+        out["islands"] = network.http.get(f"{network.coordinator.url}/v1/public/runs/{network.run_id}/islands", timeout=10).json()
     if network.chain is not None:
         out["settlement"] = network.http.get(f"{network.coordinator.url}/v1/public/settlement", timeout=30).json()
     return out
@@ -327,7 +343,8 @@ def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
                     # The trainer ends after its last step, the adversary once banned, the rogue validator once
                     # revoked; anything else ending is a failure.
                     if p.popen.poll() is not None and not (
-                        p.name in ("trainer", "adversary", "rogue-validator") and p.popen.returncode == 0
+                        (p.name in ("trainer", "adversary", "rogue-validator") or p.name.startswith("island-"))
+                        and p.popen.returncode == 0
                     ):
                         raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
                 progress = _progress(network)

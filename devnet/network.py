@@ -22,6 +22,7 @@ from intellect_protocol.devnet.processes import (
     StartError,
     admin_token,
     create_run,
+    free_port,
     migrate,
     script,
     spawn,
@@ -129,6 +130,27 @@ def start_validator(net: Network, name: str) -> Process:
     return spawn(name, command, net.workdir / "logs" / f"{name}.log", net.role_env())
 
 
+def start_islands(net: Network, count: int, trainer: list[str], env: dict[str, str]) -> list[Process]:
+    """A lighthouse and ``count`` trainer islands (``island-0`` ...), each with a wallet granted the trainer
+    role and a checkpoint directory of its own, publishing into the one origin directory ``trainer`` names.
+    Each inner step takes an island's share of the groups a lone trainer's step would."""
+    from intellect_protocol.trainer.settings import TrainerSettings  # imports torch: only for islands
+
+    groups = max(1, TrainerSettings().groups_per_step // count)
+    env = {"INTELLECT_TRAINER_GROUPS_PER_STEP": str(groups), **env}
+    port = free_port()
+    lighthouse = [*script("intellect-trainer"), "lighthouse", "--bind", f"127.0.0.1:{port}", "--join-timeout-s", "3"]
+    processes = [spawn("lighthouse", lighthouse, net.workdir / "logs" / "lighthouse.log")]
+    for i in range(count):
+        name = f"island-{i}"
+        wallet, address = net.wallet(name)
+        net.grant(address, "trainer")
+        command = [*trainer, "--wallet", str(wallet), "--checkpoint-dir", str(net.workdir / name)]
+        command += ["--island", name, "--lighthouse", f"http://127.0.0.1:{port}"]
+        processes.append(spawn(name, command, net.workdir / "logs" / f"{name}.log", env))
+    return processes
+
+
 RUN_NAME = "devnet-arithmetic"
 
 
@@ -159,6 +181,7 @@ def start_network(
     keep_steps: int = 3,
     chain: DevChain | None = None,
     tls: bool = False,
+    islands: int = 0,
 ) -> Network:
     """Start every role; on a failure, stop what started and raise :class:`StartError` naming the process.
 
@@ -166,7 +189,8 @@ def start_network(
     how many policy steps the origin and relay keep: the default run's async level (2) + 1, so
     every step a task may still use stays downloadable (more to evaluate a whole run afterwards);
     ``chain``: settle on it (the run asks for a stake, credit turns final within seconds);
-    ``tls``: every server presents a certificate of a CA made in ``workdir/tls``, every client verifies it.
+    ``tls``: every server presents a certificate of a CA made in ``workdir/tls``, every client verifies it;
+    ``islands``: that many trainer islands and their lighthouse instead of one trainer.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     database_url = database_url or f"sqlite:///{workdir / 'ledger.db'}"
@@ -215,10 +239,14 @@ def start_network(
         )
         for i in range(validators):
             net.processes.append(start_validator(net, f"validator-{i}"))
-        trainer = [*script("intellect-trainer"), "run", "--wallet", str(trainer_wallet), "--coordinator", url, "--run", run_id]
-        trainer += ["--origin-dir", str(workdir / "origin"), "--checkpoint-dir", str(workdir / "trainer"), "--steps", str(steps)]
-        trainer_log = workdir / "logs" / "trainer.log"
-        net.processes.append(spawn("trainer", trainer, trainer_log, {**net.role_env(), **(trainer_env or {})}))
+        trainer = [*script("intellect-trainer"), "run", "--coordinator", url, "--run", run_id, "--steps", str(steps)]
+        trainer += ["--origin-dir", str(workdir / "origin")]
+        trainer_env = {**net.role_env(), **(trainer_env or {})}
+        if islands:
+            net.processes.extend(start_islands(net, islands, trainer, trainer_env))
+        else:
+            trainer += ["--wallet", str(trainer_wallet), "--checkpoint-dir", str(workdir / "trainer")]
+            net.processes.append(spawn("trainer", trainer, workdir / "logs" / "trainer.log", trainer_env))
         for i in range(nodes):
             wallet = net.staked_wallet(f"node-{i}")[0]
             net.processes.append(start_node(workdir, f"node-{i}", wallet, url, password, {**net.role_env(), **(node_env or {})}))

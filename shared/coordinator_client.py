@@ -30,6 +30,7 @@ from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
 from intellect_protocol.shared.committee import AppealInfo, AppealRequest, PublicReceipt
+from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandStatus
 from intellect_protocol.shared.public_schemas import Credit, PublicNode
 from intellect_protocol.shared.run_schemas import RunInfo
 from intellect_protocol.shared.schemas import (
@@ -230,6 +231,23 @@ class CoordinatorClient:
 
     def accepted_file(self, submission_id: str) -> bytes:
         return self._send("GET", f"/v1/trainer/submissions/{submission_id}/file", signed=True).content
+
+    def island_join(self, body: IslandJoin) -> int:
+        """Returns the claims released (those the island held but never reported)."""
+        return int(self._send("POST", "/v1/trainer/islands/join", body=body).json()["released"])
+
+    def island_claim(self, body: IslandClaim) -> list[AcceptedRollouts]:
+        return [AcceptedRollouts.model_validate(e) for e in self._send("POST", "/v1/trainer/islands/claim", body=body).json()]
+
+    def island_report(self, body: IslandReport) -> None:
+        self._send("POST", "/v1/trainer/islands/report", body=body)
+
+    def island_settle(self, body: IslandSettle) -> int:
+        """Returns the claims consumed."""
+        return int(self._send("POST", "/v1/trainer/islands/settle", body=body).json()["consumed"])
+
+    def islands(self, run_id: str) -> list[IslandStatus]:
+        return [IslandStatus.model_validate(i) for i in self._send("GET", f"/v1/public/runs/{run_id}/islands").json()]
 
     def trainer_metrics(self, body: TrainerMetricsRequest) -> None:
         self._send("POST", "/v1/trainer/metrics", body=body)

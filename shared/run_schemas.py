@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from intellect_protocol.shared.environments.length import LengthBudget
+from intellect_protocol.shared.island_schemas import OuterSettings
 from intellect_protocol.shared.money import TokenAmount
 from intellect_protocol.shared.prompting import Prompting
 from intellect_protocol.shared.schemas import DEFAULT_MODEL, INT32_MAX, Finite, SamplingParams
@@ -77,6 +78,8 @@ class RunInfo(BaseModel):
     """Token base units a node must have staked to lease this run's tasks (0: none)."""
     audit: AuditPolicy | None = None
     """None: :class:`AuditPolicy`'s defaults."""
+    outer: OuterSettings | None = None
+    """How trainer islands meet for outer steps; None: :class:`OuterSettings`' defaults."""
     status: RunStatus
     """A paused run leases no new tasks."""
     created_at: datetime
@@ -110,6 +113,8 @@ class RunSettings(BaseModel):
     """How long credit stays pending (clawback possible) before it is final."""
     audit: AuditPolicy | None = None
     """How much work a second validator checks before the trainer may read it."""
+    outer: OuterSettings | None = None
+    """How trainer islands meet: inner steps between outer steps, the outer learning rate and momentum."""
     min_stake: TokenAmount | None = None
     """Token base units (a decimal string) a node must have staked in the deployment's stake registry to lease this run's tasks
     (0: none). Needs settlement on a chain (``INTELLECT_CHAIN_RPC_URL``)."""
@@ -169,6 +174,8 @@ class RunSpec(BaseModel):
     """How long credit stays pending; None: the coordinator's default."""
     audit: AuditPolicy | None = None
     """None: :class:`AuditPolicy`'s defaults."""
+    outer: OuterSettings | None = None
+    """None: :class:`OuterSettings`' defaults."""
     min_stake: TokenAmount = 0
     """Token base units a node must have staked to lease this run's tasks (0: none)."""
 

@@ -45,3 +45,14 @@ class EntryKind(enum.StrEnum):
     """Credit taken back (the work was found invalid or lost on appeal)."""
     restore = "restore"
     """Credit given back after a clawback."""
+
+
+class ShareState(enum.StrEnum):
+    """Where an accepted submission claimed by a trainer island stands (:mod:`shared.island_schemas`)."""
+
+    claimed = "claimed"
+    """Handed to an island, which may be training on it."""
+    pending = "pending"
+    """In the pseudo-gradient an island contributed to an outer step not yet settled."""
+    consumed = "consumed"
+    """In a published outer step: never handed out again."""

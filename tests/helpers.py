@@ -16,6 +16,7 @@ from eth_account.signers.local import LocalAccount
 
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.services.runs import create_run
+from intellect_protocol.shared.island_schemas import OuterSettings
 from intellect_protocol.shared.run_schemas import AuditPolicy, RunSpec
 from intellect_protocol.shared.schemas import CheckOutcome, SamplingParams
 from intellect_protocol.shared.signing import sign_request
@@ -64,6 +65,7 @@ def make_run(  # type: ignore[no-untyped-def]
     samples: int = 2,
     audit: AuditPolicy | None = None,
     min_stake: int = 0,
+    outer: OuterSettings | None = None,
 ) -> str:
     """A run of the arithmetic environment on the tiny model, small enough for a test's patience."""
     with make_sessionmaker(served.engine).begin() as session:
@@ -74,6 +76,7 @@ def make_run(  # type: ignore[no-untyped-def]
             samples_per_prompt=samples,
             audit=audit,
             min_stake=min_stake,
+            outer=outer,
         )
         run = create_run(session, spec, datetime.now(UTC))
         return run.id

@@ -33,14 +33,37 @@ def run(
         Path | None, typer.Option(help="Trainer state (step, cursor, optimizer); default ORIGIN_DIR/../trainer.")
     ] = None,
     steps: Annotated[int, typer.Option(min=0, help="Stop after publishing this policy step; 0: run until Ctrl-C.")] = 0,
+    island: Annotated[
+        str | None,
+        typer.Option(
+            help="Train as this island among several (a name unique in the run): on its own share of accepted "
+            "rollouts, meeting the others for a DiLoCo outer step every sync_every inner steps (needs --lighthouse)."
+        ),
+    ] = None,
+    lighthouse: Annotated[
+        str | None, typer.Option(help="The islands' lighthouse URL, as `intellect-trainer lighthouse` prints it.")
+    ] = None,
+    advertise_host: Annotated[
+        str, typer.Option(help="Where the other islands reach this one (its recovery server); an island's host name or IP.")
+    ] = "127.0.0.1",
 ) -> None:
     """Pull accepted rollouts, take GRPO steps, publish each policy step through shardcast, until Ctrl-C."""
-    from intellect_protocol.trainer.loop import Trainer  # torch loads only for the command that needs it
+    if (island is None) != (lighthouse is None):
+        err.print("--island and --lighthouse go together: an island meets the others through the lighthouse.", style="red")
+        raise typer.Exit(2)
+    from intellect_protocol.trainer.island_loop import IslandTrainer  # torch loads only for the command that needs it
+    from intellect_protocol.trainer.loop import Trainer
 
     account = unlock(wallet_file, err)
     stop = stop_on_sigterm()
+    checkpoints = checkpoint_dir or origin_dir.parent / (f"island-{island}" if island else "trainer")
     try:
-        trainer = Trainer(coordinator, account, run_id, origin_dir, checkpoint_dir or origin_dir.parent / "trainer", stop=stop)
+        if island is not None and lighthouse is not None:
+            trainer: Trainer = IslandTrainer(
+                coordinator, account, run_id, island, lighthouse, origin_dir, checkpoints, stop=stop, host=advertise_host
+            )
+        else:
+            trainer = Trainer(coordinator, account, run_id, origin_dir, checkpoints, stop=stop)
     except (Stopped, KeyboardInterrupt):
         raise typer.Exit(0) from None
     except Refused as e:
@@ -67,6 +90,37 @@ def run(
     finally:
         trainer.close()
     console.print(f"Stopped at policy step {trainer.state.step}.")
+
+
+@app.command()
+def lighthouse(
+    bind: Annotated[str, typer.Option(help="Address to listen on (HOST:PORT; port 0 picks a free one).")] = "0.0.0.0:29510",
+    min_islands: Annotated[int, typer.Option(min=1, help="Islands needed before the first outer step.")] = 1,
+    join_timeout_s: Annotated[
+        float, typer.Option(min=0, help="How long a forming quorum waits for more islands once it has enough.")
+    ] = 2.0,
+    heartbeat_timeout_s: Annotated[
+        float, typer.Option(min=0.1, help="An island silent this long is left out of the next quorum.")
+    ] = 5.0,
+) -> None:
+    """Run the quorum service trainer islands meet through (torchft's lighthouse), until Ctrl-C."""
+    from torchft._torchft import LighthouseServer
+
+    stop = stop_on_sigterm()
+    server = LighthouseServer(
+        bind=bind,
+        min_replicas=min_islands,
+        join_timeout_ms=int(join_timeout_s * 1000),
+        heartbeat_timeout_ms=int(heartbeat_timeout_s * 1000),
+    )
+    console.print(f"Lighthouse for trainer islands at {server.address()}; Ctrl-C to stop.")
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
 
 
 cli = entry_point(app)

@@ -49,10 +49,17 @@ class Batch:
 def fetch_accepted(
     api: CoordinatorClient, run_id: str, after: int, oldest_step: int, limit: int = 100, wait_s: float = 0.0
 ) -> list[tuple[AcceptedRollouts, list[Rollout] | None]]:
-    """Accepted submissions after cursor ``after`` (waiting up to ``wait_s`` for the first); the files
-    of those whose policy is not older than ``oldest_step`` (stale ones are only counted, so they are not downloaded)."""
+    """Accepted submissions after cursor ``after`` (waiting up to ``wait_s`` for the first), with their files (:func:`fetch_files`)."""
+    return fetch_files(api, api.accepted(run_id, after, limit, wait_s), oldest_step)
+
+
+def fetch_files(
+    api: CoordinatorClient, entries: list[AcceptedRollouts], oldest_step: int
+) -> list[tuple[AcceptedRollouts, list[Rollout] | None]]:
+    """The trainable rows of each entry's file; None for those whose policy is older than ``oldest_step``
+    (stale ones are only counted, so they are not downloaded)."""
     out: list[tuple[AcceptedRollouts, list[Rollout] | None]] = []
-    for entry in api.accepted(run_id, after, limit, wait_s):
+    for entry in entries:
         if entry.policy_step < oldest_step:
             out.append((entry, None))
         else:

@@ -13,6 +13,7 @@ from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, client
 from intellect_protocol.coordinator.services import (
     accountability,
     credit,
+    islands,
     leaderboard,
     nodes,
     receipts,
@@ -21,6 +22,7 @@ from intellect_protocol.coordinator.services import (
     training,
 )
 from intellect_protocol.shared.committee import PublicReceipt, ValidatorStanding
+from intellect_protocol.shared.island_schemas import IslandStatus
 from intellect_protocol.shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
 from intellect_protocol.shared.run_schemas import RunInfo, RunProgress, StepTiming
 from intellect_protocol.shared.schemas import Address, ErrorBody, PublicStatus
@@ -95,6 +97,17 @@ async def run_progress(run_id: str, ledger: LedgerDep) -> RunProgress:
         steps = [{"step": m.step, **m.metrics} for m in training.metrics_of(session, run_id)]
         evaluations = [{"step": e.step, **e.metrics} for e in training.evaluations_of(session, run_id)]
         return RunProgress(submissions=training.run_stats(session, run_id), steps=steps, evaluations=evaluations)
+
+    return await ledger.run(read)
+
+
+@router.get("/runs/{run_id}/islands", response_model=list[IslandStatus], responses={404: {"model": ErrorBody}})
+async def run_islands(run_id: str, ledger: LedgerDep) -> list[IslandStatus]:
+    """The run's trainer islands: their outer steps, their shares of accepted work, and why any was left out."""
+
+    def read(session) -> list[IslandStatus]:
+        runs.get_run(session, run_id)
+        return islands.statuses(session, run_id)
 
     return await ledger.run(read)
 

@@ -1,4 +1,5 @@
-"""The trainer's endpoints (role ``trainer``, signed): accepted rollouts by cursor, their files, step metrics."""
+"""The trainer's endpoints (role ``trainer``, signed): accepted rollouts by cursor (or, for a trainer island, by
+claim: :mod:`shared.island_schemas`), their files, step metrics."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from intellect_protocol.coordinator.blob_response import blob_response
-from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Signed
-from intellect_protocol.coordinator.services import step_timing, training
+from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed
+from intellect_protocol.coordinator.services import islands, step_timing, training
 from intellect_protocol.coordinator.wakeup import POLL_S
+from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle
 from intellect_protocol.shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
 
 router = APIRouter(
@@ -57,3 +59,34 @@ async def post_metrics(body: TrainerMetricsRequest, ctx: Ctx, signed: Signed, le
     await ledger.run_signed(signed, training.record_metrics, body, datetime.now(UTC))
     for timing in await ledger.run(step_timing.step_timings, body.run_id, 1):
         ctx.metrics.record_step(body.run_id, timing)
+
+
+@router.post("/islands/join", responses={404: {"model": ErrorBody}})
+async def island_join(body: IslandJoin, signed: Signed, ledger: LedgerDep) -> dict[str, int]:
+    """An island (re)starting: the submissions it claimed but never reported go back to the pool."""
+    return {"released": await ledger.run_signed(signed, islands.join, body, datetime.now(UTC))}
+
+
+@router.post("/islands/claim", response_model=list[AcceptedRollouts], responses={404: {"model": ErrorBody}})
+async def island_claim(
+    body: IslandClaim, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings
+) -> list[AcceptedRollouts]:
+    """Accepted submissions no island holds, now the caller's; waits up to ``wait_s`` for the first."""
+    deadline = time.monotonic() + body.wait_s
+    entries = await ledger.run_signed(signed, islands.claim, body, datetime.now(UTC), settings.island_lease_s)
+    while not entries and (remaining := deadline - time.monotonic()) > 0:
+        await ctx.work_arrived.wait(min(POLL_S, remaining))
+        entries = await ledger.run(islands.claim, signed.address, body, datetime.now(UTC), settings.island_lease_s)
+    return entries
+
+
+@router.post("/islands/report", status_code=204, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+async def island_report(body: IslandReport, signed: Signed, ledger: LedgerDep) -> None:
+    """The claims an island's pseudo-gradient for an outer step learned from; 409: stay out of the step."""
+    await ledger.run_signed(signed, islands.report, body, datetime.now(UTC))
+
+
+@router.post("/islands/settle", responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+async def island_settle(body: IslandSettle, signed: Signed, ledger: LedgerDep) -> dict[str, int]:
+    """An outer step was published: the included islands' reported claims are consumed, the rest released."""
+    return {"consumed": await ledger.run_signed(signed, islands.settle, body, datetime.now(UTC))}

@@ -70,6 +70,7 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
         async_level=spec.async_level,
         dispute_window_s=spec.dispute_window_s,
         audit=spec.audit.model_dump() if spec.audit else None,
+        outer=spec.outer.model_dump() if spec.outer else None,
         min_stake=spec.min_stake,
     )
     session.add(run)
@@ -223,6 +224,7 @@ UPDATABLE = frozenset(
         "async_level",
         "dispute_window_s",
         "audit",
+        "outer",
         "min_stake",
     }
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.errors import ApiError
@@ -26,6 +26,19 @@ def accepted_after(session: Session, signer: str, run_id: str, after: int, limit
     run = session.get(Run, run_id)
     if run is not None and after > run.trainer_cursor:
         run.trainer_cursor = after
+    return accepted(session, run_id, after, limit)
+
+
+def accepted(
+    session: Session,
+    run_id: str,
+    after: int,
+    limit: int,
+    excluding: Select[int] | None = None,
+    including: Select[int] | None = None,
+) -> list[AcceptedRollouts]:
+    """Up to ``limit`` accepted submissions of the run after cursor ``after``, in cursor order: not the
+    cursors ``excluding`` selects, and only those ``including`` does."""
     query = (
         select(ContributionEntry.id, Submission.id, Submission.task_id, Task.policy_step, Submission.untrained_rows)
         .join(Submission, Submission.id == ContributionEntry.submission_id)
@@ -39,6 +52,10 @@ def accepted_after(session: Session, signer: str, run_id: str, after: int, limit
         .order_by(ContributionEntry.id)
         .limit(limit)
     )
+    if excluding is not None:
+        query = query.where(ContributionEntry.id.not_in(excluding))
+    if including is not None:
+        query = query.where(ContributionEntry.id.in_(including))
     return [
         AcceptedRollouts(cursor=c, submission_id=s, task_id=t, policy_step=p, untrained_rows=u or [])
         for c, s, t, p, u in session.execute(query)

@@ -210,6 +210,27 @@ function validatorsTable(validators) {
     h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 7 }, "No validators yet."))));
 }
 
+function islandsSection(islands) {
+  const rows = islands.map((i) => h("tr", { "data-island": i.name },
+    h("td", {}, i.name),
+    h("td", {}, h("span", { class: "address" }, fmt.short(i.address))),
+    h("td", { class: "num" }, i.outer_step < 0 ? "none yet" : fmt.num(i.outer_step)),
+    h("td", { class: "num" }, fmt.num(i.claimed)),
+    h("td", { class: "num" }, fmt.num(i.pending)),
+    h("td", { class: "num" }, fmt.num(i.consumed)),
+    h("td", { class: "num", title: i.last_exclusion ?? "" }, fmt.num(i.excluded_steps)),
+    h("td", { class: "wide" }, fmt.time(i.last_seen)),
+  ));
+  return h("section", { "aria-labelledby": "islands-title" },
+    h("h2", { id: "islands-title" }, "Trainer islands"),
+    h("div", { class: "table-wrap" }, h("table", { id: "islands" },
+      h("caption", {}, "Trainer sites that each learn from their own share of accepted work and average it every few steps (DiLoCo). "
+        + "Held: claimed, not yet in an outer step; in step: averaged into a step not yet published; trained: in a published step"),
+      h("thead", {}, h("tr", {}, ["Island", "Trainer", "Outer step", "Held", "In step", "Trained", "Left out", "Last seen"].map((t, i) =>
+        h("th", { scope: "col", class: i >= 2 && i <= 6 ? "num" : "" }, t)))),
+      h("tbody", {}, rows))));
+}
+
 function settlementSection(overview) {
   const epochs = overview.epochs.map((e) => h("tr", { "data-epoch": e.epoch },
     h("td", { class: "num" }, fmt.num(e.epoch)),
@@ -252,9 +273,9 @@ async function showLeaderboard(view) {
   state.runId = net.run?.id ?? null;
   showRun(net);
   const run = `/v1/public/runs/${state.runId}`;
-  const [progress, throughput, timing] = state.runId
-    ? await Promise.all([get(`${run}/progress`), get(`${run}/throughput?minutes=60&bucket_s=60`), get(`${run}/step-timing?limit=100`)])
-    : [{ steps: [], evaluations: [] }, [], []];
+  const [progress, throughput, timing, islands] = state.runId
+    ? await Promise.all([get(`${run}/progress`), get(`${run}/throughput?minutes=60&bucket_s=60`), get(`${run}/step-timing?limit=100`), get(`${run}/islands`)])
+    : [{ steps: [], evaluations: [] }, [], [], []];
   const search = document.getElementById("search");
   const focused = document.activeElement === search;
   const input = h("input", { id: "search", type: "search", placeholder: "0x…", autocomplete: "off", value: state.search,
@@ -262,6 +283,7 @@ async function showLeaderboard(view) {
   view.replaceChildren(
     h("section", { "aria-labelledby": "status-title" }, h("h2", { id: "status-title" }, "Network status"), statusPanel(net)),
     h("section", { "aria-labelledby": "charts-title" }, h("h2", { id: "charts-title" }, "Training"), charts(progress, throughput, timing)),
+    islands.length ? islandsSection(islands) : "",
     h("section", { "aria-labelledby": "board-title" },
       h("h2", { id: "board-title" }, "Leaderboard"),
       h("label", { for: "search" }, "Search by address"), input,

@@ -1,0 +1,45 @@
+"""Ledger tables of trainer islands (:mod:`shared.island_schemas` says how a share moves). Imported by
+``migrations/env.py`` so the tables share the ledger's metadata."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from intellect_protocol.coordinator.column_types import states_type
+from intellect_protocol.coordinator.models import Base
+from intellect_protocol.shared.states import ShareState
+
+
+class Island(Base):
+    """A trainer island of a run: its name is bound to the trainer address that first used it."""
+
+    __tablename__ = "islands"
+
+    run_id: Mapped[str] = mapped_column(String(64), ForeignKey("runs.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    address: Mapped[str] = mapped_column(String(42))
+    joined_at: Mapped[datetime]
+    last_seen: Mapped[datetime]
+    outer_step: Mapped[int] = mapped_column(Integer, default=-1)
+    """The last outer step it reported a share for."""
+    excluded_steps: Mapped[int] = mapped_column(Integer, default=0)
+    last_exclusion: Mapped[str | None] = mapped_column(Text)
+
+
+class IslandShare(Base):
+    """One accepted submission (by its cursor) as held by one island; a cursor with no row is unclaimed."""
+
+    __tablename__ = "island_shares"
+    __table_args__ = (Index("ix_island_shares_run_island_state", "run_id", "island", "state"),)
+
+    run_id: Mapped[str] = mapped_column(String(64), ForeignKey("runs.id"), primary_key=True)
+    cursor: Mapped[int] = mapped_column(Integer, primary_key=True)
+    island: Mapped[str] = mapped_column(String(64))
+    state: Mapped[ShareState] = mapped_column(states_type(ShareState))
+    claimed_at: Mapped[datetime]
+    outer_step: Mapped[int | None] = mapped_column(Integer)
+    attempt: Mapped[str | None] = mapped_column(String(32))
+    """The outer step and attempt whose pseudo-gradient learned from it (set when reported)."""

@@ -1,0 +1,152 @@
+"""Trainer islands' shares of a run's accepted submissions: each one handed to exactly one island, and
+trained on exactly once across joins, leaves and crashes (:mod:`shared.island_schemas` says how a share
+moves). Every call locks the run's row, so two islands never claim the same submission.
+
+An island's name belongs to the trainer address that first used it in the run: another trainer cannot
+join as it, release its claims or report for it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import and_, delete, false, func, or_, select, update
+from sqlalchemy.engine import CursorResult, Result
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
+
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.island_models import Island, IslandShare
+from intellect_protocol.coordinator.models import Run
+from intellect_protocol.coordinator.services import roles, training
+from intellect_protocol.shared.island_schemas import MAX_SHARE, IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandStatus
+from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, RoleName
+from intellect_protocol.shared.states import ShareState
+
+
+def _island(session: Session, signer: str, body: IslandJoin, now: datetime) -> tuple[Run, Island]:
+    """The run (locked) and the caller's island, made on first use; 403 if another trainer holds the name."""
+    roles.require(session, signer, RoleName.trainer).last_seen = now
+    run = session.get(Run, body.run_id, with_for_update=True)
+    if run is None:
+        raise ApiError(ErrorCode.not_found, f"No run {body.run_id}.")
+    island = session.get(Island, (run.id, body.island))
+    if island is None:
+        island = Island(
+            run_id=run.id, name=body.island, address=signer, joined_at=now, last_seen=now, outer_step=-1, excluded_steps=0
+        )
+        session.add(island)
+    elif island.address != signer:
+        raise ApiError(ErrorCode.role_required, f"Island {body.island!r} of {run.id} belongs to another trainer.")
+    island.last_seen = now
+    return run, island
+
+
+def join(session: Session, signer: str, body: IslandJoin, now: datetime) -> int:
+    """An island (re)starting: its unreported claims go back to the pool; returns how many."""
+    run, island = _island(session, signer, body, now)
+    island.joined_at = now
+    return _count(session.execute(delete(IslandShare).where(*_claimed_by(island))))
+
+
+def claim(session: Session, signer: str, body: IslandClaim, now: datetime, lease_s: float) -> list[AcceptedRollouts]:
+    """Up to ``limit`` accepted submissions no island holds, oldest first, now held by the caller, after
+    those it holds unreported already (so a claim whose answer was lost is not lost with it: the island
+    skips what it has). Claims of islands silent for ``lease_s`` are released first."""
+    run, island = _island(session, signer, body, now)
+    silent = select(Island.name).where(Island.run_id == run.id, Island.last_seen < now - timedelta(seconds=lease_s))
+    session.execute(
+        delete(IslandShare).where(
+            IslandShare.run_id == run.id, IslandShare.state == ShareState.claimed, IslandShare.island.in_(silent)
+        )
+    )
+    mine = select(IslandShare.cursor).where(*_claimed_by(island))
+    already = training.accepted(session, run.id, 0, MAX_SHARE, including=mine)
+    held = select(IslandShare.cursor).where(IslandShare.run_id == run.id)
+    entries = training.accepted(session, run.id, 0, body.limit, excluding=held)
+    for e in entries:
+        session.add(IslandShare(run_id=run.id, cursor=e.cursor, island=island.name, state=ShareState.claimed, claimed_at=now))
+    if entries:
+        # Backpressure (:mod:`coordinator.services.admission`) reads what lies after this as unread.
+        run.trainer_cursor = max(run.trainer_cursor, entries[-1].cursor)
+    return already + entries
+
+
+def _claimed_by(island: Island) -> tuple[ColumnElement[bool], ...]:
+    return IslandShare.run_id == island.run_id, IslandShare.island == island.name, IslandShare.state == ShareState.claimed
+
+
+def report(session: Session, signer: str, body: IslandReport, now: datetime) -> None:
+    """The caller's claims its pseudo-gradient for ``outer_step`` learned from become pending under it;
+    409 (and nothing changes) if any is no longer the caller's to report: the island must stay out of
+    the step, or the submission would be trained on twice."""
+    run, island = _island(session, signer, body, now)
+    cursors = sorted(set(body.cursors))
+    mine = (IslandShare.run_id == run.id, IslandShare.island == island.name, IslandShare.cursor.in_(cursors))
+    # A repeat of a report whose answer was lost finds its claims pending under the same attempt.
+    again = and_(
+        IslandShare.state == ShareState.pending, IslandShare.outer_step == body.outer_step, IslandShare.attempt == body.attempt
+    )
+    held = session.scalar(
+        select(func.count()).select_from(IslandShare).where(*mine, or_(IslandShare.state == ShareState.claimed, again))
+    )
+    if held != len(cursors):
+        raise ApiError(
+            ErrorCode.conflict,
+            f"{len(cursors) - (held or 0)} of these {len(cursors)} submissions are not claimed by island {island.name!r} "
+            "(released after its lease, reported already, or never claimed); it must stay out of this outer step.",
+        )
+    session.execute(
+        update(IslandShare).where(*mine).values(state=ShareState.pending, outer_step=body.outer_step, attempt=body.attempt)
+    )
+    island.outer_step = max(island.outer_step, body.outer_step)
+
+
+def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> int:
+    """Outer step ``outer_step`` was published as policy step ``outer_step + 1``: the included attempts'
+    claims are consumed, every other pending claim of that step or older goes back. 409 unless the step is
+    published. Settling again changes nothing. Returns the claims consumed."""
+    run, _ = _island(session, signer, body, now)
+    if run.policy_step < body.outer_step + 1:
+        raise ApiError(ErrorCode.conflict, f"Policy step {body.outer_step + 1} of {run.id} is not published.")
+    pending = (IslandShare.run_id == run.id, IslandShare.state == ShareState.pending, IslandShare.outer_step <= body.outer_step)
+    included = or_(false(), *(and_(IslandShare.island == i.island, IslandShare.attempt == i.attempt) for i in body.included))
+    consumed = _count(session.execute(update(IslandShare).where(*pending, included).values(state=ShareState.consumed)))
+    session.execute(delete(IslandShare).where(*pending))
+    for name, reason in body.excluded.items():
+        if (island := session.get(Island, (run.id, name))) is not None:
+            island.excluded_steps += 1
+            island.last_exclusion = f"outer step {body.outer_step}: {reason}"
+    return consumed
+
+
+def statuses(session: Session, run_id: str) -> list[IslandStatus]:
+    """A run's islands with their shares by state, for the public status and the page."""
+    counts = {
+        (name, state): n
+        for name, state, n in session.execute(
+            select(IslandShare.island, IslandShare.state, func.count())
+            .where(IslandShare.run_id == run_id)
+            .group_by(IslandShare.island, IslandShare.state)
+        )
+    }
+    return [
+        IslandStatus(
+            name=i.name,
+            address=i.address,
+            joined_at=i.joined_at,
+            last_seen=i.last_seen,
+            outer_step=i.outer_step,
+            claimed=counts.get((i.name, ShareState.claimed), 0),
+            pending=counts.get((i.name, ShareState.pending), 0),
+            consumed=counts.get((i.name, ShareState.consumed), 0),
+            excluded_steps=i.excluded_steps,
+            last_exclusion=i.last_exclusion,
+        )
+        for i in session.scalars(select(Island).where(Island.run_id == run_id).order_by(Island.name))
+    ]
+
+
+def _count(result: Result[Any]) -> int:
+    return cast(CursorResult[Any], result).rowcount or 0

@@ -1,0 +1,94 @@
+"""Wire schemas of trainer islands: trainer sites that train on their own share of accepted rollouts and
+meet every ``sync_every`` inner steps for a DiLoCo outer step (:mod:`trainer.islands`).
+
+How a share moves (:mod:`coordinator.services.islands`): an island *claims* accepted submissions no
+island holds; before an outer step it *reports* the claims its pseudo-gradient holds (pending under that
+step and its attempt); the island that publishes the step's policy *settles* it, naming the attempts the
+average included: their claims are consumed, every other pending claim of that step or older goes back
+to the pool. An island that starts (or restarts) *joins*: its claims not yet reported go back, since
+whatever it learned from them died with it. Claims of an island silent for the lease go back too.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from intellect_protocol.shared.schemas import INT32_MAX, Address, Request
+
+IslandName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+Attempt = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+"""One try at one outer step by one island (a new one after a failed commit): 32 hex digits."""
+Cursor = Annotated[int, Field(ge=1, le=INT32_MAX)]
+MAX_SHARE = 10_000
+"""Claims one island may report for one outer step."""
+
+
+class OuterSettings(BaseModel):
+    """How islands meet (a run setting): DiLoCo's outer step, every ``sync_every`` inner GRPO steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sync_every: int = Field(4, ge=1, le=10_000)
+    """H: inner policy updates (each on ``groups_per_step`` groups) an island takes between outer steps."""
+    outer_lr: float = Field(0.7, gt=0, le=10)
+    """The outer Nesterov SGD's learning rate on the averaged pseudo-gradient (DiLoCo: 0.7)."""
+    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    """The outer Nesterov SGD's momentum (DiLoCo: 0.9)."""
+    outlier_ratio: float = Field(10.0, gt=1, le=1e6)
+    """An island whose pseudo-gradient norm exceeds this times the median of its peers' is left out of the step."""
+
+
+class IslandJoin(Request):
+    address: Address
+    run_id: str = Field(max_length=64)
+    island: IslandName
+
+
+class IslandClaim(IslandJoin):
+    limit: int = Field(100, ge=1, le=500)
+    wait_s: float = Field(0.0, ge=0, le=10)
+    """Hold the request up to this long for the first unclaimed submission."""
+
+
+class IslandReport(IslandJoin):
+    outer_step: int = Field(ge=0, le=INT32_MAX)
+    attempt: Attempt
+    cursors: list[Cursor] = Field(max_length=MAX_SHARE)
+    """Claims held by this island that its pseudo-gradient for ``outer_step`` learned from."""
+
+
+class Included(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    island: IslandName
+    attempt: Attempt
+
+
+class IslandSettle(IslandJoin):
+    """Sent by the island that published policy step ``outer_step + 1``."""
+
+    outer_step: int = Field(ge=0, le=INT32_MAX)
+    included: list[Included] = Field(max_length=256)
+    """The attempts the average was taken over: their reported claims are consumed."""
+    excluded: dict[IslandName, Annotated[str, Field(max_length=300)]] = Field(default_factory=dict, max_length=256)
+    """Islands left out of the step, and why (shown on the run's status)."""
+
+
+class IslandStatus(BaseModel):
+    """One island of a run, as the public status shows it."""
+
+    name: str
+    address: str
+    joined_at: datetime
+    last_seen: datetime
+    outer_step: int
+    """The last outer step it took part in (-1: none yet)."""
+    claimed: int
+    pending: int
+    consumed: int
+    """Accepted submissions it holds unreported, reported for a step not yet settled, and trained on."""
+    excluded_steps: int
+    last_exclusion: str | None

@@ -1,0 +1,132 @@
+"""Trainer islands' shares of accepted work, through a real coordinator: each accepted submission goes to
+exactly one island, is consumed only when a published step averaged it, comes back when its island
+restarts, goes silent or is left out, and no hostile or stale call changes anything."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from rich.console import Console
+
+from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
+from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle
+from intellect_protocol.shared.run_schemas import AuditPolicy
+from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
+from intellect_protocol.validator.worker import Validator
+from tests.conftest import admin_token, serve
+from tests.helpers import make_run, signed_post
+from tests.test_validation import grant, joined, lease, upload
+
+pytestmark = pytest.mark.integration
+NO_AUDIT = AuditPolicy(share=0, new_node_share=0, suspect_share=0)
+
+
+def refused(status: int, call, served) -> str:  # type: ignore[no-untyped-def]
+    """Assert ``call`` is refused with ``status`` and that the ledger is as it was; returns the message."""
+    before = served.snapshot()
+    with pytest.raises(Refused) as caught:
+        call()
+    assert caught.value.status == status, caught.value
+    assert served.snapshot() == before
+    return caught.value.message
+
+
+def publish(origin: Path, run_id: str, step: int, client: CoordinatorClient) -> None:
+    """Policy step ``step`` registered by ``client`` (the files' content does not matter here)."""
+    directory = step_dir(origin, run_id, step)
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text("{}")
+    (directory / "model.safetensors").write_bytes(f"weights {step}".encode())
+    client.publish_manifest(publish_step(origin, run_id, step, client.account))
+
+
+def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(
+        database_url=database_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000, island_lease_s=2
+    )
+    with serve(settings) as served:
+        run_id = make_run(served, sampling=SamplingParams(max_tokens=8), audit=NO_AUDIT)
+        token = admin_token(served)
+        a_key, b_key, impostor, validator_key = (Account.create() for _ in range(4))
+        for key in (a_key, b_key, impostor):
+            grant(served, token, key.address, "trainer")
+        grant(served, token, validator_key.address, "validator")
+        node = joined(served)
+        for _ in range(6):
+            task = lease(served, node)
+            upload(served, node, task, finish(generate(task)).data)
+        validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True))
+        validator.run(max_submissions=6)
+        validator.close()
+        a, b, other, stranger = (CoordinatorClient(served.url, k) for k in (a_key, b_key, impostor, Account.create()))
+
+        def body(schema, key: LocalAccount, island: str, **fields):  # type: ignore[no-untyped-def]
+            return schema(address=key.address, run_id=run_id, island=island, **fields)
+
+        assert a.island_join(body(IslandJoin, a_key, "a")) == 0
+        mine = a.island_claim(body(IslandClaim, a_key, "a", limit=2))
+        theirs = b.island_claim(body(IslandClaim, b_key, "b", limit=100))
+        assert len(mine) == 2 and len(theirs) == 4
+        assert not {e.cursor for e in mine} & {e.cursor for e in theirs}
+        # A claim whose answer was lost is not lost: the island gets what it holds again, and nothing new is left.
+        assert [e.cursor for e in a.island_claim(body(IslandClaim, a_key, "a", limit=5))] == [e.cursor for e in mine]
+
+        # Another trainer cannot act as island a; an address without the trainer role cannot claim at all.
+        refused(403, lambda: other.island_claim(body(IslandClaim, impostor, "a")), served)
+        refused(403, lambda: stranger.island_claim(body(IslandClaim, stranger.account, "c")), served)
+
+        attempt = uuid.uuid4().hex
+        report = body(IslandReport, a_key, "a", outer_step=0, attempt=attempt, cursors=[e.cursor for e in mine])
+        # A report naming a submission island a does not hold changes nothing: it must stay out of the step.
+        stolen = report.model_copy(update={"cursors": [mine[0].cursor, theirs[0].cursor]})
+        assert "1 of these 2" in refused(409, lambda: a.island_report(stolen), served)
+        a.island_report(report)
+        a.island_report(report)  # a repeat (an answer lost) is the same report
+        refused(409, lambda: a.island_report(report.model_copy(update={"attempt": uuid.uuid4().hex})), served)
+
+        settle = body(IslandSettle, a_key, "a", outer_step=0, included=[{"island": "a", "attempt": attempt}])
+        assert "not published" in refused(409, lambda: a.island_settle(settle), served)
+        publish(tmp_path / "origin", run_id, 1, a)
+        assert a.island_settle(settle) == 2
+        assert a.island_settle(settle) == 0  # settling again changes nothing
+
+        # b goes silent past its lease: what it claimed goes to a, and b's late report is refused.
+        time.sleep(2.5)
+        taken = a.island_claim(body(IslandClaim, a_key, "a", limit=100))
+        assert sorted(e.cursor for e in taken) == sorted(e.cursor for e in theirs)
+        late = body(IslandReport, b_key, "b", outer_step=1, attempt=uuid.uuid4().hex, cursors=[e.cursor for e in theirs])
+        refused(409, lambda: b.island_report(late), served)
+
+        # a restarts: what it held unreported goes back, and b gets it. Consumed work never comes back.
+        assert a.island_join(body(IslandJoin, a_key, "a")) == 4
+        again = b.island_claim(body(IslandClaim, b_key, "b", limit=100))
+        assert sorted(e.cursor for e in again) == sorted(e.cursor for e in theirs)
+
+        # An island left out of a published step (excluded, or its attempt failed) gets nothing consumed.
+        left_out = uuid.uuid4().hex
+        b.island_report(body(IslandReport, b_key, "b", outer_step=1, attempt=left_out, cursors=[e.cursor for e in again]))
+        publish(tmp_path / "origin", run_id, 2, a)
+        settle_1 = body(IslandSettle, a_key, "a", outer_step=1, included=[], excluded={"b": "its pseudo-gradient is not finite"})
+        assert a.island_settle(settle_1) == 0
+        status = {i.name: i for i in a.islands(run_id)}
+        assert (status["a"].consumed, status["b"].consumed, status["b"].pending) == (2, 0, 0)
+        assert status["b"].excluded_steps == 1 and "not finite" in (status["b"].last_exclusion or "")
+        assert len(b.island_claim(body(IslandClaim, b_key, "b", limit=100))) == 4  # back in the pool, and b's again
+
+        # Malformed: an island name that is not a name, or a report beyond the cap, is refused before the ledger.
+        with pytest.raises(ValueError):
+            body(IslandJoin, a_key, "../a")
+        before = served.snapshot()
+        oversized = {**report.model_dump(), "cursors": list(range(1, 10_002))}
+        assert signed_post(served.url, "/v1/trainer/islands/report", a_key, served.audience, oversized).status_code == 422
+        assert served.snapshot() == before
+        for client in (a, b, other, stranger):
+            client.close()

@@ -1,0 +1,137 @@
+"""Trainer islands' outer steps on torchft, as separate processes meeting through a real lighthouse over
+Gloo: the agreed weights are what one process computes from the same pseudo-gradients, a faulty island
+is left out, and an island killed mid-run leaves the other training, then recovers from it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from intellect_protocol.trainer.islands import TAG_BYTES, judge
+from tests.island_worker import SETTINGS, initial_model
+
+WORKER = Path(__file__).with_name("island_worker.py")
+
+
+@pytest.fixture
+def lighthouse():  # type: ignore[no-untyped-def]
+    from torchft._torchft import LighthouseServer
+
+    servers = []
+
+    def start(min_replicas: int) -> str:
+        server = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas, join_timeout_ms=500, heartbeat_timeout_ms=1500)
+        servers.append(server)
+        return server.address().replace(server.address().split("//")[1].split(":")[0], "127.0.0.1")
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def island(name: str, address: str, out: Path, steps: int, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(WORKER.parent.parent)}
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), name, address, str(out), str(steps), *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(out / f"{name}.log", "ab"),  # noqa: SIM115  (the child owns it)
+    )
+
+
+def finished(*islands: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    for p in islands:
+        assert p.wait(timeout) == 0
+
+
+def record(out: Path, name: str) -> dict:
+    return torch.load(out / f"{name}.pt", weights_only=False)
+
+
+def replay(pseudo_by_step: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """The outer steps one process takes from the same bf16 pseudo-gradients: summed as the all-reduce
+    sums them, averaged, and applied by Nesterov SGD to the fp32 agreed weights."""
+    agreed = [p.detach().clone() for p in initial_model().parameters()]
+    outer = torch.optim.SGD(agreed, lr=SETTINGS.outer_lr, momentum=SETTINGS.outer_momentum, nesterov=True)
+    for sent in pseudo_by_step:
+        average = (sum(sent[1:], sent[0])).float() / len(sent)
+        offset = 0
+        for a in agreed:
+            a.grad = average[offset : offset + a.numel()].view_as(a)
+            offset += a.numel()
+        outer.step()
+    return agreed
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.unit
+def test_judging_leaves_out_what_is_not_finite_or_far_beyond_its_peers() -> None:
+    assert judge([1.0, 1.2], 10) == ([0, 1], {})
+    included, excluded = judge([1.0, float("inf"), 0.9], 10)
+    assert included == [0, 2] and "not finite" in excluded[1]
+    included, excluded = judge([1.0, 150.0], 10)  # two islands: each is judged against the other
+    assert included == [0] and "150x" in excluded[1]
+    assert judge([0.0, 2.0], 10) == ([1], {})  # an island with nothing to add is neither averaged nor blamed
+    assert judge([3.0], 10) == ([0], {})  # alone, nothing to compare with
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fault", [None, "nan", "huge"])
+def test_two_islands_agree_on_the_outer_steps_one_process_computes(lighthouse, tmp_path: Path, fault: str | None) -> None:  # type: ignore[no-untyped-def]
+    address = lighthouse(2)
+    extra = ("--fault", fault, "--fault-at", "1") if fault else ()
+    a, b = island("a", address, tmp_path, 4), island("b", address, tmp_path, 4, *extra)
+    finished(a, b)
+    ra, rb = record(tmp_path, "a"), record(tmp_path, "b")
+    assert [o.step for o in ra["outcomes"]] == [0, 1, 2, 3] and all(o.committed for o in ra["outcomes"])
+    assert [o.included for o in ra["outcomes"]] == [o.included for o in rb["outcomes"]]
+    assert [o.leader for o in ra["outcomes"]] != [o.leader for o in rb["outcomes"]]  # one publisher per step
+    sent = []
+    for k, outcome in enumerate(ra["outcomes"]):
+        names = [i.island for i in outcome.included]
+        if fault and k == 1:
+            assert names == ["a"] and set(outcome.excluded) == {"b"}
+        else:
+            assert sorted(names) == ["a", "b"] and outcome.excluded == {}
+        sent.append([{"a": ra, "b": rb}[n]["pseudo"][k] for n in sorted(names)])
+    assert same(ra["agreed"][-1], rb["agreed"][-1])
+    assert same(ra["agreed"][-1], replay(sent))
+    # On the wire: 2 bytes a parameter, and each island's name, attempt and norm.
+    assert ra["outcomes"][0].sent_bytes == 2 * sum(p.numel() for p in initial_model().parameters()) + 2 * (1 + TAG_BYTES) * 8
+
+
+@pytest.mark.integration
+def test_an_island_killed_mid_run_leaves_the_other_training_then_recovers_from_it(lighthouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    address = lighthouse(1)
+    a = island("a", address, tmp_path, 40, "--pace", "0.05")
+    b = island("b", address, tmp_path, 40, "--pace", "0.05")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "b.pt").exists() or len(record(tmp_path, "b")["outcomes"]) < 3:
+        assert time.monotonic() < deadline and a.poll() is None
+        time.sleep(0.2)
+    b.send_signal(signal.SIGKILL)
+    b.wait()
+    killed_at = record(tmp_path, "b")["outcomes"][-1].step
+    time.sleep(2)
+    (tmp_path / "b.pt").rename(tmp_path / "b-first.pt")
+    b = island("b", address, tmp_path, 40, "--pace", "0.05")
+    finished(a, b)
+    ra, rb = record(tmp_path, "a"), record(tmp_path, "b")
+    alone = [o for o in ra["outcomes"] if o.step > killed_at and o.participants == 1]
+    assert alone, "a stopped training while b was away"
+    assert all(o.committed for o in ra["outcomes"])
+    # The restarted b begins far past step 0: it took a's agreed weights, then both agree to the end.
+    first = rb["outcomes"][0]
+    assert first.step > killed_at and [i.island for i in first.included] == ["a"]
+    assert same(rb["agreed"][0], ra["agreed"][[o.step for o in ra["outcomes"]].index(first.step)])
+    assert same(ra["agreed"][-1], rb["agreed"][-1])

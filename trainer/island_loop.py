@@ -1,0 +1,192 @@
+"""The trainer as one island among several (``intellect-trainer run --island NAME --lighthouse URL``).
+
+Per outer step: ``sync_every`` inner GRPO updates, each on ``groups_per_step`` groups from accepted
+submissions this island claimed (no other island holds them: :mod:`shared.island_schemas`); then the
+claims those updates learned from are reported under the step's attempt, and the islands meet
+(:class:`trainer.islands.OuterSync`). The quorum's first island publishes the agreed weights as the next
+policy step through shardcast, as a lone trainer does, and settles the step: the included islands'
+claims are consumed, the others' go back to the pool. Nodes only ever see published steps.
+
+Nothing is trained on twice or lost: a claim is consumed only once a step that averaged it is
+published; an island that restarts gives back what it held unreported (its inner progress died with
+it) and recovers the agreed weights from a live peer; a publisher that dies after the meeting is
+replaced by the next meeting's first island, which publishes and settles what it left.
+
+The island's own state (the agreed weights, the outer and inner optimizers, the last step's included
+attempts) is saved after every meeting, so an island that finds no live peer resumes from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from eth_account.signers.local import LocalAccount
+
+from intellect_protocol.shared.coordinator_client import Refused
+from intellect_protocol.shared.files import write_atomic_with
+from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, OuterSettings
+from intellect_protocol.shared.run_schemas import oldest_usable_step
+from intellect_protocol.shared.schemas import AcceptedRollouts, TrainerMetricsRequest
+from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
+from intellect_protocol.trainer.data import Batch, add_submission, fetch_files
+from intellect_protocol.trainer.islands import OuterSync
+from intellect_protocol.trainer.learner import Abandoned
+from intellect_protocol.trainer.loop import Trainer
+from intellect_protocol.trainer.settings import TrainerSettings
+
+log = logging.getLogger("intellect.trainer.island")
+STATE = "island-state.pt"
+
+
+class IslandTrainer(Trainer):
+    def __init__(
+        self,
+        coordinator: str,
+        account: LocalAccount,
+        run_id: str,
+        island: str,
+        lighthouse: str,
+        origin_dir: Path,
+        checkpoint_dir: Path,
+        settings: TrainerSettings | None = None,
+        stop: threading.Event | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        """``host``: where the other islands reach this one (its recovery server and store)."""
+        super().__init__(coordinator, account, run_id, origin_dir, checkpoint_dir, settings, stop)
+        if self.where.world_size > 1:
+            raise ValueError("an island trains in one process here; FSDP inside an island is not supported yet")
+        self.island = island
+        self.outer_settings = self.run_info.outer or OuterSettings()
+        saved = torch.load(checkpoint_dir / STATE, weights_only=True) if (checkpoint_dir / STATE).exists() else None
+        if saved is not None:
+            with torch.no_grad():
+                for p, agreed in zip(self.model.parameters(), saved["outer"]["agreed"]):
+                    p.copy_(agreed)
+            self.learner.optimizer.load_state_dict(saved["inner"])
+        self.sync = OuterSync(self.model, island, lighthouse, self.outer_settings, saved["step"] if saved else 0, host)
+        if saved is not None:
+            self.sync.load_state_dict(saved["outer"])
+        released = self.api.island_join(self._body(IslandJoin))
+        log.info("island %s joined %s at step %d (%d unreported claims given back)", island, run_id, self.sync.step, released)
+        self.queue: list[AcceptedRollouts] = []
+        """Claimed and not yet used."""
+        self.seen: set[int] = set()
+        self.used: list[int] = []
+        """Claims this outer step's inner updates learned from."""
+
+    def _body(self, schema: type[Any], **fields: Any) -> Any:
+        return schema(address=self.account.address, run_id=self.run_id, island=self.island, **fields)
+
+    def close(self) -> None:
+        self.sync.close()
+        super().close()
+
+    def collect(self, stop: threading.Event) -> Batch | None:
+        """Groups for one inner update from this island's claims, or None if ``stop`` came first."""
+        oldest = oldest_usable_step(self.sync.step, self.run_info.async_level)
+        batch = Batch()
+        while len(batch.groups) < self.settings.groups_per_step:
+            if not self.queue:
+                claim = self._body(IslandClaim, limit=self.settings.groups_per_step, wait_s=self.settings.accepted_wait_s)
+                fresh = [e for e in self.api.island_claim(claim) if e.cursor not in self.seen]
+                self.seen.update(e.cursor for e in fresh)
+                self.queue.extend(fresh)
+                if not fresh:
+                    if stop.is_set():
+                        return None
+                    continue
+            entry = self.queue.pop(0)
+            self.used.append(entry.cursor)
+            for _, rollouts in fetch_files(self.api, [entry], oldest):
+                add_submission(batch, rollouts, oldest, self._in_pass_range, self.settings.online_filter)
+                batch.untrained += len(entry.untrained_rows) if rollouts is not None else 0
+        return batch
+
+    def run(self, stop: threading.Event, steps: int | None = None, on_step=None) -> int:
+        """Inner updates and outer steps until ``stop`` (or until policy step ``steps`` is published); returns the step reached."""
+        torch.set_num_threads(1)
+        self._catch_up()
+        while not stop.is_set() and (steps is None or self.sync.step < steps):
+            metrics: dict[str, float] = {}
+            started = time.perf_counter()
+            try:
+                for _ in range(self.outer_settings.sync_every):
+                    batch = self.collect(stop)
+                    if batch is None:
+                        return self.sync.step
+                    metrics = self.train_step(batch, stop)
+            except Abandoned:
+                break
+            outcome = self.sync.sync(attempt := uuid.uuid4().hex, contribute=self._report(attempt))
+            self.used = []
+            self._save()
+            if outcome.committed:
+                metrics.update(
+                    participants=outcome.participants,
+                    islands=len(outcome.included),
+                    sent_bytes=outcome.sent_bytes,
+                    step_s=time.perf_counter() - started,
+                )
+                log.info("island %s: outer step %d -> policy step %d, %s", self.island, outcome.step, self.sync.step, outcome)
+            if outcome.leader:
+                self._publish_agreed(metrics)
+                if on_step is not None and outcome.committed:
+                    on_step(self.sync.step, metrics, outcome)
+        return self.sync.step
+
+    def _catch_up(self) -> None:
+        """An island behind the run's published step meets the others without adding anything, which
+        hands it a live peer's state; refused if no live island holds that step."""
+        published = self.api.run_info(self.run_id).policy_step
+        if self.sync.step < published:
+            self.sync.sync(uuid.uuid4().hex, contribute=False)
+            self._save()
+        if self.sync.step < published:
+            raise RuntimeError(
+                f"island {self.island} holds policy step {self.sync.step}, the run is at {published}, and no live island "
+                "holds it: start one that does (or this island with its checkpoint directory)"
+            )
+
+    def _report(self, attempt: str) -> bool:
+        """Report this step's claims; False (stay out of the step) if some were given to another island meanwhile."""
+        if not self.used:
+            return False
+        try:
+            self.api.island_report(self._body(IslandReport, outer_step=self.sync.step, attempt=attempt, cursors=self.used))
+            return True
+        except Refused as e:
+            if e.status != 409:
+                raise
+            log.warning("island %s stays out of outer step %d: %s", self.island, self.sync.step, e)
+            self.api.island_join(self._body(IslandJoin))  # whatever it still holds goes back too
+            self.queue, self.seen = [], set()
+            return False
+
+    def _publish_agreed(self, metrics: dict[str, float]) -> None:
+        """As the quorum's first island: publish the agreed weights if the run lacks them, and settle the last
+        committed step (again, if a publisher died before it could)."""
+        step, last = self.sync.step, self.sync.last
+        if self.api.run_info(self.run_id).policy_step < step:
+            directory = step_dir(self.origin_dir, self.run_id, step)
+            directory.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(directory)
+            self.tokenizer.save_pretrained(directory)
+            signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=self.settings.chunk_size)
+            self._register(signed)
+            self.api.trainer_metrics(
+                TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
+            )
+        if last is not None:
+            settle = self._body(IslandSettle, outer_step=last.step, included=last.included, excluded=last.excluded)
+            self.api.island_settle(settle)
+
+    def _save(self) -> None:
+        state = {"step": self.sync.step, "inner": self.learner.optimizer.state_dict(), "outer": self.sync.state_dict()}
+        write_atomic_with(self.checkpoint_dir / STATE, lambda f: torch.save(state, f))

@@ -1,0 +1,193 @@
+"""DiLoCo outer steps among trainer islands, on PyTorch's torchft: the quorum (through a lighthouse),
+the fault-tolerant all-reduce over Gloo, and recovery of a joining island's state from a live peer.
+
+Each island trains on its own data for ``sync_every`` inner steps, then every island in the quorum
+meets: its pseudo-gradient (the weights the islands last agreed on minus its own, fp32) is judged,
+sent in bf16 and averaged over the islands judged sound, and the outer Nesterov SGD steps the agreed
+weights (kept in fp32) by that average. Every island then starts its next inner steps from the new
+agreed weights. The outer step's number is torchft's step, which is the policy step it publishes.
+
+Judging, done alike on every island from the norms all of them see: a pseudo-gradient that is not
+finite, or whose norm exceeds ``outlier_ratio`` times the median of its peers', is left out and
+reported; one of norm 0 (an island that just recovered, or had nothing to learn from) adds nothing.
+This survives a faulty island, not a malicious majority: islands are granted by an admin.
+
+Only the island's first rank (``Manager`` rank 0 with ``world_size`` 1) is supported here; FSDP ranks
+inside an island would each hold a shard of the pseudo-gradient.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch.distributed import ReduceOp, TCPStore
+
+from intellect_protocol.shared.island_schemas import Included, OuterSettings
+
+WIRE = torch.bfloat16
+"""The pseudo-gradient's dtype on the wire (OpenDiLoCo: halving it loses nothing)."""
+TAG_BYTES = 64 + 32
+"""An island's name and its attempt, padded, as each island tells the others who it is."""
+
+
+@dataclass(frozen=True)
+class OuterStep:
+    """What one meeting of the islands decided, the same on every island."""
+
+    step: int
+    """The outer step taken (or tried): committed, it is published as policy step ``step + 1``."""
+    committed: bool
+    included: list[Included]
+    excluded: dict[str, str] = field(default_factory=dict)
+    leader: bool = False
+    """This island publishes the step (the quorum's first participant)."""
+    participants: int = 1
+    sent_bytes: int = 0
+    """Bytes this island put on the all-reduce for it."""
+
+
+def judge(norms: list[float], ratio: float) -> tuple[list[int], dict[int, str]]:
+    """Which participants' pseudo-gradients an outer step averages (by index), and why others are left out."""
+    included, excluded = [], {}
+    for i, norm in enumerate(norms):
+        peers = [n for j, n in enumerate(norms) if j != i and math.isfinite(n) and n > 0]
+        if not math.isfinite(norm):
+            excluded[i] = "its pseudo-gradient is not finite"
+        elif peers and norm > ratio * (median := statistics.median(peers)):
+            excluded[i] = f"its pseudo-gradient's norm {norm:.3g} is {norm / median:.0f}x its peers' median {median:.3g}"
+        elif norm > 0:
+            included.append(i)
+    return included, excluded
+
+
+class OuterSync:
+    """The outer half of DiLoCo for one island: call :meth:`sync` every ``sync_every`` inner steps."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        island: str,
+        lighthouse: str,
+        settings: OuterSettings,
+        step: int = 0,
+        host: str = "127.0.0.1",
+        timeout_s: float = 60.0,
+    ) -> None:
+        """``model`` holds the agreed weights of policy step ``step`` (this island's latest). ``host`` is
+        where peers reach this island (its recovery server and store)."""
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        self.model, self.island, self.settings = model, island, settings
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.agreed = [p.detach().to(torch.float32, copy=True) for p in self.params]
+        self.outer = torch.optim.SGD(self.agreed, lr=settings.outer_lr, momentum=settings.outer_momentum, nesterov=True)
+        self.last: OuterStep | None = None
+        """The last committed step: its included attempts settle again if the publisher died before it could."""
+        timeout = timedelta(seconds=timeout_s)
+        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=self.load_state_dict,
+            state_dict=self.state_dict,
+            min_replica_size=1,
+            use_async_quorum=False,
+            replica_id=island,
+            store_addr=host,
+            store_port=self._store.port,
+            hostname=host,
+            rank=0,
+            world_size=1,
+            lighthouse_addr=lighthouse,
+            timeout=timeout,
+            quorum_timeout=timeout,
+            connect_timeout=timeout,
+            # Islands start from the same published step: recovering at step 0 would only throw away
+            # one island's first inner steps.
+            init_sync=False,
+        )
+        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+
+    @property
+    def step(self) -> int:
+        """The policy step of the agreed weights."""
+        return self.manager.current_step()
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        last = self.last
+        return {
+            "agreed": self.agreed,
+            "outer": self.outer.state_dict(),
+            "last": None
+            if last is None
+            else {"step": last.step, "included": [i.model_dump() for i in last.included], "excluded": last.excluded},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A peer's state, as a recovering island receives it (or this island's own, saved): its weights
+        become this island's, and its inner steps start from them."""
+        with torch.no_grad():
+            for mine, theirs in zip(self.agreed, state["agreed"]):
+                mine.copy_(theirs)
+        self.outer.load_state_dict(state["outer"])
+        last = state["last"]
+        self.last = (
+            None if last is None else OuterStep(last["step"], True, [Included(**i) for i in last["included"]], last["excluded"])
+        )
+        self._restart_inner()
+
+    def _restart_inner(self) -> None:
+        with torch.no_grad():
+            for p, agreed in zip(self.params, self.agreed):
+                p.copy_(agreed)
+
+    def sync(self, attempt: str, contribute: bool = True) -> OuterStep:
+        """Meet the quorum (recovering first if behind) and take outer step :attr:`step` with every sound
+        pseudo-gradient; ``contribute=False`` joins without adding this island's. Blocks until done."""
+        self.manager.start_quorum()  # recovers here from a peer when this island is behind
+        step, n, rank = self.manager.current_step(), self.manager.num_participants(), self.manager.participating_rank()
+        with torch.no_grad():
+            pseudo = torch.cat([(a - p.float()).flatten() for a, p in zip(self.agreed, self.params)])
+        norm = float(pseudo.norm()) if contribute and rank is not None else 0.0
+        tags = torch.zeros(n, 1 + TAG_BYTES, dtype=torch.float64)
+        if rank is not None:
+            tags[rank, 0] = norm if math.isfinite(norm) else float("inf")
+            tag = f"{self.island:<64}{attempt:<32}".encode()
+            tags[rank, 1:] = torch.tensor(list(tag), dtype=torch.float64)
+        self.manager.allreduce(tags, reduce_op=ReduceOp.SUM).wait()
+        names = [bytes(int(b) for b in row[1:].tolist()).decode() for row in tags]
+        norms = tags[:, 0].tolist()
+        included, excluded = judge(norms, self.settings.outlier_ratio)
+        wire = pseudo.to(WIRE) if rank in included else torch.zeros_like(pseudo, dtype=WIRE)
+        self.manager.allreduce(wire, reduce_op=ReduceOp.SUM).wait()
+        if not included:
+            self.manager.report_error(RuntimeError("no island had a sound pseudo-gradient"))  # no step is taken
+        committed = self.manager.should_commit()
+        if committed:
+            average, offset = wire.float() / len(included), 0
+            for a in self.agreed:
+                a.grad = average[offset : offset + a.numel()].view_as(a)
+                offset += a.numel()
+            self.outer.step()
+            self.outer.zero_grad(set_to_none=True)
+        self._restart_inner()
+        outcome = OuterStep(
+            step=step,
+            committed=committed,
+            included=[Included(island=names[i][:64].rstrip(), attempt=names[i][64:].rstrip()) for i in included],
+            excluded={names[i][:64].rstrip(): why for i, why in excluded.items()},
+            leader=rank == 0,
+            participants=n,
+            sent_bytes=tags.numel() * tags.element_size() + wire.numel() * wire.element_size(),
+        )
+        if committed:
+            self.last = outcome
+        return outcome
