@@ -46,7 +46,7 @@ def tasks(workdir: Path, run_options: list[str]) -> Iterator[TaskSpec]:
         run = session.scalar(select(Run).where(Run.id == run_id))
         assert run is not None
         session.expunge(run)
-    ids = problem_ids(run.environment)
+    ids = problem_ids(run.environment, run.environment_version)
     cursor = 0
     while True:
         chosen = [ids[(cursor + i) % len(ids)] for i in range(run.prompts_per_task)]

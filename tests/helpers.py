@@ -66,6 +66,7 @@ def make_run(  # type: ignore[no-untyped-def]
     audit: AuditPolicy | None = None,
     min_stake: int = 0,
     outer: OuterSettings | None = None,
+    async_level: int = 2,
 ) -> str:
     """A run of the arithmetic environment on the tiny model, small enough for a test's patience."""
     with make_sessionmaker(served.engine).begin() as session:
@@ -77,6 +78,7 @@ def make_run(  # type: ignore[no-untyped-def]
             audit=audit,
             min_stake=min_stake,
             outer=outer,
+            async_level=async_level,
         )
         run = create_run(session, spec, datetime.now(UTC))
         return run.id

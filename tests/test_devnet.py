@@ -1,6 +1,7 @@
 """The README's main command: `intellect-devnet` brings up every role (here on PostgreSQL, over HTTPS
 with certificates of a local authority, the honest node generating on vLLM's engine, with a cheating
-node and a rogue validator colluding with it, on a task from an environment plugin installed beside it), the
+node and a rogue validator colluding with it, on a task from an environment plugin installed beside it,
+trained by two trainer islands meeting through a lighthouse), the
 run learns over a few policy steps, everything stops cleanly with a summary; then the public
 leaderboard page, served by a coordinator on that ledger, in a real browser.
 
@@ -49,7 +50,7 @@ def devnet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     workdir = tmp_path_factory.mktemp("devnet")
     database_url = _new_database("postgres", request, workdir)
     command = ["intellect-devnet", "--nodes", "1", "--steps", str(STEPS), "--backend", "vllm", "--rogue-validator", "--tls"]
-    command += ["--heartbeat-interval", "0.5", "--workdir", str(workdir), "--database-url", database_url]
+    command += ["--heartbeat-interval", "0.5", "--workdir", str(workdir), "--database-url", database_url, "--islands", "2"]
     # The run's task is a plugin a researcher would write: installed here beside the network, not part of it.
     command += ["--environment", "column-credit"]
     plugin = install_example_environment(tmp_path_factory.mktemp("plugin"))
@@ -62,8 +63,13 @@ def devnet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def test_devnet_learns_and_stops_by_itself(devnet: Devnet) -> None:
     summary = devnet.summary
     assert all(code == 0 for code in summary["exit_codes"].values()), summary["exit_codes"]
-    names = {"coordinator", "origin", "relay", "validator-0", "validator-1", "trainer", "node-0", "adversary", "rogue-validator"}
+    names = {"coordinator", "origin", "relay", "validator-0", "validator-1", "node-0", "adversary", "rogue-validator"}
+    names |= {"lighthouse", "island-0", "island-1"}
     assert set(summary["exit_codes"]) == names
+    # Both islands trained on shares of their own, and every share an outer step averaged was settled.
+    islands = {i["name"]: i for i in summary["islands"]}
+    assert set(islands) == {"island-0", "island-1"}
+    assert all(i["consumed"] > 0 and i["pending"] == 0 and i["excluded_steps"] == 0 for i in islands.values()), islands
     assert summary["policy_step"] >= STEPS and summary["rollout_files"]["accepted"] >= 10 and summary["tokens_accepted"] > 0
     # Held-out greedy accuracy, measured by the devnet on each published step, rose over the run.
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.03, summary["accuracy_by_step"]
@@ -186,6 +192,12 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         timing_chart = page.locator("figure", has_text="Seconds per policy step").locator("svg.chart")
         assert int(timing_chart.get_attribute("data-points") or 0) >= 3 * STEPS
         expect(page.locator("figure", has_text="Seconds per policy step").locator(".legend")).to_contain_text("trainer waiting")
+        # The two trainer islands, each with the shares it trained on, as the API has them.
+        expect(page.locator("#islands tbody tr")).to_have_count(2)
+        run_id = httpx.get(f"{page_url}v1/public/runs").json()[0]["id"]
+        for island in httpx.get(f"{page_url}v1/public/runs/{run_id}/islands").json():
+            row = page.locator(f'#islands tr[data-island="{island["name"]}"]')
+            expect(row.locator("td").nth(5)).to_have_text(f"{island['consumed']:,}")
         page.screenshot(path=str(shots / "desktop.png"), full_page=True)
 
         # Sorting and search.

@@ -95,6 +95,9 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         settle = body(IslandSettle, a_key, "a", outer_step=0, included=[{"island": "a", "attempt": attempt}])
         assert "not published" in refused(409, lambda: a.island_settle(settle), served)
         publish(tmp_path / "origin", run_id, 1, a)
+        # Only the island that published the step settles it: b cannot consume or release what a reported.
+        forged = body(IslandSettle, b_key, "b", outer_step=0, included=[])
+        assert "published policy step 1" in refused(403, lambda: b.island_settle(forged), served)
         assert a.island_settle(settle) == 2
         assert a.island_settle(settle) == 0  # settling again changes nothing
 
@@ -116,6 +119,7 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         publish(tmp_path / "origin", run_id, 2, a)
         settle_1 = body(IslandSettle, a_key, "a", outer_step=1, included=[], excluded={"b": "its pseudo-gradient is not finite"})
         assert a.island_settle(settle_1) == 0
+        assert a.island_settle(settle_1) == 0  # settled again (a later publisher may): counted once
         status = {i.name: i for i in a.islands(run_id)}
         assert (status["a"].consumed, status["b"].consumed, status["b"].pending) == (2, 0, 0)
         assert status["b"].excluded_steps == 1 and "not finite" in (status["b"].last_exclusion or "")

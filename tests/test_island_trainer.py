@@ -1,27 +1,39 @@
-"""Two trainer islands against a real coordinator, validator, shardcast origin and torchft lighthouse:
-each trains on its own claims, they meet every ``sync_every`` inner updates, one publishes each policy
-step, and every group they trained on was trained on once."""
+"""Two trainer islands against a real coordinator, validator and torchft lighthouse: each trains on its
+own claims, they meet every ``sync_every`` inner updates, one publishes each policy step, and every group
+they trained on was trained on once. Then as operators run them (``intellect-trainer run --island``): one
+SIGKILLed mid-run, the other training on alone, the first restarted to recover from it, no share lost."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from eth_account import Account
+from eth_account.signers.local import LocalAccount
 from rich.console import Console
+from sqlalchemy import func, select
 
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.island_models import IslandShare
+from intellect_protocol.coordinator.models import ContributionEntry
 from intellect_protocol.coordinator.settings import CoordinatorSettings
-from intellect_protocol.devnet.processes import start_relay
+from intellect_protocol.devnet.processes import Process, script, spawn
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.coordinator_client import CoordinatorClient
 from intellect_protocol.shared.island_schemas import OuterSettings
 from intellect_protocol.shared.schemas import SamplingParams
-from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.shared.states import ShareState
 from intellect_protocol.trainer.island_loop import IslandTrainer
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run
 from tests.test_island_shares import NO_AUDIT
 from tests.test_validation import grant, joined, lease, upload
@@ -29,80 +41,155 @@ from tests.test_validation import grant, joined, lease, upload
 pytestmark = pytest.mark.integration
 
 
-def test_two_islands_train_on_their_own_shares_and_publish_agreed_steps(sqlite_url: str, tmp_path: Path) -> None:
+OUTER = OuterSettings(sync_every=2)
+ISLANDS = ("east", "west")
+
+
+@dataclass
+class IslandNetwork:
+    served: Served
+    run_id: str
+    keys: dict[str, LocalAccount]
+    lighthouse: str
+
+
+@contextmanager
+def island_network(database_url: str, tmp_path: Path, tasks: int, min_islands: int) -> Iterator[IslandNetwork]:
+    """A coordinator whose run (meeting every ``OUTER.sync_every`` inner steps) holds ``tasks`` accepted
+    submissions of policy step 0, two island wallets granted the trainer role, and a lighthouse."""
     from torchft._torchft import LighthouseServer
 
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000, backlog_floor=32
+        database_url=database_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000, backlog_floor=64
     )
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=500)
-    address = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
-    with serve(settings) as served:
-        outer = OuterSettings(sync_every=2)
-        run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), samples=4, audit=NO_AUDIT, outer=outer)
-        token = admin_token(served)
-        keys = {"east": Account.create(), "west": Account.create()}
-        for key in keys.values():
-            grant(served, token, key.address, "trainer")
-        validator_key = Account.create()
-        grant(served, token, validator_key.address, "validator")
-        grant(served, token, create_wallet(tmp_path / "origin.json", "pw"), "relay")
-        origin = start_relay(tmp_path, "origin", tmp_path / "origin.json", "pw", served.url, origin=True)
-        try:
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_islands, join_timeout_ms=500, heartbeat_timeout_ms=1500)
+    try:
+        with serve(settings) as served:
+            sampling = SamplingParams(temperature=1.0, max_tokens=48)
+            run_id = make_run(served, sampling=sampling, samples=4, audit=NO_AUDIT, outer=OUTER, async_level=8)
+            token = admin_token(served)
+            keys = {name: Account.create() for name in ISLANDS}
+            for key in keys.values():
+                grant(served, token, key.address, "trainer")
+            validator_key = Account.create()
+            grant(served, token, validator_key.address, "validator")
             node = joined(served)
-            for _ in range(24):  # 48 groups at policy step 0; the islands need 16 with a reward spread
+            for _ in range(tasks):
                 task = lease(served, node)
                 upload(served, node, task, finish(generate(task)).data)
             validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=16)
-            validator.run(max_submissions=24)
+            validator.run(max_submissions=tasks)
             validator.close()
+            yield IslandNetwork(served, run_id, keys, "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1])
+    finally:
+        lighthouse.shutdown()
 
-            config = TrainerSettings(groups_per_step=2, chunk_size=1 << 20)
-            trained: dict[str, list[tuple[str, str]]] = {"east": [], "west": []}
-            reached: dict[str, int] = {}
-            errors: list[BaseException] = []
 
-            # Made one after the other: loading a model is not thread-safe in transformers.
-            trainers = {
-                name: IslandTrainer(served.url, key, run_id, name, address, tmp_path / "origin", tmp_path / name, config)
-                for name, key in keys.items()
-            }
+def test_two_islands_train_on_their_own_shares_and_publish_agreed_steps(sqlite_url: str, tmp_path: Path) -> None:
+    config = TrainerSettings(groups_per_step=2, chunk_size=1 << 20)
+    trained: dict[str, list[tuple[str, str]]] = {name: [] for name in ISLANDS}
+    reached: dict[str, int] = {}
+    errors: list[BaseException] = []
+    # 48 groups at policy step 0; the islands need 16 with a reward spread.
+    with island_network(sqlite_url, tmp_path, 24, min_islands=2) as net:
+        # Made one after the other: loading a model is not thread-safe in transformers.
+        trainers = {
+            name: IslandTrainer(
+                net.served.url, key, net.run_id, name, net.lighthouse, tmp_path / "origin", tmp_path / name, config
+            )
+            for name, key in net.keys.items()
+        }
 
-            def island(name: str) -> None:
-                trainer = trainers[name]
-                step = trainer.train_step
+        def island(name: str) -> None:
+            trainer = trainers[name]
+            step = trainer.train_step
 
-                def recording(batch, stop=None):  # type: ignore[no-untyped-def]
-                    trained[name].extend(g.key for g in batch.groups)
-                    return step(batch, stop)
+            def recording(batch, stop=None):  # type: ignore[no-untyped-def]
+                trained[name].extend(g.key for g in batch.groups)
+                return step(batch, stop)
 
-                trainer.train_step = recording  # type: ignore[method-assign]
-                try:
-                    reached[name] = trainer.run(threading.Event(), steps=2)
-                except BaseException as e:  # noqa: BLE001  (re-raised by the test below)
-                    errors.append(e)
-                finally:
-                    trainer.close()
+            trainer.train_step = recording  # type: ignore[method-assign]
+            try:
+                reached[name] = trainer.run(threading.Event(), steps=2)
+            except BaseException as e:  # noqa: BLE001  (re-raised by the test below)
+                errors.append(e)
+            finally:
+                trainer.close()
 
-            threads = [threading.Thread(target=island, args=(n,)) for n in keys]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(300)
-            assert not errors, errors
+        threads = [threading.Thread(target=island, args=(n,)) for n in ISLANDS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors, errors
+        with CoordinatorClient(net.served.url) as api:
+            assert api.run_info(net.run_id).policy_step == 2
+            signers = {api.manifest(net.run_id, s).signed.signer for s in (1, 2)}  # type: ignore[union-attr]
+            islands = {i.name: i for i in api.islands(net.run_id)}
+
+    assert reached == {"east": 2, "west": 2}
+    everything = trained["east"] + trained["west"]
+    assert len(everything) == len(set(everything)), "a group was trained on twice"
+    assert len(everything) >= 2 * 2 * OUTER.sync_every * config.groups_per_step  # islands x steps x inner updates x groups
+    assert signers <= {k.address for k in net.keys.values()}
+    assert set(islands) == set(ISLANDS) and all(i.outer_step == 1 for i in islands.values())
+    # Every share a published step averaged is consumed; none is left waiting in a step.
+    assert all(i.consumed > 0 and i.pending == 0 for i in islands.values())
+
+
+def test_an_island_killed_mid_run_rejoins_from_its_peer_and_no_share_is_lost(sqlite_url: str, tmp_path: Path) -> None:
+    steps = 8
+    with island_network(sqlite_url, tmp_path, 56, min_islands=1) as net:
+        env = {
+            "INTELLECT_WALLET_PASSWORD": "pw",
+            "INTELLECT_TRAINER_GROUPS_PER_STEP": "2",
+            "INTELLECT_TRAINER_CHUNK_SIZE": str(1 << 20),
+            # Inner steps of seconds, not tens of milliseconds, so east is still training when west is back.
+            "INTELLECT_TRAINER_OPTIMIZER_STEPS": "30",
+        }
+
+        def start(name: str) -> Process:
+            wallet = tmp_path / f"{name}.json"
+            if not wallet.exists():
+                wallet.write_text(json.dumps(Account.encrypt(net.keys[name].key, "pw")))
+            command = [*script("intellect-trainer"), "run", "--wallet", str(wallet), "--coordinator", net.served.url]
+            command += ["--run", net.run_id, "--origin-dir", str(tmp_path / "origin"), "--steps", str(steps)]
+            command += ["--island", name, "--lighthouse", net.lighthouse, "--checkpoint-dir", str(tmp_path / name)]
+            return spawn(name, command, tmp_path / f"{name}.log", env)
+
+        east, west = start("east"), start("west")
+        api = CoordinatorClient(net.served.url)
+        try:
+            deadline = time.monotonic() + 120
+            while api.run_info(net.run_id).policy_step < 1:
+                assert time.monotonic() < deadline and east.popen.poll() is None and west.popen.poll() is None, (
+                    east.tail() + west.tail()
+                )
+                time.sleep(0.2)
+            west.kill()
+            killed_at, killed_time = api.run_info(net.run_id).policy_step, datetime.now(UTC)
+            deadline = time.monotonic() + 120
+            while api.run_info(net.run_id).policy_step <= killed_at:  # east trains on alone
+                assert time.monotonic() < deadline and east.popen.poll() is None, east.tail()
+                time.sleep(0.2)
+            west.restart()  # it loads while east goes on, then recovers east's weights
+            assert east.popen.wait(180) == 0, east.tail()
+            assert west.popen.wait(180) == 0, west.tail()
+            islands = {i.name: i for i in api.islands(net.run_id)}
+            assert api.run_info(net.run_id).policy_step == steps
         finally:
-            origin.stop()
-            lighthouse.shutdown()
+            api.close()
+            for p in (east, west):
+                p.stop()
+        with make_sessionmaker(net.served.engine)() as session:
+            states = dict(session.execute(select(IslandShare.state, func.count()).group_by(IslandShare.state)).all())
+            accepted = session.scalar(
+                select(func.count()).select_from(ContributionEntry).where(ContributionEntry.kind == "credit")
+            )
 
-        assert reached == {"east": 2, "west": 2}
-        everything = trained["east"] + trained["west"]
-        assert len(everything) == len(set(everything)), "a group was trained on twice"
-        assert len(everything) >= 2 * 2 * outer.sync_every * config.groups_per_step  # islands x steps x inner updates x groups
-        with CoordinatorClient(served.url) as api:
-            assert api.run_info(run_id).policy_step == 2
-            signers = {api.manifest(run_id, s).signed.signer for s in (1, 2)}  # type: ignore[union-attr]
-            islands = {i.name: i for i in api.islands(run_id)}
-        assert signers <= {k.address for k in keys.values()}
-        assert set(islands) == {"east", "west"} and all(i.outer_step == 1 for i in islands.values())
-        # Every share a published step averaged is consumed; none is left waiting in a step.
-        assert all(i.consumed > 0 and i.pending == 0 for i in islands.values())
+    # Nothing waits in a step, and every accepted submission is trained on, held by an island, or in the pool.
+    assert states.get(ShareState.pending, 0) == 0
+    assert sum(i.consumed for i in islands.values()) == states[ShareState.consumed] <= accepted
+    assert islands["west"].consumed > 0 and islands["east"].consumed > 0
+    # The restarted west joined after the kill, recovered the agreed weights, and took part to the last step.
+    assert islands["west"].joined_at > killed_time and islands["west"].outer_step == steps - 1

@@ -72,7 +72,7 @@ def run(
     except EnvironmentUnavailable as e:
         err.print(f"Cannot train this run: {e}.", style="red", markup=False)
         raise typer.Exit(7) from None
-    console.print(f"Training {run_id} from step {trainer.state.step} as {account.address}; Ctrl-C to stop.")
+    console.print(f"Training {run_id} from step {trainer.step} as {account.address}; Ctrl-C to stop.")
 
     def report(step: int, metrics: dict[str, float], _batch: object) -> None:
         console.print(
@@ -89,7 +89,7 @@ def run(
         raise typer.Exit(5) from None
     finally:
         trainer.close()
-    console.print(f"Stopped at policy step {trainer.state.step}.")
+    console.print(f"Stopped at policy step {trainer.step}.")
 
 
 @app.command()

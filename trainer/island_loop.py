@@ -84,6 +84,10 @@ class IslandTrainer(Trainer):
     def _body(self, schema: type[Any], **fields: Any) -> Any:
         return schema(address=self.account.address, run_id=self.run_id, island=self.island, **fields)
 
+    @property
+    def step(self) -> int:
+        return self.sync.step
+
     def close(self) -> None:
         self.sync.close()
         super().close()
@@ -112,7 +116,7 @@ class IslandTrainer(Trainer):
     def run(self, stop: threading.Event, steps: int | None = None, on_step=None) -> int:
         """Inner updates and outer steps until ``stop`` (or until policy step ``steps`` is published); returns the step reached."""
         torch.set_num_threads(1)
-        self._catch_up()
+        self._catch_up(stop)
         while not stop.is_set() and (steps is None or self.sync.step < steps):
             metrics: dict[str, float] = {}
             started = time.perf_counter()
@@ -141,18 +145,23 @@ class IslandTrainer(Trainer):
                     on_step(self.sync.step, metrics, outcome)
         return self.sync.step
 
-    def _catch_up(self) -> None:
-        """An island behind the run's published step meets the others without adding anything, which
-        hands it a live peer's state; refused if no live island holds that step."""
+    def _catch_up(self, stop: threading.Event) -> None:
+        """An island behind the run's published step joins the others' next meeting without adding
+        anything, which hands it a live peer's state; refused after ``island_catch_up_s`` without one."""
         published = self.api.run_info(self.run_id).policy_step
-        if self.sync.step < published:
-            self.sync.sync(uuid.uuid4().hex, contribute=False)
-            self._save()
-        if self.sync.step < published:
-            raise RuntimeError(
-                f"island {self.island} holds policy step {self.sync.step}, the run is at {published}, and no live island "
-                "holds it: start one that does (or this island with its checkpoint directory)"
-            )
+        deadline = time.monotonic() + self.settings.island_catch_up_s
+        while self.sync.step < published and not stop.is_set():
+            # Alone at the lighthouse, this meeting takes no step; the others come at their next outer step. A
+            # pause shorter than any lighthouse's join timeout keeps a request waiting there when they do.
+            if self.sync.sync(uuid.uuid4().hex, contribute=False).participants == 1:
+                stop.wait(0.25)
+            if time.monotonic() > deadline and self.sync.step < published:
+                raise RuntimeError(
+                    f"island {self.island} holds policy step {self.sync.step}, the run is at {published}, and no live "
+                    f"island met it in {self.settings.island_catch_up_s:.0f} s: start one that holds the step (or this "
+                    "island with its checkpoint directory)"
+                )
+        self._save()
 
     def _report(self, attempt: str) -> bool:
         """Report this step's claims; False (stay out of the step) if some were given to another island meanwhile."""
@@ -171,8 +180,8 @@ class IslandTrainer(Trainer):
 
     def _publish_agreed(self, metrics: dict[str, float]) -> None:
         """As the quorum's first island: publish the agreed weights if the run lacks them, and settle the last
-        committed step (again, if a publisher died before it could)."""
-        step, last = self.sync.step, self.sync.last
+        two committed steps (the earlier again, in case its publisher died before it could)."""
+        step = self.sync.step
         if self.api.run_info(self.run_id).policy_step < step:
             directory = step_dir(self.origin_dir, self.run_id, step)
             directory.mkdir(parents=True, exist_ok=True)
@@ -180,12 +189,10 @@ class IslandTrainer(Trainer):
             self.tokenizer.save_pretrained(directory)
             signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=self.settings.chunk_size)
             self._register(signed)
-            self.api.trainer_metrics(
-                TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
-            )
-        if last is not None:
-            settle = self._body(IslandSettle, outer_step=last.step, included=last.included, excluded=last.excluded)
-            self.api.island_settle(settle)
+            body = TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
+            self.api.trainer_metrics(body)
+        for done in self.sync.committed:
+            self.api.island_settle(self._body(IslandSettle, outer_step=done.step, included=done.included, excluded=done.excluded))
 
     def _save(self) -> None:
         state = {"step": self.sync.step, "inner": self.learner.optimizer.state_dict(), "outer": self.sync.state_dict()}

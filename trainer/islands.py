@@ -87,8 +87,9 @@ class OuterSync:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.agreed = [p.detach().to(torch.float32, copy=True) for p in self.params]
         self.outer = torch.optim.SGD(self.agreed, lr=settings.outer_lr, momentum=settings.outer_momentum, nesterov=True)
-        self.last: OuterStep | None = None
-        """The last committed step: its included attempts settle again if the publisher died before it could."""
+        self.committed: list[OuterStep] = []
+        """The last two committed steps: the publisher settles both, the earlier again in case its own
+        publisher died before it could."""
         timeout = timedelta(seconds=timeout_s)
         self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
         self.manager = Manager(
@@ -122,14 +123,10 @@ class OuterSync:
         self.manager.shutdown(wait=False)
 
     def state_dict(self) -> dict[str, Any]:
-        last = self.last
-        return {
-            "agreed": self.agreed,
-            "outer": self.outer.state_dict(),
-            "last": None
-            if last is None
-            else {"step": last.step, "included": [i.model_dump() for i in last.included], "excluded": last.excluded},
-        }
+        committed = [
+            {"step": c.step, "included": [i.model_dump() for i in c.included], "excluded": c.excluded} for c in self.committed
+        ]
+        return {"agreed": self.agreed, "outer": self.outer.state_dict(), "committed": committed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A peer's state, as a recovering island receives it (or this island's own, saved): its weights
@@ -138,10 +135,9 @@ class OuterSync:
             for mine, theirs in zip(self.agreed, state["agreed"]):
                 mine.copy_(theirs)
         self.outer.load_state_dict(state["outer"])
-        last = state["last"]
-        self.last = (
-            None if last is None else OuterStep(last["step"], True, [Included(**i) for i in last["included"]], last["excluded"])
-        )
+        self.committed = [
+            OuterStep(c["step"], True, [Included(**i) for i in c["included"]], c["excluded"]) for c in state["committed"]
+        ]
         self._restart_inner()
 
     def _restart_inner(self) -> None:
@@ -189,5 +185,5 @@ class OuterSync:
             sent_bytes=tags.numel() * tags.element_size() + wire.numel() * wire.element_size(),
         )
         if committed:
-            self.last = outcome
+            self.committed = [*self.committed, outcome][-2:]
         return outcome

@@ -90,6 +90,11 @@ class Trainer:
         if self.state.manifest is not None and self.where.leader:
             self._register(SignedManifest.model_validate_json(self.state.manifest))
 
+    @property
+    def step(self) -> int:
+        """The policy step this trainer's weights are."""
+        return self.state.step
+
     def close(self) -> None:
         self.api.close()
 

@@ -20,6 +20,7 @@ from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island, IslandShare
 from intellect_protocol.coordinator.models import Run
 from intellect_protocol.coordinator.services import roles, training
+from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.shared.island_schemas import MAX_SHARE, IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandStatus
 from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, RoleName
 from intellect_protocol.shared.states import ShareState
@@ -53,7 +54,8 @@ def join(session: Session, signer: str, body: IslandJoin, now: datetime) -> int:
 def claim(session: Session, signer: str, body: IslandClaim, now: datetime, lease_s: float) -> list[AcceptedRollouts]:
     """Up to ``limit`` accepted submissions no island holds, oldest first, now held by the caller, after
     those it holds unreported already (so a claim whose answer was lost is not lost with it: the island
-    skips what it has). Claims of islands silent for ``lease_s`` are released first."""
+    skips what it has); nothing new while it holds :data:`MAX_SHARE`, the most it may report for a step.
+    Claims of islands silent for ``lease_s`` are released first."""
     run, island = _island(session, signer, body, now)
     silent = select(Island.name).where(Island.run_id == run.id, Island.last_seen < now - timedelta(seconds=lease_s))
     session.execute(
@@ -64,7 +66,8 @@ def claim(session: Session, signer: str, body: IslandClaim, now: datetime, lease
     mine = select(IslandShare.cursor).where(*_claimed_by(island))
     already = training.accepted(session, run.id, 0, MAX_SHARE, including=mine)
     held = select(IslandShare.cursor).where(IslandShare.run_id == run.id)
-    entries = training.accepted(session, run.id, 0, body.limit, excluding=held)
+    room = max(0, MAX_SHARE - len(already))  # an island cannot hoard the pool
+    entries = training.accepted(session, run.id, 0, min(body.limit, room), excluding=held) if room else []
     for e in entries:
         session.add(IslandShare(run_id=run.id, cursor=e.cursor, island=island.name, state=ShareState.claimed, claimed_at=now))
     if entries:
@@ -106,18 +109,27 @@ def report(session: Session, signer: str, body: IslandReport, now: datetime) -> 
 def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> int:
     """Outer step ``outer_step`` was published as policy step ``outer_step + 1``: the included attempts'
     claims are consumed, every other pending claim of that step or older goes back. 409 unless the step is
-    published. Settling again changes nothing. Returns the claims consumed."""
+    published, 403 unless the caller published it or a later step. Settling again changes nothing. Returns the
+    claims consumed."""
     run, _ = _island(session, signer, body, now)
-    if run.policy_step < body.outer_step + 1:
-        raise ApiError(ErrorCode.conflict, f"Policy step {body.outer_step + 1} of {run.id} is not published.")
+    step = body.outer_step + 1
+    if run.policy_step < step:
+        raise ApiError(ErrorCode.conflict, f"Policy step {step} of {run.id} is not published.")
+    published = select(PolicyManifest.id).where(
+        PolicyManifest.run_id == run.id, PolicyManifest.step >= step, PolicyManifest.signer == signer
+    )
+    if session.scalar(published.limit(1)) is None:
+        # A later publisher may settle it: the one that published it may have died before it could.
+        raise ApiError(ErrorCode.role_required, f"Only an island that published policy step {step} or a later one settles it.")
     pending = (IslandShare.run_id == run.id, IslandShare.state == ShareState.pending, IslandShare.outer_step <= body.outer_step)
     included = or_(false(), *(and_(IslandShare.island == i.island, IslandShare.attempt == i.attempt) for i in body.included))
     consumed = _count(session.execute(update(IslandShare).where(*pending, included).values(state=ShareState.consumed)))
     session.execute(delete(IslandShare).where(*pending))
     for name, reason in body.excluded.items():
-        if (island := session.get(Island, (run.id, name))) is not None:
+        told = f"outer step {body.outer_step}: {reason}"
+        if (island := session.get(Island, (run.id, name))) is not None and island.last_exclusion != told:  # once a step
             island.excluded_steps += 1
-            island.last_exclusion = f"outer step {body.outer_step}: {reason}"
+            island.last_exclusion = told
     return consumed
 
 
