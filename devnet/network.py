@@ -130,13 +130,14 @@ def start_validator(net: Network, name: str) -> Process:
     return spawn(name, command, net.workdir / "logs" / f"{name}.log", net.role_env())
 
 
-def start_islands(net: Network, count: int, trainer: list[str], env: dict[str, str]) -> list[Process]:
+def start_islands(net: Network, count: int, sync_every: int, trainer: list[str], env: dict[str, str]) -> list[Process]:
     """A lighthouse and ``count`` trainer islands (``island-0`` ...), each with a wallet granted the trainer
     role and a checkpoint directory of its own, publishing into the one origin directory ``trainer`` names.
-    Each inner step takes an island's share of the groups a lone trainer's step would."""
+    Each inner step takes an island's share of the groups a lone trainer's step would, so a policy step
+    (``sync_every`` inner steps on every island) learns from as many groups as a lone trainer's."""
     from intellect_protocol.trainer.settings import TrainerSettings  # imports torch: only for islands
 
-    groups = max(1, TrainerSettings().groups_per_step // count)
+    groups = max(1, TrainerSettings().groups_per_step // (count * sync_every))
     env = {"INTELLECT_TRAINER_GROUPS_PER_STEP": str(groups), **env}
     port = free_port()
     lighthouse = [*script("intellect-trainer"), "lighthouse", "--bind", f"127.0.0.1:{port}", "--join-timeout-s", "3"]
@@ -182,6 +183,7 @@ def start_network(
     chain: DevChain | None = None,
     tls: bool = False,
     islands: int = 0,
+    sync_every: int = 1,
 ) -> Network:
     """Start every role; on a failure, stop what started and raise :class:`StartError` naming the process.
 
@@ -190,7 +192,8 @@ def start_network(
     every step a task may still use stays downloadable (more to evaluate a whole run afterwards);
     ``chain``: settle on it (the run asks for a stake, credit turns final within seconds);
     ``tls``: every server presents a certificate of a CA made in ``workdir/tls``, every client verifies it;
-    ``islands``: that many trainer islands and their lighthouse instead of one trainer.
+    ``islands``: that many trainer islands and their lighthouse instead of one trainer, the run meeting
+    every ``sync_every`` inner steps.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     database_url = database_url or f"sqlite:///{workdir / 'ledger.db'}"
@@ -243,7 +246,7 @@ def start_network(
         trainer += ["--origin-dir", str(workdir / "origin")]
         trainer_env = {**net.role_env(), **(trainer_env or {})}
         if islands:
-            net.processes.extend(start_islands(net, islands, trainer, trainer_env))
+            net.processes.extend(start_islands(net, islands, sync_every, trainer, trainer_env))
         else:
             trainer += ["--wallet", str(trainer_wallet), "--checkpoint-dir", str(workdir / "trainer")]
             net.processes.append(spawn("trainer", trainer, workdir / "logs" / "trainer.log", trainer_env))

@@ -1,10 +1,11 @@
 """One trainer island's outer loop on a small model, for the tests: ``python tests/island_worker.py NAME
-LIGHTHOUSE OUT OUTER_STEPS [--fault nan|huge --fault-at K] [--pace S]``.
+LIGHTHOUSE OUT OUTER_STEPS [--fault nan@K huge@K ...] [--pace S]``, or as an island of FSDP ranks
+under ``torchrun --nproc-per-node N``.
 
 From the same initial weights every island takes ``sync_every`` AdamW steps on its own data, then meets
 the others through :class:`trainer.islands.OuterSync`. It records, per outer meeting, the pseudo-gradient
-it held (bf16, as sent), the outcome and the agreed weights after, in ``OUT/NAME.pt`` (rewritten after
-every meeting, so a killed island leaves what it did)."""
+it held (bf16, as sent), the outcome and the agreed weights after, in ``OUT/NAME.pt`` (``OUT/NAME-RANK.pt``
+for a rank of FSDP: its shard of each), rewritten after every meeting, so a killed island leaves what it did."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 from intellect_protocol.shared.island_schemas import OuterSettings
+from intellect_protocol.trainer.distributed import placement, shard
 from intellect_protocol.trainer.islands import WIRE, OuterSync
 
 SETTINGS = OuterSettings(sync_every=3, outer_lr=0.7, outer_momentum=0.9)
@@ -32,16 +34,18 @@ def main() -> None:
     parser.add_argument("lighthouse")
     parser.add_argument("out", type=Path)
     parser.add_argument("outer_steps", type=int)
-    parser.add_argument("--fault", choices=["nan", "huge"])
-    parser.add_argument("--fault-at", type=int, default=1)
+    parser.add_argument("--fault", nargs="*", default=[], help="KIND@STEP: weights NaN (nan) or 1e4x (huge) before that meeting")
     parser.add_argument("--pace", type=float, default=0.0, help="seconds of sleep per inner step")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = initial_model()
+    faults = {int(step): kind for kind, step in (f.split("@") for f in args.fault)}
+    where = placement()
+    model = shard(initial_model(), where)  # FSDP across the island's ranks, when it has several
     inner = torch.optim.AdamW(model.parameters(), lr=0.01)
-    sync = OuterSync(model, args.name, args.lighthouse, SETTINGS, timeout_s=20)
-    data = torch.Generator().manual_seed(sum(args.name.encode()))
-    record: dict[str, list] = {"pseudo": [], "outcomes": [], "agreed": []}
+    sync = OuterSync(model, args.name, args.lighthouse, SETTINGS, timeout_s=20, rank=where.rank, world_size=where.world_size)
+    out = args.out / (f"{args.name}-{where.rank}.pt" if where.world_size > 1 else f"{args.name}.pt")
+    data = torch.Generator().manual_seed(sum(args.name.encode()))  # the same on an island's ranks: FSDP splits no data
+    record: dict[str, list] = {"pseudo": [], "outcomes": [], "agreed": [], "initial": [a.clone() for a in sync.agreed]}
     while sync.step < args.outer_steps:
         for _ in range(SETTINGS.sync_every):
             x = torch.randn(16, 8, generator=data)
@@ -50,16 +54,16 @@ def main() -> None:
             loss.backward()
             inner.step()
             time.sleep(args.pace)
-        if args.fault and sync.step == args.fault_at:
+        if (kind := faults.get(sync.step)) is not None:
             with torch.no_grad():
-                model[0].weight.mul_(float("nan") if args.fault == "nan" else 1e4)
+                next(model.parameters()).mul_(float("nan") if kind == "nan" else 1e4)
         pseudo = torch.cat([(a - p.detach()).flatten() for a, p in zip(sync.agreed, model.parameters())]).to(WIRE)
         outcome = sync.sync(uuid.uuid4().hex)
         record["pseudo"].append(pseudo)
         record["outcomes"].append(outcome)
         record["agreed"].append([a.clone() for a in sync.agreed])
-        torch.save(record, args.out / f"{args.name}.pt.tmp")
-        (args.out / f"{args.name}.pt.tmp").replace(args.out / f"{args.name}.pt")
+        torch.save(record, out.with_suffix(".tmp"))
+        out.with_suffix(".tmp").replace(out)
     sync.close()
 
 

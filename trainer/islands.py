@@ -12,13 +12,16 @@ finite, or whose norm exceeds ``outlier_ratio`` times the median of its peers', 
 reported; one of norm 0 (an island that just recovered, or had nothing to learn from) adds nothing.
 This survives a faulty island, not a malicious majority: islands are granted by an admin.
 
-Only the island's first rank (``Manager`` rank 0 with ``world_size`` 1) is supported here; FSDP ranks
-inside an island would each hold a shard of the pseudo-gradient.
+An island may itself be FSDP ranks under ``torchrun`` (every island the same number): each rank meets
+the same rank of the other islands with its own shard of the pseudo-gradient and agreed weights, the
+norm judged is the whole island's (summed over its ranks), and a recovering rank takes its shard from
+the same rank of a peer. The island's ranks share torchrun's store.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -45,7 +48,7 @@ class OuterStep:
     included: list[Included]
     excluded: dict[str, str] = field(default_factory=dict)
     leader: bool = False
-    """This island publishes the step (the quorum's first participant)."""
+    """This island publishes the step (the quorum's first participant; its rank 0 does)."""
     participants: int = 1
     sent_bytes: int = 0
     """Bytes this island put on the all-reduce for it."""
@@ -77,9 +80,12 @@ class OuterSync:
         step: int = 0,
         host: str = "127.0.0.1",
         timeout_s: float = 60.0,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
-        """``model`` holds the agreed weights of policy step ``step`` (this island's latest). ``host`` is
-        where peers reach this island (its recovery server and store)."""
+        """``model`` holds the agreed weights of policy step ``step`` (this island's latest; an FSDP module
+        on ``world_size`` ranks, this one ``rank``). ``host`` is where peers reach this island (its
+        recovery server and, alone, its store)."""
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
 
@@ -90,8 +96,13 @@ class OuterSync:
         self.committed: list[OuterStep] = []
         """The last two committed steps: the publisher settles both, the earlier again in case its own
         publisher died before it could."""
+        self.world_size = world_size
         timeout = timedelta(seconds=timeout_s)
-        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        if world_size == 1:
+            self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+            store_host, store_port = host, self._store.port
+        else:
+            store_host, store_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
             load_state_dict=self.load_state_dict,
@@ -99,11 +110,11 @@ class OuterSync:
             min_replica_size=1,
             use_async_quorum=False,
             replica_id=island,
-            store_addr=host,
-            store_port=self._store.port,
+            store_addr=store_host,
+            store_port=store_port,
             hostname=host,
-            rank=0,
-            world_size=1,
+            rank=rank,
+            world_size=world_size,
             lighthouse_addr=lighthouse,
             timeout=timeout,
             quorum_timeout=timeout,
@@ -152,7 +163,10 @@ class OuterSync:
         step, n, rank = self.manager.current_step(), self.manager.num_participants(), self.manager.participating_rank()
         with torch.no_grad():
             pseudo = torch.cat([(a - p.float()).flatten() for a, p in zip(self.agreed, self.params)])
-        norm = float(pseudo.norm()) if contribute and rank is not None else 0.0
+        squares = pseudo.pow(2).sum()
+        if self.world_size > 1:
+            torch.distributed.all_reduce(squares)  # the island's whole pseudo-gradient, over its ranks
+        norm = math.sqrt(float(squares)) if contribute and rank is not None else 0.0
         tags = torch.zeros(n, 1 + TAG_BYTES, dtype=torch.float64)
         if rank is not None:
             tags[rank, 0] = norm if math.isfinite(norm) else float("inf")

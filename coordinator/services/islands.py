@@ -18,7 +18,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island, IslandShare
-from intellect_protocol.coordinator.models import Run
+from intellect_protocol.coordinator.models import Run, TrainerMetrics
 from intellect_protocol.coordinator.services import roles, training
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.shared.island_schemas import MAX_SHARE, IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandStatus
@@ -125,6 +125,13 @@ def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> 
     included = or_(false(), *(and_(IslandShare.island == i.island, IslandShare.attempt == i.attempt) for i in body.included))
     consumed = _count(session.execute(update(IslandShare).where(*pending, included).values(state=ShareState.consumed)))
     session.execute(delete(IslandShare).where(*pending))
+    # The step's read position, for its timing (:mod:`coordinator.services.step_timing`): the furthest share trained on.
+    reached = select(func.max(IslandShare.cursor)).where(IslandShare.run_id == run.id, IslandShare.state == ShareState.consumed)
+    session.execute(
+        update(TrainerMetrics)
+        .where(TrainerMetrics.run_id == run.id, TrainerMetrics.step == step, TrainerMetrics.cursor.is_(None))
+        .values(cursor=reached.scalar_subquery())
+    )
     for name, reason in body.excluded.items():
         told = f"outer step {body.outer_step}: {reason}"
         if (island := session.get(Island, (run.id, name))) is not None and island.last_exclusion != told:  # once a step
