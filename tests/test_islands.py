@@ -138,7 +138,8 @@ def test_an_island_killed_mid_run_leaves_the_other_training_then_recovers_from_i
     assert same(ra["agreed"][-1], rb["agreed"][-1])
 
 
-@pytest.mark.integration
+@pytest.mark.e2e
+@pytest.mark.xdist_group("e2e-b")  # four processes under torchrun: with the other real-engine tests
 def test_islands_of_two_fsdp_ranks_each_agree_on_what_one_process_computes(lighthouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     address = lighthouse(2)
     env = {**os.environ, "PYTHONPATH": str(WORKER.parent.parent), "OMP_NUM_THREADS": "1"}
