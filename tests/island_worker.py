@@ -1,16 +1,15 @@
 """One trainer island's outer loop on a small model, for the tests: ``python tests/island_worker.py NAME
-LIGHTHOUSE OUT OUTER_STEPS [--fault nan@K huge@K ...] [--pace S]``, or as an island of FSDP ranks
+LIGHTHOUSE OUT OUTER_STEPS [--fault nan@K huge@K ...]``, or as an island of FSDP ranks
 under ``torchrun --nproc-per-node N``.
 
 From the same initial weights every island takes ``sync_every`` AdamW steps on its own data, then meets
 the others through :class:`trainer.islands.OuterSync`. It records, per outer meeting, the pseudo-gradient
 it held (bf16, as sent), the outcome and the agreed weights after, in ``OUT/NAME.pt`` (``OUT/NAME-RANK.pt``
-for a rank of FSDP: its shard of each), rewritten after every meeting, so a killed island leaves what it did."""
+for a rank of FSDP: its shard of each), rewritten after every meeting."""
 
 from __future__ import annotations
 
 import argparse
-import time
 import uuid
 from pathlib import Path
 
@@ -35,7 +34,6 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("outer_steps", type=int)
     parser.add_argument("--fault", nargs="*", default=[], help="KIND@STEP: weights NaN (nan) or 1e4x (huge) before that meeting")
-    parser.add_argument("--pace", type=float, default=0.0, help="seconds of sleep per inner step")
     args = parser.parse_args()
     torch.set_num_threads(1)
     faults = {int(step): kind for kind, step in (f.split("@") for f in args.fault)}
@@ -53,7 +51,6 @@ def main() -> None:
             inner.zero_grad()
             loss.backward()
             inner.step()
-            time.sleep(args.pace)
         if (kind := faults.get(sync.step)) is not None:
             with torch.no_grad():
                 next(model.parameters()).mul_(float("nan") if kind == "nan" else 1e4)
