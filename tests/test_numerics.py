@@ -201,7 +201,7 @@ def test_a_calibrated_run_judges_by_its_own_bounds_and_admits_only_its_numerics(
     assert check(bf16, task).accepted  # an uncalibrated run admits any numerics, at the floors
 
 
-def test_a_rows_logprob_shift_is_judged_by_the_spread_of_the_whole_file() -> None:
+def test_a_rows_logprob_shift_is_judged_by_the_spread_of_the_whole_file_or_its_own() -> None:
     from intellect_protocol.validator.sampling_check import shifted_rows
 
     noise = torch.Generator().manual_seed(0)
@@ -210,9 +210,12 @@ def test_a_rows_logprob_shift_is_judged_by_the_spread_of_the_whole_file() -> Non
     # One token, 0.0064 nats off: within a bf16 token's rounding (the file's spread), though beyond the bias
     # bound alone. Judged by its own spread (none), an honest Gemma 3 row like it was once rejected.
     assert shifted_rows([*honest, torch.tensor([0.0064])], bf16) == {}
-    # Every token of one row moved the same way: its own spread is 0, the file's is not, and the shift is seen.
+    # Every token of one row moved the same way, by less than one token's rounding: the shift is seen.
     moved = honest[3] + 0.01
     assert list(shifted_rows([*honest[:3], moved, *honest[4:]], bf16)) == [3]
-    # A row pushed far cannot widen the spread it is judged by: that is measured within rows.
+    # A row pushed far is caught whatever spread it is judged by.
     assert list(shifted_rows([honest[0] + 0.3, *honest[1:]], bf16)) == [0]
     assert shifted_rows([torch.tensor([0.2])], bf16) == {}  # one token alone: the per-token bound judges it
+    # An honest row of uncertain tokens rounds more than the file's near-certain ones: judged by its own spread.
+    noisy = torch.randn(42, generator=noise) * 0.05 + 0.0137
+    assert shifted_rows([*honest, noisy], bf16) == {}
