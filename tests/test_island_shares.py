@@ -88,6 +88,11 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         # A report naming a submission island a does not hold changes nothing: it must stay out of the step.
         stolen = report.model_copy(update={"cursors": [mine[0].cursor, theirs[0].cursor]})
         assert "1 of these 2" in refused(409, lambda: a.island_report(stolen), served)
+        # A lie about the outer step would leave the shares waiting for a settling that never comes.
+        for lie in (2, 10**6):
+            assert "not the run's next" in refused(
+                409, lambda lie=lie: a.island_report(report.model_copy(update={"outer_step": lie})), served
+            )
         a.island_report(report)
         a.island_report(report)  # a repeat (an answer lost) is the same report
         refused(409, lambda: a.island_report(report.model_copy(update={"attempt": uuid.uuid4().hex})), served)
@@ -124,6 +129,28 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         assert (status["a"].consumed, status["b"].consumed, status["b"].pending) == (2, 0, 0)
         assert status["b"].excluded_steps == 1 and "not finite" in (status["b"].last_exclusion or "")
         assert len(b.island_claim(body(IslandClaim, b_key, "b", limit=100))) == 4  # back in the pool, and b's again
+
+        # A thousand fresh wallets, each calling every island route with a body naming itself: all refused
+        # (no trainer role), and the ledger does not change.
+        before = served.snapshot()
+        for _ in range(250):
+            fresh = Account.create()
+            for path, payload in (
+                ("join", body(IslandJoin, fresh, "a")),
+                ("claim", body(IslandClaim, fresh, "a")),
+                ("report", body(IslandReport, fresh, "a", outer_step=2, attempt=attempt, cursors=[mine[0].cursor])),
+                ("settle", body(IslandSettle, fresh, "a", outer_step=0, included=[])),
+            ):
+                reply = signed_post(
+                    served.url, f"/v1/trainer/islands/{path}", fresh, served.audience, payload.model_dump(mode="json")
+                )
+                assert reply.status_code in (403, 429), reply.text
+        # A body naming an address other than the signer's is refused before anything is read.
+        reply = signed_post(
+            served.url, "/v1/trainer/islands/claim", a_key, served.audience, body(IslandClaim, b_key, "b").model_dump(mode="json")
+        )
+        assert reply.status_code == 401
+        assert served.snapshot() == before
 
         # Malformed: an island name that is not a name, or a report beyond the cap, is refused before the ledger.
         with pytest.raises(ValueError):

@@ -82,9 +82,16 @@ def _claimed_by(island: Island) -> tuple[ColumnElement[bool], ...]:
 
 def report(session: Session, signer: str, body: IslandReport, now: datetime) -> None:
     """The caller's claims its pseudo-gradient for ``outer_step`` learned from become pending under it;
-    409 (and nothing changes) if any is no longer the caller's to report: the island must stay out of
-    the step, or the submission would be trained on twice."""
+    409 (and nothing changes) if any is no longer the caller's to report (the island must stay out of
+    the step, or the submission would be trained on twice) or ``outer_step`` is not the run's next."""
     run, island = _island(session, signer, body, now)
+    # Outer step k starts from policy step k, published already or (its publisher dead) at the next meeting.
+    # A share reported under any other step would wait for a settling that never comes.
+    if not run.policy_step <= body.outer_step <= run.policy_step + 1:
+        raise ApiError(
+            ErrorCode.conflict,
+            f"Outer step {body.outer_step} is not the run's next one: policy step {run.policy_step} is published.",
+        )
     cursors = sorted(set(body.cursors))
     mine = (IslandShare.run_id == run.id, IslandShare.island == island.name, IslandShare.cursor.in_(cursors))
     # A repeat of a report whose answer was lost finds its claims pending under the same attempt.
