@@ -45,7 +45,7 @@ from intellect_protocol.devnet.processes import (
 )
 from intellect_protocol.shared.coordinator_client import CoordinatorClient
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
-from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 
 PASSWORD = "bench"
 CLIENT = """
@@ -100,7 +100,7 @@ def ours(workdir: Path, size: int, clients: int) -> tuple[float, list[float]]:
         grant(trainer.address, "trainer")
         for name, kind in (("origin", "origin"), ("relay", "relay")):
             wallet = workdir / f"{name}.json"
-            grant(create_wallet(wallet, PASSWORD), "relay")
+            grant(create_wallet(wallet, PASSWORD, scrypt_n=THROWAWAY_SCRYPT_N), "relay")
             upstreams = [] if kind == "origin" else [processes[1].url]
             processes.append(
                 start_relay(workdir, name, wallet, PASSWORD, coordinator, upstreams=upstreams, origin=kind == "origin")

@@ -31,7 +31,7 @@ from intellect_protocol.devnet.processes import (
     start_relay,
 )
 from intellect_protocol.shared.tls import CA_FILE_ENV, client_context
-from intellect_protocol.shared.wallet import create_wallet, wallet_address
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet, wallet_address
 
 if TYPE_CHECKING:
     from intellect_protocol.devnet.chain import DevChain
@@ -73,7 +73,7 @@ class Network:
 
     def wallet(self, name: str) -> tuple[Path, str]:
         path = self.workdir / "wallets" / f"{name}.json"
-        return path, create_wallet(path, self.password)
+        return path, create_wallet(path, self.password, scrypt_n=THROWAWAY_SCRYPT_N)
 
     def grant(self, address: str, role: str) -> None:
         reply = self.http.post(

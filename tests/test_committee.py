@@ -218,7 +218,7 @@ def test_unaudited_approvals_are_caught_at_the_configured_rate(database_url: str
 
 
 def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_role(sqlite_url: str, tmp_path: Path) -> None:
-    from intellect_protocol.shared.wallet import create_wallet, load_wallet
+    from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet, load_wallet
 
     settings = CoordinatorSettings(
         database_url=sqlite_url,
@@ -237,7 +237,7 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
             grant(served, token, v.address, "validator")
             claim(served, v)
         wallet = tmp_path / "node.json"
-        create_wallet(wallet, "pw")
+        create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N)
         node = load_wallet(wallet, "pw")
         assert (
             signed_post(

@@ -17,7 +17,7 @@ from intellect_protocol.coordinator.models import Run, Submission, Task
 from intellect_protocol.devnet.processes import admin_token, script, spawn, start_coordinator, start_node
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment, installed, plugin
 from intellect_protocol.shared.states import SubmissionStatus
-from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.helpers import HTTP, install_example_environment
 
 OURS = f"intellect-protocol=={version('intellect-protocol')}"
@@ -152,14 +152,14 @@ def test_a_run_pins_the_installed_plugin_and_roles_without_it_stop_and_say_what_
         )
 
     coordinator = start_coordinator(tmp_path, sqlite_url, env={"INTELLECT_BLOB_DIR": str(tmp_path / "blobs"), **example})
-    address = create_wallet(tmp_path / "validator.json", "pw")
+    address = create_wallet(tmp_path / "validator.json", "pw", scrypt_n=THROWAWAY_SCRYPT_N)
     HTTP.post(
         f"{coordinator.url}/v1/admin/roles",
         json={"address": address, "role": "validator"},
         headers={"authorization": f"Bearer {admin_token(sqlite_url)}"},
     ).raise_for_status()
     for name in ("node", "equipped"):
-        create_wallet(tmp_path / f"{name}.json", "pw")
+        create_wallet(tmp_path / f"{name}.json", "pw", scrypt_n=THROWAWAY_SCRYPT_N)
     # Side by side: a node without the plugin, one with it, and a validator without it, which must not judge the
     # equipped node's work by other reward code.
     node = start_node(tmp_path, "node", tmp_path / "node.json", coordinator.url, "pw")

@@ -234,7 +234,9 @@ def test_an_island_killed_mid_run_rejoins_from_its_peer_and_no_share_is_lost(sql
 
 
 @pytest.mark.e2e
-@pytest.mark.xdist_group("e2e-b")  # four trainer processes under torchrun: with the other real-engine tests
+@pytest.mark.xdist_group(
+    "e2e-a"
+)  # four trainer processes under torchrun: beside the devnet, away from chaos and the chain devnet
 def test_islands_of_two_fsdp_ranks_train_and_publish_through_the_cli(sqlite_url: str, tmp_path: Path) -> None:
     with island_network(sqlite_url, tmp_path, 24, min_islands=2) as net:
         env = {**os.environ, "INTELLECT_WALLET_PASSWORD": "pw", "INTELLECT_TRAINER_GROUPS_PER_STEP": "2", "OMP_NUM_THREADS": "1"}

@@ -13,7 +13,7 @@ import pytest
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.devnet.processes import Process, start_node
-from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.conftest import FAST, admin_token, serve
 
 PASSWORD = "test-password"
@@ -31,7 +31,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 @pytest.fixture
 def wallet(tmp_path: Path) -> tuple[Path, str]:
     path = tmp_path / "node.json"
-    return path, create_wallet(path, PASSWORD)
+    return path, create_wallet(path, PASSWORD, scrypt_n=THROWAWAY_SCRYPT_N)
 
 
 def test_join_lifecycle(sqlite_url: str, tmp_path: Path, wallet: tuple[Path, str]) -> None:

@@ -23,7 +23,7 @@ from intellect_protocol.shared.rollout_file import read_rollouts
 from intellect_protocol.shared.run_schemas import RunSpec
 from intellect_protocol.shared.sampling import replay
 from intellect_protocol.shared.toploc import rollout_passes, verify_proofs
-from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.conftest import FAST, serve
 from tests.helpers import make_run
 
@@ -35,7 +35,7 @@ def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> Non
         with sessions.begin() as session:
             create_run(session, RunSpec(name="arith", prompts_per_task=2), datetime.now(UTC))
         wallet = tmp_path / "node.json"
-        create_wallet(wallet, "pw")
+        create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N)
         node = start_node(tmp_path, "node-1", wallet, c.url, "pw")
         try:
             deadline = time.monotonic() + 120
@@ -82,7 +82,7 @@ def test_a_killed_node_leaves_no_process_behind(sqlite_url: str, tmp_path: Path)
     with serve(settings) as c:
         make_run(c)
         wallet = tmp_path / "node.json"
-        create_wallet(wallet, "pw")
+        create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N)
         node = start_node(tmp_path, "node-1", wallet, c.url, "pw")
         deadline = time.monotonic() + 120
         while "Task 1 " not in node.tail(100):  # its finisher process has started and done work
@@ -119,7 +119,7 @@ def test_node_rides_out_a_coordinator_restart(tmp_path: Path, sqlite_url: str) -
             time.sleep(0.3)
 
     coordinator = start_coordinator(tmp_path, url, port=port, env=env)
-    create_wallet(tmp_path / "node.json", "pw")
+    create_wallet(tmp_path / "node.json", "pw", scrypt_n=THROWAWAY_SCRYPT_N)
     node = start_node(tmp_path, "node-1", tmp_path / "node.json", coordinator.url, "pw")
     try:
         wait_for(1, node)
@@ -150,7 +150,7 @@ def test_a_node_banned_while_working_stops_and_says_why(sqlite_url: str, tmp_pat
         with sessions.begin() as session:
             create_run(session, RunSpec(name="arith", prompts_per_task=2), datetime.now(UTC))
         wallet = tmp_path / "node.json"
-        address = create_wallet(wallet, "pw")
+        address = create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N)
         node = start_node(tmp_path, "node-1", wallet, c.url, "pw")
         try:
             deadline = time.monotonic() + 120

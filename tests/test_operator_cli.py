@@ -18,7 +18,7 @@ from eth_account import Account
 from intellect_protocol.devnet.processes import free_port, migrate, start_coordinator
 from intellect_protocol.node.client import NodeClient
 from intellect_protocol.node.settings import NodeSettings
-from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 
 
 def _coordinator(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -88,7 +88,7 @@ def test_a_busy_port_fails_before_the_app_starts(tmp_path: Path) -> None:
 )
 def test_a_coordinator_url_that_can_never_work_is_refused_at_once(url: str, says: str, tmp_path: Path) -> None:
     wallet = tmp_path / "w.json"
-    create_wallet(wallet, "pw")
+    create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N)
     started = time.monotonic()
     result = subprocess.run(
         ["intellect-node", "join", "--wallet", str(wallet), "--coordinator", url, "--state-dir", str(tmp_path)],
@@ -132,7 +132,7 @@ def test_a_node_says_when_its_coordinator_is_back(tmp_path: Path) -> None:
 
 def test_a_node_that_never_reached_its_coordinator_says_so_within_seconds(tmp_path: Path) -> None:
     wallet = tmp_path / "wallet.json"
-    create_wallet(wallet, "pw")
+    create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N)
     url = f"http://127.0.0.1:{free_port()}"  # a mistyped port: nothing listens
     command = ["intellect-node", "join", "--wallet", str(wallet), "--coordinator", url, "--state-dir", str(tmp_path / "state")]
     env = {**os.environ, "INTELLECT_WALLET_PASSWORD": "pw", "COLUMNS": "240"}

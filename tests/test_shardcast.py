@@ -26,7 +26,7 @@ from intellect_protocol.shared.shardcast.manifest import ManifestError, build_ma
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.shared.shardcast.server import create_server
 from intellect_protocol.shared.shardcast.store import StepStore
-from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, signed_post
 
@@ -61,7 +61,7 @@ class Net:
 
     def relay(self, name: str, *, upstreams: list[str] = (), origin: bool = False, extra: list[str] = ()) -> Process:  # type: ignore[assignment]
         wallet = self.workdir / "wallets" / f"{name}.json"
-        self.grant(create_wallet(wallet, PASSWORD), "relay")
+        self.grant(create_wallet(wallet, PASSWORD, scrypt_n=THROWAWAY_SCRYPT_N), "relay")
         process = start_relay(
             self.workdir, name, wallet, PASSWORD, self.served.url, upstreams=list(upstreams), origin=origin, extra=list(extra)
         )
@@ -372,7 +372,7 @@ def test_a_node_downloads_the_published_step_and_generates_with_it(net: Net) -> 
     assert beat["policy_steps"] == {net.run_id: 1}
 
     wallet = net.workdir / "node.json"
-    create_wallet(wallet, "pw")
+    create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N)
     node = start_node(net.workdir, "node-1", wallet, net.served.url, "pw")
     net.processes.append(node)
     sessions = make_sessionmaker(net.served.engine)

@@ -14,7 +14,7 @@ import pytest
 
 from intellect_protocol.devnet.network import Network
 from intellect_protocol.devnet.processes import Process, admin_token, create_run, migrate, script, spawn, start_coordinator
-from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.helpers import running_under, wait_for_text
 
 PROMPT_S = 10.0
@@ -62,7 +62,10 @@ def test_validator_and_trainer_stop_promptly_while_their_coordinator_is_gone(tmp
     roles: list[Process] = []
     try:
         for name in ("validator", "trainer"):
-            wallet, address = tmp_path / f"{name}.json", create_wallet(tmp_path / f"{name}.json", "pw")
+            wallet, address = (
+                tmp_path / f"{name}.json",
+                create_wallet(tmp_path / f"{name}.json", "pw", scrypt_n=THROWAWAY_SCRYPT_N),
+            )
             net.grant(address, name)
             command = [*script(f"intellect-{name}"), "run", "--wallet", str(wallet), "--coordinator", coordinator.url]  # type: ignore[list-item]
             command += (

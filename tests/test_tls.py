@@ -19,7 +19,7 @@ from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.devnet.certificates import Authority, ServerFiles
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Untrusted
 from intellect_protocol.shared.tls import CA_FILE_ENV, TlsError, client_context, server_tls, trust
-from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.conftest import Served, serve
 
 
@@ -46,7 +46,7 @@ def _node(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 def _receipts(tmp_path: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     wallet = tmp_path / "wallet.json"
     if not wallet.exists():
-        create_wallet(wallet, "test-password")
+        create_wallet(wallet, "test-password", scrypt_n=THROWAWAY_SCRYPT_N)
     return _node("receipts", "--wallet", str(wallet), "--coordinator", url, *extra)
 
 
@@ -89,7 +89,7 @@ def test_an_unknown_authority_is_refused_at_once_with_one_sentence(https: Served
 
 def test_join_stops_with_exit_code_6_instead_of_retrying(https: Served, tmp_path: Path) -> None:
     wallet = tmp_path / "node.json"
-    create_wallet(wallet, "test-password")
+    create_wallet(wallet, "test-password", scrypt_n=THROWAWAY_SCRYPT_N)
     args = ["join", "--wallet", str(wallet), "--coordinator", https.url, "--state-dir", str(tmp_path / "state")]
     joined = _node(*args, timeout=90)
     assert joined.returncode == 6, joined.stdout + joined.stderr

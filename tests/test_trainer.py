@@ -23,7 +23,7 @@ from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.rollout_file import read_rollouts
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.shardcast.origin import step_dir
-from intellect_protocol.shared.wallet import create_wallet
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from intellect_protocol.trainer.data import Batch, Group
 from intellect_protocol.trainer.loop import Trainer
 from intellect_protocol.trainer.settings import TrainerSettings
@@ -46,7 +46,7 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
         validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=16)
         origin = tmp_path / "origin"
         origin_wallet = tmp_path / "origin.json"
-        grant(served, token, create_wallet(origin_wallet, "pw"), "relay")
+        grant(served, token, create_wallet(origin_wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N), "relay")
         origin_server = start_relay(
             tmp_path, "origin", origin_wallet, "pw", served.url, origin=True
         )  # the validator fetches steps from it

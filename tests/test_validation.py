@@ -299,11 +299,11 @@ def test_attacks_through_the_api_are_refused_or_rejected(network, tmp_path: Path
 
 def test_the_validator_command_checks_until_stopped(network, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from intellect_protocol.devnet.processes import script, spawn
-    from intellect_protocol.shared.wallet import create_wallet
+    from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 
     served, token = network
     wallet = tmp_path / "validator.json"
-    grant(served, token, create_wallet(wallet, "pw"), "validator")
+    grant(served, token, create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N), "validator")
     node = joined(served)
     submission = upload(served, node, (task := lease(served, node)), finish(generate(task)).data)
     process = spawn(

@@ -33,9 +33,8 @@ from intellect_protocol.shared.vllm_backend import VllmBackend, close_engine, en
 torch.set_num_threads(1)
 
 
-# Five engine starts (20-40 s each), all in the e2e stage's half without chaos and the chain devnet, which take
-# 310 s together (see tests/conftest.py; measured: that half 375 s, this one 290 s before they moved). A process
-# holds one engine at a time.
+# Five engine starts (4-8 s each, in-process), in the e2e stage's half without chaos and the chain devnet
+# (see tests/conftest.py). A process holds one engine at a time.
 @pytest.fixture(scope="module", params=[pytest.param(f, marks=pytest.mark.xdist_group("e2e-a")) for f in FAMILIES])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, VllmBackend]]:
     model_dir = build(request.param, tmp_path_factory.mktemp(request.param) / "run")

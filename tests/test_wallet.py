@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
-from intellect_protocol.shared.wallet import WalletError, create_wallet, load_wallet, wallet_address
+from intellect_protocol.shared.wallet import (
+    SCRYPT_N,
+    THROWAWAY_SCRYPT_N,
+    WalletError,
+    create_wallet,
+    load_wallet,
+    wallet_address,
+)
 
 
 def test_create_and_load(tmp_path: Path) -> None:
@@ -22,6 +29,12 @@ def test_create_and_load(tmp_path: Path) -> None:
     assert load_wallet(path, "s3cret").address == address == wallet_address(path)
     # Standard format: eth-account alone opens it.
     assert Account.from_key(Account.decrypt(keystore, "s3cret")).address == address
+    # An operator's wallet is stretched as eth-account's default; a throwaway one less, and it opens alike.
+    assert keystore["crypto"]["kdfparams"]["n"] == SCRYPT_N == 2**18
+    light = tmp_path / "light.json"
+    address = create_wallet(light, "s3cret", scrypt_n=THROWAWAY_SCRYPT_N)
+    assert json.loads(light.read_text())["crypto"]["kdfparams"]["n"] == THROWAWAY_SCRYPT_N < SCRYPT_N
+    assert load_wallet(light, "s3cret").address == address
 
 
 def test_refusals(tmp_path: Path) -> None:
