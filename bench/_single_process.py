@@ -65,8 +65,9 @@ def tasks(workdir: Path, run_options: list[str]) -> Iterator[TaskSpec]:
 
 def learn(
     workdir: Path, run_options: list[str], seconds: float, threads: int, settings: TrainerSettings
-) -> tuple[list[Snapshot], list[Metrics]]:
-    """Generate, score and train in turn for ``seconds``; the weights after every policy step, and its metrics."""
+) -> tuple[list[Snapshot], list[Metrics], int]:
+    """Generate, score and train in turn for ``seconds``; the weights after every policy step, its
+    metrics, and how many rollouts were generated."""
     source = tasks(workdir, run_options)
     first = next(source)
     model, tokenizer = load_model(first.model)
@@ -75,19 +76,20 @@ def learn(
     started = time.perf_counter()
     snapshots: list[Snapshot] = [(0.0, 0, _copy(model))]
     metrics: list[Metrics] = []
-    step = 0
+    step = generated = 0
     while time.perf_counter() - started < seconds:
         batch = Batch()
         while len(batch.groups) < settings.groups_per_step:
             task = next(source).model_copy(update={"policy_step": step})
             rollouts = score(generate_with(backend, tokenizer, task), [b""] * len(task.prompt_ids) * task.samples_per_prompt)
             add_submission(batch, rollouts, step, online_filter=settings.online_filter)
+            generated += len(rollouts)
         model.train()  # as the trainer learns (generation is under inference mode either way)
         metrics.append(learner.step(batch, step))
         model.eval()
         step += 1
         snapshots.append((time.perf_counter() - started, step, _copy(model)))
-    return snapshots, metrics
+    return snapshots, metrics, generated
 
 
 def _copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:

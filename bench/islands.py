@@ -171,7 +171,7 @@ def main() -> int:
         results = run_islands(args, out)
         print(f"one trainer: {args.islands} threads, {args.groups} groups a policy step")
         (out / "single").mkdir()
-        single, _ = learn(out / "single", RUN, args.seconds, args.islands, TrainerSettings(groups_per_step=args.groups))
+        single, _, _ = learn(out / "single", RUN, args.seconds, args.islands, TrainerSettings(groups_per_step=args.groups))
         leader = max(results, key=lambda r: len(r["snapshots"]))
         island_curve, single_curve = curve(leader["snapshots"], args.evals), curve(single, args.evals)
 

@@ -166,6 +166,9 @@ def join(
         if not signalled.is_set():
             raise
         _say_stopped()
+    else:
+        if signalled.is_set():  # the interrupt landed where a stop is handled as one (a wait on ``stop``)
+            _say_stopped()
     finally:
         # Only a vLLM node has an engine to close; importing the module now would load torch while
         # the node's threads wind down (that segfaulted a node on SIGTERM).

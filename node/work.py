@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from intellect_protocol.node.settings import BackendKind, Dtype
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.environments.registry import Environment, Problem, completion_text, get_environment, reward
 from intellect_protocol.shared.inference import Completion, InferenceBackend
@@ -116,7 +117,8 @@ def generate_with(backend: InferenceBackend, tokenizer: PreTrainedTokenizerBase,
     """``task``'s completions from ``backend`` (whatever weights it holds, whatever ``task.model`` says)."""
     rows = assigned_rows(task, problems_for(task.environment, task.environment_version), tokenizer)
     start = time.perf_counter()
-    completions = backend.generate([r.prompt_tokens for r in rows], [r.seed for r in rows], task.sampling)
+    with spent("generation"):
+        completions = backend.generate([r.prompt_tokens for r in rows], [r.seed for r in rows], task.sampling)
     return Generated(task, rows, completions, budget_of(task), time.perf_counter() - start, backend.numerics)
 
 
@@ -131,6 +133,7 @@ def finish(generated: Generated) -> TaskResult:
     )
 
 
+@spent("scoring")
 def score(generated: Generated, proofs: list[bytes]) -> list[Rollout]:
     """The task's rollouts: each completion with its environment reward, length penalty and proof."""
     task, budget = generated.task, generated.budget

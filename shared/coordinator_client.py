@@ -30,6 +30,7 @@ from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
 from intellect_protocol.shared.committee import AppealInfo, AppealRequest, PublicReceipt
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandStatus
 from intellect_protocol.shared.public_schemas import Credit, PublicNode
 from intellect_protocol.shared.run_schemas import RunInfo
@@ -309,9 +310,10 @@ class CoordinatorClient:
             if self.stop.is_set():
                 raise Stopped(f"stopped before {method} {path} was answered")
             try:
-                reply = self.http.request(
-                    method, path, content=content, params=params, headers=headers, auth=auth, timeout=timeout
-                )
+                with spent("requests"):
+                    reply = self.http.request(
+                        method, path, content=content, params=params, headers=headers, auth=auth, timeout=timeout
+                    )
             except httpx.TransportError as e:
                 if (sentence := untrusted(e, self.base_url)) is not None:
                     raise Untrusted(sentence) from e

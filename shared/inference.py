@@ -16,6 +16,7 @@ from typing import Literal, Protocol, cast
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.models import cache_keyword, final_norm_outputs
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.schemas import SamplingParams
@@ -101,6 +102,7 @@ def prefill(model: torch.nn.Module, prompt: list[int], completion: list[int]) ->
 
 
 @torch.inference_mode()
+@spent("prefill")
 def prefill_batch(
     model: torch.nn.Module,
     prompts: list[list[int]],

@@ -18,6 +18,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.prompting import Prompting
 from intellect_protocol.shared.schemas import DEFAULT_MODEL
 
@@ -25,6 +26,7 @@ TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
 """The embedded default: a tiny Llama trained by ``python -m intellect_protocol.shared.tiny_model`` and shipped."""
 
 
+@spent("model loading")
 def load_model(
     name_or_path: str | Path = TINY_MODEL_DIR, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.numerics import METADATA_KEY, Numerics
 from intellect_protocol.shared.parquet_pages import PageHeaderError, column_pages
 
@@ -118,6 +119,7 @@ class RolloutFileError(ValueError):
     """A rollout file that is not one; the message says what is wrong."""
 
 
+@spent("file writing")
 def write_rollouts(rollouts: list[Rollout], numerics: Numerics | None = None) -> bytes:
     """The file for ``rollouts``, declaring how they were computed (default ``torch/float32``)."""
     columns = {f.name: [getattr(r, f.name) for r in rollouts] for f in fields(Rollout)}
@@ -141,6 +143,7 @@ def read_numerics(data: bytes) -> Numerics:
 TEXT_COLUMNS = ("task_id", "run_id", "prompt_id", "finish_reason", "proofs")
 
 
+@spent("file parsing")
 def read_rollouts(data: bytes, limits: ReadLimits | None = None) -> list[Rollout]:
     """Parse untrusted bytes into rollouts, or raise :class:`RolloutFileError`."""
     limits = limits or ReadLimits()

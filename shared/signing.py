@@ -32,6 +32,8 @@ from eth_account.signers.local import LocalAccount
 from eth_hash.auto import keccak
 from eth_utils import to_checksum_address
 
+from intellect_protocol.shared.cpu_ledger import spent
+
 SCHEME = "intellect-request-v1"
 HEADER_ADDRESS = "x-intellect-address"
 HEADER_TIMESTAMP = "x-intellect-timestamp"
@@ -50,6 +52,7 @@ def canonical_request(method: str, path: str, query: str, body_sha256: str, time
     return "\n".join((SCHEME, method.upper(), path, canonical_query(query), body_sha256, str(timestamp), nonce, audience))
 
 
+@spent("signing")
 def sign_request(
     account: LocalAccount,
     method: str,
@@ -73,6 +76,7 @@ def sign_request(
     }
 
 
+@spent("signing")
 def sign_text(account: LocalAccount, message: str) -> str:
     """EIP-191 signature of ``message`` as 0x-prefixed hex."""
     return "0x" + account.sign_message(encode_defunct(text=message)).signature.hex().removeprefix("0x")

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, Field
 
+from intellect_protocol.shared.cpu_ledger import spent
+
 PRIME = 65497
 TOPK = 128
 CHUNK = 32
@@ -165,6 +167,7 @@ def build_proofs(hidden: torch.Tensor) -> bytes:
     return build_proofs_batch([hidden])[0]
 
 
+@spent("proof building")
 def build_proofs_batch(hiddens: list[torch.Tensor]) -> list[bytes]:
     """:func:`build_proofs` for many sequences at once: all their chunks share each array op."""
     entries = _top_entries([chunk for hidden in hiddens for chunk in _chunks(hidden)])
@@ -206,6 +209,7 @@ def parse_proofs(proofs: bytes, sizes: list[tuple[int, int]]) -> list[tuple[int,
     return parsed
 
 
+@spent("proof checking")
 def verify_proofs(hidden: torch.Tensor, proofs: bytes, thresholds: ToplocThresholds | None = None) -> list[ChunkResult]:
     """One result per chunk of ``hidden`` [positions, hidden_size]; never raises on bad bytes."""
     thresholds = thresholds or ToplocThresholds()

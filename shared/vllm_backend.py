@@ -109,7 +109,8 @@ class VllmBackend:
             os.environ.setdefault("OMP_NUM_THREADS", "1")
             # A separate engine-core process overlaps scheduling with a GPU's kernels; on the CPU it
             # only competes for the same cores and costs a second vLLM import: 21 s to start a
-            # small model's engine against 7 s in-process (measured, 2 cores).
+            # small model's engine against 7 s in-process (measured, 2 cores). In-process, vLLM scans
+            # every module the process has loaded; Flask's context proxies (moto imports Flask) raise there.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.llm = vllm.LLM(
             model=model_path,

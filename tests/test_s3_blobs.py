@@ -7,12 +7,12 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import boto3
 import httpx
 import pytest
 from eth_account import Account
-from moto.server import ThreadedMotoServer
 from rich.console import Console
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
@@ -23,6 +23,9 @@ from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.test_validation import grant, joined, lease
+
+if TYPE_CHECKING:
+    from moto.server import ThreadedMotoServer
 
 BUCKET = "rollouts"
 
@@ -35,6 +38,10 @@ class S3:
 
     def start(self) -> None:
         """The service, holding the bucket (moto keeps objects in this process's memory, across restarts)."""
+        # Imported here: moto brings Flask, whose context proxies break vLLM's scan of every loaded module
+        # when an engine starts in a test process that merely collected this module.
+        from moto.server import ThreadedMotoServer
+
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.server.start()
         self.client().create_bucket(Bucket=BUCKET)
@@ -42,7 +49,7 @@ class S3:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
-            self.server = None
+            self.server: ThreadedMotoServer | None = None
 
     def client(self):  # type: ignore[no-untyped-def]
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")

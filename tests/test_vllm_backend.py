@@ -36,6 +36,10 @@ SQUEEZED = {"max_num_batched_tokens": 8, "max_num_seqs": 8, "kv_cache_memory_byt
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[VllmBackend]:
+    # The engine core in a process of its own, as on a GPU (the e2e family tests run it in-process, as a
+    # CPU node does): this worker may have run the S3 tests, and an in-process engine scans every loaded
+    # module, Flask's context proxies included, which raise on that scan.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     backend = engine_for(
         str(TINY_MODEL_DIR),
         torch_backend_for("tiny-arith", "float32")[1].eos_token_id,
@@ -45,6 +49,7 @@ def engine() -> Iterator[VllmBackend]:
     )
     yield backend
     close_engine()
+    del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
 
 
 def preemptions(engine: VllmBackend) -> float:

@@ -14,6 +14,7 @@ import threading
 
 import torch
 
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.trainer.data import Batch
 from intellect_protocol.trainer.distributed import Placement, clip_grad_norm, shard
 from intellect_protocol.trainer.logprobs import sequence_logprobs
@@ -68,32 +69,35 @@ class Learner:
             self.optimizer.zero_grad()
             totals = dict.fromkeys(("loss", "clip_low", "clip_high", "ratio_mean", "entropy"), 0.0)
             capped = negative = 0.0
-            for part in parts:
-                if may_abandon is not None and may_abandon.is_set():
-                    raise Abandoned
-                chosen = [rollouts[i] for i in part.tolist()]
-                logp, entropy, mask = sequence_logprobs(
-                    self.module, [r.prompt_tokens for r in chosen], [r.completion_tokens for r in chosen], self.temperature
-                )
-                behaviour = torch.zeros_like(logp)  # [micro, T]
-                for i, r in enumerate(chosen):
-                    behaviour[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
-                loss, stats = grpo_loss(
-                    logp, behaviour, advantages[part].to(logp.device), mask, self.settings.loss, entropy=entropy, share=share
-                )
-                loss.backward()
-                for key in totals:  # each part's figures are normalised by the whole batch: they add up
-                    totals[key] += getattr(stats, key)
-                negatives = float(((advantages[part] < 0)[:, None].to(mask.device) & mask).sum())
-                capped, negative = capped + stats.clip_delta * negatives, negative + negatives
-            grad_norm = float(clip_grad_norm(self.module, self.settings.max_grad_norm))
+            with spent("forward/backward"):
+                for part in parts:
+                    if may_abandon is not None and may_abandon.is_set():
+                        raise Abandoned
+                    chosen = [rollouts[i] for i in part.tolist()]
+                    logp, entropy, mask = sequence_logprobs(
+                        self.module, [r.prompt_tokens for r in chosen], [r.completion_tokens for r in chosen], self.temperature
+                    )
+                    behaviour = torch.zeros_like(logp)  # [micro, T]
+                    for i, r in enumerate(chosen):
+                        behaviour[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
+                    loss, stats = grpo_loss(
+                        logp, behaviour, advantages[part].to(logp.device), mask, self.settings.loss, entropy=entropy, share=share
+                    )
+                    loss.backward()
+                    for key in totals:  # each part's figures are normalised by the whole batch: they add up
+                        totals[key] += getattr(stats, key)
+                    negatives = float(((advantages[part] < 0)[:, None].to(mask.device) & mask).sum())
+                    capped, negative = capped + stats.clip_delta * negatives, negative + negatives
+            with spent("optimizer"):
+                grad_norm = float(clip_grad_norm(self.module, self.settings.max_grad_norm))
             if not math.isfinite(grad_norm):
                 # One non-finite value would poison every weight; the norm is global under FSDP, so
                 # every rank skips the same step.
                 self.optimizer.zero_grad()
                 skipped += 1
                 continue
-            self.optimizer.step()
+            with spent("optimizer"):
+                self.optimizer.step()
             self.optimizer_steps += 1
             metrics = totals | {"clip_delta": capped / max(negative, 1.0), "grad_norm": grad_norm}
         metrics |= {

@@ -24,6 +24,7 @@ from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
 from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.registry import get_environment
 from intellect_protocol.shared.files import write_atomic_with
 from intellect_protocol.shared.models import load_model
@@ -137,8 +138,9 @@ class Trainer:
             self.state = self.state.model_copy(update={"step": step, "cursor": batch.cursor})
             return None
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory, state_dict=gathered)
-        self.tokenizer.save_pretrained(directory)
+        with spent("publishing"):
+            self.model.save_pretrained(directory, state_dict=gathered)
+            self.tokenizer.save_pretrained(directory)
         signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=self.settings.chunk_size)
         self.state = Checkpoint(
             step=step,
@@ -148,7 +150,8 @@ class Trainer:
             consumed=[*self.state.consumed, (step, self.state.cursor, batch.cursor)],
         )
         saved = {"state": self.state.model_dump(), "optimizer": self.learner.optimizer.state_dict()}
-        write_atomic_with(self.checkpoint_dir / CHECKPOINT, lambda f: torch.save(saved, f))
+        with spent("checkpoint"):
+            write_atomic_with(self.checkpoint_dir / CHECKPOINT, lambda f: torch.save(saved, f))
         self._register(signed)
         body = TrainerMetricsRequest(
             address=self.account.address, run_id=self.run_id, step=step, metrics=metrics, cursor=batch.cursor

@@ -60,6 +60,7 @@ import torch
 from pydantic import BaseModel, Field
 from transformers import PreTrainedTokenizerBase
 
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.registry import Environment, Problem, completion_text, reward
 from intellect_protocol.shared.inference import prefill_batch
 from intellect_protocol.shared.numerics import DTYPES, Numerics
@@ -284,6 +285,7 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
     return PrefillFindings(toploc, forged, too_many, deviating_rows, summary)
 
 
+@spent("reward check")
 def _rewards(rollouts: list[Rollout], ctx: Context, settings: CheckSettings) -> list[str]:
     budget = budget_of(ctx.task)
     failures = []

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.rollout_file import Rollout
 from intellect_protocol.shared.sampling import nucleus_mask, sampling_scores, token_logprobs
 from intellect_protocol.shared.tolerances import Tolerance
@@ -121,6 +122,7 @@ def row_scores(
     return PositionScores(gap, runner_up, logprob)
 
 
+@spent("sampling check")
 def row_sampling(
     r: Rollout, blocks: Iterable[tuple[int, torch.Tensor]], temperature: float, top_p: float, tolerance: Tolerance
 ) -> RowSampling:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.files import write_atomic
 from intellect_protocol.shared.schemas import RelayReportRequest
 from intellect_protocol.shared.shardcast.manifest import Manifest, SignedManifest
@@ -100,6 +101,7 @@ class SourcePicker:
             source.dropped = True
 
 
+@spent("weights download")
 def download_step(
     api: CoordinatorClient,
     run_id: str,

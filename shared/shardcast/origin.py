@@ -12,6 +12,7 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
+from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.files import write_atomic
 from intellect_protocol.shared.shardcast.manifest import DEFAULT_CHUNK_SIZE, SignedManifest, build_manifest, sign_manifest
 from intellect_protocol.shared.shardcast.store import MANIFEST_FILE
@@ -22,6 +23,7 @@ def step_dir(data_dir: Path, run_id: str, step: int) -> Path:
     return data_dir / run_id / str(step)
 
 
+@spent("publishing")
 def publish_step(
     data_dir: Path, run_id: str, step: int, account: LocalAccount, *, chunk_size: int = DEFAULT_CHUNK_SIZE
 ) -> SignedManifest:

@@ -1,0 +1,127 @@
+"""Where a process's CPU time goes, by activity: the ledger ``bench/learning.py`` prices the
+protocol's tax with.
+
+``with spent("proof"):`` charges the CPU time the calling thread spends inside the block to
+``proof``. A block inside another is charged to the inner activity only, so activities add up to
+no more than the process's CPU time; what no block covers (imports, servers, idle loops) is the
+difference, read as "other".
+
+Recording is on only when ``INTELLECT_CPU_LEDGER`` names a directory when the process starts
+(or after :func:`record`).
+The process then writes ``<dir>/<pid>.json`` (:class:`Snapshot`) every second and at exit, so a
+reader can difference two snapshots to price a window of the run. Off, a block costs one branch.
+Thread CPU time is exact only when torch runs its ops in the calling thread (one thread per
+process, as every role runs).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pydantic import BaseModel
+
+LEDGER_ENV = "INTELLECT_CPU_LEDGER"
+FLUSH_S = 1.0
+
+
+class Snapshot(BaseModel):
+    """One process's CPU seconds so far."""
+
+    pid: int
+    parent: int
+    """The parent's pid: a helper process (a node's finisher) is charged to the role that started it."""
+    program: str
+    cpu_s: float
+    """Every thread's user and system time (``time.process_time``)."""
+    activities: dict[str, float]
+    """Thread CPU seconds inside ``spent`` blocks, by activity."""
+
+
+_directory: Path | None = None
+_clock = time.thread_time
+_totals: defaultdict[str, float] = defaultdict(float)
+_lock = threading.Lock()
+_local = threading.local()
+_started = False
+
+
+@contextmanager
+def spent(activity: str) -> Iterator[None]:
+    """Charge the calling thread's CPU time inside the block to ``activity`` (when recording)."""
+    if _directory is None:
+        yield
+        return
+    _start(_directory)
+    inner: list[float] = _local.__dict__.setdefault("inner", [])
+    inner.append(0.0)
+    began = _clock()
+    try:
+        yield
+    finally:
+        elapsed = _clock() - began
+        nested = inner.pop()
+        with _lock:
+            _totals[activity] += elapsed - nested
+        if inner:
+            inner[-1] += elapsed
+
+
+def record(directory: Path, clock: Callable[[], float] = time.thread_time) -> None:
+    """Record this process from now on, writing to ``directory`` (a role reads ``LEDGER_ENV`` at
+    import instead). ``clock``: ``time.process_time`` charges a block with the work of the threads
+    it hands work to (torch's intra-op pool), right only where one flow of work runs at a time."""
+    global _directory, _clock
+    _directory, _clock = directory, clock
+
+
+def snapshot() -> Snapshot:
+    with _lock:
+        activities = dict(_totals)
+    return Snapshot(
+        pid=os.getpid(), parent=os.getppid(), program=Path(sys.argv[0]).name, cpu_s=time.process_time(), activities=activities
+    )
+
+
+def _start(directory: Path) -> None:
+    global _started
+    with _lock:
+        if _started:
+            return
+        _started = True
+    directory.mkdir(parents=True, exist_ok=True)
+    atexit.register(_write, directory)
+    threading.Thread(target=_flush, args=(directory,), name="cpu-ledger", daemon=True).start()
+
+
+def _flush(directory: Path) -> None:
+    while True:
+        _write(directory)
+        time.sleep(FLUSH_S)
+
+
+def _write(directory: Path) -> None:
+    path = directory / f"{os.getpid()}.json"
+    partial = path.with_suffix(".partial")
+    try:
+        partial.write_text(snapshot().model_dump_json())
+    except FileNotFoundError:
+        return  # the directory is gone: whoever read the ledger has finished
+    os.replace(partial, path)  # a reader never sees half a file
+
+
+def read_ledgers(directory: Path) -> list[Snapshot]:
+    """Every process's latest snapshot in ``directory``."""
+    return [Snapshot.model_validate(json.loads(p.read_text())) for p in sorted(directory.glob("*.json"))]
+
+
+if os.environ.get(LEDGER_ENV):
+    record(Path(os.environ[LEDGER_ENV]))

@@ -1,0 +1,61 @@
+"""The CPU ledger: a block's thread CPU time goes to its activity, a nested block's to the inner one
+only, other threads' work to no block of this one; the file a process writes is what a reader
+differences."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from intellect_protocol.shared.cpu_ledger import LEDGER_ENV, read_ledgers, snapshot, spent
+
+pytestmark = pytest.mark.unit
+
+WORK = """
+import threading, time
+from intellect_protocol.shared.cpu_ledger import spent
+
+def burn(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+with spent("outer"):
+    burn(0.3)
+    with spent("inner"):
+        burn(0.2)
+    time.sleep(0.3)  # waiting costs no CPU
+with spent("outer"):
+    other = threading.Thread(target=burn, args=(0.3,))  # another thread's work is not this block's
+    other.start()
+    other.join()
+burn(0.1)  # outside every block: "other"
+"""
+
+
+def _run(env: dict[str, str]) -> None:
+    subprocess.run([sys.executable, "-c", WORK], env={**os.environ, **env}, check=True, timeout=60)
+
+
+def test_activities_are_charged_their_own_threads_cpu_time_and_nested_blocks_once(tmp_path: Path) -> None:
+    _run({LEDGER_ENV: str(tmp_path)})
+    (snapshot,) = read_ledgers(tmp_path)
+    assert snapshot.program == "-c" and snapshot.parent == os.getpid()
+    assert set(snapshot.activities) == {"outer", "inner"}
+    assert 0.3 <= snapshot.activities["outer"] < 0.4
+    assert 0.2 <= snapshot.activities["inner"] < 0.3
+    assert snapshot.cpu_s >= 0.3 + 0.2 + 0.3 + 0.1  # the process total counts every thread
+    assert snapshot.cpu_s - sum(snapshot.activities.values()) >= 0.4
+
+
+def test_nothing_is_recorded_unless_asked() -> None:
+    assert not os.environ.get(LEDGER_ENV)
+    with spent("generation"):
+        sum(range(100_000))
+    assert snapshot().activities == {}
+    assert not any(t.name == "cpu-ledger" for t in threading.enumerate())
