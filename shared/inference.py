@@ -66,6 +66,11 @@ def _head(model: torch.nn.Module) -> torch.nn.Linear:
     return cast(PreTrainedModel, model).get_output_embeddings()
 
 
+def vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the model's LM head: the width of its logits."""
+    return _head(model).weight.shape[0]
+
+
 @dataclass(frozen=True)
 class Prefilled:
     """One row of a prefill: the states its TOPLOC proofs commit to, and the logits that chose each
@@ -84,8 +89,7 @@ class Prefilled:
 
     def blocks(self, max_bytes: int = LOGITS_BLOCK_BYTES) -> Iterator[tuple[int, torch.Tensor]]:
         """(first position, its block's logits) over the whole completion, each block at most ``max_bytes``."""
-        vocab = _head(self.model).weight.shape[0]
-        step = max(1, max_bytes // (4 * vocab))
+        step = max(1, max_bytes // (4 * vocab_size(self.model)))
         for start in range(0, len(self.states), step):
             yield start, self.logits(start, start + step)
 

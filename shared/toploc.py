@@ -209,41 +209,69 @@ def parse_proofs(proofs: bytes, sizes: list[tuple[int, int]]) -> list[tuple[int,
     return parsed
 
 
-@spent("proof checking")
 def verify_proofs(hidden: torch.Tensor, proofs: bytes, thresholds: ToplocThresholds | None = None) -> list[ChunkResult]:
     """One result per chunk of ``hidden`` [positions, hidden_size]; never raises on bad bytes."""
-    thresholds = thresholds or ToplocThresholds()
-    entries = _top_entries(_chunks(hidden))
-    try:
-        parsed = parse_proofs(proofs, [(0, len(idx)) for idx, _ in entries])
-    except ProofFormatError as e:
-        return [ChunkResult(TOPK, float("inf"), float("inf"), False, f"malformed proof: {e}") for _ in entries]
+    return verify_proofs_batch([hidden], [proofs], thresholds)[0]
 
-    results = []
-    for (indices, bits), (modulus, coeffs) in zip(entries, parsed):
-        claimed = _evaluate(coeffs[None, :], (indices % modulus)[None, :])[0] & 0xFFFF
-        exp_mismatch = ((claimed >> 7) & 0xFF) != ((bits >> 7) & 0xFF)
-        mant_err = np.abs((claimed & 0x7F) - (bits & 0x7F))[~exp_mismatch]
-        mismatches = int(exp_mismatch.sum())
-        mean = float(mant_err.mean()) if mant_err.size else float(2**64)
-        median = _upper_median(mant_err)
+
+@spent("proof checking")
+def verify_proofs_batch(
+    hiddens: list[torch.Tensor], proofs: list[bytes], thresholds: ToplocThresholds | None = None
+) -> list[list[ChunkResult]]:
+    """:func:`verify_proofs` for many sequences at once: every chunk of every sequence shares each
+    array op (top-k, evaluation, comparison), as :func:`build_proofs_batch` builds them."""
+    thresholds = thresholds or ToplocThresholds()
+    per_row = [_chunks(hidden) for hidden in hiddens]
+    entries = _top_entries([chunk for chunks in per_row for chunk in chunks])
+    results: list[list[ChunkResult]] = []
+    checked: list[tuple[int, int, np.ndarray, np.ndarray, int, np.ndarray]] = []
+    """(row, chunk, top-k indices, their bits, the proof's modulus, its coefficients)."""
+    start = 0
+    for row, (chunks, proof) in enumerate(zip(per_row, proofs, strict=True)):
+        mine = entries[start : start + len(chunks)]
+        start += len(chunks)
+        try:
+            parsed = parse_proofs(proof, [(0, len(idx)) for idx, _ in mine])
+        except ProofFormatError as e:
+            results.append([ChunkResult(TOPK, float("inf"), float("inf"), False, f"malformed proof: {e}") for _ in mine])
+            continue
+        results.append([ChunkResult(0, 0.0, 0.0, False)] * len(mine))  # each replaced below
+        checked += [(row, n, idx, bits, m, c) for n, ((idx, bits), (m, c)) in enumerate(zip(mine, parsed))]
+    for k in sorted({len(entry[2]) for entry in checked}):
+        group = [entry for entry in checked if len(entry[2]) == k]
+        indices, bits = np.stack([e[2] for e in group]), np.stack([e[3] for e in group])
+        moduli, coeffs = np.array([e[4] for e in group], dtype=np.int64), np.stack([e[5] for e in group])
+        claimed = _evaluate(coeffs, indices % moduli[:, None]) & 0xFFFF
+        for (row, n, *_), chunk in zip(group, _judge(claimed, bits, thresholds)):
+            results[row][n] = chunk
+    return results
+
+
+def _judge(claimed: np.ndarray, bits: np.ndarray, thresholds: ToplocThresholds) -> list[ChunkResult]:
+    """Each chunk's verdict from the bf16 patterns the proof claims and the verifier's own, both
+    ``[chunks, k]``: exponents must agree, and where they do, mantissas must be close."""
+    exp_mismatch = ((claimed >> 7) & 0xFF) != ((bits >> 7) & 0xFF)
+    mant_err = np.abs((claimed & 0x7F) - (bits & 0x7F))
+    mismatches = exp_mismatch.sum(axis=1)
+    agree = claimed.shape[1] - mismatches
+    # Entries whose exponents differ sort last, so a row's first ``agree`` values are the ones compared.
+    compared = np.sort(np.where(exp_mismatch, np.iinfo(np.int64).max, mant_err), axis=1)
+    sums = np.where(exp_mismatch, 0, mant_err).sum(axis=1)
+    out = []
+    for row in range(len(claimed)):
+        n = int(agree[row])
+        mean = float(sums[row] / n) if n else float(2**64)
+        # The reference's median: element n // 2 of the sorted values, the upper of the middle two when n is even.
+        median = float(compared[row, n // 2]) if n else float(2**64)
         failed = []
-        if mismatches > thresholds.exp_mismatches_max:
-            failed.append(f"{mismatches} exponent mismatches > {thresholds.exp_mismatches_max}")
+        if mismatches[row] > thresholds.exp_mismatches_max:
+            failed.append(f"{int(mismatches[row])} exponent mismatches > {thresholds.exp_mismatches_max}")
         if mean > thresholds.mant_err_mean_max:
             failed.append(f"mantissa error mean {mean:.2f} > {thresholds.mant_err_mean_max}")
         if median > thresholds.mant_err_median_max:
             failed.append(f"mantissa error median {median:.2f} > {thresholds.mant_err_median_max}")
-        results.append(ChunkResult(mismatches, mean, median, not failed, "; ".join(failed) or None))
-    return results
-
-
-def _upper_median(values: np.ndarray) -> float:
-    """The reference's median: element ``n // 2`` of the sorted values, the upper of the middle two
-    when ``n`` is even (``np.median`` averages them, accepting what the reference rejects)."""
-    if not values.size:
-        return float(2**64)
-    return float(np.partition(values, values.size // 2)[values.size // 2])
+        out.append(ChunkResult(int(mismatches[row]), mean, median, not failed, "; ".join(failed) or None))
+    return out
 
 
 def rollout_passes(results: list[ChunkResult]) -> bool:

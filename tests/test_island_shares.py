@@ -49,8 +49,15 @@ def publish(origin: Path, run_id: str, step: int, client: CoordinatorClient) -> 
 
 
 def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp_path: Path) -> None:
+    # The node never heartbeats: on a busy machine the test outlasts the default 20 s before the health
+    # sweep would mark it unhealthy in the middle of a "nothing changed" comparison.
     settings = CoordinatorSettings(
-        database_url=database_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000, island_lease_s=2
+        database_url=database_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        island_lease_s=2,
+        heartbeat_interval_s=3600,
     )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(max_tokens=8), audit=NO_AUDIT)

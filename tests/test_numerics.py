@@ -219,3 +219,24 @@ def test_a_rows_logprob_shift_is_judged_by_the_spread_of_the_whole_file_or_its_o
     # An honest row of uncertain tokens rounds more than the file's near-certain ones: judged by its own spread.
     noisy = torch.randn(42, generator=noise) * 0.05 + 0.0137
     assert shifted_rows([*honest, noisy], bf16) == {}
+
+
+def test_rows_scored_together_in_packed_blocks_score_as_each_row_alone() -> None:
+    """The validator scores a prefill batch's rows at once, their positions packed into shared blocks of
+    logits (here of 7 positions, so blocks join the end of one row to the start of the next)."""
+    from intellect_protocol.shared.inference import prefill_batch, vocab_size
+    from intellect_protocol.validator.sampling_check import row_scores, rows_scores
+
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 18, (n,), generator=gen).tolist() for n in (4, 9, 2)]
+    completions = [torch.randint(3, 18, (n,), generator=gen).tolist() for n in (11, 3, 16)]
+    rows = [
+        Rollout("t", "r", 0, "p", p, c, [0.0] * len(c), "length", 0.0, 0.0, 0.0, 0, seed, b"")
+        for p, c, seed in zip(prompts, completions, (7, 8, 9))
+    ]
+    prefilled = prefill_batch(MODEL, prompts, completions)
+    together = rows_scores(list(zip(rows, prefilled)), 1.0, 0.9, TOLERANCES["float32"], max_bytes=7 * 4 * vocab_size(MODEL))
+    for r, p, scored in zip(rows, prefilled, together, strict=True):
+        alone = row_scores(r.completion_tokens, r.seed, p.blocks(), 1.0, 0.9, TOLERANCES["float32"])
+        for mine, theirs in zip((scored.gap, scored.runner_up, scored.logprob), (alone.gap, alone.runner_up, alone.logprob)):
+            assert mine.shape == (len(r.completion_tokens),) and torch.allclose(mine, theirs, atol=1e-6)

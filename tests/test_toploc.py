@@ -15,6 +15,7 @@ from intellect_protocol.shared.toploc import (
     chunk_sizes,
     rollout_passes,
     verify_proofs,
+    verify_proofs_batch,
 )
 
 pytestmark = pytest.mark.unit
@@ -65,6 +66,19 @@ def test_round_trip_and_small_noise_pass() -> None:
     results = verify_proofs(noisy, proofs)
     assert rollout_passes(results), results
     assert len(results) == len(chunk_sizes(100))
+
+
+def test_a_batch_is_judged_as_each_sequence_alone() -> None:
+    honest = hidden(70, 512).float()
+    noisy = honest + 0.003 * torch.randn(honest.shape, generator=GEN)
+    tampered = torch.cat([hidden(CHUNK), hidden(7)])
+    small = hidden(3, width=8)  # chunks of fewer than TOPK values: another k in the same batch
+    sequences = [honest, noisy, tampered, small, hidden(0), hidden(40)]
+    proofs = [build_proofs(honest), build_proofs(honest), build_proofs(hidden(CHUNK + 7)), build_proofs(small), b"", b"\x01"]
+    batched = verify_proofs_batch(sequences, proofs)
+    assert batched == [verify_proofs(h, p) for h, p in zip(sequences, proofs)]
+    assert [rollout_passes(r) for r in batched] == [True, True, False, True, True, False]
+    assert batched[2][0].exp_mismatches > 0 and "malformed proof" in (batched[5][0].reason or "")
 
 
 def test_other_activations_fail() -> None:

@@ -9,6 +9,7 @@ safetensors are the whole model. Only rank 0 talks to the coordinator and publis
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -36,6 +37,9 @@ def placement() -> Placement:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # Left to the interpreter's teardown, Gloo's threads are destroyed unjoined now and then: the
+        # rank aborts ("terminate called without an active exception") after its work is done.
+        atexit.register(dist.destroy_process_group)
     return Placement(dist.get_rank() if dist.is_initialized() else 0, world_size, device)
 
 

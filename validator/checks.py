@@ -68,8 +68,8 @@ from intellect_protocol.shared.rollout_file import Rollout, RolloutFileError, re
 from intellect_protocol.shared.schemas import CHECKS, CheckName, CheckOutcome, Judgement, TaskSpec
 from intellect_protocol.shared.tasks import assigned_rows, budget_of
 from intellect_protocol.shared.tolerances import TOLERANCES, tolerance_for
-from intellect_protocol.shared.toploc import ToplocThresholds, rollout_passes, verify_proofs
-from intellect_protocol.validator.sampling_check import logprob_shift, row_sampling, shifted_rows
+from intellect_protocol.shared.toploc import ToplocThresholds, rollout_passes, verify_proofs_batch
+from intellect_protocol.validator.sampling_check import judge_row, logprob_shift, rows_scores, shifted_rows
 
 
 class CheckSettings(BaseModel):
@@ -234,27 +234,36 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
     params = ctx.task.sampling
     tolerance = tolerance_for(str(numerics), numerics.dtype, ctx.task.tolerances) or TOLERANCES[numerics.dtype]
     model = in_dtype(ctx.model, numerics.dtype)
-    toploc, forged, deviating_rows = [], [], []
+    toploc: dict[int, str] = {}
+    found: dict[int, str] = {}
+    deviating_rows: list[int] = []
     deviations, expected, outliers = 0, 0.0, 0
-    errors: list[torch.Tensor] = []
-    for start in range(0, len(rollouts), settings.prefill_batch):
-        batch = rollouts[start : start + settings.prefill_batch]
+    errors: list[torch.Tensor] = [torch.zeros(0)] * len(rollouts)
+    # Rows of like length share a prefill, so little of it is spent on padding.
+    order = sorted(range(len(rollouts)), key=lambda i: len(rollouts[i].prompt_tokens) + len(rollouts[i].completion_tokens))
+    for start in range(0, len(order), settings.prefill_batch):
+        chosen = order[start : start + settings.prefill_batch]
+        batch = [rollouts[i] for i in chosen]
         rows = prefill_batch(
             model, [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch], chunk=settings.prefill_chunk
         )
-        for i, (r, prefilled) in enumerate(zip(batch, rows), start):
-            if not rollout_passes(chunks := verify_proofs(prefilled.hidden, r.proofs, settings.toploc)):
+        verified = verify_proofs_batch([p.hidden for p in rows], [r.proofs for r in batch], settings.toploc)
+        scores = rows_scores(list(zip(batch, rows)), params.temperature, params.top_p, tolerance)
+        for i, r, chunks, scored in zip(chosen, batch, verified, scores, strict=True):
+            if not rollout_passes(chunks):
                 first = next(c for n, c in enumerate(chunks) if not c.ok)
-                toploc.append(f"row {i}: proof chunk {chunks.index(first)} fails ({first.reason})")
-            row = row_sampling(r, prefilled.blocks(), params.temperature, params.top_p, tolerance)
-            errors.append(row.logprob_errors)
+                toploc[i] = f"row {i}: proof chunk {chunks.index(first)} fails ({first.reason})"
+            row = judge_row(r, scored, params.temperature, tolerance)
+            errors[i] = row.logprob_errors
             if row.forged:
-                forged.append(f"row {i}: {row.forged}")
+                found[i] = f"row {i}: {row.forged}"
             elif row.deviations:
                 deviating_rows.append(i)
             deviations += row.deviations
             expected += row.expected
             outliers += row.outliers
+    deviating_rows.sort()
+    forged = [found[i] for i in sorted(found)]
     forged += [f"row {i}: {shift}" for i, shift in shifted_rows(errors, tolerance).items()]
     if not forged and outliers > tolerance.outliers:
         forged.append(
@@ -282,7 +291,7 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
         summary += (
             f" ({deviations} near-ties decided by numerics, {expected:.2f} expected; rows {deviating_rows[:8]} not trained)"
         )
-    return PrefillFindings(toploc, forged, too_many, deviating_rows, summary)
+    return PrefillFindings([toploc[i] for i in sorted(toploc)], forged, too_many, deviating_rows, summary)
 
 
 @spent("reward check")

@@ -6,12 +6,13 @@ says how the findings are judged). Logits are read a block of positions at a tim
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from intellect_protocol.shared.cpu_ledger import spent
+from intellect_protocol.shared.inference import LOGITS_BLOCK_BYTES, Prefilled, logits_of, vocab_size
 from intellect_protocol.shared.rollout_file import Rollout
 from intellect_protocol.shared.sampling import nucleus_mask, sampling_scores, token_logprobs
 from intellect_protocol.shared.tolerances import Tolerance
@@ -75,11 +76,16 @@ class PositionScores:
 
 
 def _position_scores(
-    logits: torch.Tensor, tokens: torch.Tensor, seed: int, first: int, temperature: float, top_p: float, tolerance: Tolerance
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    tolerance: Tolerance,
 ) -> PositionScores:
-    """Scores of positions ``first..first + len(tokens)`` of one row, from their ``logits [n, vocab]`` (fp32)."""
-    n = len(tokens)
-    seeds, positions = torch.full((n,), seed, dtype=torch.int64), torch.arange(first, first + n)
+    """Scores of completion positions, one per row of their ``logits [n, vocab]`` (fp32), each drawn
+    with its row's seed at its position in the row."""
     scores = sampling_scores(logits, seeds, positions, temperature, top_p)
     scale = (logits.abs().amax(-1) / (temperature or 1.0)).clamp(min=1e-6)
     top2 = scores.topk(2, dim=-1).values
@@ -116,20 +122,75 @@ def row_scores(
     gap, runner_up, logprob = (torch.empty(len(claimed)) for _ in range(3))
     for first, logits in blocks:
         stop = first + len(logits)
-        scored = _position_scores(logits, claimed[first:stop], seed, first, temperature, top_p, tolerance)
+        seeds, positions = torch.full((stop - first,), seed, dtype=torch.int64), torch.arange(first, stop)
+        scored = _position_scores(logits, claimed[first:stop], seeds, positions, temperature, top_p, tolerance)
         gap[first:stop], runner_up[first:stop], logprob[first:stop] = scored.gap, scored.runner_up, scored.logprob
         del logits, scored
     return PositionScores(gap, runner_up, logprob)
 
 
 @spent("sampling check")
+def rows_scores(
+    rows: list[tuple[Rollout, Prefilled]],
+    temperature: float,
+    top_p: float,
+    tolerance: Tolerance,
+    max_bytes: int = LOGITS_BLOCK_BYTES,
+) -> list[PositionScores]:
+    """:func:`row_scores` of many prefilled rows at once: their positions are packed into shared blocks of
+    at most ``max_bytes`` of logits, so each block's operations run once for all of them."""
+    if not rows:
+        return []
+    lengths = [len(r.completion_tokens) for r, _ in rows]
+    claimed = torch.tensor([t for r, _ in rows for t in r.completion_tokens], dtype=torch.int64)
+    seeds = torch.cat([torch.full((n,), r.seed, dtype=torch.int64) for (r, _), n in zip(rows, lengths)])
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    model = rows[0][1].model
+    step = max(1, max_bytes // (4 * vocab_size(model)))
+    gap, runner_up, logprob = (torch.empty(len(claimed)) for _ in range(3))
+    first = 0
+    for states in _blocks([p.states for _, p in rows], step):
+        stop = first + len(states)
+        with torch.inference_mode():
+            logits = logits_of(model, states)
+        scored = _position_scores(
+            logits, claimed[first:stop], seeds[first:stop], positions[first:stop], temperature, top_p, tolerance
+        )
+        gap[first:stop], runner_up[first:stop], logprob[first:stop] = scored.gap, scored.runner_up, scored.logprob
+        del logits, scored
+        first = stop
+    return [PositionScores(*parts) for parts in zip(*(t.split(lengths) for t in (gap, runner_up, logprob)))]
+
+
+def _blocks(parts: list[torch.Tensor], step: int) -> Iterator[torch.Tensor]:
+    """The rows of ``parts``, in order, as blocks of ``step`` rows (the last one shorter); a block joins
+    the ends and starts of parts, and nothing larger than a block is ever made."""
+    block: list[torch.Tensor] = []
+    held = 0
+    for part in parts:
+        while len(part):
+            piece, part = part[: step - held], part[step - held :]
+            block.append(piece)
+            held += len(piece)
+            if held == step:
+                yield torch.cat(block)
+                block, held = [], 0
+    if block:
+        yield torch.cat(block)
+
+
 def row_sampling(
     r: Rollout, blocks: Iterable[tuple[int, torch.Tensor]], temperature: float, top_p: float, tolerance: Tolerance
 ) -> RowSampling:
     """Judge one row's tokens and logprobs against the validator's logits, computed in the node's dtype and read as
     ``(first position, logits [n, vocab] fp32)`` blocks (never ``[tokens, vocab]`` at once). Whether its logprobs
     are shifted one way is judged with the file's other rows (:func:`shifted_rows`)."""
-    scores = row_scores(r.completion_tokens, r.seed, blocks, temperature, top_p, tolerance)
+    return judge_row(r, row_scores(r.completion_tokens, r.seed, blocks, temperature, top_p, tolerance), temperature, tolerance)
+
+
+@spent("sampling check")
+def judge_row(r: Rollout, scores: PositionScores, temperature: float, tolerance: Tolerance) -> RowSampling:
+    """:func:`row_sampling` from the row's scores, made by :func:`row_scores` or :func:`rows_scores`."""
     gap, runner_up, logprob = scores.gap, scores.runner_up, scores.logprob
     beyond = gap > tolerance.max_gap
     if int(beyond.sum()) > tolerance.outliers:
