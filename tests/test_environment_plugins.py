@@ -140,8 +140,9 @@ def test_a_run_pins_the_installed_plugin_and_roles_without_it_stop_and_say_what_
     refused = _coordinator(["run", "create", "--name", "cc", "--environment", "column-credit", "--database-url", sqlite_url], {})
     assert refused.returncode == 2 and "Unusable environment: environment 'column-credit' is not installed" in refused.stderr
 
+    small = ["--prompts-per-task", "2", "--samples-per-prompt", "2", "--max-tokens", "16"]  # one quick task is all it takes
     created = _coordinator(
-        ["run", "create", "--name", "cc", "--environment", "column-credit", "--database-url", sqlite_url], example
+        ["run", "create", "--name", "cc", "--environment", "column-credit", "--database-url", sqlite_url, *small], example
     )
     assert created.returncode == 0, created.stderr
     engine = create_engine(sqlite_url)
