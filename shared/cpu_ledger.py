@@ -7,9 +7,9 @@ no more than the process's CPU time; what no block covers (imports, servers, idl
 difference, read as "other".
 
 Recording is on only when ``INTELLECT_CPU_LEDGER`` names a directory when the process starts
-(or after :func:`record`).
-The process then writes ``<dir>/<pid>.json`` (:class:`Snapshot`) every second and at exit, so a
-reader can difference two snapshots to price a window of the run. Off, a block costs one branch.
+(or after :func:`record`). The process then writes ``<dir>/<pid>.json`` (:class:`Snapshot`) every
+second and at exit, so a reader can difference two snapshots to price a window of the run. Off, a
+block costs one branch.
 Thread CPU time is exact only when torch runs its ops in the calling thread (one thread per
 process, as every role runs).
 """
