@@ -22,8 +22,9 @@ RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "4", "--max-tokens", "
 @pytest.mark.timeout(900)
 def test_the_network_recovers_from_kills_and_loses_nothing(tmp_path: Path) -> None:
     rng = random.Random(7)
-    # bench/chaos.py also runs the slow relay and the lost blob store; here the S3 and shardcast tests
-    # cover those two, and each costs about a policy step of the e2e stage's time.
+    # bench/chaos.py also runs the slow relay and the lost blob store, each about a policy step of the e2e
+    # stage's time; the nearest cases in CI are the S3 outage test and the shardcast tests (a relay killed
+    # mid-download, the picker preferring fast relays).
     faults = ["trainer-step", "relay-broadcast", "node-generation", "validator-batch", "clock-skew", "coordinator"]
     target = 6
     # The trainer trains until stopped: a run whose trainer is done hands out no more work (nothing
