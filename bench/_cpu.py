@@ -17,8 +17,9 @@ from intellect_protocol.shared.cpu_ledger import read_ledgers
 Ledger = dict[str, dict[str, float]]
 """Role -> activity -> CPU seconds; every role's ``total`` is its whole CPU time."""
 TOTAL, OTHER = "total", "other"
-LEARNING = {("node", "generation"), ("trainer", "forward/backward"), ("trainer", "optimizer"), ("single process", "generation")}
-LEARNING |= {("single process", "forward/backward"), ("single process", "optimizer")}
+LEARNING = {("node", "generation"), ("trainer", "forward/backward"), ("trainer", "optimizer")} | {
+    ("single process", activity) for activity in ("generation", "forward/backward", "optimizer")
+}
 """What is not tax: generating rollouts and the training update; everything else is."""
 
 

@@ -96,7 +96,8 @@ def schedule(times: dict[int, float], dense: float, sparse: float) -> list[int]:
     for step, t in sorted(times.items()):
         if t <= dense or t >= next_at:
             chosen.append(step)
-            next_at = max(next_at, t) + sparse if t > dense else next_at
+            if t > dense:
+                next_at = t + sparse
     last = max(times, default=None)
     return chosen if last is None or last in chosen else [*chosen, last]
 
@@ -164,7 +165,7 @@ def network(args: argparse.Namespace, problems: list[tuple[str, int]], async_lev
         published = {s: t for s, t in published.items() if t <= args.seconds}
         chosen = schedule(published, args.dense, args.sparse)
         jobs = [(0.0, 0, "tiny-arith")] + [(published[s], s, str(step_dir(workdir / "origin", run, s))) for s in chosen]
-        steps = [m for m in progress["steps"] if m.get("step", 0) in published] or progress["steps"]
+        steps = [m for m in progress["steps"] if m["step"] in published]
         return Curve(args.seconds, evaluate(jobs, problems), steps, breakdown, cpu, rollouts)
 
 

@@ -60,7 +60,7 @@ def spent(activity: str) -> Iterator[None]:
     if _directory is None:
         yield
         return
-    _start(_directory)
+    _start()
     inner: list[float] = _local.__dict__.setdefault("inner", [])
     inner.append(0.0)
     began = _clock()
@@ -84,6 +84,7 @@ def record(directory: Path, clock: Callable[[], float] = time.thread_time) -> No
 
 
 def snapshot() -> Snapshot:
+    """This process's CPU seconds so far, as :func:`read_ledgers` returns them."""
     with _lock:
         activities = dict(_totals)
     return Snapshot(
@@ -91,30 +92,34 @@ def snapshot() -> Snapshot:
     )
 
 
-def _start(directory: Path) -> None:
+def _start() -> None:
     global _started
     with _lock:
         if _started:
             return
         _started = True
-    directory.mkdir(parents=True, exist_ok=True)
-    atexit.register(_write, directory)
-    threading.Thread(target=_flush, args=(directory,), name="cpu-ledger", daemon=True).start()
+    atexit.register(_write)
+    threading.Thread(target=_flush, name="cpu-ledger", daemon=True).start()
 
 
-def _flush(directory: Path) -> None:
+def _flush() -> None:
     while True:
-        _write(directory)
+        _write()
         time.sleep(FLUSH_S)
 
 
-def _write(directory: Path) -> None:
+def _write() -> None:
+    """The snapshot, into the directory recording goes to now (:func:`record` may have moved it)."""
+    directory = _directory
+    if directory is None:
+        return
     path = directory / f"{os.getpid()}.json"
     partial = path.with_suffix(".partial")
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         partial.write_text(snapshot().model_dump_json())
     except FileNotFoundError:
-        return  # the directory is gone: whoever read the ledger has finished
+        return  # the directory's parent is gone: whoever read the ledger has finished
     os.replace(partial, path)  # a reader never sees half a file
 
 

@@ -59,3 +59,20 @@ def test_nothing_is_recorded_unless_asked() -> None:
         sum(range(100_000))
     assert snapshot().activities == {}
     assert not any(t.name == "cpu-ledger" for t in threading.enumerate())
+
+
+def test_recording_moved_to_another_directory_writes_there(tmp_path: Path) -> None:
+    """``bench/learning.py`` records its single process once per repeat, each time into a fresh directory."""
+    moved = f"""
+from pathlib import Path
+from intellect_protocol.shared import cpu_ledger
+cpu_ledger.record(Path({str(tmp_path / "first")!r}))
+with cpu_ledger.spent("first"):
+    sum(range(10_000))
+cpu_ledger.record(Path({str(tmp_path / "second")!r}))
+with cpu_ledger.spent("second"):
+    sum(range(10_000))
+"""
+    subprocess.run([sys.executable, "-c", moved], env={**os.environ, LEDGER_ENV: ""}, check=True, timeout=60)
+    (latest,) = read_ledgers(tmp_path / "second")
+    assert set(latest.activities) == {"first", "second"}
