@@ -6,13 +6,14 @@ Exit codes of ``join``: 0 stopped by Ctrl-C or SIGTERM, 1 wallet problem, 2 cloc
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -46,6 +47,16 @@ def _say_stopped() -> None:
     # Not through Rich: the interrupt may have landed inside one of its prints, leaving the console's
     # buffer open, and whatever it prints after that is never written.
     print("Stopped.", flush=True)
+
+
+def _exit_now() -> NoReturn:
+    """Exit 0 at once, once the exit handlers (the CPU ledger's last write) have run. The interpreter's
+    own teardown of vLLM and torch takes 2 s on an idle machine and several times that on a busy one,
+    past the stop deadline, and the deadline's watchdog thread cannot run once that teardown begins."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _force_exit() -> None:
@@ -175,6 +186,8 @@ def join(
         engines = sys.modules.get("intellect_protocol.shared.vllm_backend")
         if engines is not None:
             engines.close_engine()
+    if signalled.is_set():
+        _exit_now()
 
 
 @app.command()

@@ -59,10 +59,15 @@ def devnet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return Devnet(workdir, database_url, json.loads((workdir / "summary.json").read_text()), result.stdout)
 
 
+def _tail(log: Path, lines: int = 30) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
+
+
 @pytest.mark.timeout(660)  # a vLLM engine starts among eight other processes on two shared cores
 def test_devnet_learns_and_stops_by_itself(devnet: Devnet) -> None:
     summary = devnet.summary
-    assert all(code == 0 for code in summary["exit_codes"].values()), summary["exit_codes"]
+    failed = {name: code for name, code in summary["exit_codes"].items() if code != 0}
+    assert not failed, {name: (code, _tail(devnet.workdir / "logs" / f"{name}.log")) for name, code in failed.items()}
     names = {"coordinator", "origin", "relay", "validator-0", "validator-1", "node-0", "adversary", "rogue-validator"}
     names |= {"lighthouse", "island-0", "island-1"}
     assert set(summary["exit_codes"]) == names
