@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import blake3
 import httpx
 import pytest
 from eth_account import Account
@@ -310,6 +311,20 @@ def test_manifest_signatures_and_layout_checks() -> None:
         tampered.verify()
     with pytest.raises(ValueError, match="tile"):
         type(manifest).model_validate({**manifest.model_dump(), "chunks": manifest.model_dump()["chunks"][:-1]})
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("chunk_size", [2**20 + 2**19, 3 * 2**20, 5 * 2**20])
+def test_each_chunk_hash_is_the_blake3_of_its_bytes(tmp_path: Path, chunk_size: int) -> None:
+    # Chunks longer than the 1 MiB read piece, not a multiple of it, and a last chunk cut short.
+    (tmp_path / "config.json").write_text("{}")
+    data = os.urandom(4 * 2**20 + 12345)
+    (tmp_path / "model.safetensors").write_bytes(data)
+    manifest = build_manifest(tmp_path, "run-1", 1, chunk_size=chunk_size)
+    weights = [c for c in manifest.chunks if manifest.files[c.file].path == "model.safetensors"]
+    assert [c.offset for c in weights] == list(range(0, len(data), chunk_size))
+    assert sum(c.length for c in weights) == len(data)
+    assert all(c.blake3 == blake3.blake3(data[c.offset : c.offset + c.length]).hexdigest() for c in weights)
 
 
 def test_retention_waits_for_the_grace_period_and_for_readers(net: Net) -> None:
