@@ -46,11 +46,14 @@ def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: 
         grant(served, token, trainer_key.address, "trainer")
         grant(served, token, validator_key.address, "validator")
         node = joined(served)
+        uploads: list[float] = []  # each upload's wall clock, as this client saw it
         for _ in range(8):  # 16 groups: enough for 3 with reward variance (measured in tests/test_trainer.py)
             task = lease(served, node)
             data = finish(generate(task)).data
             time.sleep(HOLD_S)
+            started = time.monotonic()
             upload(served, node, task, data)
+            uploads.append(time.monotonic() - started)
         time.sleep(QUEUE_S)
         validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=8)
         assert validator.run(max_submissions=8) == 8
@@ -70,7 +73,8 @@ def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: 
             )
         assert 1 <= timing["submissions"] == read < 8  # what the step read, not everything accepted
         assert HOLD_S <= timing["node_s"] < 30
-        assert 0 <= timing["upload_s"] < HOLD_S
+        # The coordinator's view of an upload lies within the client's, and holds none of the node's time.
+        assert 0 <= timing["upload_s"] <= max(uploads)
         assert timing["validation_s"] >= QUEUE_S
         # The trainer's clock starts at the run's first lease: it waited for everything above.
         assert timing["trainer_wait_s"] >= 8 * HOLD_S + QUEUE_S
