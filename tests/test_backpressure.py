@@ -22,9 +22,9 @@ from intellect_protocol.coordinator.services import admission
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.node.client import NodeClient
+from intellect_protocol.node.finishers import finisher_pool, stop_finishers, wait_ready
 from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
-from intellect_protocol.node.work import finisher_pool, stop_finishers
 from intellect_protocol.node.work_loop import WorkLoop
 from intellect_protocol.shared.signing import SignedAuth
 from tests.conftest import Served, admin_token, serve
@@ -210,6 +210,20 @@ def test_a_claim_waits_for_work_to_arrive(coordinator: Served) -> None:
     assert [c["task"]["task_id"] for c in claims] == [task["task_id"]] and 0.9 < waited < 8
 
 
+def test_a_claim_never_waits_past_half_of_the_window_that_keeps_its_validator_live(sqlite_url: str, tmp_path: Path) -> None:
+    # Only a claim's first look marks its validator live; were it to wait longer, work arriving late
+    # in the wait would find it dead and go undrawn.
+    with serve(_settings(sqlite_url, tmp_path, validator_live_s=2)) as served:
+        make_run(served, prompts=1, samples=1)
+        validator = _grant(served, "validator")
+        started = time.monotonic()
+        claims = signed_post(
+            served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "wait_s": 8}
+        ).json()
+        waited = time.monotonic() - started
+        assert claims == [] and 0.9 < waited < 4
+
+
 def test_a_trainer_waiting_for_accepted_work_is_answered_when_a_verdict_accepts_it(coordinator: Served) -> None:
     run_id = make_run(coordinator, prompts=1, samples=1)
     node, validator, trainer = joined(coordinator), _grant(coordinator, "validator"), _grant(coordinator, "trainer")
@@ -252,6 +266,7 @@ def test_a_node_waiting_for_the_trainer_asks_again_within_a_second(sqlite_url: s
         client = NodeClient(served.url, Account.create(), NodeSettings(state_dir=tmp_path / "node"))
         client.register(probe(tmp_path / "node"), None)
         out, finishers, stop = io.StringIO(), finisher_pool(), threading.Event()
+        assert wait_ready(finishers, stop)  # started: the loop leases at once
         done: list[float] = []
         # Its heartbeat interval is 60 s here; the coordinator says to ask again in a second.
         worker = threading.Thread(

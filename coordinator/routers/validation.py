@@ -26,15 +26,16 @@ async def claim(body: ClaimRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep,
     """The submissions drawn for this validator to judge (up to ``limit``, the policy closest to
     going stale first), each leased until ``claim_expires_at``; waits up to ``wait_s`` for some,
     then an empty list. Validators cannot choose."""
-    deadline = time.monotonic() + body.wait_s
+    # The first look marks the validator live; the wait never outlasts half of what keeps it so.
+    deadline = time.monotonic() + min(body.wait_s, settings.validator_live_s / 2)
     stakes = ctx.stakes
     stake = None if stakes is None else await stakes.stake(signed.address)
     claims = await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC), stake)
     while not claims and (remaining := deadline - time.monotonic()) > 0:
         # Woken at once by an upload or verdict on this process; other replicas' within POLL_S.
         await ctx.work_arrived.wait(min(POLL_S, remaining))
-        # The signature and its nonce were checked and recorded by the first pass.
-        claims = await ledger.run(validation.claim, signed.address, body, settings, datetime.now(UTC), stake)
+        # The signature, its nonce, the role and the stake were checked by the first look.
+        claims = await ledger.run(validation.draw, signed.address, body.limit, settings, datetime.now(UTC))
     return claims
 
 

@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import bindparam, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.models import Appeal, ContributionEntry, Review, Role, Run, Submission, Task
@@ -68,32 +68,34 @@ def open_review(
     return review
 
 
+# Built once with their times as parameters: every validator's claim pass runs them.
+_LIVE = select(Role.address).where(
+    Role.role == RoleName.validator, Role.revoked_at.is_(None), Role.last_seen >= bindparam("seen")
+)
+_WAITING = (
+    select(Review)
+    .join(Submission, Submission.id == Review.submission_id)
+    .join(Task, Task.id == Submission.task_id)
+    .where(
+        Review.outcome.is_(None),
+        Review.voided_at.is_(None),
+        or_(Review.validator.is_(None), Review.expires_at <= bindparam("now")),
+    )
+    .where(or_(Review.retry_at.is_(None), Review.retry_at <= bindparam("now")))
+    .order_by(*URGENT_FIRST)
+    .limit(ASSIGN_SCAN)
+    .with_for_update(skip_locked=True, of=Review)
+)
+
+
 def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> None:
     """Draw a live, eligible validator for every review waiting for one (unassigned, or its
     assignment lapsed), the work closest to going stale first; expire what went stale waiting."""
     expire_stale(session, now)
-    seen = now - timedelta(seconds=settings.validator_live_s)
-    live = list(
-        session.scalars(
-            select(Role.address).where(Role.role == RoleName.validator, Role.revoked_at.is_(None), Role.last_seen >= seen)
-        )
-    )
+    live = list(session.scalars(_LIVE, {"seen": now - timedelta(seconds=settings.validator_live_s)}))
     if not live:
         return
-    waiting = list(
-        session.scalars(
-            select(Review)
-            .join(Submission, Submission.id == Review.submission_id)
-            .join(Task, Task.id == Submission.task_id)
-            .where(
-                Review.outcome.is_(None), Review.voided_at.is_(None), or_(Review.validator.is_(None), Review.expires_at <= now)
-            )
-            .where(or_(Review.retry_at.is_(None), Review.retry_at <= now))
-            .order_by(*URGENT_FIRST)
-            .limit(ASSIGN_SCAN)
-            .with_for_update(skip_locked=True, of=Review)
-        )
-    )
+    waiting = list(session.scalars(_WAITING, {"now": now}))
     if not waiting:
         return
     links = {v: linked(session, v, settings) for v in live}

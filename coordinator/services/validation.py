@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.errors import ApiError
@@ -47,22 +47,32 @@ def claim(
         session.execute(update(Review).where(Review.retry_at.is_not(None)).values(retry_at=None))
     role.last_seen = now
     session.flush()
-    committee.assign(session, settings, now)
-    query = (
-        select(Review)
-        .join(Submission, Submission.id == Review.submission_id)
-        .join(Task, Task.id == Submission.task_id)
-        .where(
-            Review.validator == signer,
-            Review.outcome.is_(None),
-            Review.voided_at.is_(None),
-            Review.claimed_at.is_(None),
-            Review.expires_at > now,
-        )
-        .order_by(*committee.URGENT_FIRST)
-        .limit(body.limit)
+    return draw(session, signer, body.limit, settings, now)
+
+
+# Built once: a long-polling validator runs it at every look.
+_DRAWN = (
+    select(Review)
+    .join(Submission, Submission.id == Review.submission_id)
+    .join(Task, Task.id == Submission.task_id)
+    .where(
+        Review.validator == bindparam("signer"),
+        Review.outcome.is_(None),
+        Review.voided_at.is_(None),
+        Review.claimed_at.is_(None),
+        Review.expires_at > bindparam("now"),
     )
-    drawn = list(session.scalars(query))
+    .order_by(*committee.URGENT_FIRST)
+    .limit(bindparam("limit"))
+)
+
+
+def draw(session: Session, signer: str, limit: int, settings: CoordinatorSettings, now: datetime) -> list[Claim]:
+    """:func:`claim` after its checks: a long poll's later looks, within the request whose first look
+    checked the signer's role and stake. A validator whose role is revoked meanwhile is drawn no new
+    work, and can neither fetch what it was drawn before nor judge it (both check the role)."""
+    committee.assign(session, settings, now)
+    drawn = list(session.scalars(_DRAWN, {"signer": signer, "now": now, "limit": limit}))
     # Appeals come last and one at a time: a validator never sits on a batch of them while honest
     # work waits, so an appeal delays honest work by one check at most.
     others = [r for r in drawn if r.purpose != "appeal"]
