@@ -24,9 +24,10 @@ from rich.console import Console
 
 from intellect_protocol.devnet.processes import coordinator_command, migrate, start_coordinator
 from intellect_protocol.node.client import NodeClient
+from intellect_protocol.node.finishers import finisher_pool
 from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
-from intellect_protocol.node.work import TaskResult, finisher_pool, generate, run_task
+from intellect_protocol.node.work import TaskResult, generate, run_task
 from intellect_protocol.node.work_loop import WorkLoop
 from intellect_protocol.shared.schemas import TaskSpec
 

@@ -244,7 +244,7 @@ def start_network(
             net.processes.append(start_validator(net, f"validator-{i}"))
         trainer = [*script("intellect-trainer"), "run", "--coordinator", url, "--run", run_id, "--steps", str(steps)]
         trainer += ["--origin-dir", str(workdir / "origin")]
-        trainer_env = {**net.role_env(), **(trainer_env or {})}
+        trainer_env = {**net.role_env(), "INTELLECT_TRAINER_THREADS": "1", **(trainer_env or {})}
         if islands:
             net.processes.extend(start_islands(net, islands, sync_every, trainer, trainer_env))
         else:

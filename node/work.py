@@ -1,19 +1,13 @@
 """One task on the node, in two halves so they can overlap across tasks:
 :func:`generate` (prompts -> completions, the model's work) and :func:`finish`
-(rewards, proofs, the rollout file: CPU work a second thread does while the next task generates)."""
+(rewards, proofs, the rollout file: CPU work the finisher process, :mod:`node.finishers`, does while the next task generates)."""
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import signal
-import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from intellect_protocol.node.settings import BackendKind, Dtype
@@ -74,34 +68,6 @@ class Generated:
     budget: LengthBudget
     generate_s: float
     numerics: Numerics
-
-
-def finisher_pool() -> ProcessPoolExecutor:
-    """A process that finishes tasks (rewards, proofs, the file) beside generation: on a small
-    model generation is bound by Python, so in a thread the same work would wait for the GIL."""
-    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread)
-
-
-def stop_finishers(pool: ProcessPoolExecutor) -> None:
-    """Shut ``pool`` down now: work in it is dropped with its task (the lease runs out), and a
-    finisher still starting (importing torch can take seconds on a busy machine) is not waited for."""
-    for process in list(pool._processes.values()):  # no public way before Python 3.14
-        process.terminate()
-    pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-    # Ctrl-C at a terminal reaches the whole process group; stopping the finisher is its node's call.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-
-
-def _exit_with_parent(parent: int) -> None:
-    """A node killed with SIGKILL cannot stop its finisher, which would wait for work forever."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
 
 
 def run_task(task: TaskSpec, backend: BackendKind = "torch") -> TaskResult:

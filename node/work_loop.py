@@ -2,7 +2,7 @@
 
 1. **lease** (a helper thread, one task ahead): take a free :class:`Slots` slot and lease a task into it;
 2. **generate** (the calling thread): fetch the task's policy weights if needed, then generate;
-3. **prove** (``finishers``, a process pool, :func:`node.work.finisher_pool`): score, prove and write the file;
+3. **prove** (``finishers``, a process pool, :mod:`node.finishers`): score, prove and write the file;
 4. **upload** (the uploader thread): submit the file, then give the slot back.
 
 A slot is held from the lease to the end of the upload (or to the moment the task is dropped), so
@@ -16,13 +16,14 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
 
 from intellect_protocol.node.client import NodeClient, NotRegistered, TaskLost
+from intellect_protocol.node.finishers import finisher_pool, stop_finishers, wait_ready
 from intellect_protocol.node.settings import BackendKind, Dtype
 from intellect_protocol.shared.coordinator_client import Stopped
 from intellect_protocol.shared.schemas import WorkWait
@@ -210,12 +211,20 @@ class WorkLoop:
 
     def run(self, max_tasks: int | None = None) -> int:
         """Work until ``stop`` (or ``max_tasks`` leased); returns the number of tasks submitted."""
-        from intellect_protocol.node.work import finisher_pool
+        import intellect_protocol.node.work  # noqa: F401  (torch loads before the first lease, not with its clock running)
 
+        owned: ProcessPoolExecutor | None = None
+        if self.finishers is not None:
+            finishers = self.finishers
+        else:
+            finishers = owned = finisher_pool()
+        if not wait_ready(finishers, self.stop):
+            if owned is not None:
+                stop_finishers(owned)
+            return self.done
         uploader = threading.Thread(target=self._uploader, name="uploader", daemon=True)
         uploader.start()
         prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
-        finishers = self.finishers or finisher_pool()
         upcoming: Future[TaskSpec | None] | None = None
         leased = 0
         try:
@@ -251,8 +260,8 @@ class WorkLoop:
             prefetcher.shutdown(wait=True)
             self.uploads.put(None)
             uploader.join()
-            if self.finishers is None:
-                finishers.shutdown(wait=True)
+            if owned is not None:
+                owned.shutdown(wait=True)
         if self.failure is not None:
             raise self.failure
         return self.done

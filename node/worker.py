@@ -31,6 +31,7 @@ from intellect_protocol.node.client import (
     clock_skew_error,
     version_error,
 )
+from intellect_protocol.node.finishers import finisher_pool, stop_finishers
 from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.state import NodeSession, load_session, save_session
@@ -142,9 +143,7 @@ def join(
         weights = Weights(client.api, state_dir / "weights", console)
         beats.weights = weights
         beats.start()
-        from intellect_protocol.node.work import finisher_pool, stop_finishers
-
-        finishers = finisher_pool()
+        finishers = finisher_pool()  # starting while this process loads the model code (WorkLoop.run)
         try:
             with _live_progress(console) as on_done:
                 while not stop.is_set():  # again after the coordinator forgot this node and it registered anew

@@ -76,7 +76,7 @@ def _check(url: str, tmp_path: Path) -> None:
 def test_a_node_holds_as_many_tasks_as_the_coordinator_allows(sqlite_url: str, tmp_path: Path) -> None:
     import io
 
-    from intellect_protocol.node.work import finisher_pool, stop_finishers
+    from intellect_protocol.node.finishers import finisher_pool, stop_finishers
     from intellect_protocol.node.work_loop import WorkLoop
     from intellect_protocol.shared.schemas import SamplingParams
     from tests.helpers import make_run

@@ -64,10 +64,12 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
 
             used: list[tuple[str, str]] = []
             steps: list[tuple[int, dict]] = []
+            threads: list[int] = []
 
             def on_step(step: int, metrics: dict, batch) -> None:  # type: ignore[no-untyped-def]
                 used.extend(g.key for g in batch.groups)
                 steps.append((step, metrics))
+                threads.append(torch.get_num_threads())
 
             config = TrainerSettings(groups_per_step=3, chunk_size=1 << 20)
             produce(8)  # 16 groups: a step needs 3 with reward variance; 8 groups held as few as 3 (measured)
@@ -77,10 +79,18 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
 
             # A new trainer process resumes from the checkpoint: step 1's model, the cursor, the optimizer.
             produce(8)
-            resumed = Trainer(served.url, trainer_key, run_id, origin, tmp_path / "ckpt", config)
+            # ... on as many torch threads as its operator asks (unset: torch's own choice, left as it is).
+            before = torch.get_num_threads()
+            resumed = Trainer(
+                served.url, trainer_key, run_id, origin, tmp_path / "ckpt", config.model_copy(update={"threads": 2})
+            )
             assert resumed.state.step == 1 and resumed.state.cursor > 0
-            assert resumed.run(threading.Event(), steps=2, on_step=on_step) == 2
+            try:
+                assert resumed.run(threading.Event(), steps=2, on_step=on_step) == 2
+            finally:
+                torch.set_num_threads(before)
             resumed.close()
+            assert threads == [before, before + 1]
             validator.close()
         finally:
             origin_server.stop()

@@ -128,7 +128,8 @@ class IslandTrainer(Trainer):
 
     def run(self, stop: threading.Event, steps: int | None = None, on_step=None) -> int:
         """Inner updates and outer steps until ``stop`` (or until policy step ``steps`` is published); returns the step reached."""
-        torch.set_num_threads(1)
+        if self.settings.threads is not None:
+            torch.set_num_threads(self.settings.threads)
         self._catch_up(stop)
         while not stop.is_set() and (steps is None or self.sync.step < steps):
             metrics: dict[str, float] = {}

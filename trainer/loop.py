@@ -164,7 +164,8 @@ class Trainer:
 
     def run(self, stop: threading.Event, steps: int | None = None, on_step=None) -> int:
         """Train until ``stop`` (or until policy step ``steps`` is published); returns the step reached."""
-        torch.set_num_threads(1)
+        if self.settings.threads is not None:
+            torch.set_num_threads(self.settings.threads)
         while not stop.is_set() and (steps is None or self.state.step < steps):
             started = time.perf_counter()
             batch = self.collect(stop) if self.where.leader else None

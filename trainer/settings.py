@@ -38,6 +38,9 @@ class TrainerSettings(RoleSettings):
     online_filter: bool = True
     """Online filter (INTELLECT-2): leave out groups whose task rewards do not vary, so every group in
     a batch carries a learning signal; off, such groups fill the batch with zero advantage."""
+    threads: int | None = Field(None, ge=1)
+    """Torch threads of the update (None: torch's default, every core). The devnet gives its trainer
+    one, since all its roles share one machine."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (real models on GPU)."""
     accepted_wait_s: float = Field(2.0, gt=0, le=10)
