@@ -221,7 +221,7 @@ def test_a_claim_never_waits_past_half_of_the_window_that_keeps_its_validator_li
             served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "wait_s": 8}
         ).json()
         waited = time.monotonic() - started
-        assert claims == [] and 0.9 < waited < 4
+        assert claims == [] and 0.9 < waited < 6  # 1 s, not the 8 s asked
 
 
 def test_a_trainer_waiting_for_accepted_work_is_answered_when_a_verdict_accepts_it(coordinator: Served) -> None:

@@ -383,3 +383,26 @@ def test_appeals_are_rate_limited_and_one_validator_networks_say_what_they_waive
         decided = receipt(served, ids[0])
         assert decided.appeal.status == "upheld" and decided.status == "rejected"
         assert strikes() == before_appeal + 1
+
+
+def test_work_drawn_for_a_validator_an_admin_revokes_goes_to_another_at_once(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+    )
+    with serve(settings) as served:
+        token = admin_token(served)
+        make_run(served, prompts=1, samples=2, audit=NO_AUDIT)
+        first, second, node = Account.create(), Account.create(), joined(served)
+        for v in (first, second):
+            grant(served, token, v.address, "validator")
+        assert claim(served, first) == []  # only the first is live: what comes is drawn for it
+        task = lease(served, node)
+        submission = upload(served, node, task, finish(generate(task)).data)
+        assert [c["submission_id"] for c in claim(served, first)] == [submission]
+
+        revoked = httpx.delete(
+            f"{served.url}/v1/admin/roles/{first.address}/validator", headers={"authorization": f"Bearer {token}"}
+        )
+        assert revoked.status_code == 200, revoked.text
+        # Not left with the revoked validator until its assignment lapses (validation_claim_s, minutes).
+        assert [c["submission_id"] for c in claim(served, second)] == [submission]

@@ -320,9 +320,8 @@ def _decide(
                 withhold_approvals_of(session, review.validator, settings, now)
 
 
-def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorSettings, now: datetime) -> None:
-    """After ``validator`` lost its role: its open assignments are drawn again, its verdicts of the
-    last ``recheck_window_s`` stop counting, and every submission one of them helped decide is judged again."""
+def release_assignments(session: Session, validator: str) -> None:
+    """``validator``'s open assignments are drawn again at once (it lost its role), not left to lapse."""
     # Locked: a verdict being given on one of them finishes first and is then no longer open.
     open_ones = (
         select(Review)
@@ -331,6 +330,12 @@ def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorS
     )
     for review in session.scalars(open_ones):
         review.validator = review.expires_at = review.claimed_at = None
+
+
+def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorSettings, now: datetime) -> None:
+    """After ``validator`` lost its role: its open assignments are drawn again, its verdicts of the
+    last ``recheck_window_s`` stop counting, and every submission one of them helped decide is judged again."""
+    release_assignments(session, validator)
     since = now - timedelta(seconds=settings.recheck_window_s)
     voided: dict[str, list[Review]] = defaultdict(list)
     query = select(Review).where(

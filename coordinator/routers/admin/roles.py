@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.deps import LedgerDep
 from intellect_protocol.coordinator.routers.admin.common import NOT_FOUND, AdminOnlyToken, Reader, admin_router, audited
-from intellect_protocol.coordinator.services import roles, shardcast
+from intellect_protocol.coordinator.services import committee, roles, shardcast
 from intellect_protocol.shared.schemas import Address, RelayInfo, RoleName
 
 router = admin_router("roles and relays")
@@ -57,7 +57,10 @@ async def grant_role(body: RoleGrant, ledger: LedgerDep, token: AdminOnlyToken) 
 @router.delete("/roles/{address}/{role}", response_model=RoleOut, responses=NOT_FOUND)
 async def revoke_role(address: Address, role: RoleName, ledger: LedgerDep, token: AdminOnlyToken) -> RoleOut:
     def work(session: Session) -> RoleOut:
-        return RoleOut.model_validate(roles.revoke(session, address, role, datetime.now(UTC)))
+        revoked = roles.revoke(session, address, role, datetime.now(UTC))
+        if role == RoleName.validator:
+            committee.release_assignments(session, address)
+        return RoleOut.model_validate(revoked)
 
     return await audited(ledger, token, "roles.revoke", address, work, role=role)
 
