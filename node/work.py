@@ -16,7 +16,7 @@ from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.environments.registry import Environment, Problem, completion_text, get_environment, reward
 from intellect_protocol.shared.inference import Completion, InferenceBackend
 from intellect_protocol.shared.models import load_model, load_tokenizer, resolve_model
-from intellect_protocol.shared.numerics import DTYPES, Numerics
+from intellect_protocol.shared.numerics import Numerics, torch_dtype
 from intellect_protocol.shared.rollout_file import Rollout, write_rollouts
 from intellect_protocol.shared.schemas import TaskSpec
 from intellect_protocol.shared.tasks import AssignedRow, assigned_rows, budget_of
@@ -47,7 +47,7 @@ def backend_for(
 
 @lru_cache(maxsize=2)  # the current policy step and the one before, while tasks of both finish
 def torch_backend_for(model: str, dtype: Dtype) -> tuple[TorchBackend, PreTrainedTokenizerBase]:
-    loaded, tokenizer = load_model(model, dtype=DTYPES[dtype])
+    loaded, tokenizer = load_model(model, dtype=torch_dtype(dtype))
     return TorchBackend(loaded, tokenizer.eos_token_id, tokenizer.pad_token_id), tokenizer
 
 

@@ -29,13 +29,26 @@ A tolerance (:mod:`shared.tolerances`) is a model of that disagreement; :mod:`va
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from intellect_protocol.shared.tolerances import ENGINES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float32", "bfloat16", "float16")
+"""The dtypes a file may declare, by torch's names: this module does not import torch, so a
+coordinator reading files never loads it."""
 METADATA_KEY = "intellect.numerics"
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype named ``name`` (one of :data:`DTYPES`)."""
+    import torch
+
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name[:40]!r} is not one of {DTYPES}")
+    return getattr(torch, name)
 
 
 @dataclass(frozen=True)
@@ -50,10 +63,9 @@ class Numerics:
     def parse(cls, text: str) -> Numerics:
         engine, _, dtype = text.partition("/")
         if engine not in ENGINES or dtype not in DTYPES:
-            raise ValueError(f"numerics {text[:40]!r} is not ENGINE/DTYPE with ENGINE in {ENGINES} and DTYPE in {tuple(DTYPES)}")
+            raise ValueError(f"numerics {text[:40]!r} is not ENGINE/DTYPE with ENGINE in {ENGINES} and DTYPE in {DTYPES}")
         return cls(engine, dtype)
 
     @classmethod
     def of(cls, model: torch.nn.Module, engine: str = "torch") -> Numerics:
-        dtype = next(model.parameters()).dtype
-        return cls(engine, next(name for name, d in DTYPES.items() if d == dtype))
+        return cls.parse(f"{engine}/{str(next(model.parameters()).dtype).removeprefix('torch.')}")

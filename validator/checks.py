@@ -63,7 +63,7 @@ from transformers import PreTrainedTokenizerBase
 from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.registry import Environment, Problem, completion_text, reward
 from intellect_protocol.shared.inference import prefill_batch
-from intellect_protocol.shared.numerics import DTYPES, Numerics
+from intellect_protocol.shared.numerics import Numerics, torch_dtype
 from intellect_protocol.shared.rollout_file import Rollout, RolloutFileError, read_numerics, read_rollouts
 from intellect_protocol.shared.schemas import CHECKS, CheckName, CheckOutcome, Judgement, TaskSpec
 from intellect_protocol.shared.tasks import assigned_rows, budget_of
@@ -222,11 +222,11 @@ def in_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
     itself, or a copy (kept for the next file) whose parameters, and only those, are converted.
     ``Module.to`` would convert buffers too: rotary frequencies in bf16 move logits by whole units,
     and honest bf16 work failed against such a copy."""
-    if next(model.parameters()).dtype == DTYPES[dtype]:
+    if next(model.parameters()).dtype == torch_dtype(dtype):
         return model
     converted = copy.deepcopy(model)
     for parameter in converted.parameters():
-        parameter.data = parameter.data.to(DTYPES[dtype])
+        parameter.data = parameter.data.to(torch_dtype(dtype))
     return converted
 
 
