@@ -104,26 +104,3 @@ def test_a_failed_upload_stops_the_loop_and_is_raised_on_the_calling_thread(sqli
             stop_finishers(finishers)
             client.close()
         assert stop.is_set() and loop.slots.held() == []
-
-
-def test_no_task_is_leased_while_the_finisher_is_not_ready(sqlite_url: str, tmp_path: Path) -> None:
-    """A lease's clock (and its policy's staleness) must not run while the node is still starting."""
-    from sqlalchemy import func, select
-
-    from intellect_protocol.coordinator.models import Task
-    from intellect_protocol.node.finishers import finisher_pool, stop_finishers
-
-    with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")) as served:
-        make_run(served, sampling=SamplingParams(max_tokens=8), prompts=1, samples=2)
-        client, stop = _node(served, tmp_path), threading.Event()
-        finishers = finisher_pool()
-        try:
-            finishers.submit(time.sleep, 60)  # a finisher that is not free (still starting, on a slow machine)
-            threading.Timer(1.0, stop.set).start()
-            loop = WorkLoop(client, Console(file=io.StringIO(), width=300), stop, idle_wait=0.1, finishers=finishers)
-            assert loop.run() == 0
-        finally:
-            stop_finishers(finishers)
-            client.close()
-        with served.engine.connect() as db:
-            assert db.scalar(select(func.count()).select_from(Task).where(Task.leased_to.is_not(None))) == 0
