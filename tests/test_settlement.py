@@ -267,7 +267,9 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
     # Another root on chain for the next epoch (a second poster): refused, said, never overwritten;
     # verify-epoch flags that epoch.
     lay_credit(served, run_id, Account.create().address, "3.0")
-    settlement.transact(admin, settlement.distributor.functions.post_root(3, b"\x66" * 32, int(time.time())))
+    settlement.transact(
+        admin, settlement.distributor.functions.post_root(3, b"\x66" * 32, w3.eth.get_block("latest")["timestamp"])
+    )
     with sessions.begin() as session:
         assert close_epoch(session, datetime.now(UTC), CUTOFF_LAG_S) is not None
     anchorer.tick()
@@ -280,7 +282,9 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
 
         # A root the coordinator never listed (another poster's): the audit reads every root the
         # contract accepted from its events, so it finds it, although no listing names it.
-        settlement.transact(admin, settlement.distributor.functions.post_root(9, b"\x77" * 32, int(time.time())))
+        settlement.transact(
+            admin, settlement.distributor.functions.post_root(9, b"\x77" * 32, w3.eth.get_block("latest")["timestamp"])
+        )
         code, out = node("verify-epoch", "--coordinator", served.url)
         assert code == 6 and "✗ epoch 9: the chain holds a root the coordinator does not list" in out, out
         assert "✗ epoch 3: the coordinator lists transaction none" in out and "✓ epoch 1" in out, out
