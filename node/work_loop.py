@@ -222,6 +222,8 @@ class WorkLoop:
             if owned is not None:
                 stop_finishers(owned)
             return self.done
+        self._report("idle")
+        self.console.print("Ready for work.")
         uploader = threading.Thread(target=self._uploader, name="uploader", daemon=True)
         uploader.start()
         prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")

@@ -63,7 +63,7 @@ class Heartbeats(threading.Thread):
         self.client, self.session, self.state_dir, self.console, self.stop = client, session, state_dir, console, stop
         self.interval = interval
         self.reregister = reregister
-        self.activity = "idle"
+        self.activity = "starting"  # until the work loop has its model code and finisher loaded
         self.metrics: dict[str, float] = {}
         self.weights: Weights | None = None
         self.error: NodeError | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 from pathlib import Path
@@ -104,3 +105,32 @@ def test_a_failed_upload_stops_the_loop_and_is_raised_on_the_calling_thread(sqli
             stop_finishers(finishers)
             client.close()
         assert stop.is_set() and loop.slots.held() == []
+
+
+def test_the_first_lease_waits_for_the_finisher(sqlite_url: str, tmp_path: Path) -> None:
+    """A lease's clock (and its policy's staleness) must not run while the node's finisher is still starting."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import select
+
+    import intellect_protocol.node.work  # noqa: F401  (loaded here, so the loop's own import of it is instant)
+    from intellect_protocol.coordinator.models import Task
+    from intellect_protocol.node.finishers import finisher_pool, stop_finishers
+
+    busy_s = 3.0
+    with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=8), prompts=1, samples=2)
+        client, stop = _node(served, tmp_path), threading.Event()
+        finishers = finisher_pool()
+        try:
+            finishers.submit(os.getpid).result(timeout=120)  # up: from here, only the sleep below holds it
+            started = datetime.now(UTC)
+            finishers.submit(time.sleep, busy_s)  # not free yet, as while it imports torch on a slow machine
+            loop = WorkLoop(client, Console(file=io.StringIO(), width=300), stop, idle_wait=0.1, finishers=finishers)
+            assert loop.run(max_tasks=1) == 1
+        finally:
+            stop_finishers(finishers)
+            client.close()
+        with served.engine.connect() as db:
+            leased_at = db.scalar(select(Task.leased_at).where(Task.leased_at.is_not(None)))
+        assert (leased_at.replace(tzinfo=UTC) - started).total_seconds() >= busy_s - 0.1
