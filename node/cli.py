@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -57,6 +58,26 @@ def _exit_now() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _on_any_thread(begin_stop: Callable[[], None]) -> None:
+    """Also run ``begin_stop`` from a thread of its own when SIGTERM or SIGINT arrives. Python runs a
+    signal's handler on the main thread only, once that thread runs again: when the kernel hands the
+    signal to another thread, a main thread asleep in a wait the signal did not interrupt runs no
+    handler until the wait ends (a devnet node in CI outlived its stop deadline without its handler
+    having run: this is the cause that fits). Every handled signal's number is written to the wakeup
+    fd, whichever thread took it."""
+    reader, writer = os.pipe()
+    os.set_blocking(writer, False)
+    signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while received := os.read(reader, 64):
+            if {signal.SIGTERM, signal.SIGINT} & set(received):
+                begin_stop()
+                return
+
+    threading.Thread(target=watch, name="signals", daemon=True).start()
 
 
 def _force_exit() -> None:
@@ -150,21 +171,30 @@ def join(
     signalled = threading.Event()
     """Set by Ctrl-C or SIGTERM only: ``stop`` is also set by the node itself as it winds down after an error."""
 
+    starting = threading.Lock()
+
+    def begin_stop() -> None:
+        with starting:
+            if signalled.is_set():
+                return
+            signalled.set()
+            stop.set()
+            # Whatever is still in flight then (a stuck upload, a finisher mid-import), the node is gone:
+            # its leases run out and nothing is lost.
+            watchdog = threading.Timer(STOP_DEADLINE_S, _force_exit)
+            watchdog.daemon = True
+            watchdog.start()
+
     def interrupt(*_: object) -> None:
-        signalled.set()
-        stop.set()
         # Once: a second signal must not break off the stop it started (which takes a few seconds at most).
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
-        # Whatever is still in flight then (a stuck upload, a finisher mid-import), the node is gone:
-        # its leases run out and nothing is lost.
-        watchdog = threading.Timer(STOP_DEADLINE_S, _force_exit)
-        watchdog.daemon = True
-        watchdog.start()
+        begin_stop()
         raise KeyboardInterrupt
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, interrupt)
+    _on_any_thread(begin_stop)
     try:
         run_join(account, coordinator, settings, console, operator=link, stop=stop)
     except KeyboardInterrupt:
