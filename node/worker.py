@@ -64,6 +64,8 @@ class Heartbeats(threading.Thread):
         self.interval = interval
         self.reregister = reregister
         self.activity = "starting"  # until the work loop has its model code and finisher loaded
+        self.runs = threading.Event()
+        """Set once the coordinator names an active run: only then does the node load its model code."""
         self.metrics: dict[str, float] = {}
         self.weights: Weights | None = None
         self.error: NodeError | None = None
@@ -80,6 +82,8 @@ class Heartbeats(threading.Thread):
                     continue
                 if beat.action == "stop":
                     raise NodeError(f"This node is {beat.reason}.", EXIT_BANNED)
+                if beat.policy_steps:
+                    self.runs.set()
                 if self.weights is not None:
                     for run_id, step in beat.policy_steps.items():
                         self.weights.prefetch(run_id, step)
@@ -143,24 +147,8 @@ def join(
         weights = Weights(client.api, state_dir / "weights", console)
         beats.weights = weights
         beats.start()
-        finishers = finisher_pool()  # starting while this process loads the model code (WorkLoop.run)
-        try:
-            with _live_progress(console) as on_done:
-                while not stop.is_set():  # again after the coordinator forgot this node and it registered anew
-                    WorkLoop(
-                        client,
-                        console,
-                        stop,
-                        idle_wait=status.heartbeat_interval_s,
-                        activity=beats,
-                        on_done=on_done,
-                        backend=settings.backend,
-                        dtype=settings.dtype,
-                        finishers=finishers,
-                        weights=weights,
-                    ).run()
-        finally:
-            stop_finishers(finishers)
+        if _wait_for_a_run(beats, stop, console):
+            _work(client, console, stop, settings, beats, weights, status.heartbeat_interval_s)
     except Stopped:
         pass
     except Untrusted as e:
@@ -174,6 +162,49 @@ def join(
         client.close()
     if beats is not None and beats.error is not None:
         raise beats.error
+
+
+def _work(
+    client: NodeClient,
+    console: Console,
+    stop: threading.Event,
+    settings: NodeSettings,
+    beats: Heartbeats,
+    weights: Weights,
+    idle_wait: float,
+) -> None:
+    finishers = finisher_pool()  # starting while this process loads the model code (WorkLoop.run)
+    try:
+        with _live_progress(console) as on_done:
+            while not stop.is_set():  # again after the coordinator forgot this node and it registered anew
+                WorkLoop(
+                    client,
+                    console,
+                    stop,
+                    idle_wait=idle_wait,
+                    activity=beats,
+                    on_done=on_done,
+                    backend=settings.backend,
+                    dtype=settings.dtype,
+                    finishers=finishers,
+                    weights=weights,
+                ).run()
+    finally:
+        stop_finishers(finishers)
+
+
+def _wait_for_a_run(beats: Heartbeats, stop: threading.Event, console: Console) -> bool:
+    """Wait until the coordinator names an active run (True) or the node is stopped (False). A node with
+    nothing to do loads no model code: torch and the finisher process are seconds of CPU and hundreds of MiB."""
+    if beats.runs.wait(1.0):
+        return True
+    beats.activity = "waiting: no_run"
+    console.print("No active run on this coordinator yet; the model code loads when one starts.")
+    while not stop.is_set():
+        if beats.runs.wait(0.2):
+            beats.activity = "starting"
+            return True
+    return False
 
 
 @contextmanager

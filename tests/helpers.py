@@ -174,3 +174,12 @@ def install_example_environment(where: Path) -> dict[str, str]:
         capture_output=True,
     )
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, read from /proc (Linux)."""
+    try:
+        children = {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except FileNotFoundError:
+        return set()
+    return children.union(*(descendants(c) for c in children))

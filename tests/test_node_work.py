@@ -14,6 +14,7 @@ from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.models import Submission
 from intellect_protocol.coordinator.services.runs import create_run
 from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.devnet.chaos import wait_until
 from intellect_protocol.devnet.processes import start_node
 from intellect_protocol.shared.environments.arithmetic import reward as arithmetic_reward
 from intellect_protocol.shared.environments.registry import get_environment
@@ -25,19 +26,22 @@ from intellect_protocol.shared.sampling import replay
 from intellect_protocol.shared.toploc import rollout_passes, verify_proofs
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.conftest import FAST, serve
-from tests.helpers import make_run
+from tests.helpers import descendants, make_run
 
 
 def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", **FAST)
     with serve(settings) as c:
         sessions = make_sessionmaker(c.engine)
-        with sessions.begin() as session:
-            create_run(session, RunSpec(name="arith", prompts_per_task=2), datetime.now(UTC))
         wallet = tmp_path / "node.json"
         create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N)
         node = start_node(tmp_path, "node-1", wallet, c.url, "pw")
         try:
+            # Started before any run: it waits without loading the model code, and starts when a run does.
+            wait_until(lambda: "No active run" in node.tail(), 60, "the node to wait for a run")
+            assert descendants(node.popen.pid) == set()
+            with sessions.begin() as session:
+                create_run(session, RunSpec(name="arith", prompts_per_task=2), datetime.now(UTC))
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 with sessions() as session:
@@ -69,14 +73,6 @@ def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> Non
             )
 
 
-def _descendants(pid: int) -> set[int]:
-    try:
-        children = {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-    except FileNotFoundError:
-        return set()
-    return children.union(*(_descendants(c) for c in children))
-
-
 def test_a_killed_node_leaves_no_process_behind(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs", **FAST)
     with serve(settings) as c:
@@ -88,7 +84,7 @@ def test_a_killed_node_leaves_no_process_behind(sqlite_url: str, tmp_path: Path)
         while "Task 1 " not in node.tail(100):  # its finisher process has started and done work
             assert time.monotonic() < deadline and node.popen.poll() is None, node.tail()
             time.sleep(0.2)
-        helpers = _descendants(node.popen.pid)
+        helpers = descendants(node.popen.pid)
         assert helpers
         node.kill()
         deadline = time.monotonic() + 10
