@@ -53,7 +53,8 @@ def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> Non
             assert len(submissions) >= 2, node.tail()
         finally:
             assert node.stop() == 0
-        assert "Task 1" in node.tail(100)
+        log = node.tail(100)
+        assert "Ready for work." in log and log.index("Ready for work.") < log.index("Task 1"), log
 
     model, tokenizer = load_model("tiny-arith")
     problems = {p.id: p for p in get_environment("arithmetic").problems()}
