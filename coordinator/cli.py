@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
-from alembic import command
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -26,7 +25,6 @@ from intellect_protocol.coordinator.db import (
     require_migrated,
 )
 from intellect_protocol.coordinator.db_errors import DatabaseError, check_url, explain
-from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.services import admin_tokens
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.cli import TlsCertOption, TlsKeyOption, tls_files
@@ -91,6 +89,8 @@ def migrate(
     revision: Annotated[str, typer.Option(help="Target revision; 'head' for the newest.")] = "head",
 ) -> None:
     """Bring the ledger's schema to the given revision (creates a SQLite file if needed)."""
+    from alembic import command
+
     settings = _settings(database_url)
     check_url(normalize_database_url(settings.database_url))
     command.upgrade(alembic_config(settings.database_url), revision)
@@ -261,6 +261,7 @@ def run_create(
     """Create an active run that nodes can lease tasks of."""
     from pydantic import ValidationError
 
+    from intellect_protocol.coordinator.errors import ApiError
     from intellect_protocol.coordinator.services.runs import create_run
     from intellect_protocol.shared.environments.length import LengthBudget
     from intellect_protocol.shared.money import parse_tokens

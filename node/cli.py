@@ -353,7 +353,8 @@ def _check_coordinator(url: str, settings: NodeSettings, specs: NodeSpecs) -> li
     """Whether this client may speak to the coordinator at ``url``, and can serve each of its runs."""
     from packaging.version import Version
 
-    from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError, Untrusted
+    from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
+    from intellect_protocol.shared.tls import Untrusted
     from intellect_protocol.shared.version import __version__
 
     try:

@@ -37,9 +37,10 @@ from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.state import NodeSession, load_session, save_session
 from intellect_protocol.node.work_loop import WorkLoop
 from intellect_protocol.shared.cli import EXIT_TLS
-from intellect_protocol.shared.coordinator_client import Stopped, Untrusted
+from intellect_protocol.shared.coordinator_client import Stopped
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable
 from intellect_protocol.shared.shardcast.weights import Weights
+from intellect_protocol.shared.tls import Untrusted
 from intellect_protocol.shared.version import __version__
 
 if TYPE_CHECKING:

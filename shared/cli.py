@@ -8,15 +8,15 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
-from intellect_protocol.shared.coordinator_client import Untrusted
-from intellect_protocol.shared.tls import CA_FILE_ENV, TlsError, server_tls, trust
-from intellect_protocol.shared.wallet import WalletError, load_wallet, read_password
+from intellect_protocol.shared.tls import CA_FILE_ENV, TlsError, Untrusted, server_tls, trust
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
 
 EXIT_TLS = 6
 """Exit code of a role or node command that stopped because TLS failed (a certificate not trusted)."""
@@ -28,6 +28,8 @@ WalletOption = Annotated[
 
 def unlock(wallet_file: Path, err: Console) -> LocalAccount:
     """The wallet's account, or a one-line error and exit code 1."""
+    from intellect_protocol.shared.wallet import WalletError, load_wallet, read_password  # eth_account: 0.4 s
+
     try:
         return load_wallet(wallet_file, read_password())
     except WalletError as e:

@@ -56,7 +56,7 @@ from intellect_protocol.shared.schemas import (
 from intellect_protocol.shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry
 from intellect_protocol.shared.shardcast.manifest import ManifestEntry, SignedManifest
 from intellect_protocol.shared.signing import SignedAuth
-from intellect_protocol.shared.tls import client_context, untrusted
+from intellect_protocol.shared.tls import Untrusted, client_context, untrusted
 from intellect_protocol.shared.version import __version__
 
 log = logging.getLogger("intellect.client")
@@ -76,12 +76,6 @@ class Refused(ProtocolError):
 
 class Unavailable(ProtocolError):
     """No answer (or only 429/5xx) for ``give_up_s``."""
-
-
-class Untrusted(Exception):
-    """TLS with the coordinator failed (a certificate we do not trust, a server that does not speak
-    TLS): resending cannot help, and no caller can do better than stop and say so, which the
-    commands' entry point does (:func:`shared.cli.entry_point`): so it is no :class:`ProtocolError`."""
 
 
 class Stopped(ProtocolError):

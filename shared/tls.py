@@ -27,6 +27,12 @@ class TlsError(ValueError):
     """A CA file that cannot be used; the message says why."""
 
 
+class Untrusted(Exception):
+    """TLS with the coordinator failed (a certificate we do not trust, a server that does not speak
+    TLS): resending cannot help, and no caller can do better than stop and say so, which the
+    commands' entry point does (:func:`shared.cli.entry_point`): so it is no :class:`ProtocolError`."""
+
+
 def trust(ca_file: Path) -> None:
     """Trust ``ca_file`` (PEM certificates) beside the public authorities, in this process and the
     processes it starts (through ``INTELLECT_CA_FILE``); :class:`TlsError` if it cannot be used."""

@@ -17,8 +17,8 @@ from eth_account import Account
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.devnet.certificates import Authority, ServerFiles
-from intellect_protocol.shared.coordinator_client import CoordinatorClient, Untrusted
-from intellect_protocol.shared.tls import CA_FILE_ENV, TlsError, client_context, server_tls, trust
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.tls import CA_FILE_ENV, TlsError, Untrusted, client_context, server_tls, trust
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.conftest import Served, serve
 
