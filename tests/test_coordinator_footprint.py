@@ -26,6 +26,14 @@ def test_the_coordinator_loads_no_model_code() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_the_coordinator_commands_load_neither_the_web_app_nor_wallets() -> None:
+    """Each ``intellect-coordinator`` command is a process of its own: FastAPI and eth_account cost 0.6 s
+    of every start, and only ``serve`` (which imports the app itself) needs either."""
+    probe = "import sys, intellect_protocol.coordinator.cli; print([m for m in ('fastapi', 'eth_account') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_declared_dtypes_name_torch_dtypes_and_nothing_else() -> None:
     for name in DTYPES:
         model = torch.nn.Linear(2, 2).to(torch_dtype(name))
