@@ -174,6 +174,7 @@ def _work(
     weights: Weights,
     idle_wait: float,
 ) -> None:
+    """Work until ``stop``: one finisher pool for the node's life, and a work loop again after each re-registration."""
     finishers = finisher_pool()  # starting while this process loads the model code (WorkLoop.run)
     try:
         with _live_progress(console) as on_done:
@@ -199,8 +200,9 @@ def _wait_for_a_run(beats: Heartbeats, stop: threading.Event, console: Console) 
     nothing to do loads no model code: torch and the finisher process are seconds of CPU and hundreds of MiB."""
     if beats.runs.wait(1.0):
         return True
-    beats.activity = "waiting: no_run"
-    console.print("No active run on this coordinator yet; the model code loads when one starts.")
+    if not stop.is_set():  # a ban in that second is said by its own sentence
+        beats.activity = "waiting: no_run"
+        console.print("No active run on this coordinator yet; the model code loads when one starts.")
     while not stop.is_set():
         if beats.runs.wait(0.2):
             beats.activity = "starting"
