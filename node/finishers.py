@@ -20,7 +20,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 def finisher_pool() -> ProcessPoolExecutor:
     """A pool of one finisher, already starting."""
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_start)
+    pool = ProcessPoolExecutor(
+        max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_start, initargs=(os.getpid(),)
+    )
     pool.submit(os.getpid)  # a pool starts its process at the first submission
     return pool
 
@@ -45,19 +47,21 @@ def stop_finishers(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _start() -> None:
+def _start(node: int) -> None:
+    # First of all: a node SIGKILLed while this process still imports (seconds) is already gone when
+    # the imports end, and a watch begun then would wait on the process that adopted it, forever.
+    threading.Thread(target=_exit_with_node, args=(node,), daemon=True).start()
+    # Ctrl-C at a terminal reaches the whole process group; stopping the finisher is its node's call.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
 
     from intellect_protocol.node import work  # noqa: F401  (loaded now, not with the first task's lease running)
 
     torch.set_num_threads(1)
-    # Ctrl-C at a terminal reaches the whole process group; stopping the finisher is its node's call.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 
 
-def _exit_with_parent(parent: int) -> None:
+def _exit_with_node(node: int) -> None:
     """A node killed with SIGKILL cannot stop its finisher, which would wait for work forever."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
+    while os.getppid() == node:
+        time.sleep(0.5)
     os._exit(0)
