@@ -13,9 +13,10 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+
+from intellect_protocol.shared.orphans import exit_with
 
 
 def finisher_pool() -> ProcessPoolExecutor:
@@ -48,9 +49,7 @@ def stop_finishers(pool: ProcessPoolExecutor) -> None:
 
 
 def _start(node: int) -> None:
-    # First of all: a node SIGKILLed while this process still imports (seconds) is already gone when
-    # the imports end, and a watch begun then would wait on the process that adopted it, forever.
-    threading.Thread(target=_exit_with_node, args=(node,), daemon=True).start()
+    exit_with(node)  # first: a node SIGKILLed during the imports below must not leave this process behind
     # Ctrl-C at a terminal reaches the whole process group; stopping the finisher is its node's call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
@@ -58,10 +57,3 @@ def _start(node: int) -> None:
     from intellect_protocol.node import work  # noqa: F401  (loaded now, not with the first task's lease running)
 
     torch.set_num_threads(1)
-
-
-def _exit_with_node(node: int) -> None:
-    """A node killed with SIGKILL cannot stop its finisher, which would wait for work forever."""
-    while os.getppid() == node:
-        time.sleep(0.5)
-    os._exit(0)

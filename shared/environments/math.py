@@ -9,9 +9,12 @@ and replaced when it overruns its time limit. Nothing is ``eval``-ed.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+
+from intellect_protocol.shared.orphans import exit_with
 
 MAX_TAIL_CHARS = 2_000
 """Only the end of a completion is parsed: the final answer is there, and parsing is costly."""
@@ -40,7 +43,9 @@ class MathVerifier:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with, initargs=(os.getpid(),)
+            )
             # Start-up and imports take seconds; they must not count against a check's limit.
             self._pool.submit(_warm).result(timeout=120)
         return self._pool
