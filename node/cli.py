@@ -171,10 +171,10 @@ def join(
     signalled = threading.Event()
     """Set by Ctrl-C or SIGTERM only: ``stop`` is also set by the node itself as it winds down after an error."""
 
-    starting = threading.Lock()
+    stopping = threading.Lock()
 
     def begin_stop() -> None:
-        with starting:
+        with stopping:
             if signalled.is_set():
                 return
             signalled.set()
