@@ -3,10 +3,13 @@
 
 For each ``MODEL_DIR`` (holding ``rollouts.parquet``), the trainer's own :class:`Learner` wraps
 the model with FSDP and takes the step; rank 0 saves the gathered weights as the trainer
-publishes them, in ``OUT/<dir name>``. :func:`grpo_step` is the same step in one process."""
+publishes them, in ``OUT/<dir name>``. :func:`grpo_step` is the same step in one process. Each rank
+writes the names of the threads it still runs at its last exit handler to ``OUT/threads-<rank>.txt``."""
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 from pathlib import Path
 
@@ -34,8 +37,16 @@ def grpo_step(model_dir: Path, where: Placement) -> Learner:
     return learner
 
 
+def _write_threads(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tasks = Path("/proc/self/task")
+    path.write_text("\n".join(sorted((tasks / tid / "comm").read_text().strip() for tid in os.listdir(tasks))))
+
+
 def main(out: Path, model_dirs: list[Path]) -> None:
     torch.set_num_threads(1)
+    # Registered before the process group's teardown, so it runs after it.
+    atexit.register(_write_threads, out / f"threads-{os.environ['RANK']}.txt")
     where = placement()
     for model_dir in model_dirs:
         learner = grpo_step(model_dir, where)

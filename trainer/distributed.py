@@ -10,6 +10,7 @@ safetensors are the whole model. Only rank 0 talks to the coordinator and publis
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 from dataclasses import dataclass
 
@@ -37,10 +38,19 @@ def placement() -> Placement:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        # Left to the interpreter's teardown, Gloo's threads are destroyed unjoined now and then: the
-        # rank aborts ("terminate called without an active exception") after its work is done.
-        atexit.register(dist.destroy_process_group)
+        atexit.register(_tear_down)
     return Placement(dist.get_rank() if dist.is_initialized() else 0, world_size, device)
+
+
+def _tear_down() -> None:
+    """End the process group while the interpreter is whole. Gloo joins its threads only when the
+    group object is freed, and every sharded module holds it, often in garbage cycles that only the
+    interpreter's teardown would free. A thread still releasing a finished collective's tensors there
+    needs the GIL, finds the interpreter gone and aborts the rank ("terminate called without an
+    active exception"), after its work was done: so the cycles go first, then the group."""
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def shard(model: torch.nn.Module, where: Placement) -> torch.nn.Module:
