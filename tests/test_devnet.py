@@ -132,9 +132,10 @@ def test_devnet_learns_and_stops_by_itself(devnet: Devnet) -> None:
     assert not standing["active"] and standing["strikes"] >= 3
     assert "removed by the network" in (devnet.workdir / "logs" / "rogue-validator.log").read_text()
     assert all(v["active"] for a, v in summary["validators"].items() if a.lower() != rogue)
-    # The honest node's work, generated on vLLM and declared so, was never rejected (the validators stop
-    # with the devnet, so the last few files may still wait).
-    assert {status for status, _ in honest} <= {"accepted", "pending"}, honest
+    # The honest node's work, generated on vLLM and declared so, was never rejected. The validators stop
+    # with the devnet, so the last few files may still wait; and on a crowded machine a file can wait past
+    # the run's async window and expire, which the network, not the node, is answerable for (no penalty).
+    assert {status for status, _ in honest} <= {"accepted", "pending", "expired"}, honest
     numerics = {read_numerics((devnet.workdir / "blobs" / key).read_bytes()) for _, key in honest}
     assert numerics == {Numerics("vllm", "float32")}
 
