@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from intellect_protocol.node.client import NodeClient, NodeError
+from intellect_protocol.node.client import NodeClient, NodeError, TaskLost
 from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.work import finish, generate
@@ -66,7 +66,10 @@ def main() -> None:
                 time.sleep(1)
                 continue
             # Policy steps after 0 would need the real weights; this cheater proves with the base model regardless.
-            receipt = client.submit(task.task_id, forge(task.model_copy(update={"model": "tiny-arith"})))
+            try:
+                receipt = client.submit(task.task_id, forge(task.model_copy(update={"model": "tiny-arith"})))
+            except TaskLost:
+                continue  # a ban ends its leases at once, so an upload can find its lease gone: the next lease says why
             print(f"uploaded forged rollouts for {task.task_id} as {receipt.submission_id}", flush=True)
     except NodeError as e:
         print(f"stopped: {e}", flush=True)  # banned: the point of the demonstration
