@@ -11,6 +11,7 @@ import argparse
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,6 +49,23 @@ def forge(task: TaskSpec) -> bytes:
     return write_rollouts(rollouts)
 
 
+def cheat(client: NodeClient, forged: Callable[[TaskSpec], bytes]) -> None:
+    """Lease tasks and upload ``forged(task)`` for each, until the network bans this node."""
+    try:
+        while True:
+            task = client.lease()
+            if isinstance(task, WorkWait):
+                time.sleep(1)
+                continue
+            try:
+                receipt = client.submit(task.task_id, forged(task))
+            except TaskLost:
+                continue  # a ban ends its leases at once, so an upload can find its lease gone: the next lease says why
+            print(f"uploaded forged rollouts for {task.task_id} as {receipt.submission_id}", flush=True)
+    except NodeError as e:
+        print(f"stopped: {e}", flush=True)  # banned: the point of the demonstration
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wallet", type=Path, required=True)
@@ -59,20 +77,8 @@ def main() -> None:
     client = NodeClient(args.coordinator, account, NodeSettings(state_dir=args.state_dir), stop=threading.Event())
     client.public_status()
     client.register(probe(args.state_dir), None)
-    try:
-        while True:
-            task = client.lease()
-            if isinstance(task, WorkWait):
-                time.sleep(1)
-                continue
-            # Policy steps after 0 would need the real weights; this cheater proves with the base model regardless.
-            try:
-                receipt = client.submit(task.task_id, forge(task.model_copy(update={"model": "tiny-arith"})))
-            except TaskLost:
-                continue  # a ban ends its leases at once, so an upload can find its lease gone: the next lease says why
-            print(f"uploaded forged rollouts for {task.task_id} as {receipt.submission_id}", flush=True)
-    except NodeError as e:
-        print(f"stopped: {e}", flush=True)  # banned: the point of the demonstration
+    # Policy steps after 0 would need the real weights; this cheater proves with the base model regardless.
+    cheat(client, lambda task: forge(task.model_copy(update={"model": "tiny-arith"})))
 
 
 if __name__ == "__main__":
