@@ -29,6 +29,7 @@ from intellect_protocol.coordinator.signed import SignedRequest
 from intellect_protocol.coordinator.uploads import StagedUpload, stage
 from intellect_protocol.shared import signing
 from intellect_protocol.shared.schemas import ErrorCode
+from intellect_protocol.shared.version import PROTOCOL_HEADER, PROTOCOL_VERSION, protocol_mismatch, sent_protocol
 
 
 def context(request: Request) -> Context:
@@ -158,6 +159,12 @@ def _signature_headers(request: Request, settings: CoordinatorSettings) -> tuple
     signature = headers.get(signing.HEADER_SIGNATURE)
     if not (address and timestamp_raw and nonce and signature):
         raise ApiError(ErrorCode.signature_missing, "This endpoint needs a signed request (x-intellect-* headers).")
+    theirs = sent_protocol(headers.get(PROTOCOL_HEADER))
+    if theirs is None:
+        raise ApiError(ErrorCode.signature_malformed, f"The {PROTOCOL_HEADER} header must be a protocol number.")
+    mismatch = protocol_mismatch(theirs, PROTOCOL_VERSION)
+    if mismatch is not None:
+        raise ApiError(ErrorCode.version_unsupported, mismatch, {"coordinator_protocol": PROTOCOL_VERSION})
     if not (
         timestamp_raw.isascii()
         and timestamp_raw.isdigit()

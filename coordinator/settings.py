@@ -194,7 +194,7 @@ class CoordinatorSettings(RoleSettings):
     """A trainer island silent this long loses the accepted submissions it claimed but has not reported
     for an outer step: another island takes them."""
 
-    min_node_version: str = "0.1.0"
+    min_node_version: str = "0.1.dev0"
     """Oldest node client version allowed to register and heartbeat."""
 
     chain_rpc_url: str | None = None

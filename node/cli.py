@@ -355,7 +355,7 @@ def _check_coordinator(url: str, settings: NodeSettings, specs: NodeSpecs) -> li
 
     from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
     from intellect_protocol.shared.tls import Untrusted
-    from intellect_protocol.shared.version import __version__
+    from intellect_protocol.shared.version import PROTOCOL_VERSION, __version__, protocol_mismatch
 
     try:
         with CoordinatorClient(url, timeout=settings.request_timeout_s, give_up_s=0) as api:
@@ -368,6 +368,9 @@ def _check_coordinator(url: str, settings: NodeSettings, specs: NodeSpecs) -> li
     found = []
     if Version(__version__) < Version(status.min_node_version):
         found.append(f"this client ({__version__}) is older than the coordinator accepts ({status.min_node_version})")
+    mismatch = protocol_mismatch(PROTOCOL_VERSION, status.protocol_version)
+    if mismatch is not None:
+        found.append(mismatch.rstrip("."))
     skew = time.time() - status.server_time
     if abs(skew) > status.signature_window_s:
         found.append(f"this clock is {skew:+.0f} s off the coordinator's (at most ±{status.signature_window_s} s)")

@@ -145,6 +145,8 @@ def _node_error(refused: Refused) -> Exception:
     if code == ErrorCode.node_banned:
         return NodeError(f"This node is {details['notice']}." if details.get("notice") else message, EXIT_BANNED)
     if code == ErrorCode.version_unsupported:
+        if "coordinator_protocol" in details:
+            return NodeError(message, EXIT_VERSION)
         return version_error(details.get("min_node_version"))
     if code == ErrorCode.signature_invalid:
         return NodeError(

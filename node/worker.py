@@ -24,6 +24,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from intellect_protocol.node.client import (
     EXIT_BANNED,
     EXIT_ENVIRONMENT,
+    EXIT_VERSION,
     NodeClient,
     NodeError,
     NotRegistered,
@@ -41,7 +42,7 @@ from intellect_protocol.shared.coordinator_client import Stopped
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable
 from intellect_protocol.shared.shardcast.weights import Weights
 from intellect_protocol.shared.tls import Untrusted
-from intellect_protocol.shared.version import __version__
+from intellect_protocol.shared.version import PROTOCOL_VERSION, __version__, protocol_mismatch
 
 if TYPE_CHECKING:
     from intellect_protocol.node.work import TaskResult
@@ -122,6 +123,9 @@ def join(
         status = client.public_status()
         if Version(__version__) < Version(status.min_node_version):
             raise version_error(status.min_node_version)
+        mismatch = protocol_mismatch(PROTOCOL_VERSION, status.protocol_version)
+        if mismatch is not None:
+            raise NodeError(mismatch, EXIT_VERSION)
         skew = time.time() - status.server_time
         if abs(skew) > status.signature_window_s:
             raise clock_skew_error(skew, status.signature_window_s)

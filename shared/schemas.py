@@ -189,6 +189,8 @@ class PublicStatus(BaseModel):
     server_time: float
     max_leases_per_node: int = 3
     """Tasks one node may hold at once: a node keeps this many in flight."""
+    protocol_version: int = 1
+    """The protocol the coordinator speaks (:data:`shared.version.PROTOCOL_VERSION`); 1: it predates the number."""
 
 
 class SamplingParams(BaseModel):

@@ -11,7 +11,8 @@ The canonical string binds everything a replayer or tamperer could change::
     nonce (hex, 16 to 64 characters)
     audience (the coordinator deployment's id)
 
-It is sent as four headers. :class:`SignedAuth` signs every request an ``httpx`` client
+It is sent as four headers, with a fifth naming the sender's protocol version
+(:data:`shared.version.PROTOCOL_VERSION`), which the server checks first. :class:`SignedAuth` signs every request an ``httpx`` client
 makes; :func:`recover_signer` is what a server calls to learn who signed. Checking the
 timestamp window, the nonce's freshness and the body's address is the server's job.
 """
@@ -33,6 +34,7 @@ from eth_hash.auto import keccak
 from eth_utils import to_checksum_address
 
 from intellect_protocol.shared.cpu_ledger import spent
+from intellect_protocol.shared.version import PROTOCOL_HEADER, PROTOCOL_VERSION
 
 SCHEME = "intellect-request-v1"
 HEADER_ADDRESS = "x-intellect-address"
@@ -64,7 +66,7 @@ def sign_request(
     timestamp: int | None = None,
     nonce: str | None = None,
 ) -> dict[str, str]:
-    """The four signature headers for one request."""
+    """The four signature headers for one request, and the protocol version's."""
     timestamp = int(time.time()) if timestamp is None else timestamp
     nonce = secrets.token_hex(16) if nonce is None else nonce
     message = canonical_request(method, path, query, hashlib.sha256(body).hexdigest(), timestamp, nonce, audience)
@@ -73,6 +75,7 @@ def sign_request(
         HEADER_TIMESTAMP: str(timestamp),
         HEADER_NONCE: nonce,
         HEADER_SIGNATURE: sign_text(account, message),
+        PROTOCOL_HEADER: str(PROTOCOL_VERSION),
     }
 
 

@@ -92,8 +92,8 @@ def test_check_says_which_runs_this_machine_can_serve(sqlite_url: str, tmp_path:
     assert "✗" in rows["deep"] and "✗" in rows["newer-plugin"]
     assert "run deep: model " in said and "needs about" in said and "GiB of usable RAM" in said
     assert (
-        "run newer-plugin: environment 'arithmetic' is intellect-protocol==0.1.0 here but the run pins intellect-protocol==9.0"
-        in said
+        "run newer-plugin: environment 'arithmetic' is intellect-protocol sha256=" in said
+        and "here but the run pins intellect-protocol==9.0" in said
     )
     assert "run bf16-only: this node computes as torch/float32" in said and "admits only torch/bfloat16" in said
     assert "run fits:" not in said and "run hub:" not in said

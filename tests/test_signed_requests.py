@@ -17,6 +17,7 @@ from intellect_protocol.shared.signing import (
     canonical_query,
     sign_request,
 )
+from intellect_protocol.shared.version import PROTOCOL_HEADER, PROTOCOL_VERSION
 from tests.helpers import heartbeat_body, register_body, signed_post
 
 REGISTER, HEARTBEAT = "/v1/nodes/register", "/v1/nodes/heartbeat"
@@ -196,3 +197,25 @@ def test_register_is_idempotent(coordinator, registered) -> None:  # type: ignor
     assert response.status_code == 200
     assert len(coordinator.snapshot()["nodes"]) == len(first) == 1
     assert len(coordinator.snapshot()["node_status_events"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("sent", "status", "code", "says"),
+    [
+        (None, 426, "version_unsupported", "speaks protocol 1 and the coordinator protocol 2: upgrade the client"),
+        ("1", 426, "version_unsupported", "speaks protocol 1 and the coordinator protocol 2: upgrade the client"),
+        ("3", 426, "version_unsupported", "the coordinator must upgrade first"),
+        ("two", 401, "signature_malformed", "must be a protocol number"),
+    ],
+)
+def test_another_protocol_is_refused_saying_which_side_must_upgrade(coordinator, account, sent, status, code, says) -> None:  # type: ignore[no-untyped-def]
+    before = coordinator.snapshot()
+    body = json.dumps(register_body(account)).encode()
+    headers = {"content-type": "application/json", **sign_request(account, "POST", REGISTER, "", body, coordinator.audience)}
+    del headers[PROTOCOL_HEADER]
+    if sent is not None:
+        headers[PROTOCOL_HEADER] = sent
+    response = httpx.post(coordinator.url + REGISTER, content=body, headers=headers)
+    assert_refused(coordinator, response, status, code, before)
+    assert says in response.json()["message"]
+    assert httpx.get(coordinator.url + "/v1/public/status").json()["protocol_version"] == PROTOCOL_VERSION == 2

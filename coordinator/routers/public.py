@@ -26,7 +26,7 @@ from intellect_protocol.shared.island_schemas import IslandStatus
 from intellect_protocol.shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
 from intellect_protocol.shared.run_schemas import RunInfo, RunProgress, StepTiming
 from intellect_protocol.shared.schemas import Address, ErrorBody, PublicStatus
-from intellect_protocol.shared.version import __version__
+from intellect_protocol.shared.version import PROTOCOL_VERSION, __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])
 
@@ -53,6 +53,7 @@ async def status(ctx: Ctx, ledger: LedgerDep, settings: Settings) -> PublicStatu
         nodes=await ledger.run(nodes.status_counts),
         server_time=time.time(),
         max_leases_per_node=settings.max_leases_per_node,
+        protocol_version=PROTOCOL_VERSION,
     )
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-SAMPLES = Path(__file__).resolve().parent.parent / "assets" / "datasets"
+SAMPLES = Path(__file__).resolve().parent / "samples"
 """Small sample sets we wrote, shipped for the math and code environments."""
 
 
