@@ -24,7 +24,6 @@ from sqlalchemy import select
 
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.models import Node, NodeStrike, Review, ValidatorStrike
-from intellect_protocol.coordinator.services.committee import majority
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.committee import PublicReceipt
@@ -109,14 +108,6 @@ def strikes_of(served: Served, address: str) -> int:
 def undecided(served: Served, ids: set[str]) -> set[str]:
     receipts = [receipt(served, i) for i in ids]
     return {r.submission_id for r in receipts if r.status == "pending" or (r.appeal is not None and r.appeal.status == "open")}
-
-
-def test_majority_rule() -> None:
-    assert majority(["accept", "accept", "hard"]) == "accept"
-    assert majority(["hard", "accept", "hard"]) == "hard"
-    assert majority(["accept", "soft", "hard"]) == "soft"  # rejected, but no majority says forged
-    assert majority(["soft", "hard"]) == "soft"
-    assert majority(["accept"]) == "accept"
 
 
 def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_when_all_its_verdicts_are_audited(

@@ -44,6 +44,7 @@ from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.models import Appeal, ContributionEntry, Review, Role, Run, Submission, Task
 from intellect_protocol.coordinator.services import accountability, consequences, roles
+from intellect_protocol.coordinator.services.decisions import Decision, appeal_result, decision, majority, outvoted
 from intellect_protocol.coordinator.services.independence import linked
 from intellect_protocol.coordinator.services.staleness import expire, expire_stale, stale
 from intellect_protocol.coordinator.settings import CoordinatorSettings
@@ -183,16 +184,6 @@ def _hold(session: Session, submission: Submission, outcomes: list[Outcome], app
         submission.reason = HELD.format(split=", ".join(outcomes))
 
 
-def majority(outcomes: Sequence[Outcome]) -> Outcome:
-    """Accepted if most accept, forged if most say so, else rejected without a strike."""
-    n = len(outcomes)
-    if 2 * outcomes.count("accept") > n:
-        return "accept"
-    if 2 * outcomes.count("hard") > n:
-        return "hard"
-    return "soft"
-
-
 def _second_look(
     session: Session, submission: Submission, only: Review, appeal: Appeal | None, settings: CoordinatorSettings
 ) -> Purpose | None:
@@ -261,63 +252,67 @@ def _decide(
     now: datetime,
     note: str | None = None,
 ) -> None:
+    """Decide ``submission`` as ``outcome``: record it, move the node's credit and strikes, settle an open
+    appeal, and strike the validators the decision outvoted."""
     prev: Outcome | None = submission.outcome  # type: ignore[assignment]
+    decided = decision(outcome, reviews, note)
+    _record(submission, outcome, decided, now)
+    consequences.apply(session, submission, prev, outcome, settings, now, charge_soft=decided.charge_soft)
+    judged = list(reviews)
+    if appeal is not None and appeal.status == AppealStatus.open:
+        judged += _settle_appeal(session, submission, appeal, outcome, settings, now)
+    _judge_validators(session, submission, judged, outcome, appeal, settings, now)
+
+
+def _record(submission: Submission, outcome: Outcome, decided: Decision, now: datetime) -> None:
     if outcome == "accept":
         submission.trained_rows = None  # counted only where an acceptance is reversed (set by reopen)
     submission.held_at = None
-    deciding = [r for r in reviews if r.outcome == outcome]
-    lead = deciding[0] if deciding else reviews[0]
-    failed = [c for c in lead.checks or [] if c["passed"] is False]
-    explained = bool(failed) and all(c.get("explained") for c in failed)
     submission.status = SubmissionStatus.accepted if outcome == "accept" else SubmissionStatus.rejected
     submission.outcome = outcome
     submission.hard = outcome == "hard"
     submission.validated_at = now
+    lead = decided.lead
     submission.validator, submission.checks, submission.verdict_signature = lead.validator, lead.checks, lead.signature
-    rows = sorted({i for r in deciding for i in r.untrained_rows or []})
-    submission.untrained_rows = rows if outcome == "accept" and rows else None
-    reasons = [
-        f"{c['name']}: {c['reason']}" + (" (numerics explain it: no strike)" if c.get("explained") else "") for c in failed
-    ]
-    if outcome != "accept" and lead.outcome != outcome:
-        reasons.insert(0, f"validators split {', '.join(r.outcome or '' for r in reviews)}")
-    submission.reason = "; ".join([*(reasons or ["all checks passed"]), *([note] if note else [])])
-    # No deciding verdict: a split with no third validator to break it, not a judgement of the node.
-    consequences.apply(session, submission, prev, outcome, settings, now, charge_soft=not (explained or not deciding))
+    submission.untrained_rows = decided.untrained_rows
+    submission.reason = decided.reason
 
-    judged = list(reviews)
-    if appeal is not None and appeal.status == AppealStatus.open:
-        appeal.status = AppealStatus.upheld if outcome == appeal.prior_outcome else AppealStatus.overturned
-        appeal.decided_at = now
-        if appeal.status == AppealStatus.upheld:
-            # What an appeal costs: validators' passes for nothing, paid for with a strike.
-            consequences.strike(
-                session,
-                submission.address,
-                submission.id,
-                f"appeal of {submission.id} failed: the rejection stands",
-                settings,
-                now,
-            )
-        judged += [
-            r
-            for r in session.scalars(select(Review).where(Review.submission_id == submission.id, Review.appeal_id.is_(None)))
-            if r.voided_at is None and r.outcome is not None
-        ]
-    if len(judged) < 2:
-        return
-    for review in judged:
-        review.agreed = review.outcome == outcome
-    for review in judged:
-        if not review.agreed and review.validator is not None:
-            why = f"said {review.outcome} where the majority decided {outcome}" + (
-                " on appeal" if review.appeal_id != (appeal.id if appeal else None) else ""
-            )
-            struck = accountability.strike(session, review.validator, submission.id, why, settings, now)
-            if struck == "revoked":
-                recheck_verdicts_of(session, review.validator, settings, now)
-            elif struck == "struck":
-                withhold_approvals_of(session, review.validator, settings, now)
+
+def _settle_appeal(
+    session: Session, submission: Submission, appeal: Appeal, outcome: Outcome, settings: CoordinatorSettings, now: datetime
+) -> list[Review]:
+    """Close ``appeal`` as upheld (the rejection stands: the node pays for the validators' passes with a
+    strike) or overturned; returns the first committee's verdicts, which the appeal's decision judges too."""
+    appeal.status = appeal_result(appeal.prior_outcome, outcome)  # type: ignore[arg-type]
+    appeal.decided_at = now
+    if appeal.status == AppealStatus.upheld:
+        why = f"appeal of {submission.id} failed: the rejection stands"
+        consequences.strike(session, submission.address, submission.id, why, settings, now)
+    first = select(Review).where(Review.submission_id == submission.id, Review.appeal_id.is_(None))
+    return [r for r in session.scalars(first) if r.voided_at is None and r.outcome is not None]
+
+
+def _judge_validators(
+    session: Session,
+    submission: Submission,
+    judged: list[Review],
+    outcome: Outcome,
+    appeal: Appeal | None,
+    settings: CoordinatorSettings,
+    now: datetime,
+) -> None:
+    """Mark who agreed with ``outcome`` and strike who did not: a struck validator's lone approvals are
+    withheld, a revoked one's recent verdicts are judged again."""
+    losers = outvoted(judged, outcome, appeal.id if appeal else None)
+    if len(judged) >= 2:
+        for review in judged:
+            review.agreed = review.outcome == outcome
+    for validator, why in losers:
+        struck = accountability.strike(session, validator, submission.id, why, settings, now)
+        if struck == "revoked":
+            recheck_verdicts_of(session, validator, settings, now)
+        elif struck == "struck":
+            withhold_approvals_of(session, validator, settings, now)
 
 
 def release_assignments(session: Session, validator: str) -> None:
