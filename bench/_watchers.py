@@ -27,7 +27,7 @@ class Background:
     def _run(self) -> None:
         raise NotImplementedError
 
-    def __enter__(self):  # type: ignore[no-untyped-def]
+    def __enter__(self):
         self.thread.start()
         return self
 

@@ -107,7 +107,7 @@ def deployment(workdir: Path, share: float | None, run: dict, env: dict[str, str
         audience = PublicStatus.model_validate(httpx.get(f"{process.url}/v1/public/status").json()).audience
         d = Deployment(process.url, audience, token, "")
         policy = None if share is None else {"share": share, "new_node_share": share, "suspect_share": share}
-        d.run_id = d.admin("POST", "/v1/admin/runs", {"name": "bench", **({"audit": policy} if policy else {}), **run})["id"]  # type: ignore[index,call-overload]
+        d.run_id = d.admin("POST", "/v1/admin/runs", {"name": "bench", **({"audit": policy} if policy else {}), **run})["id"]
         yield d
     finally:
         process.stop()
@@ -116,11 +116,11 @@ def deployment(workdir: Path, share: float | None, run: dict, env: dict[str, str
 class TimedValidator(Validator):
     """The real validator, counting the CPU time its checks take."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.cpu_s = 0.0
 
-    def check(self, claim):  # type: ignore[no-untyped-def]
+    def check(self, claim):
         start = time.thread_time()
         try:
             return super().check(claim)
@@ -214,13 +214,13 @@ def detection(workdir: Path, share: float, verdicts: int, max_strikes: int) -> D
                 pass
         lies = caught = 0
         for offset in range(0, len(forged) * 5 + 1000, 1000):
-            for r in d.admin("GET", f"/v1/admin/submissions?limit=1000&offset={offset}"):  # type: ignore[union-attr]
+            for r in d.admin("GET", f"/v1/admin/submissions?limit=1000&offset={offset}"):
                 mine = [v for v in r["verdicts"] if v["validator"] == rogue.address]
                 if mine and r["submission_id"] in forged:
                     lies += 1
                     caught += any(v["agreed"] is False or v["voided"] for v in mine)
         # A forgery credited at any time was in the trainer's feed: the trainer may have read it.
-        credited = {e["submission_id"] for e in d.admin("GET", "/v1/admin/ledger") if e["kind"] == "credit"}  # type: ignore[union-attr,index]
+        credited = {e["submission_id"] for e in d.admin("GET", "/v1/admin/ledger") if e["kind"] == "credit"}
         return Detection(given, lies, caught, len(credited & forged), revoked)
 
 

@@ -114,7 +114,7 @@ def _accuracy(weights: str | dict[str, torch.Tensor], problems: list[tuple[str, 
         model, _ = load_model(weights)
     else:
         model.load_state_dict(weights)
-    return greedy_accuracy(model, tokenizer, problems)  # type: ignore[arg-type]
+    return greedy_accuracy(model, tokenizer, problems)
 
 
 def evaluate(
@@ -188,7 +188,7 @@ def _accepted_rows(ledger: Engine) -> int:
         )
 
 
-def _manifests(url: str, run: str) -> list[dict]:  # type: ignore[type-arg]
+def _manifests(url: str, run: str) -> list[dict]:
     reply = httpx.get(f"{url}/v1/manifests/{run}/latest", timeout=30)
     latest = reply.json()["step"] if reply.status_code == 200 else 0
     return [httpx.get(f"{url}/v1/manifests/{run}/{step}", timeout=30).json() for step in range(1, latest + 1)]

@@ -59,7 +59,7 @@ def register(url: str, accounts: list, audience: str) -> None:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             gate = asyncio.Semaphore(16)
 
-            async def one(account) -> None:  # type: ignore[no-untyped-def]
+            async def one(account) -> None:
                 async with gate:
                     body = {
                         "address": account.address,
@@ -109,7 +109,7 @@ def submissions(urls: list[str], accounts: list, audience: str, concurrency: int
         clients = [httpx.AsyncClient(base_url=u, timeout=60) for u in urls]
         gate = asyncio.Semaphore(concurrency)
 
-        async def one(i: int, account) -> None:  # type: ignore[no-untyped-def]
+        async def one(i: int, account) -> None:
             nonlocal errors
             client = clients[i % len(clients)]
             async with gate:
@@ -150,9 +150,9 @@ def submissions(urls: list[str], accounts: list, audience: str, concurrency: int
 def sweep(
     label: str, coordinators: list[Process], accounts: list, audience: str, rates: list[float], seconds: float
 ) -> list[dict]:
-    host = coordinators[0].url.removeprefix("http://")  # type: ignore[union-attr]
+    host = coordinators[0].url.removeprefix("http://")
     hostname = host.split(":")[0]
-    ports = [int(c.url.rsplit(":", 1)[1]) for c in coordinators]  # type: ignore[union-attr]
+    ports = [int(c.url.rsplit(":", 1)[1]) for c in coordinators]
     rows = []
     for rate in rates:
         requests = heartbeat_requests(accounts, audience, host, int(rate * seconds))
@@ -197,7 +197,7 @@ def run_config(label: str, urls: list[str], workdir: Path, accounts: list, args:
         print(f"{label}: registering {len(accounts)} nodes ...", flush=True)
         register(base, accounts, audience)
         rows = sweep(label, coordinators, accounts, audience, args.rates, args.seconds)
-        subs = submissions([c.url for c in coordinators], accounts, audience)  # type: ignore[misc]
+        subs = submissions([c.url for c in coordinators], accounts, audience)
         print(
             f"  {label:<22} submissions {subs['per_s']:6.0f}/s  upload p50 {subs['p50_ms']:.1f} ms  p99 {subs['p99_ms']:.1f} ms  errors {subs['errors']}",
             flush=True,

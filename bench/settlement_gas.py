@@ -49,7 +49,7 @@ def submit_work(node: address, file: bytes32, units: uint64):
 """
 
 
-def funded(w3: Web3):  # type: ignore[no-untyped-def]
+def funded(w3: Web3):
     account = Account.create()
     w3.eth.wait_for_transaction_receipt(
         w3.eth.send_transaction({"from": w3.eth.accounts[0], "to": account.address, "value": 10**20})
@@ -57,7 +57,7 @@ def funded(w3: Web3):  # type: ignore[no-untyped-def]
     return account
 
 
-def gas_of(w3: Web3, sender, fn) -> int:  # type: ignore[no-untyped-def]
+def gas_of(w3: Web3, sender, fn) -> int:
     return int(send(w3, sender, lambda p: fn.build_transaction(p))["gasUsed"])
 
 
@@ -86,7 +86,7 @@ def main() -> None:
     ]
 
     # Ours: every epoch one root of every node's cumulative credit; each node claims once.
-    anchors, cumulative = [], {address: 0 for address in nodes}
+    anchors, cumulative = [], dict.fromkeys(nodes, 0)
     for epoch in range(1, min(args.epochs, args.samples) + 1):
         for address in nodes:
             cumulative[address] += rng.randrange(1, 10**21)

@@ -104,7 +104,7 @@ def ours(workdir: Path, size: int, clients: int) -> tuple[float, list[float]]:
             upstreams = [] if kind == "origin" else [processes[1].url]
             processes.append(
                 start_relay(workdir, name, wallet, PASSWORD, coordinator, upstreams=upstreams, origin=kind == "origin")
-            )  # type: ignore[list-item]
+            )
         relay_url = processes[2].url
         while len(httpx.get(f"{coordinator}/v1/relays").json()) < 2:
             time.sleep(0.05)

@@ -125,7 +125,7 @@ def calibrate(dtypes: list[str], rows: int, max_tokens: int) -> dict:
     prompts = [encode_prompt(TOKENIZER, p.prompt) for p in list(PROBLEMS.values())[:rows]]
     results = []
     for dtype in dtypes:
-        backend = None if BACKEND == "torch" else backend_for(MODEL_NAME, "vllm", dtype)[0]  # type: ignore[arg-type]
+        backend = None if BACKEND == "torch" else backend_for(MODEL_NAME, "vllm", dtype)[0]
         m = measure(MODEL, TOKENIZER, prompts, dtype, SamplingParams(temperature=1.0, max_tokens=max_tokens), backend)
         print(
             f"  calibrated {m.numerics}: {m.rows} rows, {m.deviations} tokens off the seeded draw (largest gap {m.max_gap:.3g}), "
@@ -143,7 +143,7 @@ def honest(dtype: str, temperature: float, rows: int, max_tokens: int, first_see
     while tasks * 16 < rows:
         task = make_task(first_seed + tasks, temperature, max_tokens)
         begun = time.perf_counter()
-        data = finish(generate(task, BACKEND, dtype)).data  # type: ignore[arg-type]
+        data = finish(generate(task, BACKEND, dtype)).data
         checked = time.perf_counter()
         verdict = check(data, task, BATCHES[tasks % len(BATCHES)])
         node_s, validator_s = node_s + checked - begun, validator_s + time.perf_counter() - checked
@@ -196,7 +196,7 @@ def forged(dtype: str, tasks: int, max_tokens: int) -> None:
         gain = steered_gain = 0.0
         for i in range(tasks):
             task = make_task(50_000 + i, 1.0, max_tokens)
-            generated = generate(task, BACKEND, dtype)  # type: ignore[arg-type]
+            generated = generate(task, BACKEND, dtype)
             honest_data = finish(generated).data
             data = forge(generated)
             changed = forged_rows(data, honest_data, logprobs=name.startswith("logprob"))

@@ -91,10 +91,10 @@ def measure(ledger: Path) -> Waste:
     reviews = db.execute(
         "SELECT claimed_at, judged_at FROM reviews WHERE claimed_at IS NOT NULL AND judged_at IS NOT NULL"
     ).fetchall()
-    busy = _union([(_times(c), _times(j)) for c, j in reviews])  # type: ignore[misc]
-    start = min(_times(c) for *_, c, _ in subs)  # type: ignore[type-var]
-    end = max(_times(v) or _times(c) for *_, c, v in subs)  # type: ignore[type-var]
-    waiting = _union([(_times(c), _times(v) or end) for *_, c, v in subs])  # type: ignore[misc]
+    busy = _union([(_times(c), _times(j)) for c, j in reviews])
+    start = min(_times(c) for *_, c, _ in subs)
+    end = max(_times(v) or _times(c) for *_, c, v in subs)
+    waiting = _union([(_times(c), _times(v) or end) for *_, c, v in subs])
     step = db.execute("SELECT max(policy_step) FROM runs").fetchone()[0]
     return Waste(
         files=len(subs),

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127}){0,4}")
 CHUNK = 1 << 20
@@ -79,7 +79,7 @@ class LocalBlobStore:
         return Blob(size, _read_chunks(f))
 
 
-def _read_chunks(f) -> Iterator[bytes]:
+def _read_chunks(f: BinaryIO) -> Iterator[bytes]:
     with f:
         while chunk := f.read(CHUNK):
             yield chunk

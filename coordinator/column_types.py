@@ -16,14 +16,14 @@ class UTCDateTime(TypeDecorator[datetime]):
     impl = DateTime
     cache_ok = True
 
-    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+    def process_bind_param(self, value: datetime | None, _dialect: Any) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to the ledger; use datetime.now(UTC)")
         return value.astimezone(UTC).replace(tzinfo=None)
 
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+    def process_result_value(self, value: datetime | None, _dialect: Any) -> datetime | None:
         return None if value is None else value.replace(tzinfo=UTC)
 
 
@@ -40,12 +40,12 @@ class TokenAmount(TypeDecorator[int]):
     impl = String(80)
     cache_ok = True
 
-    def process_bind_param(self, value: int | None, dialect: Any) -> str | None:
+    def process_bind_param(self, value: int | None, _dialect: Any) -> str | None:
         if value is None:
             return None
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"a token amount is a non-negative integer of base units, not {value!r}")
         return str(value)
 
-    def process_result_value(self, value: str | None, dialect: Any) -> int | None:
+    def process_result_value(self, value: str | None, _dialect: Any) -> int | None:
         return None if value is None else int(value)

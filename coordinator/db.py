@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Connection, Engine, create_engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from intellect_protocol import migrations
@@ -52,7 +53,7 @@ def make_engine(url: str) -> Engine:
     )
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record) -> None:
+    def _on_connect(dbapi_connection: Any, _record: object) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
@@ -62,7 +63,7 @@ def make_engine(url: str) -> Engine:
     write_lock = threading.Lock()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(connection) -> None:
+    def _on_begin(connection: Connection) -> None:
         write_lock.acquire()
         try:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
@@ -73,7 +74,7 @@ def make_engine(url: str) -> Engine:
 
     @event.listens_for(engine, "commit")
     @event.listens_for(engine, "rollback")
-    def _on_end(connection) -> None:
+    def _on_end(connection: Connection) -> None:
         if connection.info.pop("holds_write_lock", False):
             write_lock.release()
 

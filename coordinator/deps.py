@@ -11,7 +11,7 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -34,7 +34,8 @@ from intellect_protocol.shared.version import PROTOCOL_HEADER, PROTOCOL_VERSION,
 
 def context(request: Request) -> Context:
     """The app's shared :class:`Context` (a plain function: middleware and handlers call it too)."""
-    return request.app.state.context
+    ctx: Context = request.app.state.context
+    return ctx
 
 
 async def get_context(request: Request) -> Context:
@@ -215,7 +216,7 @@ SignedUpload = Annotated[tuple[SignedRequest, StagedUpload], Depends(signed_uplo
 """A verified signed request and its body, staged in a file (for rollout uploads)."""
 
 
-def require_admin(scope: str):
+def require_admin(scope: str) -> Callable[[Request, Ledger], Awaitable[AdminToken]]:
     """A dependency admitting bearer tokens that hold ``scope`` (or a wider one)."""
 
     async def admin(request: Request, ledger: LedgerDep) -> AdminToken:

@@ -101,7 +101,7 @@ def install_error_handlers(app: FastAPI) -> None:
     # the column on SQLite) can only come from the request: the transaction is rolled back already.
     @app.exception_handler(DataError)
     @app.exception_handler(OverflowError)
-    async def _unstorable(_: Request, exc: Exception) -> JSONResponse:
+    async def _unstorable(_: Request, _exc: Exception) -> JSONResponse:
         return error_response(
             ErrorCode.validation_error,
             "The request holds a value the ledger cannot store (a NUL byte, or a number too large).",

@@ -25,6 +25,6 @@ def _emit(session: Session) -> None:
 
 
 @event.listens_for(Session, "after_soft_rollback")
-def _drop(session: Session, previous_transaction: object) -> None:
+def _drop(session: Session, _previous: object) -> None:
     if not session.in_transaction():  # the whole transaction, not a savepoint within it
         session.info.pop(_KEY, None)

@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from starlette.requests import Request
 
@@ -67,7 +68,7 @@ async def stage(request: Request, directory: Path) -> StagedUpload:
     return StagedUpload(path, digest.hexdigest(), size, started_at)
 
 
-def _write(f, digest, parts: list[bytes]) -> None:
+def _write(f: BinaryIO, digest: hashlib._Hash, parts: list[bytes]) -> None:
     for part in parts:
         digest.update(part)
         f.write(part)

@@ -70,7 +70,8 @@ def published(net: Network) -> int:
 
 
 def _submissions(net: Network) -> dict[str, int]:
-    return _get(net, f"/v1/public/runs/{net.run_id}/progress")["submissions"]
+    counts: dict[str, int] = _get(net, f"/v1/public/runs/{net.run_id}/progress")["submissions"]
+    return counts
 
 
 def submitted(net: Network) -> int:
@@ -152,20 +153,20 @@ def node_mid_generation(net: Network, rng: random.Random) -> Recovery:
     return _kill_restart(net, ["node-0"], lambda: verdicts(net), "node mid-generation", 180)
 
 
-def node_mid_upload(net: Network, rng: random.Random) -> Recovery:
+def node_mid_upload(net: Network, _rng: random.Random) -> Recovery:
     # Uploads are short; kill just as a new submission lands so the next one is in flight.
     start = pending(net)
     wait_until(lambda: pending(net) != start, 120, "an upload")
     return _kill_restart(net, ["node-0"], lambda: verdicts(net), "node mid-upload", 180)
 
 
-def relay_mid_broadcast(net: Network, rng: random.Random) -> Recovery:
+def relay_mid_broadcast(net: Network, _rng: random.Random) -> Recovery:
     step = published(net)
     wait_until(lambda: published(net) > step, 300, "a new policy step")
     return _kill_restart(net, ["relay"], lambda: verdicts(net), "relay mid-broadcast", 180)
 
 
-def validator_mid_batch(net: Network, rng: random.Random) -> Recovery:
+def validator_mid_batch(net: Network, _rng: random.Random) -> Recovery:
     wait_until(lambda: claimed(net), 120, "a validator claim")
     return _kill_restart(net, [p.name for p in net.validators()], lambda: verdicts(net), "every validator mid-batch", 180)
 
@@ -177,14 +178,14 @@ def trainer_mid_step(net: Network, rng: random.Random) -> Recovery:
     return _kill_restart(net, ["trainer"], lambda: published(net), "trainer mid-step", 300)
 
 
-def trainer_mid_publish(net: Network, rng: random.Random) -> Recovery:
+def trainer_mid_publish(net: Network, _rng: random.Random) -> Recovery:
     origin = net.workdir / "origin" / net.run_id
     step = published(net)
     wait_until(lambda: (origin / str(step + 1)).exists(), 300, "the trainer writing its next step")
     return _kill_restart(net, ["trainer"], lambda: published(net), "trainer mid-publish", 300)
 
 
-def blob_store_outage(net: Network, rng: random.Random, outage_s: float = 8.0) -> Recovery:
+def blob_store_outage(net: Network, _rng: random.Random, outage_s: float = 8.0) -> Recovery:
     """The coordinator's blob directory replaced by a file for ``outage_s`` (a lost mount: no
     write or read succeeds); recovery counts from the store's return until new uploads land and
     get verdicts again."""
@@ -210,7 +211,7 @@ def _holding(net: Network, name: str, step: int) -> bool:
     return f"Holding policy step {step} " in net.by_name(name).log_path.read_text(errors="replace")
 
 
-def slow_relay(net: Network, rng: random.Random, stalled: float = 0.9, period: float = 1.0) -> Recovery:
+def slow_relay(net: Network, _rng: random.Random, stalled: float = 0.9, period: float = 1.0) -> Recovery:
     """The relay frozen (SIGSTOP) for ``stalled`` of every ``period`` seconds, so it answers at a
     tenth of its speed, until the node holds the next policy step; recovery counts from that
     step's publication."""
@@ -256,7 +257,7 @@ time.time = _shifted
 so a running process's clock can be moved from outside."""
 
 
-def clock_skew(net: Network, rng: random.Random) -> Recovery:
+def clock_skew(net: Network, _rng: random.Random) -> Recovery:
     """node-0's clock jumps past the signature window while it works: it must stop with exit code 2
     and a clear message, having recorded nothing with the bad clock; its held tasks return to the
     queue. Once the clock is right again it restarts; recovery counts from that restart until its
@@ -292,7 +293,7 @@ def coordinator_restart(net: Network, rng: random.Random) -> Recovery:
     return _kill_restart(net, ["coordinator"], lambda: verdicts(net), "coordinator killed, restarted on its database", 180)
 
 
-def everything_at_once(net: Network, rng: random.Random) -> Recovery:
+def everything_at_once(net: Network, _rng: random.Random) -> Recovery:
     _until_working(net, "node-0")
     names = ["node-0", *(p.name for p in net.validators()), "trainer", "relay"]
     return _kill_restart(net, names, lambda: published(net), "node, validators, trainer and relay at once", 300)

@@ -13,9 +13,9 @@ import sys
 import tempfile
 import threading
 import time
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -32,7 +32,7 @@ app = typer.Typer(help=__doc__, no_args_is_help=False, add_completion=False)
 console = Console(soft_wrap=True)
 
 
-class Backend(str, Enum):
+class Backend(StrEnum):
     torch = "torch"
     vllm = "vllm"
 
@@ -309,8 +309,11 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
-def _progress(network: Network) -> dict:
-    return network.http.get(f"{network.coordinator.url}/v1/public/runs/{network.run_id}/progress", timeout=10).json()
+def _progress(network: Network) -> dict[str, Any]:
+    progress: dict[str, Any] = network.http.get(
+        f"{network.coordinator.url}/v1/public/runs/{network.run_id}/progress", timeout=10
+    ).json()
+    return progress
 
 
 def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, object]:
@@ -363,7 +366,12 @@ def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
 
 
 def _dashboard(
-    network: Network, progress: dict, listing: dict, accuracy: dict[int, float], steps: int, work: dict | None
+    network: Network,
+    progress: dict[str, Any],
+    listing: dict[str, Any],
+    accuracy: dict[int, float],
+    steps: int,
+    work: dict[str, Any] | None,
 ) -> Group:
     latest = progress["steps"][-1] if progress["steps"] else {}
     subs = progress["submissions"]

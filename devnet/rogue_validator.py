@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -34,7 +35,7 @@ def made_up_checks(outcome: str) -> list[CheckOutcome]:
 
 
 class RogueValidator(Validator):
-    def __init__(self, accomplice: str, *args, **kwargs) -> None:
+    def __init__(self, accomplice: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.accomplice = accomplice.lower()
 

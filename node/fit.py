@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment
@@ -56,13 +57,13 @@ def parameter_count(model_dir: Path) -> int:
     return total
 
 
-def kv_cache_bytes(config: dict, sequences: int, tokens: int, dtype: str) -> int:
+def kv_cache_bytes(config: dict[str, Any], sequences: int, tokens: int, dtype: str) -> int:
     """Keys and values of every layer for ``sequences`` sequences of ``tokens`` tokens."""
     text = config.get("text_config", config)
     heads = text["num_attention_heads"]
     kv_heads = text.get("num_key_value_heads") or heads
     head_dim = text.get("head_dim") or text["hidden_size"] // heads
-    return 2 * text["num_hidden_layers"] * kv_heads * head_dim * tokens * sequences * BYTES_PER[dtype]
+    return int(2 * text["num_hidden_layers"] * kv_heads * head_dim * tokens * sequences * BYTES_PER[dtype])
 
 
 def fit(run: RunInfo, settings: NodeSettings, specs: NodeSpecs) -> Fit:

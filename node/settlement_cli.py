@@ -235,7 +235,8 @@ def _listed(api: Any, n: int) -> EpochInfo | None:
     from intellect_protocol.shared.coordinator_client import Refused
 
     try:
-        return api.epoch(n)
+        epoch: EpochInfo = api.epoch(n)
+        return epoch
     except Refused as e:
         if e.status == 404:
             return None

@@ -59,7 +59,7 @@ class Heartbeats(threading.Thread):
         console: Console,
         stop: threading.Event,
         interval: float,
-        reregister,
+        reregister: Callable[[], NodeSession],
     ) -> None:
         super().__init__(name="heartbeats", daemon=True)
         self.client, self.session, self.state_dir, self.console, self.stop = client, session, state_dir, console, stop

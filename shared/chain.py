@@ -31,7 +31,10 @@ class ChainError(Exception):
 def artifact(name: str) -> dict[str, Any]:
     if name not in CONTRACTS:
         raise ValueError(f"unknown contract {name!r}")
-    return json.loads(resources.files("intellect_protocol.contracts").joinpath("artifacts", f"{name}.json").read_text())
+    artifact: dict[str, Any] = json.loads(
+        resources.files("intellect_protocol.contracts").joinpath("artifacts", f"{name}.json").read_text()
+    )
+    return artifact
 
 
 def connect(rpc_url: str, timeout_s: float = 10.0) -> Web3:
@@ -161,7 +164,8 @@ class Settlement:
                 gas = fn.estimate_gas({"from": params["from"]}, block_identifier="pending")
             except MethodUnavailable:  # the in-process tester has one block, always current: no pending to ask
                 gas = fn.estimate_gas({"from": params["from"]})
-            return fn.build_transaction({**params, "gas": gas})
+            built: dict[str, Any] = fn.build_transaction({**params, "gas": gas})
+            return built
 
         return send(self.w3, sender, build, confirmations=confirmations)
 

@@ -59,11 +59,11 @@ def logits_of(model: torch.nn.Module, states: torch.Tensor) -> torch.Tensor:
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap
-    return logits.float()
+    return cast(torch.Tensor, logits.float())
 
 
 def _head(model: torch.nn.Module) -> torch.nn.Linear:
-    return cast(PreTrainedModel, model).get_output_embeddings()
+    return cast(torch.nn.Linear, cast(PreTrainedModel, model).get_output_embeddings())
 
 
 def vocab_size(model: torch.nn.Module) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import (
@@ -65,7 +65,7 @@ def final_norm(model: torch.nn.Module) -> torch.nn.Module:
     norm = getattr(base, "norm", None)
     if norm is None:
         raise ValueError(f"{type(model).__name__} has no final norm where Llama-family models keep it")
-    return norm
+    return cast(torch.nn.Module, norm)
 
 
 @contextmanager
@@ -100,7 +100,8 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, prompting: Prom
         rendered = tokenizer.apply_chat_template(
             [*system, {"role": "user", "content": text}], add_generation_prompt=True, tokenize=False, **switch
         )
-        return tokenizer.encode(rendered, add_special_tokens=False)  # the template writes its own special tokens
+        ids: list[int] = tokenizer.encode(rendered, add_special_tokens=False)  # the template writes its own special tokens
+        return ids
     if prompting.system_prompt is not None:
         text = f"{prompting.system_prompt}\n\n{text}"
     ids = tokenizer.encode(text, add_special_tokens=False)

@@ -92,4 +92,4 @@ def credit(amount: int) -> str:
 def credit_of(tokens_generated: int, prompt_tokens: int, prompt_token_weight: Decimal) -> int:
     """Credit micro-units for accepted work: each generated token one unit, each prompt token
     ``prompt_token_weight`` of one (rounded down to a micro-unit, the same on every replica)."""
-    return tokens_generated * CREDIT_PER_UNIT + int(prompt_token_weight * prompt_tokens * CREDIT_PER_UNIT)
+    return int(tokens_generated * CREDIT_PER_UNIT) + int(prompt_token_weight * prompt_tokens * CREDIT_PER_UNIT)

@@ -48,7 +48,8 @@ def torch_dtype(name: str) -> torch.dtype:
 
     if name not in DTYPES:
         raise ValueError(f"dtype {name[:40]!r} is not one of {DTYPES}")
-    return getattr(torch, name)
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
 @dataclass(frozen=True)

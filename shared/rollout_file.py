@@ -209,7 +209,7 @@ def _check_declared(data: bytes, metadata: pq.FileMetaData, limits: ReadLimits) 
 
 def _expanded(batch: pa.RecordBatch, limits: ReadLimits) -> pa.RecordBatch:
     """``batch`` with its dictionary-encoded text columns expanded, once no entry is too long."""
-    longest = {name: ID_CHARS for name in TEXT_COLUMNS} | {"proofs": proof_bytes(limits.max_tokens)}
+    longest = dict.fromkeys(TEXT_COLUMNS, ID_CHARS) | {"proofs": proof_bytes(limits.max_tokens)}
     columns = []
     for name in SCHEMA.names:
         column = batch.column(name)

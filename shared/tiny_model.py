@@ -24,6 +24,7 @@ import random
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -110,7 +111,8 @@ def family_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return AutoModelForCausalLM.from_config(config)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(config)
+    return model
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
@@ -165,7 +167,7 @@ class _UntilSet(StoppingCriteria):
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, _scores: torch.Tensor, **_: object) -> torch.Tensor:
         return torch.full((input_ids.shape[0],), self.stop.is_set(), dtype=torch.bool)
 
 
@@ -219,7 +221,7 @@ def train(
     eval_every: int,
     family: tuple[str, int, int, int] | None = None,
     lr: float = 3e-3,
-) -> dict:
+) -> dict[str, Any]:
     """``family``: (model type, layers, hidden, BPE vocabulary) instead of the tiny Llama."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)

@@ -1,9 +1,10 @@
 """TLS for every client of ours: which certificate authorities a process trusts, and one sentence
 for a certificate it refuses.
 
-Trust is process-wide, like the system's own store: the public authorities (certifi's bundle) plus,
-for a deployment with a private authority, one more CA file named by ``--ca-file`` (:func:`trust`)
-or ``INTELLECT_CA_FILE``. Every HTTPS connection we open (the coordinator client, shardcast
+Trust is process-wide: the operating system's certificate store (through ``truststore``, as pip does:
+a company's or a distribution's own authorities are trusted without configuration), certifi's bundle
+of public authorities for machines whose store is empty, and, for a deployment with a private
+authority, one more CA file named by ``--ca-file`` (:func:`trust`) or ``INTELLECT_CA_FILE``. Every HTTPS connection we open (the coordinator client, shardcast
 downloads, the devnet's polling) takes its context from :func:`client_context`, so a certificate is
 verified the same way everywhere and a refusal reads the same everywhere (:func:`untrusted`).
 """
@@ -16,6 +17,7 @@ import threading
 from pathlib import Path
 
 import certifi
+import truststore
 
 CA_FILE_ENV = "INTELLECT_CA_FILE"
 
@@ -41,7 +43,7 @@ def trust(ca_file: Path) -> None:
 
 
 def client_context(ca_file: Path | None = None) -> ssl.SSLContext:
-    """The context every HTTPS client of ours verifies with: the public authorities plus ``ca_file``
+    """The context every HTTPS client of ours verifies with: the system's store and the public authorities plus ``ca_file``
     (default: ``INTELLECT_CA_FILE``'s). One per CA file, shared: building one costs about 25 ms of CPU."""
     name = str(ca_file) if ca_file is not None else os.environ.get(CA_FILE_ENV, "")
     with _lock:
@@ -51,7 +53,8 @@ def client_context(ca_file: Path | None = None) -> ssl.SSLContext:
 
 
 def _load(ca_file: str) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=certifi.where())
+    context = truststore.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cafile=certifi.where())
     if ca_file:
         try:
             context.load_verify_locations(cafile=ca_file)

@@ -69,7 +69,7 @@ RECORDS: dict[str, Record] = {}
 _step_hidden: list[torch.Tensor | None] = [None]
 
 
-def _keep_logit_rows(module: torch.nn.Module, args: tuple) -> None:
+def _keep_logit_rows(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
     # vLLM calls logits_processor(lm_head, hidden_states[logits rows], ...).
     _step_hidden[0] = args[1]
 
@@ -122,7 +122,7 @@ class SeededSampler(V1Processor, V2Processor):
     ``apply(logits, ctx)`` with each logits row's slot and sequence position.
     """
 
-    def __init__(self, vllm_config: Any, *runner_state: Any) -> None:
+    def __init__(self, _vllm_config: Any, *_runner_state: Any) -> None:
         self.slots: dict[int, tuple[Seeded, list[int]]] = {}
 
     @classmethod

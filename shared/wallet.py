@@ -11,6 +11,7 @@ import getpass
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
@@ -57,10 +58,11 @@ def create_wallet(path: Path, password: str, *, scrypt_n: int = SCRYPT_N) -> str
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(keystore, f)
-    return account.address
+    address: str = account.address
+    return address
 
 
-def _read_keystore(path: Path) -> dict:
+def _read_keystore(path: Path) -> dict[str, Any]:
     try:
         keystore = json.loads(path.read_text())
     except FileNotFoundError:
@@ -91,4 +93,5 @@ def load_wallet(path: Path, password: str) -> LocalAccount:
         raise WalletError(f"{path} is not a valid keystore ({e}).") from None
     except (KeyError, TypeError) as e:
         raise WalletError(f"{path} is not a valid keystore (missing or malformed {e}).") from None
-    return Account.from_key(key)
+    account: LocalAccount = Account.from_key(key)
+    return account

@@ -25,7 +25,7 @@ def funded(w3: Web3, eth: int = 10) -> LocalAccount:
 
 def advance(w3: Web3, seconds: int) -> None:
     """Move the chain's clock forward (one block at the new time)."""
-    tester = w3.provider.ethereum_tester  # type: ignore[attr-defined]
+    tester = w3.provider.ethereum_tester
     tester.time_travel(w3.eth.get_block("latest")["timestamp"] + seconds)
     tester.mine_blocks(1)
 

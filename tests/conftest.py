@@ -180,7 +180,7 @@ def coordinator(database_url: str, tmp_path: Path) -> Iterator[Served]:
 
 
 @pytest.fixture
-def account():  # type: ignore[no-untyped-def]
+def account():
     return Account.create()
 
 

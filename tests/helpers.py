@@ -56,7 +56,7 @@ def signed_post(
     return HTTP.post(url + full_path, content=raw, headers={"content-type": "application/json", **signed, **(headers or {})})
 
 
-def make_run(  # type: ignore[no-untyped-def]
+def make_run(
     served,
     *,
     name: str = "r",
@@ -86,7 +86,7 @@ def make_run(  # type: ignore[no-untyped-def]
 
 def verdict_body(
     audience: str, validator: LocalAccount, claim: dict[str, Any], checks: list[dict[str, Any]], untrained_rows: list[int] = ()
-) -> dict[str, Any]:  # type: ignore[assignment]
+) -> dict[str, Any]:
     """A verdict on a claimed submission, signed over its file and checks as a validator must."""
     rows = list(untrained_rows)
     outcomes = [CheckOutcome.model_validate(c) for c in checks]
@@ -100,7 +100,7 @@ def verdict_body(
     }
 
 
-def expire_assignments(served, submission_id: str) -> None:  # type: ignore[no-untyped-def]
+def expire_assignments(served, submission_id: str) -> None:
     """End every open assignment to judge ``submission_id`` now, as if its validator had gone silent."""
     from sqlalchemy import update
 

@@ -11,7 +11,7 @@ from tests.conftest import admin_token
 from tests.helpers import heartbeat_body, register_body, signed_post
 
 
-def _register(coordinator, n: int) -> list:  # type: ignore[no-untyped-def]
+def _register(coordinator, n: int) -> list:
     accounts = [Account.create() for _ in range(n)]
     for account in accounts:
         assert (
@@ -21,7 +21,7 @@ def _register(coordinator, n: int) -> list:  # type: ignore[no-untyped-def]
     return accounts
 
 
-def test_tokens_are_required_and_scoped(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_tokens_are_required_and_scoped(coordinator) -> None:
     [node] = _register(coordinator, 1)
     url = f"{coordinator.url}/v1/admin/nodes"
     assert httpx.get(url).json()["code"] == "admin_unauthorized"
@@ -41,14 +41,14 @@ def test_tokens_are_required_and_scoped(coordinator) -> None:  # type: ignore[no
     assert httpx.get(url, headers={"authorization": f"Bearer {tampered}"}).status_code == 401
 
 
-def test_tokens_are_stored_hashed(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_tokens_are_stored_hashed(coordinator) -> None:
     token = admin_token(coordinator)
     secret = token.split("_", 2)[2]
     rows = coordinator.snapshot()["admin_tokens"]
     assert rows and all(secret not in repr(row) for row in rows)
 
 
-def test_list_filter_detail_ban_unban(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_list_filter_detail_ban_unban(coordinator) -> None:
     a, b, c = _register(coordinator, 3)
     assert (
         signed_post(coordinator.url, "/v1/nodes/heartbeat", a, coordinator.audience, heartbeat_body(a)).json()["status"]
@@ -96,7 +96,7 @@ def test_list_filter_detail_ban_unban(coordinator) -> None:  # type: ignore[no-u
     ]
 
 
-def test_token_cli_create_list_revoke(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_token_cli_create_list_revoke(coordinator) -> None:
     url = coordinator.settings.database_url
     created = subprocess.run(
         ["intellect-coordinator", "admin-token", "create", "--name", "ops", "--scope", "read", "--database-url", url],

@@ -69,7 +69,7 @@ def audit(served: Served, token: str) -> list[dict]:
     return httpx.get(f"{served.url}/v1/admin/audit", headers=bearer(token)).json()
 
 
-def test_every_admin_endpoint_checks_its_token_and_records_nothing_when_refused(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_every_admin_endpoint_checks_its_token_and_records_nothing_when_refused(coordinator) -> None:
     paths = httpx.get(f"{coordinator.url}/openapi.json").json()["paths"]
     routes = {(m.upper(), p) for p, ops in paths.items() if p.startswith("/v1/admin") for m in ops}
     assert routes == set(EXPECTED_SCOPE), "a new admin endpoint needs its scope in this table"

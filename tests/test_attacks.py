@@ -117,7 +117,7 @@ def test_times_outside_the_datetime_range_are_422(coordinator: Served, path: str
 
 
 @pytest.fixture
-def guarded(sqlite_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+def guarded(sqlite_url: str, tmp_path: Path):
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
@@ -235,7 +235,7 @@ def test_new_wallets_per_address_are_rate_limited(sqlite_url: str, tmp_path: Pat
         assert again.status_code == 200  # an address registering again costs nothing
 
 
-def _verdict(served: Served, validator, claim: dict, failed: str) -> httpx.Response:  # type: ignore[no-untyped-def]
+def _verdict(served: Served, validator, claim: dict, failed: str) -> httpx.Response:
     checks, seen = [], False
     for name in CHECKS:
         seen = seen or name == failed

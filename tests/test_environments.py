@@ -38,7 +38,7 @@ def test_arithmetic_scratchpad_and_reward() -> None:
 
 
 @pytest.fixture(scope="module")
-def verifier():  # type: ignore[no-untyped-def]
+def verifier():
     v = MathVerifier(timeout_s=5)
     yield v
     v.close()
@@ -57,7 +57,7 @@ def verifier():  # type: ignore[no-untyped-def]
         ("\\boxed{__import__('os').system('touch /tmp/pwned')}", "0", 0.0),
     ],
 )
-def test_math_answers(verifier, completion: str, answer: str, expected: float) -> None:  # type: ignore[no-untyped-def]
+def test_math_answers(verifier, completion: str, answer: str, expected: float) -> None:
     assert verifier.reward(completion, answer) == expected
     assert not os.path.exists("/tmp/pwned")
 

@@ -46,6 +46,6 @@ def test_an_honest_epoch_passes_and_a_fresh_one_waits() -> None:
         ({1: PostedRoot(ROOT, AT, "0xaa", AT)}, {1: listed(1)}, {1: b"\x22" * 32}, 1, "the ledger gives 0x2222"),
     ],
 )
-def test_every_lie_is_a_finding(posted, ours, rebuilt, latest, says) -> None:  # type: ignore[no-untyped-def]
+def test_every_lie_is_a_finding(posted, ours, rebuilt, latest, says) -> None:
     [(epoch, problem)] = audit_epochs([1], posted, ours, rebuilt, latest)
     assert epoch == 1 and problem is not None and says in problem and not problem.startswith("waiting"), problem

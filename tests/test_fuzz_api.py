@@ -24,7 +24,7 @@ EXAMPLES = 12
 class SignAs(requests.auth.AuthBase):
     """Sign the request exactly as it will be sent (method, path, query, raw body)."""
 
-    def __init__(self, account, audience: str) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, account, audience: str) -> None:
         self.account, self.audience = account, audience
 
     def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
@@ -35,7 +35,7 @@ class SignAs(requests.auth.AuthBase):
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("fuzz")
     url = _new_database(request.param, request, tmp, request.getfixturevalue(f"migrated_{request.param}"))
     settings_ = CoordinatorSettings(
@@ -56,7 +56,7 @@ def _sessions(served: Served) -> dict[str, requests.Session]:
 
 
 @pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE])
-def test_no_request_makes_a_server_error(served: Served, mode) -> None:  # type: ignore[no-untyped-def]
+def test_no_request_makes_a_server_error(served: Served, mode) -> None:
     schema = schemathesis.openapi.from_url(f"{served.url}/openapi.json")
     sessions = _sessions(served)
     examples = int(os.environ.get("INTELLECT_FUZZ_EXAMPLES", EXAMPLES))
@@ -67,7 +67,7 @@ def test_no_request_makes_a_server_error(served: Served, mode) -> None:  # type:
 
         @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         @given(case=operation.as_strategy(generation_mode=mode))
-        def check(case) -> None:  # type: ignore[no-untyped-def]
+        def check(case) -> None:
             for name, session in sessions.items():
                 response = case.call(base_url=served.url, session=session, timeout=10)  # long polls are capped at 50 ms here
                 seen[response.status_code] = seen.get(response.status_code, 0) + 1

@@ -19,7 +19,7 @@ from tests.conftest import Served, admin_token, serve
 from tests.helpers import heartbeat_body, make_run, register_body, signed_post
 
 
-def joined(served: Served, local_address: str | None = None):  # type: ignore[no-untyped-def]
+def joined(served: Served, local_address: str | None = None):
     account = Account.create()
     assert signed_post(served.url, "/v1/nodes/register", account, served.audience, register_body(account)).status_code == 200
     return account
@@ -51,7 +51,7 @@ def trickle(
 
 
 @pytest.fixture
-def strict(sqlite_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+def strict(sqlite_url: str, tmp_path: Path):
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",

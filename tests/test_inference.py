@@ -25,18 +25,18 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def tiny():  # type: ignore[no-untyped-def]
+def tiny():
     model, tokenizer = load_model(TINY_MODEL_DIR)
     return model, tokenizer, TorchBackend(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 
 @pytest.fixture(scope="module")
-def prompts(tiny):  # type: ignore[no-untyped-def]
+def prompts(tiny):
     rng = random.Random(7)
     return [make_problem(rng) for _ in range(6)]
 
 
-def test_shipped_model_loads_offline_and_solves_some(tiny, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_shipped_model_loads_offline_and_solves_some(tiny, prompts) -> None:
     model, tokenizer, backend = tiny
     assert 500_000 <= sum(p.numel() for p in model.parameters()) <= 5_000_000
     rng = random.Random(99)
@@ -48,7 +48,7 @@ def test_shipped_model_loads_offline_and_solves_some(tiny, prompts) -> None:  # 
     assert 0.3 <= accuracy <= 0.95  # learned, with room left for RL
 
 
-def test_generate_prove_prefill_verify(tiny, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_generate_prove_prefill_verify(tiny, prompts) -> None:
     model, tokenizer, backend = tiny
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=48)
     ids = [prompt_ids(tokenizer, p) for p, _ in prompts]
@@ -88,7 +88,7 @@ def test_generate_prove_prefill_verify(tiny, prompts) -> None:  # type: ignore[n
         assert replay(one_digit_logits, seed, params.temperature).tolist() != completion.tokens
 
 
-def test_batch_composition_and_padding_do_not_change_samples(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_batch_composition_and_padding_do_not_change_samples(tiny) -> None:
     _, tokenizer, backend = tiny
     params = SamplingParams(temperature=1.0, max_tokens=20)
     short = prompt_ids(tokenizer, "12+34:")
@@ -100,7 +100,7 @@ def test_batch_composition_and_padding_do_not_change_samples(tiny) -> None:  # t
     assert rollout_passes(verify_proofs(batched.hidden, build_proofs(alone.hidden)))
 
 
-def test_length_limit_and_eos_switch(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_length_limit_and_eos_switch(tiny) -> None:
     _, tokenizer, backend = tiny
     out = backend.generate([prompt_ids(tokenizer, "123+456:")], [3], SamplingParams(temperature=0, max_tokens=5))[0]
     assert len(out.tokens) == 5 and out.finish_reason == "length" and out.hidden.shape[0] == 4
@@ -112,7 +112,7 @@ def test_length_limit_and_eos_switch(tiny) -> None:  # type: ignore[no-untyped-d
         backend.generate([[]], [1], SamplingParams())
 
 
-def test_the_kv_cache_is_passed_by_the_installed_transformers_own_name(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_the_kv_cache_is_passed_by_the_installed_transformers_own_name(tiny) -> None:
     """Generation and chunked prefill run a KV cache through the model without a deprecation warning
     (transformers renamed ``past_key_values`` to ``cache``; the old name goes in 5.40), and the cache is
     really used: tokens generated step by step score exactly as one prefill of the whole sequence."""
@@ -132,7 +132,7 @@ def test_the_kv_cache_is_passed_by_the_installed_transformers_own_name(tiny) -> 
     assert torch.allclose(whole, chunked, atol=1e-4)
 
 
-def test_held_out_accuracy_decodes_as_argmax_without_a_cache_and_gives_up_when_stopped(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_held_out_accuracy_decodes_as_argmax_without_a_cache_and_gives_up_when_stopped(tiny) -> None:
     model, tokenizer, _ = tiny
     problems = held_out()[:40]
     ids = torch.tensor([prompt_ids(tokenizer, p) for p, _ in problems])
@@ -150,7 +150,7 @@ def test_held_out_accuracy_decodes_as_argmax_without_a_cache_and_gives_up_when_s
         greedy_accuracy(model, tokenizer, problems, stop)
 
 
-def test_greedy_completions_of_unequal_prompts_are_each_prompts_own(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_greedy_completions_of_unequal_prompts_are_each_prompts_own(tiny) -> None:
     model, tokenizer, _ = tiny
     prompts = ["12+34:", "123+456:", "1+2:", "4321+8765:"]
     together = greedy_completions(model, tokenizer, prompts)

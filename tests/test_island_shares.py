@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 NO_AUDIT = AuditPolicy(share=0, new_node_share=0, suspect_share=0)
 
 
-def refused(status: int, call, served) -> str:  # type: ignore[no-untyped-def]
+def refused(status: int, call, served) -> str:
     """Assert ``call`` is refused with ``status`` and that the ledger is as it was; returns the message."""
     before = served.snapshot()
     with pytest.raises(Refused) as caught:
@@ -75,7 +75,7 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         validator.close()
         a, b, other, stranger = (CoordinatorClient(served.url, k) for k in (a_key, b_key, impostor, Account.create()))
 
-        def body(schema, key: LocalAccount, island: str, **fields):  # type: ignore[no-untyped-def]
+        def body(schema, key: LocalAccount, island: str, **fields):
             return schema(address=key.address, run_id=run_id, island=island, **fields)
 
         assert a.island_join(body(IslandJoin, a_key, "a")) == 0

@@ -112,11 +112,11 @@ def test_two_islands_train_on_their_own_shares_and_publish_agreed_steps(sqlite_u
             trainer = trainers[name]
             step = trainer.train_step
 
-            def recording(batch, stop=None):  # type: ignore[no-untyped-def]
+            def recording(batch, stop=None):
                 trained[name].extend(g.key for g in batch.groups)
                 return step(batch, stop)
 
-            trainer.train_step = recording  # type: ignore[method-assign]
+            trainer.train_step = recording
             try:
                 reached[name] = trainer.run(threading.Event(), steps=2)
             except BaseException as e:  # noqa: BLE001  (re-raised by the test below)
@@ -132,7 +132,7 @@ def test_two_islands_train_on_their_own_shares_and_publish_agreed_steps(sqlite_u
         assert not errors, errors
         with CoordinatorClient(net.served.url) as api:
             assert api.run_info(net.run_id).policy_step == 2
-            signers = {api.manifest(net.run_id, s).signed.signer for s in (1, 2)}  # type: ignore[union-attr]
+            signers = {api.manifest(net.run_id, s).signed.signer for s in (1, 2)}
             islands = {i.name: i for i in api.islands(net.run_id)}
             timings = [
                 StepTiming.model_validate(t)

@@ -19,7 +19,7 @@ WORKER = Path(__file__).with_name("island_worker.py")
 
 
 @pytest.fixture
-def lighthouse():  # type: ignore[no-untyped-def]
+def lighthouse():
     from torchft._torchft import LighthouseServer
 
     servers = []
@@ -85,7 +85,7 @@ def test_judging_leaves_out_what_is_not_finite_or_far_beyond_its_peers() -> None
 
 
 @pytest.mark.integration
-def test_two_islands_agree_on_the_outer_steps_one_process_computes_leaving_out_a_faulty_one(lighthouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_two_islands_agree_on_the_outer_steps_one_process_computes_leaving_out_a_faulty_one(lighthouse, tmp_path: Path) -> None:
     address = lighthouse(2)
     # b's weights before meetings 1 and 2: not finite, then 1e4 times too big; meetings 0 and 3 are sound.
     a, b = island("a", address, tmp_path, 4), island("b", address, tmp_path, 4, "--fault", "nan@1", "huge@2")
@@ -111,7 +111,7 @@ def test_two_islands_agree_on_the_outer_steps_one_process_computes_leaving_out_a
 
 @pytest.mark.e2e
 @pytest.mark.xdist_group("e2e-a")  # four processes under torchrun: with the other real-engine tests
-def test_islands_of_two_fsdp_ranks_each_agree_on_what_one_process_computes(lighthouse, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_islands_of_two_fsdp_ranks_each_agree_on_what_one_process_computes(lighthouse, tmp_path: Path) -> None:
     address = lighthouse(2)
     env = {**os.environ, "PYTHONPATH": str(WORKER.parent.parent), "OMP_NUM_THREADS": "1"}
     islands = [

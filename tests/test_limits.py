@@ -13,7 +13,7 @@ from tests.helpers import heartbeat_body, register_body, signed_post
 HEARTBEAT = "/v1/nodes/heartbeat"
 
 
-def test_rate_limit_per_address(sqlite_url: str, account) -> None:  # type: ignore[no-untyped-def]
+def test_rate_limit_per_address(sqlite_url: str, account) -> None:
     with serve(CoordinatorSettings(database_url=sqlite_url, rate_limit_per_s=0.5, rate_limit_burst=3)) as c:
         assert signed_post(c.url, "/v1/nodes/register", account, c.audience, register_body(account)).status_code == 200
         assert signed_post(c.url, HEARTBEAT, account, c.audience, heartbeat_body(account)).status_code == 200
@@ -38,7 +38,7 @@ def test_rate_limit_unsigned_by_ip(sqlite_url: str) -> None:
         assert codes[-1] == 429
 
 
-def test_body_too_large(sqlite_url: str, account) -> None:  # type: ignore[no-untyped-def]
+def test_body_too_large(sqlite_url: str, account) -> None:
     with serve(CoordinatorSettings(database_url=sqlite_url, max_body_bytes=2048)) as c:
         before = c.snapshot()
         huge = register_body(account, specs={"cpu_cores": 1, "ram_bytes": 1, "disk_free_bytes": 1, "platform": "x" * 4000})
@@ -48,7 +48,7 @@ def test_body_too_large(sqlite_url: str, account) -> None:  # type: ignore[no-un
         assert c.snapshot() == before
 
         # A chunked body declares no length: it is counted as it arrives.
-        def chunks():  # type: ignore[no-untyped-def]
+        def chunks():
             for _ in range(10):
                 yield b"x" * 1024
 

@@ -57,7 +57,7 @@ def test_app_refuses_unmigrated_database(empty_database_url: str) -> None:
         create_app(CoordinatorSettings(database_url=empty_database_url))
 
 
-def test_serve_says_which_command_to_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_serve_says_which_command_to_run(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     result = subprocess.run(
         ["intellect-coordinator", "serve", "--database-url", url, "--port", "1"], capture_output=True, text=True, timeout=60

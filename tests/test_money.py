@@ -59,7 +59,7 @@ def test_wire_amounts_are_decimal_strings_and_floats_are_refused() -> None:
 
 
 @given(st.lists(st.integers(min_value=-(10**12), max_value=10**12), min_size=1, max_size=40), st.randoms())
-def test_cumulative_amounts_do_not_depend_on_the_order_of_entries(units: list[int], rng) -> None:  # type: ignore[no-untyped-def]
+def test_cumulative_amounts_do_not_depend_on_the_order_of_entries(units: list[int], rng) -> None:
     now = datetime.now(UTC)
     entries = [(i + 1, "0x" + f"{i % 3:040x}", u, now) for i, u in enumerate(units)]
     shuffled = list(entries)

@@ -20,7 +20,7 @@ from intellect_protocol.shared.signing import SignedAuth
 from tests.conftest import serve
 
 
-def test_clock_skew_is_explained(coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_clock_skew_is_explained(coordinator, tmp_path: Path) -> None:
     client = NodeClient(coordinator.url, Account.create(), NodeSettings(state_dir=tmp_path))
     client.public_status()
     client.api._auth = SignedAuth(client.account, coordinator.audience, clock_offset=-1000)  # a clock 1000 s slow

@@ -20,7 +20,7 @@ from tests.conftest import FAST, admin_token, serve
 from tests.helpers import SPECS, heartbeat_body, register_body, signed_post
 
 
-def _statuses(session, address: str) -> list[str]:  # type: ignore[no-untyped-def]
+def _statuses(session, address: str) -> list[str]:
     events = session.scalars(select(NodeStatusEvent).where(NodeStatusEvent.address == address).order_by(NodeStatusEvent.id))
     return [e.to_status for e in events]
 
@@ -96,7 +96,7 @@ def test_illegal_transitions_are_refused(sqlite_url: str) -> None:
             nodes.transition(session, node, NodeStatus.healthy, "heartbeat", now)
 
 
-def test_background_loop_moves_silent_nodes(database_url: str, account) -> None:  # type: ignore[no-untyped-def]
+def test_background_loop_moves_silent_nodes(database_url: str, account) -> None:
     with serve(CoordinatorSettings(database_url=database_url, **FAST)) as c:
         assert signed_post(c.url, "/v1/nodes/register", account, c.audience, register_body(account)).status_code == 200
         assert (

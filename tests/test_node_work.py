@@ -109,7 +109,7 @@ def test_node_rides_out_a_coordinator_restart(tmp_path: Path, sqlite_url: str) -
         with engine.connect() as connection:
             return len(connection.execute(select(Submission.id)).all())
 
-    def wait_for(count: int, node) -> None:  # type: ignore[no-untyped-def]
+    def wait_for(count: int, node) -> None:
         deadline = time.monotonic() + 120
         while submitted() < count:
             assert time.monotonic() < deadline and node.popen.poll() is None, node.tail()

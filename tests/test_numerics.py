@@ -34,7 +34,7 @@ torch.set_num_threads(1)
 EOS = TOKENIZER.eos_token_id
 
 
-def check(data: bytes, task, batch: int = 16) -> Verdict:  # type: ignore[no-untyped-def]
+def check(data: bytes, task, batch: int = 16) -> Verdict:
     ctx = Context(task, hashlib.sha256(data).hexdigest(), 0, 0, MODEL, TOKENIZER, ENVIRONMENT, PROBLEMS)
     return validate(data, ctx, CheckSettings(prefill_batch=batch))
 
@@ -86,7 +86,7 @@ def test_near_tie_cherry_picking_never_reaches_training() -> None:
         "other-temperature-bf16",
     ],
 )
-def test_forgeries_beyond_numerics_are_hard_rejections(forgery, dtype: str) -> None:  # type: ignore[no-untyped-def]
+def test_forgeries_beyond_numerics_are_hard_rejections(forgery, dtype: str) -> None:
     task = make_task(990, prompts=4, samples=4, temperature=1.0, max_tokens=96)
     verdict = check(forgery(generate(task, "torch", dtype)), task)
     assert not verdict.accepted and verdict.hard, verdict.reason
@@ -96,7 +96,7 @@ def test_forgeries_beyond_numerics_are_hard_rejections(forgery, dtype: str) -> N
 PASSED = [{"name": name, "passed": True, "reason": "ok"} for name in CHECKS]
 
 
-def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_training(sqlite_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_training(sqlite_url: str, tmp_path) -> None:
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
@@ -113,7 +113,7 @@ def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_train
         grant(served, token, trainer.address, "trainer")
         node = joined(served)
 
-        def judged(checks: list[dict] = PASSED, untrained_rows: list[int] = ()) -> dict:  # type: ignore[assignment]
+        def judged(checks: list[dict] = PASSED, untrained_rows: list[int] = ()) -> dict:
             task = lease(served, node)
             upload(served, node, task, finish(generate(task)).data)
             [claim] = signed_post(

@@ -111,7 +111,7 @@ def test_a_node_says_when_its_coordinator_is_back(tmp_path: Path) -> None:
         Account.create(),
         NodeSettings(state_dir=tmp_path, backoff_initial_s=0.2, backoff_max_s=0.5),
         on_retry=notices.append,
-    )  # type: ignore[arg-type]
+    )
     try:
         client.public_status()
         coordinator.kill()
@@ -138,7 +138,7 @@ def test_a_node_that_never_reached_its_coordinator_says_so_within_seconds(tmp_pa
     env = {**os.environ, "INTELLECT_WALLET_PASSWORD": "pw", "COLUMNS": "240"}
     node = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     said: list[str] = []
-    reader = threading.Thread(target=lambda: said.extend(iter(node.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader = threading.Thread(target=lambda: said.extend(iter(node.stdout.readline, "")), daemon=True)
     reader.start()
     try:
         deadline = time.monotonic() + 20  # the node's own start (imports, wallet) included

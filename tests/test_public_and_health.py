@@ -7,7 +7,7 @@ import httpx
 from tests.helpers import register_body, signed_post
 
 
-def test_public_status(coordinator, account) -> None:  # type: ignore[no-untyped-def]
+def test_public_status(coordinator, account) -> None:
     signed_post(coordinator.url, "/v1/nodes/register", account, coordinator.audience, register_body(account)).raise_for_status()
     status = httpx.get(f"{coordinator.url}/v1/public/status").json()
     assert status["audience"] == coordinator.audience and status["audience"].startswith("intellect-")
@@ -15,7 +15,7 @@ def test_public_status(coordinator, account) -> None:  # type: ignore[no-untyped
     assert status["signature_window_s"] == 300
 
 
-def test_each_deployment_has_its_own_audience(coordinator, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_each_deployment_has_its_own_audience(coordinator, tmp_path) -> None:
     from alembic import command
 
     from intellect_protocol.coordinator.db import (
@@ -31,7 +31,7 @@ def test_each_deployment_has_its_own_audience(coordinator, tmp_path) -> None:  #
         assert read_audience(session) != coordinator.audience
 
 
-def test_healthz_and_metrics(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_healthz_and_metrics(coordinator) -> None:
     health = httpx.get(f"{coordinator.url}/healthz")
     assert health.status_code == 200
     body = health.json()
@@ -44,18 +44,18 @@ def test_healthz_and_metrics(coordinator) -> None:  # type: ignore[no-untyped-de
     assert "/no/such/path" not in metrics
 
 
-def test_errors_have_code_and_message(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_errors_have_code_and_message(coordinator) -> None:
     for response in (httpx.get(f"{coordinator.url}/nowhere"), httpx.put(f"{coordinator.url}/v1/nodes/register")):
         body = response.json()
         assert set(body) >= {"code", "message"}, body
 
 
-def test_openapi_documents_the_api(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_openapi_documents_the_api(coordinator) -> None:
     paths = httpx.get(f"{coordinator.url}/openapi.json").json()["paths"]
     assert {"/v1/nodes/register", "/v1/nodes/heartbeat", "/v1/admin/nodes", "/v1/public/status"} <= set(paths)
 
 
-def test_the_public_api_lists_itself(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_the_public_api_lists_itself(coordinator) -> None:
     index = httpx.get(f"{coordinator.url}/v1/public")
     assert index.status_code == 200
     endpoints = index.json()["endpoints"]

@@ -25,7 +25,7 @@ def counted() -> Iterator[list[str]]:
     """Every SQL statement any engine of this process runs meanwhile."""
     statements: list[str] = []
 
-    def count(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+    def count(_conn, _cursor, statement, *_args) -> None:
         statements.append(statement)
 
     event.listen(Engine, "before_cursor_execute", count)
@@ -35,7 +35,7 @@ def counted() -> Iterator[list[str]]:
         event.remove(Engine, "before_cursor_execute", count)
 
 
-def _judged_submissions(served: Served, node, validator, count: int) -> None:  # type: ignore[no-untyped-def]
+def _judged_submissions(served: Served, node, validator, count: int) -> None:
     for _ in range(count):
         task = lease(served, node)
         upload(served, node, task, finish(generate(task)).data)
@@ -46,7 +46,7 @@ def _judged_submissions(served: Served, node, validator, count: int) -> None:  #
         assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, body).status_code == 200
 
 
-def _queries(url: str, **kw) -> int:  # type: ignore[no-untyped-def]
+def _queries(url: str, **kw) -> int:
     with counted() as statements:
         reply = httpx.get(url, **kw)
     assert reply.status_code == 200, reply.text

@@ -51,7 +51,7 @@ class S3:
             self.server.stop()
             self.server: ThreadedMotoServer | None = None
 
-    def client(self):  # type: ignore[no-untyped-def]
+    def client(self):
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
 
 

@@ -36,7 +36,7 @@ PASSWORD = "test-password"  # conftest's INTELLECT_WALLET_PASSWORD
 
 
 @pytest.fixture(scope="module")
-def anvil(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def anvil(tmp_path_factory: pytest.TempPathFactory):
     try:
         process = start_anvil(tmp_path_factory.mktemp("anvil") / "anvil.log")
     except StartError as e:
@@ -48,7 +48,7 @@ def anvil(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
 
 
 @pytest.fixture
-def chain(anvil: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def chain(anvil: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Fresh contracts, and the coordinator's sender (admin, poster, slasher) in a keystore."""
     admin = Account.create()
     fund(anvil, admin.address, 100 * TOKEN)
@@ -79,7 +79,7 @@ def settled(database_url: str, tmp_path: Path, rpc_url: str, settlement: Settlem
     )
 
 
-def wallet(tmp_path: Path, anvil: str | None = None):  # type: ignore[no-untyped-def]
+def wallet(tmp_path: Path, anvil: str | None = None):
     account = Account.create()
     path = tmp_path / f"{account.address}.json"
     path.write_text(json.dumps(Account.encrypt(account.key, PASSWORD)))
@@ -161,7 +161,7 @@ def node(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root(database_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root(database_url, tmp_path, anvil, chain) -> None:
     settlement, _, keystore = chain
     (alice, alice_wallet), (bob, bob_wallet) = wallet(tmp_path, anvil), wallet(tmp_path, anvil)
     carol, carol_wallet = wallet(tmp_path)
@@ -222,7 +222,7 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
         assert httpx.get(f"{served.url}/v1/public/epochs/1/proofs/not-an-address").status_code == 422
 
 
-def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(sqlite_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(sqlite_url, tmp_path, anvil, chain) -> None:
     settlement, admin, keystore = chain
     w3 = settlement.w3
     down = settled(sqlite_url, tmp_path, f"http://127.0.0.1:{free_port()}", settlement, keystore)
@@ -290,7 +290,7 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
         assert "✗ epoch 3: the coordinator lists transaction none" in out and "✓ epoch 1" in out, out
 
 
-def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, anvil, chain) -> None:
     settlement, admin, keystore = chain
     account, path = wallet(tmp_path, anvil)
     settlement.transact(admin, settlement.token.functions.mint(account.address, 50 * TOKEN))
@@ -338,7 +338,7 @@ def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, 
         assert code == 2 and "does not settle on a chain" in out, out
 
 
-def test_a_run_with_a_minimum_stake_leases_only_to_staked_nodes(sqlite_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+def test_a_run_with_a_minimum_stake_leases_only_to_staked_nodes(sqlite_url, tmp_path, anvil, chain) -> None:
     settlement, admin, keystore = chain
     account, path = wallet(tmp_path, anvil)
     settlement.transact(admin, settlement.token.functions.mint(account.address, 50 * TOKEN))
@@ -372,7 +372,7 @@ def test_a_run_with_a_minimum_stake_leases_only_to_staked_nodes(sqlite_url, tmp_
         assert refused.status_code == 422 and "min_stake needs settlement" in refused.text
 
 
-def test_replicas_close_and_anchor_each_epoch_once(database_url, tmp_path, anvil, chain) -> None:  # type: ignore[no-untyped-def]
+def test_replicas_close_and_anchor_each_epoch_once(database_url, tmp_path, anvil, chain) -> None:
     """Two coordinators' settlement loops on one ledger, sharing the sender, racing pass for pass."""
     import threading
 
@@ -406,7 +406,7 @@ def test_replicas_close_and_anchor_each_epoch_once(database_url, tmp_path, anvil
 
 def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_outvoted_it(
     sqlite_url, tmp_path, anvil, chain
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from intellect_protocol.node.work import finish, generate
     from intellect_protocol.shared.run_schemas import AuditPolicy
     from intellect_protocol.shared.schemas import SamplingParams

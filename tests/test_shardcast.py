@@ -60,7 +60,7 @@ class Net:
         )
         assert reply.status_code == 201, reply.text
 
-    def relay(self, name: str, *, upstreams: list[str] = (), origin: bool = False, extra: list[str] = ()) -> Process:  # type: ignore[assignment]
+    def relay(self, name: str, *, upstreams: list[str] = (), origin: bool = False, extra: list[str] = ()) -> Process:
         wallet = self.workdir / "wallets" / f"{name}.json"
         self.grant(create_wallet(wallet, PASSWORD, scrypt_n=THROWAWAY_SCRYPT_N), "relay")
         process = start_relay(
@@ -107,8 +107,8 @@ def held(process: Process, run_id: str, step: int) -> int:
 
 def test_origin_relay_relay_three_clients_end_identical(net: Net) -> None:
     origin = net.relay("origin", origin=True)
-    first = net.relay("relay-1", upstreams=[origin.url])  # type: ignore[list-item]
-    second = net.relay("relay-2", upstreams=[first.url])  # type: ignore[list-item]
+    first = net.relay("relay-1", upstreams=[origin.url])
+    second = net.relay("relay-2", upstreams=[first.url])
     entry = net.publish(origin, 1, 3 * 2**20 + 12345)
     chunks = len(entry["signed"]["manifest"]["chunks"])
 
@@ -179,7 +179,7 @@ def evil_relay(net: Net) -> Iterator[str]:
 
 def test_a_relay_flipping_bytes_is_caught_reported_and_routed_around(net: Net, evil_relay: str) -> None:
     origin = net.relay("origin", origin=True)
-    honest = net.relay("relay-1", upstreams=[origin.url])  # type: ignore[list-item]
+    honest = net.relay("relay-1", upstreams=[origin.url])
     entry = net.publish(origin, 1, 2 * 2**20)
     # The evil relay serves the real manifest over tampered bytes.
     evil_step = net.workdir / "evil" / net.run_id / "1"
@@ -202,8 +202,8 @@ def test_a_relay_flipping_bytes_is_caught_reported_and_routed_around(net: Net, e
 
 def test_a_relay_killed_mid_download_leaves_clients_to_the_others(net: Net) -> None:
     origin = net.relay("origin", origin=True)
-    doomed = net.relay("relay-1", upstreams=[origin.url])  # type: ignore[list-item]
-    net.relay("relay-2", upstreams=[origin.url])  # type: ignore[list-item]
+    doomed = net.relay("relay-1", upstreams=[origin.url])
+    net.relay("relay-2", upstreams=[origin.url])
     net.publish(origin, 1, 8 * 2**20)
     for relay in net.processes[1:]:
         while held(relay, net.run_id, 1) < 128:
@@ -329,7 +329,7 @@ def test_each_chunk_hash_is_the_blake3_of_its_bytes(tmp_path: Path, chunk_size: 
 
 def test_retention_waits_for_the_grace_period_and_for_readers(net: Net) -> None:
     origin = net.relay("origin", origin=True, extra=["--keep", "1", "--grace-s", "1"])
-    relay = net.relay("relay-1", upstreams=[origin.url], extra=["--keep", "1", "--grace-s", "1"])  # type: ignore[list-item]
+    relay = net.relay("relay-1", upstreams=[origin.url], extra=["--keep", "1", "--grace-s", "1"])
     size = 24 * 2**20  # more than loopback's socket buffers hold, so the server is still sending
     net.publish(origin, 1, size)
     while held(relay, net.run_id, 1) < size // CHUNK + 2:
@@ -371,7 +371,7 @@ def test_a_node_downloads_the_published_step_and_generates_with_it(net: Net) -> 
     from intellect_protocol.shared.models import TINY_MODEL_DIR
 
     origin = net.relay("origin", origin=True)
-    net.relay("relay-1", upstreams=[origin.url])  # type: ignore[list-item]
+    net.relay("relay-1", upstreams=[origin.url])
     # The trainer's step 1: here the base model's files, saved where the origin serves them.
     shutil.copytree(TINY_MODEL_DIR, step_dir(net.workdir / "origin", net.run_id, 1))
     signed = publish_step(net.workdir / "origin", net.run_id, 1, net.trainer, chunk_size=CHUNK)

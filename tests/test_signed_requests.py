@@ -24,19 +24,19 @@ REGISTER, HEARTBEAT = "/v1/nodes/register", "/v1/nodes/heartbeat"
 
 
 @pytest.fixture
-def registered(coordinator, account):  # type: ignore[no-untyped-def]
+def registered(coordinator, account):
     response = signed_post(coordinator.url, REGISTER, account, coordinator.audience, register_body(account))
     assert response.status_code == 200, response.text
     return account
 
 
-def assert_refused(coordinator, response: httpx.Response, status: int, code: str, before: dict) -> None:  # type: ignore[no-untyped-def]
+def assert_refused(coordinator, response: httpx.Response, status: int, code: str, before: dict) -> None:
     assert response.status_code == status, response.text
     assert response.json()["code"] == code
     assert coordinator.snapshot() == before
 
 
-def test_register_and_heartbeat_accepted(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_register_and_heartbeat_accepted(coordinator, registered) -> None:
     response = signed_post(coordinator.url, HEARTBEAT, registered, coordinator.audience, heartbeat_body(registered))
     assert response.status_code == 200
     assert response.json()["action"] == "continue"
@@ -45,13 +45,13 @@ def test_register_and_heartbeat_accepted(coordinator, registered) -> None:  # ty
     assert len(nonces) == 2  # one per accepted request
 
 
-def test_missing_headers(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_missing_headers(coordinator, registered) -> None:
     before = coordinator.snapshot()
     response = httpx.post(coordinator.url + HEARTBEAT, json=heartbeat_body(registered))
     assert_refused(coordinator, response, 401, "signature_missing", before)
 
 
-def test_malformed_signature_and_nonce(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_signature_and_nonce(coordinator, registered) -> None:
     before = coordinator.snapshot()
     response = signed_post(
         coordinator.url,
@@ -82,7 +82,7 @@ def test_malformed_signature_and_nonce(coordinator, registered) -> None:  # type
     assert_refused(coordinator, response, 401, "signature_malformed", before)
 
 
-def test_body_altered_after_signing(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_body_altered_after_signing(coordinator, registered) -> None:
     before = coordinator.snapshot()
     body = json.dumps(heartbeat_body(registered)).encode()
     headers = sign_request(registered, "POST", HEARTBEAT, "", body, coordinator.audience)
@@ -91,7 +91,7 @@ def test_body_altered_after_signing(coordinator, registered) -> None:  # type: i
     assert_refused(coordinator, response, 401, "signature_invalid", before)
 
 
-def test_path_and_query_altered_after_signing(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_path_and_query_altered_after_signing(coordinator, registered) -> None:
     before = coordinator.snapshot()
     body = json.dumps(register_body(registered)).encode()
     headers = {"content-type": "application/json", **sign_request(registered, "POST", REGISTER, "", body, coordinator.audience)}
@@ -101,7 +101,7 @@ def test_path_and_query_altered_after_signing(coordinator, registered) -> None: 
     assert_refused(coordinator, response, 401, "signature_invalid", before)
 
 
-def test_query_order_does_not_matter_but_values_do(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_query_order_does_not_matter_but_values_do(coordinator, registered) -> None:
     assert canonical_query("b=2&a=1") == canonical_query("a=1&b=2")
     assert canonical_query("a=1&b=2") != canonical_query("a=1&b=3")
     body = heartbeat_body(registered)
@@ -109,13 +109,13 @@ def test_query_order_does_not_matter_but_values_do(coordinator, registered) -> N
     assert response.status_code == 200  # signed over the sorted query, sent unsorted
 
 
-def test_other_audience(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_other_audience(coordinator, registered) -> None:
     before = coordinator.snapshot()
     response = signed_post(coordinator.url, HEARTBEAT, registered, "intellect-some-other-deployment", heartbeat_body(registered))
     assert_refused(coordinator, response, 401, "signature_invalid", before)
 
 
-def test_claimed_address_is_not_the_signer(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_claimed_address_is_not_the_signer(coordinator, registered) -> None:
     before = coordinator.snapshot()
     impostor = Account.create()
     response = signed_post(
@@ -130,7 +130,7 @@ def test_claimed_address_is_not_the_signer(coordinator, registered) -> None:  # 
 
 
 @pytest.mark.parametrize("offset", [-400, 400])
-def test_timestamp_outside_window(coordinator, registered, offset: int) -> None:  # type: ignore[no-untyped-def]
+def test_timestamp_outside_window(coordinator, registered, offset: int) -> None:
     before = coordinator.snapshot()
     response = signed_post(
         coordinator.url,
@@ -144,7 +144,7 @@ def test_timestamp_outside_window(coordinator, registered, offset: int) -> None:
     assert abs(response.json()["details"]["server_time"] - time.time()) < 30
 
 
-def test_replayed_request(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_replayed_request(coordinator, registered) -> None:
     body = json.dumps(heartbeat_body(registered)).encode()
     headers = {"content-type": "application/json", **sign_request(registered, "POST", HEARTBEAT, "", body, coordinator.audience)}
     assert httpx.post(coordinator.url + HEARTBEAT, content=body, headers=headers).status_code == 200
@@ -153,7 +153,7 @@ def test_replayed_request(coordinator, registered) -> None:  # type: ignore[no-u
     assert_refused(coordinator, response, 401, "nonce_reused", before)
 
 
-def test_body_names_another_address(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_body_names_another_address(coordinator, registered) -> None:
     before = coordinator.snapshot()
     victim = Account.create()
     response = signed_post(
@@ -162,7 +162,7 @@ def test_body_names_another_address(coordinator, registered) -> None:  # type: i
     assert_refused(coordinator, response, 401, "address_mismatch", before)
 
 
-def test_schema_violations_are_422_and_record_nothing(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_schema_violations_are_422_and_record_nothing(coordinator, registered) -> None:
     before = coordinator.snapshot()
     for bad in (
         heartbeat_body(registered, metrics={f"m{i}": 1.0 for i in range(65)}),
@@ -176,13 +176,13 @@ def test_schema_violations_are_422_and_record_nothing(coordinator, registered) -
     assert_refused(coordinator, response, 422, "validation_error", before)
 
 
-def test_heartbeat_before_register(coordinator, account) -> None:  # type: ignore[no-untyped-def]
+def test_heartbeat_before_register(coordinator, account) -> None:
     before = coordinator.snapshot()
     response = signed_post(coordinator.url, HEARTBEAT, account, coordinator.audience, heartbeat_body(account))
     assert_refused(coordinator, response, 404, "node_not_registered", before)
 
 
-def test_old_client_version(coordinator, account) -> None:  # type: ignore[no-untyped-def]
+def test_old_client_version(coordinator, account) -> None:
     before = coordinator.snapshot()
     response = signed_post(
         coordinator.url, REGISTER, account, coordinator.audience, register_body(account, client_version="0.0.1")
@@ -191,7 +191,7 @@ def test_old_client_version(coordinator, account) -> None:  # type: ignore[no-un
     assert response.json()["details"]["min_node_version"] == coordinator.settings.min_node_version
 
 
-def test_register_is_idempotent(coordinator, registered) -> None:  # type: ignore[no-untyped-def]
+def test_register_is_idempotent(coordinator, registered) -> None:
     first = coordinator.snapshot()["nodes"]
     response = signed_post(coordinator.url, REGISTER, registered, coordinator.audience, register_body(registered))
     assert response.status_code == 200
@@ -208,7 +208,7 @@ def test_register_is_idempotent(coordinator, registered) -> None:  # type: ignor
         ("two", 401, "signature_malformed", "must be a protocol number"),
     ],
 )
-def test_another_protocol_is_refused_saying_which_side_must_upgrade(coordinator, account, sent, status, code, says) -> None:  # type: ignore[no-untyped-def]
+def test_another_protocol_is_refused_saying_which_side_must_upgrade(coordinator, account, sent, status, code, says) -> None:
     before = coordinator.snapshot()
     body = json.dumps(register_body(account)).encode()
     headers = {"content-type": "application/json", **sign_request(account, "POST", REGISTER, "", body, coordinator.audience)}

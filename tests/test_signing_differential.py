@@ -36,14 +36,14 @@ def _ours(text: str, signature: bytes) -> str | None:
 
 @settings(max_examples=150, deadline=None)
 @given(keys, texts)
-def test_an_honest_signature_recovers_its_signer_in_both(account, text: str) -> None:  # type: ignore[no-untyped-def]
+def test_an_honest_signature_recovers_its_signer_in_both(account, text: str) -> None:
     signature = bytes.fromhex(sign_text(account, text)[2:])
     assert _ours(text, signature) == _reference(text, signature) == account.address
 
 
 @settings(max_examples=150, deadline=None)
 @given(keys, texts)
-def test_the_high_s_twin_of_a_signature_is_judged_alike(account, text: str) -> None:  # type: ignore[no-untyped-def]
+def test_the_high_s_twin_of_a_signature_is_judged_alike(account, text: str) -> None:
     raw = bytes.fromhex(sign_text(account, text)[2:])
     r, s, v = raw[:32], int.from_bytes(raw[32:64], "big"), raw[64]
     twin = r + (N - s).to_bytes(32, "big") + bytes([55 - v])  # s -> n - s flips the recovery id (27 <-> 28)
@@ -59,7 +59,7 @@ def test_arbitrary_bytes_are_refused_or_recovered_alike(signature: bytes, text: 
 
 @settings(max_examples=100, deadline=None)
 @given(keys, texts, st.integers(min_value=0, max_value=64), st.sampled_from([0, 1, 27, 28, 29, 35, 255]))
-def test_edited_signatures_never_recover_the_signer_in_one_and_not_the_other(account, text, flip, v) -> None:  # type: ignore[no-untyped-def]
+def test_edited_signatures_never_recover_the_signer_in_one_and_not_the_other(account, text, flip, v) -> None:
     raw = bytearray(bytes.fromhex(sign_text(account, text)[2:]))
     raw[flip % 64] ^= 0x01
     raw[64] = v

@@ -93,7 +93,7 @@ def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: 
         assert httpx.get(f"{served.url}/v1/public/runs/{run_id}/step-timing?limit=0").status_code == 422
 
 
-def test_each_step_reads_its_own_cursor_range_and_the_newest_steps_come_alone(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_each_step_reads_its_own_cursor_range_and_the_newest_steps_come_alone(coordinator) -> None:
     """A ledger laid out by hand, second by second: two steps, each reading two submissions, and one
     submission expiring during step 2; every phase is known exactly."""
     run_id = make_run(coordinator)
@@ -176,7 +176,7 @@ def _submission(
     recorded: datetime,
     status: str,
     validated_at: datetime | None = None,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     session.add(
         Task(
             id=f"task-{name}",

@@ -67,7 +67,7 @@ def test_validator_and_trainer_stop_promptly_while_their_coordinator_is_gone(tmp
                 create_wallet(tmp_path / f"{name}.json", "pw", scrypt_n=THROWAWAY_SCRYPT_N),
             )
             net.grant(address, name)
-            command = [*script(f"intellect-{name}"), "run", "--wallet", str(wallet), "--coordinator", coordinator.url]  # type: ignore[list-item]
+            command = [*script(f"intellect-{name}"), "run", "--wallet", str(wallet), "--coordinator", coordinator.url]
             command += (
                 ["--state-dir", str(tmp_path / name)]
                 if name == "validator"

@@ -19,13 +19,13 @@ from tests.conftest import serve
 from tests.helpers import make_run, register_body, signed_post
 
 
-def joined(served):  # type: ignore[no-untyped-def]
+def joined(served):
     account = Account.create()
     assert signed_post(served.url, "/v1/nodes/register", account, served.audience, register_body(account)).status_code == 200
     return account
 
 
-def lease(served, account) -> httpx.Response:  # type: ignore[no-untyped-def]
+def lease(served, account) -> httpx.Response:
     return signed_post(served.url, "/v1/tasks/lease", account, served.audience, {"address": account.address})
 
 
@@ -34,29 +34,29 @@ def rollout_file(task: dict, **changes: object) -> bytes:
     index = 0
     for prompt_id in task["prompt_ids"]:
         for _ in range(task["samples_per_prompt"]):
-            fields = dict(
-                task_id=task["task_id"],
-                run_id=task["run_id"],
-                policy_step=task["policy_step"],
-                prompt_id=prompt_id,
-                prompt_tokens=[1, 4, 5],
-                completion_tokens=[6, 7, 2],
-                logprobs=[-0.5, -0.5, -0.5],
-                finish_reason="stop",
-                reward=1.0,
-                task_reward=1.0,
-                length_penalty=0.0,
-                target_length=0,
-                seed=sequence_seed(task["seed"], index),
-                proofs=b"",
-            )
+            fields = {
+                "task_id": task["task_id"],
+                "run_id": task["run_id"],
+                "policy_step": task["policy_step"],
+                "prompt_id": prompt_id,
+                "prompt_tokens": [1, 4, 5],
+                "completion_tokens": [6, 7, 2],
+                "logprobs": [-0.5, -0.5, -0.5],
+                "finish_reason": "stop",
+                "reward": 1.0,
+                "task_reward": 1.0,
+                "length_penalty": 0.0,
+                "target_length": 0,
+                "seed": sequence_seed(task["seed"], index),
+                "proofs": b"",
+            }
             fields.update(changes)
             rows.append(Rollout(**fields))
             index += 1
     return write_rollouts(rows)
 
 
-def upload(served, account, task_id: str, data: bytes) -> httpx.Response:  # type: ignore[no-untyped-def]
+def upload(served, account, task_id: str, data: bytes) -> httpx.Response:
     query = f"task={task_id}"
     headers = sign_request(account, "POST", "/v1/submissions", query, data, served.audience)
     return httpx.post(
@@ -64,11 +64,11 @@ def upload(served, account, task_id: str, data: bytes) -> httpx.Response:  # typ
     )
 
 
-def test_no_run_means_no_work(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_no_run_means_no_work(coordinator) -> None:
     assert lease(coordinator, joined(coordinator)).status_code == 204
 
 
-def test_lease_upload_and_idempotent_receipt(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_lease_upload_and_idempotent_receipt(coordinator) -> None:
     make_run(coordinator)
     node = joined(coordinator)
     task = lease(coordinator, node).json()
@@ -94,7 +94,7 @@ def test_lease_upload_and_idempotent_receipt(coordinator) -> None:  # type: igno
     assert {k: v for k, v in after.items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
 
 
-def test_refusals_change_nothing(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_refusals_change_nothing(coordinator) -> None:
     make_run(coordinator)
     node, stranger = joined(coordinator), joined(coordinator)
     task = lease(coordinator, node).json()
@@ -138,7 +138,7 @@ def test_expired_lease_returns_to_the_pool(sqlite_url: str, tmp_path: Path) -> N
         assert upload(c, quick, task["task_id"], rollout_file(task)).status_code == 200
 
 
-def test_banned_or_unknown_nodes_get_no_work(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_banned_or_unknown_nodes_get_no_work(coordinator) -> None:
     make_run(coordinator)
     stranger = Account.create()
     assert lease(coordinator, stranger).json()["code"] == "node_not_registered"
@@ -187,7 +187,7 @@ def test_run_create_cli(sqlite_url: str) -> None:
     assert bad.returncode == 2 and "environment 'poetry' is not installed; installed: arithmetic, code, math" in bad.stderr
 
 
-def test_a_node_holds_at_most_three_tasks(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_a_node_holds_at_most_three_tasks(coordinator) -> None:
     make_run(coordinator)
     node = joined(coordinator)
     first = lease(coordinator, node).json()
@@ -207,7 +207,7 @@ def test_a_node_holds_at_most_three_tasks(coordinator) -> None:  # type: ignore[
     }
 
 
-def test_an_unwritable_blob_store_gets_503_and_records_nothing(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_an_unwritable_blob_store_gets_503_and_records_nothing(coordinator) -> None:
     make_run(coordinator)
     node = joined(coordinator)
     task = lease(coordinator, node).json()
@@ -268,7 +268,7 @@ def test_a_task_older_than_the_runs_window_is_never_handed_out_again(sqlite_url:
         assert lease(c, first).json()["task_id"] != old["task_id"]
 
 
-def test_tasks_a_run_left_behind_do_not_count_against_a_nodes_limit(coordinator) -> None:  # type: ignore[no-untyped-def]
+def test_tasks_a_run_left_behind_do_not_count_against_a_nodes_limit(coordinator) -> None:
     from intellect_protocol.coordinator.db import make_sessionmaker
     from intellect_protocol.coordinator.models import Run
 

@@ -6,6 +6,7 @@ never retried, never a traceback. The whole network over HTTPS runs in the devne
 from __future__ import annotations
 
 import datetime as dt
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -85,6 +86,22 @@ def test_an_unknown_authority_is_refused_at_once_with_one_sentence(https: Served
         api.public_status()
     checked = _node("check", "--coordinator", https.url, "--state-dir", str(tmp_path))
     assert checked.returncode == 1 and "is not trusted" in checked.stderr and "Traceback" not in checked.stderr
+
+
+def test_an_authority_in_the_system_store_is_trusted_without_a_ca_file(
+    https: Served, authority: Authority, tmp_path: Path
+) -> None:
+    # SSL_CERT_FILE stands for the operating system's store here (OpenSSL reads it in place of the
+    # distribution's bundle): an authority a company installs system-wide needs no --ca-file.
+    system = subprocess.run(
+        ["intellect-node", "check", "--coordinator", https.url, "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SSL_CERT_FILE": str(authority.cert)},
+    )
+    assert system.returncode == 0, system.stdout + system.stderr
+    assert "Ready to join" in system.stdout
 
 
 def test_join_stops_with_exit_code_6_instead_of_retrying(https: Served, tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ def test_other_activations_fail() -> None:
         lambda p: bytes(len(p)),
     ],
 )
-def test_malformed_bytes_are_rejected_cleanly(mangle) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_bytes_are_rejected_cleanly(mangle) -> None:
     h = hidden(40)
     results = verify_proofs(h, mangle(build_proofs(h)))
     assert results and not any(r.ok for r in results)

@@ -66,7 +66,7 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
             steps: list[tuple[int, dict]] = []
             threads: list[int] = []
 
-            def on_step(step: int, metrics: dict, batch) -> None:  # type: ignore[no-untyped-def]
+            def on_step(step: int, metrics: dict, batch) -> None:
                 used.extend(g.key for g in batch.groups)
                 steps.append((step, metrics))
                 threads.append(torch.get_num_threads())

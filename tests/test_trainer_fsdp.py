@@ -87,7 +87,7 @@ def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite
         ]
         command += ["run", "--wallet", str(wallet), "--run", run_id, "--coordinator", served.url, "--steps", "1"]
         command += ["--origin-dir", str(tmp_path / "origin"), "--checkpoint-dir", str(tmp_path / "ckpt")]
-        ranks = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)  # type: ignore[arg-type]
+        ranks = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert ranks.returncode == 0, ranks.stdout[-3000:] + ranks.stderr[-3000:]
 
         # One process, the same batch from the same cursor, the same recipe.

@@ -13,7 +13,7 @@ from intellect_protocol.trainer.logprobs import sequence_logprobs
 pytestmark = pytest.mark.unit
 
 
-def full_distribution(model, prompts, completions, temperature):  # type: ignore[no-untyped-def]
+def full_distribution(model, prompts, completions, temperature):
     """The definition: log_softmax over the whole vocabulary at every completion position, in fp32."""
     logp, entropy = [], []
     for prompt, completion in zip(prompts, completions):

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 S = LossSettings()  # delta 4, eps 0.2 / 0.2
 
 
-def one_token(ratio: float, advantage: float, settings: LossSettings = S):  # type: ignore[no-untyped-def]
+def one_token(ratio: float, advantage: float, settings: LossSettings = S):
     logp_new = torch.tensor([[math.log(ratio)]], requires_grad=True)
     loss, stats = grpo_loss(logp_new, torch.zeros(1, 1), torch.tensor([advantage]), torch.ones(1, 1, dtype=torch.bool), settings)
     loss.backward()
@@ -95,7 +95,7 @@ def test_data_parallel_parts_average_to_the_whole_batch_gradient(constant: int |
 
     def averaged(share: tuple[float, int] | None) -> torch.Tensor:
         parts = [grpo_loss(logp[r::2], behaviour[r::2], advantages[r::2], mask[r::2], settings, share=share)[0] for r in (0, 1)]
-        return sum(torch.autograd.grad(part, logp)[0] for part in parts) / 2  # type: ignore[return-value]
+        return sum(torch.autograd.grad(part, logp)[0] for part in parts) / 2
 
     torch.testing.assert_close(averaged((float(mask.sum()), 2)), whole)
     if constant is None:

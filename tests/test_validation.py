@@ -96,7 +96,7 @@ def check_ledger(served: Served) -> None:
 
 
 @pytest.fixture
-def network(sqlite_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+def network(sqlite_url: str, tmp_path: Path):
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
@@ -110,7 +110,7 @@ def network(sqlite_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
         yield served, admin_token(served)
 
 
-def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(network, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(network, tmp_path: Path) -> None:
     served, token = network
     validator_key = Account.create()
     grant(served, token, validator_key.address, "validator")
@@ -188,7 +188,7 @@ def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(networ
     assert "sampling" in shown.stdout
 
 
-def test_work_is_drawn_for_live_validators_who_cannot_choose_and_lapses_are_drawn_again(network) -> None:  # type: ignore[no-untyped-def]
+def test_work_is_drawn_for_live_validators_who_cannot_choose_and_lapses_are_drawn_again(network) -> None:
     served, token = network
     first, second, stranger = Account.create(), Account.create(), Account.create()
     grant(served, token, first.address, "validator")
@@ -270,7 +270,7 @@ def test_an_admin_invalidation_claws_back_even_final_credit(sqlite_url: str, tmp
 
 
 @pytest.mark.parametrize(("attack", "expected"), [(a, e) for _, a, e in ATTACKS], ids=[name for name, _, _ in ATTACKS])
-def test_attacks_through_the_api_are_refused_or_rejected(network, tmp_path: Path, attack, expected: str) -> None:  # type: ignore[no-untyped-def]
+def test_attacks_through_the_api_are_refused_or_rejected(network, tmp_path: Path, attack, expected: str) -> None:
     """A malicious node through the real API: the coordinator refuses the upload outright, or the
     validator rejects it with the right check; an honest submission beside it is accepted."""
     served, token = network
@@ -297,7 +297,7 @@ def test_attacks_through_the_api_are_refused_or_rejected(network, tmp_path: Path
     check_ledger(served)
 
 
-def test_the_validator_command_checks_until_stopped(network, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_validator_command_checks_until_stopped(network, tmp_path: Path) -> None:
     from intellect_protocol.devnet.processes import script, spawn
     from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 
@@ -371,7 +371,7 @@ def test_a_validator_never_gets_work_of_its_own_or_linked_addresses(sqlite_url: 
         assert sorted(claim(stranger)) == sorted([own, operated, grouped])
 
 
-def test_verdicts_are_signed_and_anyone_can_check_who_judged(network, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_verdicts_are_signed_and_anyone_can_check_who_judged(network, tmp_path: Path) -> None:
     served, token = network
     validator_key = Account.create()
     grant(served, token, validator_key.address, "validator")

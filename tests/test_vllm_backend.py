@@ -53,7 +53,7 @@ def engine() -> Iterator[VllmBackend]:
 
 
 def preemptions(engine: VllmBackend) -> float:
-    return sum(m.value for m in engine.llm.get_metrics() if m.name == "vllm:num_preemptions")  # type: ignore[attr-defined]
+    return sum(m.value for m in engine.llm.get_metrics() if m.name == "vllm:num_preemptions")
 
 
 def prompts_and_seeds(count: int) -> tuple[list[list[int]], list[int]]:

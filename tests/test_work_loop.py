@@ -47,7 +47,7 @@ def test_slots_hold_at_most_their_limit_and_give_back_what_was_taken() -> None:
     assert slots.take(stop) is False  # full, and asked to stop: gives up
 
 
-def _node(served, tmp_path: Path) -> NodeClient:  # type: ignore[no-untyped-def]
+def _node(served, tmp_path: Path) -> NodeClient:
     client = NodeClient(served.url, Account.create(), NodeSettings(state_dir=tmp_path / "node"))
     client.public_status()
     client.register(probe(tmp_path / "node"), None)

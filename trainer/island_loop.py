@@ -43,7 +43,7 @@ from intellect_protocol.trainer.data import Batch, add_submission, fetch_files
 from intellect_protocol.trainer.distributed import full_state_dict
 from intellect_protocol.trainer.islands import OuterSync
 from intellect_protocol.trainer.learner import Abandoned
-from intellect_protocol.trainer.loop import Trainer
+from intellect_protocol.trainer.loop import StepHook, Trainer
 from intellect_protocol.trainer.settings import TrainerSettings
 
 log = logging.getLogger("intellect.trainer.island")
@@ -126,7 +126,12 @@ class IslandTrainer(Trainer):
                 batch.untrained += len(entry.untrained_rows) if rollouts is not None else 0
         return batch
 
-    def run(self, stop: threading.Event, steps: int | None = None, on_step=None) -> int:
+    def run(
+        self,
+        stop: threading.Event,
+        steps: int | None = None,
+        on_step: StepHook | None = None,
+    ) -> int:
         """Inner updates and outer steps until ``stop`` (or until policy step ``steps`` is published); returns the step reached."""
         if self.settings.threads is not None:
             torch.set_num_threads(self.settings.threads)

@@ -128,7 +128,7 @@ class OuterSync:
     @property
     def step(self) -> int:
         """The policy step of the agreed weights."""
-        return self.manager.current_step()
+        return int(self.manager.current_step())
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from eth_account.signers.local import LocalAccount
@@ -39,6 +41,11 @@ from intellect_protocol.trainer.settings import TrainerSettings
 
 log = logging.getLogger("intellect.trainer")
 CHECKPOINT = "trainer-state.pt"
+
+
+StepHook = Callable[[int, dict[str, float], Any], None]
+"""Called after each published policy step with the step, its metrics and what it learned from (a
+:class:`Batch`, or an island's outer step)."""
 
 
 class Checkpoint(BaseModel):
@@ -162,7 +169,12 @@ class Trainer:
     def _register(self, signed: SignedManifest) -> None:
         self.api.publish_manifest(signed)
 
-    def run(self, stop: threading.Event, steps: int | None = None, on_step=None) -> int:
+    def run(
+        self,
+        stop: threading.Event,
+        steps: int | None = None,
+        on_step: StepHook | None = None,
+    ) -> int:
         """Train until ``stop`` (or until policy step ``steps`` is published); returns the step reached."""
         if self.settings.threads is not None:
             torch.set_num_threads(self.settings.threads)

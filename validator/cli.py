@@ -86,9 +86,9 @@ def calibrate(
 
     from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment
     from intellect_protocol.shared.models import encode_prompt, load_model, resolve_model
-    from intellect_protocol.shared.numerics import DTYPES, ENGINES
+    from intellect_protocol.shared.numerics import DTYPES
     from intellect_protocol.shared.schemas import SamplingParams
-    from intellect_protocol.shared.tolerances import TOLERANCES
+    from intellect_protocol.shared.tolerances import ENGINES, TOLERANCES
     from intellect_protocol.validator.calibration import calibration_file, measure
 
     if unknown := [d for d in dtype if d not in DTYPES]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from intellect_protocol.shared.committee import PublicReceipt
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused, Stopped
@@ -34,7 +35,7 @@ log = logging.getLogger("intellect.validator")
 
 
 @lru_cache(maxsize=2)
-def _model(path: str):
+def _model(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     return load_model(path)
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.routing import APIRoute
+from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, client_rate_limit
 from intellect_protocol.coordinator.services import (
@@ -93,7 +94,7 @@ async def run_info(run_id: str, ledger: LedgerDep) -> RunInfo:
 async def run_progress(run_id: str, ledger: LedgerDep) -> RunProgress:
     """A run's submissions by status and every policy step's training metrics (for dashboards and charts)."""
 
-    def read(session) -> RunProgress:
+    def read(session: Session) -> RunProgress:
         runs.get_run(session, run_id)
         steps = [{"step": m.step, **m.metrics} for m in training.metrics_of(session, run_id)]
         evaluations = [{"step": e.step, **e.metrics} for e in training.evaluations_of(session, run_id)]
@@ -106,7 +107,7 @@ async def run_progress(run_id: str, ledger: LedgerDep) -> RunProgress:
 async def run_islands(run_id: str, ledger: LedgerDep) -> list[IslandStatus]:
     """The run's trainer islands: their outer steps, their shares of accepted work, and why any was left out."""
 
-    def read(session) -> list[IslandStatus]:
+    def read(session: Session) -> list[IslandStatus]:
         runs.get_run(session, run_id)
         return islands.statuses(session, run_id)
 
@@ -134,7 +135,7 @@ async def run_throughput(
 ) -> list[ThroughputBucket]:
     """Rollouts uploaded and tokens accepted per time bucket, over the last ``minutes``."""
 
-    def read(session) -> list[ThroughputBucket]:
+    def read(session: Session) -> list[ThroughputBucket]:
         runs.get_run(session, run_id)
         return leaderboard.throughput(session, run_id, datetime.now(UTC), minutes, bucket_s)
 

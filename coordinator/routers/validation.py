@@ -6,6 +6,7 @@ import time
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Response
+from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.blob_response import blob_response
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed
@@ -55,7 +56,7 @@ async def verdict(body: VerdictRequest, ctx: Ctx, signed: Signed, ledger: Ledger
     :mod:`shared.verdicts`); the submission is decided, or goes to another validator first."""
     audience = ctx.audience
 
-    def work(session, signer: str) -> PublicReceipt:
+    def work(session: Session, signer: str) -> PublicReceipt:
         submission = validation.record_verdict(session, signer, body, settings, datetime.now(UTC), audience)
         session.flush()
         return receipts.public_receipt(session, submission.id)

@@ -70,7 +70,7 @@ def agreement(session: Session, validators: set[str]) -> dict[str, tuple[int, in
         .where(Review.validator.in_(validators), Review.outcome.is_not(None))
         .group_by(Review.validator)
     ).all()
-    out = {v: (0, 0, 0) for v in validators}
+    out = dict.fromkeys(validators, (0, 0, 0))
     out.update({v: (int(n), int(c), int(a or 0)) for v, n, c, a in rows})
     return out
 

@@ -149,7 +149,7 @@ def progress(session: Session, submission: Submission, settings: CoordinatorSett
         open_review(session, submission, "appeal" if appeal else "recheck" if submission.outcome else "first", now, appeal)
         return
     if len(reviews) == 1:
-        extra = _second_look(session, submission, reviews[0], appeal, settings)
+        extra = _second_look(session, submission, reviews[0], appeal)
         if extra is None:
             return _decide(session, submission, outcomes[0], reviews, appeal, settings, now)
         if _open_if_judgeable(session, submission, extra, now, appeal, settings):
@@ -184,17 +184,15 @@ def _hold(session: Session, submission: Submission, outcomes: list[Outcome], app
         submission.reason = HELD.format(split=", ".join(outcomes))
 
 
-def _second_look(
-    session: Session, submission: Submission, only: Review, appeal: Appeal | None, settings: CoordinatorSettings
-) -> Purpose | None:
+def _second_look(session: Session, submission: Submission, only: Review, appeal: Appeal | None) -> Purpose | None:
     if appeal is not None:
         return "appeal"
     if only.outcome == "hard":
         return "second_opinion"
-    return "audit" if secrets.SystemRandom().random() < audit_chance(session, submission, only.validator, settings) else None  # type: ignore[arg-type]
+    return "audit" if secrets.SystemRandom().random() < audit_chance(session, submission, only.validator) else None  # type: ignore[arg-type]
 
 
-def audit_chance(session: Session, submission: Submission, validator: str, settings: CoordinatorSettings) -> float:
+def audit_chance(session: Session, submission: Submission, validator: str) -> float:
     """The highest audit share of the run's policy that applies to this node and this validator."""
     policy = AuditPolicy.model_validate(session.get_one(Run, submission.run_id).audit or {})
     chance = policy.share
@@ -312,7 +310,7 @@ def _judge_validators(
         if struck == "revoked":
             recheck_verdicts_of(session, validator, settings, now)
         elif struck == "struck":
-            withhold_approvals_of(session, validator, settings, now)
+            withhold_approvals_of(session, validator, now)
 
 
 def release_assignments(session: Session, validator: str) -> None:
@@ -359,7 +357,7 @@ def reopen(session: Session, submission: Submission) -> None:
     submission.status = SubmissionStatus.pending
 
 
-def withhold_approvals_of(session: Session, validator: str, settings: CoordinatorSettings, now: datetime) -> None:
+def withhold_approvals_of(session: Session, validator: str, now: datetime) -> None:
     """After ``validator`` was outvoted: every acceptance it decided alone (nobody else judged it)
     that the trainer has not read yet goes back to pending with an audit, so what a caught rogue
     waved through reaches the trainer only if an independent validator agrees."""

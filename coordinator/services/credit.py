@@ -62,7 +62,7 @@ def net_units_of(session: Session, submission_ids: list[str]) -> dict[str, int]:
         .where(ContributionEntry.submission_id.in_(submission_ids))
         .group_by(ContributionEntry.submission_id)
     )
-    return {i: 0 for i in submission_ids} | {i: int(units) for i, units in session.execute(query).all()}
+    return dict.fromkeys(submission_ids, 0) | {i: int(units) for i, units in session.execute(query).all()}
 
 
 def claw_back(

@@ -57,7 +57,7 @@ def decision(outcome: Outcome, reviews: Sequence[Review], note: str | None = Non
     )
 
 
-def outvoted(judged: Sequence[Review], outcome: Outcome, appeal_id: str | None) -> list[tuple[str, str]]:
+def outvoted(judged: Sequence[Review], outcome: Outcome, appeal_id: int | None) -> list[tuple[str, str]]:
     """(validator, why) for each verdict of ``judged`` on the losing side of ``outcome``; none unless at least
     two verdicts judged (one alone is outvoted by nobody). Verdicts of an earlier committee than the appeal
     ``appeal_id`` lose "on appeal"."""

@@ -218,7 +218,7 @@ def list_nodes(session: Session, status: NodeStatus | None, limit: int, offset: 
 
 
 def status_counts(session: Session) -> dict[NodeStatus, int]:
-    counts = {status: 0 for status in NodeStatus}
+    counts = dict.fromkeys(NodeStatus, 0)
     for status, count in session.execute(select(Node.status, func.count()).group_by(Node.status)):
         counts[NodeStatus(status)] = count
     return counts

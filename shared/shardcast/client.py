@@ -57,7 +57,7 @@ class SourcePicker:
         self.sources = sources
         self.explore = explore
         self.rng = rng or random.Random()
-        self.busy: dict[Source, int] = {s: 0 for s in sources}
+        self.busy: dict[Source, int] = dict.fromkeys(sources, 0)
         self.lock = threading.Lock()
 
     def take(self, avoid: set[Source]) -> Source | None:
