@@ -14,7 +14,7 @@ from datetime import datetime
 from eth_utils import to_checksum_address
 from pydantic import BaseModel
 
-from intellect_protocol.shared.money import TOKEN_BASE_PER_CREDIT
+from intellect_protocol.shared.money import TOKEN_BASE_PER_CREDIT, TOKEN_DECIMALS
 from intellect_protocol.shared.states import EntryKind
 
 
@@ -75,6 +75,8 @@ class ChainInfo(BaseModel):
     """The coordinator's address on chain: it posts roots and slashes."""
     from_block: int = 0
     """The block the contracts were deployed at: their events (every root ever posted) start there."""
+    token_decimals: int = TOKEN_DECIMALS
+    """Decimals of the reward token: how many base units (every amount on the wire) make one token."""
 
 
 class NodeSettlement(BaseModel):

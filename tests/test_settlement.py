@@ -166,7 +166,9 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
     (alice, alice_wallet), (bob, bob_wallet) = wallet(tmp_path, anvil), wallet(tmp_path, anvil)
     carol, carol_wallet = wallet(tmp_path)
     with serve(settled(database_url, tmp_path, anvil, settlement, keystore)) as served:
-        assert httpx.get(f"{served.url}/v1/public/chain").json()["distributor"] == settlement.distributor.address
+        advertised = httpx.get(f"{served.url}/v1/public/chain").json()
+        assert advertised["distributor"] == settlement.distributor.address
+        assert advertised["token_decimals"] == settlement.token.functions.decimals().call()
         run_id = make_run(served)
         lay_credits(served, run_id, [(alice.address, "3.5", "credit"), (bob.address, "2.0", "credit")])
         lay_credit(served, run_id, carol.address, "9.0", final=False)  # still inside the dispute window: not in the tree
@@ -333,6 +335,7 @@ def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, 
             "distributor": None,
             "sender": None,
             "from_block": 0,
+            "token_decimals": 18,
         }
         code, out = node("claim", "--wallet", str(path), "--coordinator", served.url)
         assert code == 2 and "does not settle on a chain" in out, out

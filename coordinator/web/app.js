@@ -41,8 +41,8 @@ const fmt = {
     const frac = digits.replace(/0+$/, "").padEnd(least, "0");
     return `${n < 0n ? "-" : ""}${(abs / unit).toLocaleString("en")}${frac ? "." + frac : ""}`;
   },
-  // Token base units (18 decimals, a decimal string: beyond a JS number) as tokens, to a millionth.
-  tokens: (x) => fmt.exact(x, 18, 6, 2),
+  // Token base units (a decimal string: beyond a JS number) as tokens of the chain's decimals, to a millionth.
+  tokens: (x, decimals) => fmt.exact(x, decimals, 6, 2),
   // Credit micro-units (integers) as work units.
   credit: (x) => fmt.exact(x, 6, 2),
 };
@@ -232,17 +232,18 @@ function islandsSection(islands) {
 }
 
 function settlementSection(overview) {
+  const tokens = (x) => fmt.tokens(x, overview.chain.token_decimals);
   const epochs = overview.epochs.map((e) => h("tr", { "data-epoch": e.epoch },
     h("td", { class: "num" }, fmt.num(e.epoch)),
     h("td", {}, h("span", { class: "address", title: e.root }, fmt.short(e.root))),
     h("td", { class: "num" }, fmt.num(e.addresses)),
-    h("td", { class: "num" }, fmt.tokens(e.total)),
+    h("td", { class: "num" }, tokens(e.total)),
     h("td", {}, e.tx_hash ? h("span", { class: "address", title: e.tx_hash }, `${fmt.short(e.tx_hash)} (block ${e.block})`) : h("span", { class: "muted" }, "waiting for the chain")),
     h("td", { class: "wide" }, fmt.time(e.cutoff)),
   ));
   const nodes = overview.nodes.map((n) => h("tr", { "data-node": n.address },
     h("td", {}, h("a", { href: `#/node/${n.address}`, class: "address" }, fmt.short(n.address))),
-    ...[n.staked, n.unbonding, n.slashed, n.earned, n.claimed, n.claimable].map((v) => h("td", { class: "num" }, fmt.tokens(v))),
+    ...[n.staked, n.unbonding, n.slashed, n.earned, n.claimed, n.claimable].map((v) => h("td", { class: "num" }, tokens(v))),
   ));
   const head = (titles, numeric) => h("thead", {}, h("tr", {}, titles.map((t, i) => h("th", { scope: "col", class: numeric(i) ? "num" : "" }, t))));
   return h("section", { "aria-labelledby": "settlement-title" },
