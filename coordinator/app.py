@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from intellect_protocol.coordinator.anchoring import Anchorer
 from intellect_protocol.coordinator.blobs import BlobStore, LocalBlobStore, S3BlobStore
 from intellect_protocol.coordinator.body_limit import BodyLimitMiddleware, PerClientLimitMiddleware
+from intellect_protocol.coordinator.clock import Clock, system_clock
 from intellect_protocol.coordinator.context import Context
 from intellect_protocol.coordinator.db import (
     make_engine,
@@ -43,8 +44,9 @@ from intellect_protocol.coordinator.stakes import StakeBook
 from intellect_protocol.shared.version import __version__
 
 
-def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
-    """Build the app; raises ``NotMigratedError`` on a database that is not at the head revision."""
+def create_app(settings: CoordinatorSettings | None = None, clock: Clock = system_clock) -> FastAPI:
+    """Build the app; raises ``NotMigratedError`` on a database that is not at the head revision. ``clock``:
+    what the ledger's times and deadlines are read from (:mod:`coordinator.clock`)."""
     settings = settings or CoordinatorSettings()
     engine = make_engine(settings.database_url)
     require_migrated(engine, settings.database_url)
@@ -54,10 +56,9 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     metrics = Metrics()
 
     def status_tick() -> None:
-        now = datetime.now(UTC)
         with sessions.begin() as session:
-            changed = node_service.evaluate_statuses(session, settings, now)
-            prune_nonces(session, now, settings.nonce_keep_s)
+            changed = node_service.evaluate_statuses(session, settings, clock())
+            prune_nonces(session, datetime.now(UTC), settings.nonce_keep_s)  # nonces keep to the signature window's wall clock
         metrics.status_transitions.inc(changed)
         with sessions() as session:
             for status, count in node_service.status_counts(session).items():
@@ -90,7 +91,7 @@ def create_app(settings: CoordinatorSettings | None = None) -> FastAPI:
     app.state.context = Context(
         settings=settings,
         engine=engine,
-        ledger=(ledger := Ledger(sessions, threads=0 if engine.dialect.name == "sqlite" else settings.db_threads)),
+        ledger=(ledger := Ledger(sessions, threads=0 if engine.dialect.name == "sqlite" else settings.db_threads, clock=clock)),
         audience=audience,
         metrics=metrics,
         blobs=blob_store(settings),

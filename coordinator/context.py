@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from intellect_protocol.coordinator.anchoring import Anchorer
 from intellect_protocol.coordinator.blobs import BlobStore
 from intellect_protocol.coordinator.cache import TtlCache
+from intellect_protocol.coordinator.clock import Clock
 from intellect_protocol.coordinator.ledger import Ledger
 from intellect_protocol.coordinator.loops import Loop
 from intellect_protocol.coordinator.metrics import Metrics
@@ -50,3 +51,8 @@ class Context:
     """An upload, or a verdict that opened another review: waiting claims look at once."""
     policy_steps: TtlCache[None, dict[str, int]] = field(default_factory=lambda: TtlCache(POLICY_STEPS_TTL_S))
     settlement_overviews: TtlCache[int, SettlementOverview] = field(default_factory=lambda: TtlCache(OVERVIEW_TTL_S))
+
+    @property
+    def clock(self) -> Clock:
+        """The coordinator's one clock (:mod:`coordinator.clock`), which the ledger reads."""
+        return self.ledger.now

@@ -12,7 +12,6 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -123,9 +122,7 @@ async def signed_upload(
     submitted one): its own share, so one sender's flood never makes an honest node's upload wait,
     and a stranger replaying a node's public task ids can hold up only that node's retries."""
     claimed = _signature_headers(request, settings)
-    retry = await ledger.run(
-        submissions.admit_upload, claimed[0], claimed[2], request.query_params.get("task", ""), datetime.now(UTC)
-    )
+    retry = await ledger.run(submissions.admit_upload, claimed[0], claimed[2], request.query_params.get("task", ""), ledger.now())
     staging = context(request).staging
     who = f"{claimed[0].lower()}:{'retry' if retry else 'new'}"
     if staging[who] >= (1 if retry else settings.max_leases_per_node):

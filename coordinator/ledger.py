@@ -21,6 +21,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from intellect_protocol.coordinator.clock import Clock, system_clock
 from intellect_protocol.coordinator.services.nonces import record_nonce
 from intellect_protocol.coordinator.signed import SignedRequest
 
@@ -36,8 +37,10 @@ T = TypeVar("T")
 
 
 class Ledger:
-    def __init__(self, sessions: sessionmaker[Session], threads: int) -> None:
+    def __init__(self, sessions: sessionmaker[Session], threads: int, clock: Clock = system_clock) -> None:
         self.sessions = sessions
+        self.now = clock
+        """The coordinator's clock (:mod:`coordinator.clock`): what routes record and judge deadlines by."""
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ledger") if threads else None
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from eth_account import Account
 from sqlalchemy import Engine, inspect, text
 
 from intellect_protocol.coordinator.app import create_app
+from intellect_protocol.coordinator.clock import Clock, system_clock
 from intellect_protocol.coordinator.db import alembic_config, make_engine
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.devnet.certificates import ServerFiles
@@ -141,9 +142,10 @@ class Served:
 
 
 @contextmanager
-def serve(settings: CoordinatorSettings, tls: ServerFiles | None = None) -> Iterator[Served]:
-    """A real coordinator: uvicorn on a free loopback port, in a thread of this process (HTTPS with ``tls``)."""
-    app = create_app(settings)
+def serve(settings: CoordinatorSettings, tls: ServerFiles | None = None, clock: Clock = system_clock) -> Iterator[Served]:
+    """A real coordinator: uvicorn on a free loopback port, in a thread of this process (HTTPS with ``tls``;
+    ``clock``: the ledger's, e.g. a :class:`tests.support.clock.MovableClock`)."""
+    app = create_app(settings, clock)
     port = free_port()
     https = server_tls(tls.cert, tls.key) if tls else {}
     config = server_config(app, "127.0.0.1", port, settings.header_limits, log_level="warning", lifespan="on", tls=https)

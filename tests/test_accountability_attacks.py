@@ -29,8 +29,9 @@ from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
+from tests.support.clock import MovableClock
+from tests.support.protocol import forge, grant, joined, lease, upload
 from tests.test_committee import claim, judge_all, receipt, strikes_of, trainer_page
-from tests.test_validation import forge, grant, joined, lease, upload
 
 FAST = {"rate_limit_per_s": 5000, "rate_limit_burst": 5000, "registrations_per_ip_per_hour": 1000}
 NEW_VALIDATORS_TRUSTED = AuditPolicy(share=0, new_node_share=0, suspect_share=1.0, new_validator_verdicts=0)
@@ -195,9 +196,10 @@ def test_a_caught_validators_unread_approvals_are_withheld_and_what_was_trained_
     sqlite_url: str, tmp_path: Path
 ) -> None:
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", validator_live_s=1, validator_max_strikes=3, **FAST
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", validator_live_s=30, validator_max_strikes=3, **FAST
     )
-    with serve(settings) as served:
+    clock = MovableClock()
+    with serve(settings, clock=clock) as served:
         run_id = make_run_with(served, NEW_VALIDATORS_TRUSTED)
         token = admin_token(served)
         rogue, first, second, trainer = (Account.create() for _ in range(4))
@@ -216,7 +218,7 @@ def test_a_caught_validators_unread_approvals_are_withheld_and_what_was_trained_
 
         # The rogue is outvoted once: an honest validator calls the next file forged, the rogue
         # approves it as second opinion, and a third honest validator breaks the tie.
-        time.sleep(1.1)  # the rogue falls out of the live set: the honest one is drawn for the first look
+        clock.advance(31)  # the rogue falls out of the live set: the honest one is drawn for the first look
         nxt = upload(served, forger, (t := lease(served, forger)), forge(t))
         assert judge_all(served, first, lambda c: "hard") == [nxt]
         assert judge_all(served, rogue, lambda c: "accept") == [nxt]

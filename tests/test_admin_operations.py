@@ -20,8 +20,8 @@ from intellect_protocol.shared.tolerances import TOLERANCES
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, signed_post
+from tests.support.protocol import grant
 from tests.test_tasks_and_uploads import joined, lease, rollout_file, upload
-from tests.test_validation import grant
 
 ADDRESS = "0x" + "ab" * 20
 EXPECTED_SCOPE = {
@@ -118,7 +118,7 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
         run = created.json()
         assert run["status"] == "active" and run["dispute_window_s"] == 60 and run["async_level"] == 2
         assert run["prompting"] == {"system_prompt": "Be brief.", "enable_thinking": None}
-        assert run["environment_version"].startswith("intellect-protocol==")
+        assert run["environment_version"].startswith("intellect-protocol sha256=")
         too_long = {**body, "name": "e", "prompting": {"system_prompt": "x" * 16_385}}
         assert httpx.post(runs, json=too_long, headers=ops).status_code == 422
         assert httpx.post(runs, json=body, headers=ops).json()["code"] == "conflict"

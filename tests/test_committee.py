@@ -33,7 +33,7 @@ from intellect_protocol.shared.verdicts import verdict_signer
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
-from tests.test_validation import check_ledger, forge, grant, joined, lease, upload
+from tests.support.protocol import check_ledger, forge, grant, joined, lease, upload
 
 NO_AUDIT = AuditPolicy(share=0, new_node_share=0, suspect_share=0)
 

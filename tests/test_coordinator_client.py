@@ -20,7 +20,7 @@ from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refu
 from intellect_protocol.shared.schemas import ClaimRequest, SamplingParams
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import Served, admin_token, serve
-from tests.test_validation import grant, joined, lease, upload
+from tests.support.protocol import grant, joined, lease, upload
 
 
 def _with_work(served: Served, files: int) -> tuple[Validator, io.StringIO]:

@@ -4,7 +4,6 @@ restarts, goes silent or is left out, and no hostile or stale call changes anyth
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
@@ -23,7 +22,8 @@ from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run, signed_post
-from tests.test_validation import grant, joined, lease, upload
+from tests.support.clock import MovableClock
+from tests.support.protocol import grant, joined, lease, upload
 
 pytestmark = pytest.mark.integration
 NO_AUDIT = AuditPolicy(share=0, new_node_share=0, suspect_share=0)
@@ -56,10 +56,11 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
         rate_limit_burst=1000,
-        island_lease_s=2,
+        island_lease_s=60,
         heartbeat_interval_s=3600,
     )
-    with serve(settings) as served:
+    clock = MovableClock()
+    with serve(settings, clock=clock) as served:
         run_id = make_run(served, sampling=SamplingParams(max_tokens=8), audit=NO_AUDIT)
         token = admin_token(served)
         a_key, b_key, impostor, validator_key = (Account.create() for _ in range(4))
@@ -114,7 +115,7 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         assert a.island_settle(settle) == 0  # settling again changes nothing
 
         # b goes silent past its lease: what it claimed goes to a, and b's late report is refused.
-        time.sleep(2.5)
+        clock.advance(61)
         taken = a.island_claim(body(IslandClaim, a_key, "a", limit=100))
         assert sorted(e.cursor for e in taken) == sorted(e.cursor for e in theirs)
         late = body(IslandReport, b_key, "b", outer_step=1, attempt=uuid.uuid4().hex, cursors=[e.cursor for e in theirs])

@@ -45,8 +45,8 @@ from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run
+from tests.support.protocol import grant, joined, lease, upload
 from tests.test_island_shares import NO_AUDIT
-from tests.test_validation import grant, joined, lease, upload
 
 OUTER = OuterSettings(sync_every=2)
 ISLANDS = ("east", "west")

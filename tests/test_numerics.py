@@ -27,7 +27,7 @@ from intellect_protocol.validator.checks import CheckSettings, Context, Verdict,
 from tests.adversary import MODEL, TOKENIZER
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run, signed_post, verdict_body
-from tests.test_validation import grant, joined, lease, upload
+from tests.support.protocol import grant, joined, lease, upload
 from tests.test_validator_checks import ENVIRONMENT, PROBLEMS, make_task
 
 torch.set_num_threads(1)

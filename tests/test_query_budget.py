@@ -17,7 +17,7 @@ from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
-from tests.test_validation import grant, joined, lease, upload
+from tests.support.protocol import grant, joined, lease, upload
 
 
 @contextmanager

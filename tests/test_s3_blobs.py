@@ -22,7 +22,7 @@ from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run, signed_post
-from tests.test_validation import grant, joined, lease
+from tests.support.protocol import grant, joined, lease
 
 if TYPE_CHECKING:
     from moto.server import ThreadedMotoServer

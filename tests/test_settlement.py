@@ -413,8 +413,8 @@ def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_ou
     from intellect_protocol.node.work import finish, generate
     from intellect_protocol.shared.run_schemas import AuditPolicy
     from intellect_protocol.shared.schemas import SamplingParams
+    from tests.support.protocol import grant, lease, upload
     from tests.test_committee import judge_all
-    from tests.test_validation import grant, lease, upload
 
     settlement, admin, keystore = chain
     worker, rogue, first, second = (wallet(tmp_path, anvil)[0] for _ in range(4))

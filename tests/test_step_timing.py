@@ -27,7 +27,7 @@ from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run
-from tests.test_validation import grant, joined, lease, upload
+from tests.support.protocol import grant, joined, lease, upload
 
 HOLD_S = 0.5
 """How long the node keeps each task between its lease and its upload."""

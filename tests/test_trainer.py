@@ -30,7 +30,7 @@ from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run
-from tests.test_validation import grant, joined, lease, upload
+from tests.support.protocol import grant, joined, lease, upload
 
 
 def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url: str, tmp_path: Path) -> None:

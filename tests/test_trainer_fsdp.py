@@ -35,7 +35,7 @@ from tests.conftest import admin_token, serve
 from tests.families import FAMILIES, arithmetic_task, build
 from tests.fsdp_step import grpo_step
 from tests.helpers import make_run
-from tests.test_validation import grant, joined, lease, upload
+from tests.support.protocol import grant, joined, lease, upload
 
 pytestmark = pytest.mark.e2e
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from fastapi import APIRouter
 
 from intellect_protocol.coordinator.deps import LedgerDep, Settings, Signed
@@ -24,4 +22,4 @@ async def appeal(body: AppealRequest, signed: Signed, ledger: LedgerDep, setting
     """Appeal a rejection of your work within the dispute window: validators that had not judged it
     check it again, and their majority replaces the decision (credit and strikes follow). The
     submission's receipt shows the appeal and every verdict."""
-    return await ledger.run_signed(signed, appeals.file, body, settings, datetime.now(UTC))
+    return await ledger.run_signed(signed, appeals.file, body, settings, ledger.now())

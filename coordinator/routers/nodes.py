@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 from fastapi import APIRouter
 
@@ -31,7 +30,7 @@ async def register(
 ) -> RegisterResponse:
     """Register this node (again: its specs are refreshed). An ``operator_address`` needs that
     operator's ``operator_signature`` of the link (``intellect-node link-operator``); else 422."""
-    node = await ledger.run_signed(signed, nodes.register, body, settings, datetime.now(UTC), ctx.audience, gate)
+    node = await ledger.run_signed(signed, nodes.register, body, settings, ledger.now(), ctx.audience, gate)
     return RegisterResponse(
         address=node.address,
         status=NodeStatus(node.status),
@@ -42,7 +41,7 @@ async def register(
 
 @router.post("/heartbeat", response_model=HeartbeatResponse, responses={404: {"model": ErrorBody}, 426: {"model": ErrorBody}})
 async def heartbeat(body: HeartbeatRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings) -> HeartbeatResponse:
-    status, ban_reason = await ledger.run_signed(signed, nodes.heartbeat, body, settings, datetime.now(UTC))
+    status, ban_reason = await ledger.run_signed(signed, nodes.heartbeat, body, settings, ledger.now())
     banned = status == NodeStatus.banned
     return HeartbeatResponse(
         action="stop" if banned else "continue",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -81,7 +80,7 @@ async def submission_receipt(submission_id: str, ledger: LedgerDep) -> PublicRec
 @router.get("/nodes/{address}/credit", response_model=Credit)
 async def node_credit(address: Address, ledger: LedgerDep) -> Credit:
     """A node's credit: the sum of its ledger entries, pending and final."""
-    pending, final = await ledger.run(credit.balance, address, datetime.now(UTC))
+    pending, final = await ledger.run(credit.balance, address, ledger.now())
     return Credit(address=address, pending=pending, final=final)
 
 
@@ -137,7 +136,7 @@ async def run_throughput(
 
     def read(session: Session) -> list[ThroughputBucket]:
         runs.get_run(session, run_id)
-        return leaderboard.throughput(session, run_id, datetime.now(UTC), minutes, bucket_s)
+        return leaderboard.throughput(session, run_id, ledger.now(), minutes, bucket_s)
 
     return await ledger.run(read)
 
@@ -151,16 +150,16 @@ async def validators(ledger: LedgerDep) -> list[ValidatorStanding]:
 @router.get("/leaderboard", response_model=list[LeaderboardRow])
 async def ranking(ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> list[LeaderboardRow]:
     """Nodes ranked by final credit, then pending credit."""
-    return await ledger.run(leaderboard.ranking, datetime.now(UTC), limit)
+    return await ledger.run(leaderboard.ranking, ledger.now(), limit)
 
 
 @router.get("/network", response_model=NetworkStatus)
 async def network(ledger: LedgerDep, settings: Settings) -> NetworkStatus:
     """Policy step, nodes online, rollouts per minute, validation backlog, rejection rate, relays."""
-    return await ledger.run(leaderboard.network, settings, datetime.now(UTC))
+    return await ledger.run(leaderboard.network, settings, ledger.now())
 
 
 @router.get("/nodes/{address}", response_model=PublicNode, responses={404: {"model": ErrorBody}})
 async def public_node(address: Address, ledger: LedgerDep) -> PublicNode:
     """A node's status, credit and submission counts (its receipts: ``/v1/public/submissions?address=``)."""
-    return await ledger.run(leaderboard.public_node, address, datetime.now(UTC))
+    return await ledger.run(leaderboard.public_node, address, ledger.now())

@@ -4,7 +4,6 @@ and the ledger export anyone rebuilds an epoch's root from (``intellect-node ver
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
@@ -89,7 +88,7 @@ async def overview(
 
 async def _overview(anchorer: Anchorer, ledger: Ledger, info: ChainInfo, limit: int) -> SettlementOverview:
     recent = await ledger.run(settlement.epoch_infos, 10)
-    leading = [row.address for row in await ledger.run(leaderboard.ranking, datetime.now(UTC), limit)]
+    leading = [row.address for row in await ledger.run(leaderboard.ranking, ledger.now(), limit)]
     slashed = await ledger.run(settlement.slashed)
     earned = await ledger.run(settlement.anchored_leaves)
     addresses = list(dict.fromkeys(leading + sorted(slashed)))

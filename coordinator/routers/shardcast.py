@@ -7,7 +7,6 @@ weights themselves come from relays); writes are signed and need the matching ro
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -49,7 +48,7 @@ def _entry(row: PolicyManifest) -> ManifestEntry:
 )
 async def publish(body: SignedManifest, ctx: Ctx, signed: Signed, ledger: LedgerDep) -> ManifestEntry:
     """Register policy step N's manifest (trainer role); the run's policy step moves to N."""
-    row = await ledger.run_signed(signed, shardcast.publish, body, datetime.now(UTC))
+    row = await ledger.run_signed(signed, shardcast.publish, body, ledger.now())
     ctx.manifest_published.notify()
     return _entry(row)
 
@@ -100,17 +99,17 @@ async def role_holders(role: RoleName, ledger: LedgerDep) -> list[str]:
 @router.post("/relays", response_model=RelayInfo, responses={403: {"model": ErrorBody}})
 async def register_relay(body: RelayRegister, signed: Signed, ledger: LedgerDep) -> RelayInfo:
     """Announce (or refresh, every so often) where this relay serves; needs the relay role."""
-    relay = await ledger.run_signed(signed, shardcast.register_relay, body, datetime.now(UTC))
+    relay = await ledger.run_signed(signed, shardcast.register_relay, body, ledger.now())
     return RelayInfo.model_validate(relay, from_attributes=True)
 
 
 @router.get("/relays", response_model=list[RelayInfo])
 async def live_relays(ledger: LedgerDep, settings: Settings) -> list[RelayInfo]:
-    rows = await ledger.run(shardcast.live_relays, datetime.now(UTC), settings.relay_ttl_s)
+    rows = await ledger.run(shardcast.live_relays, ledger.now(), settings.relay_ttl_s)
     return [RelayInfo.model_validate(r, from_attributes=True) for r in rows]
 
 
 @router.post("/relays/reports", status_code=204, responses={404: {"model": ErrorBody}})
 async def report_relay(body: RelayReportRequest, signed: Signed, ledger: LedgerDep) -> None:
     """A client tells the coordinator that a relay served bad bytes or failed it."""
-    await ledger.run_signed(signed, shardcast.report, body, datetime.now(UTC))
+    await ledger.run_signed(signed, shardcast.report, body, ledger.now())

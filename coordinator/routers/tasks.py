@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -27,7 +26,7 @@ router = APIRouter(prefix="/v1", tags=["tasks"], responses={401: {"model": Error
 async def lease(ctx: Ctx, body: LeaseRequest, signed: Signed, ledger: LedgerDep, settings: Settings) -> TaskSpec | Response:
     stakes = ctx.stakes
     stake = None if stakes is None else await stakes.stake(signed.address)
-    leased = await ledger.run_signed(signed, runs.lease, body, settings, datetime.now(UTC), stake)
+    leased = await ledger.run_signed(signed, runs.lease, body, settings, ledger.now(), stake)
     if isinstance(leased, TaskSpec):
         return leased
     headers = {
@@ -54,13 +53,11 @@ async def submit(
 ) -> SubmissionReceipt:
     """Upload a rollout file (Parquet, the raw body) for a leased task; the signature covers its hash."""
     signed, staged = upload
-    expected = await ledger.run(submissions.expected_file, signed.address, task, staged.sha256, datetime.now(UTC))
+    expected = await ledger.run(submissions.expected_file, signed.address, task, staged.sha256, ledger.now())
     rollouts = None
     if expected is not None:
         rollouts = await asyncio.to_thread(lambda: submissions.parse(staged.path.read_bytes(), expected))
         await asyncio.to_thread(ctx.blobs.put_file, expected.blob_key, staged.path)
-    receipt = await ledger.run_signed(
-        signed, submissions.record, task, staged.sha256, rollouts, datetime.now(UTC), staged.started_at
-    )
+    receipt = await ledger.run_signed(signed, submissions.record, task, staged.sha256, rollouts, ledger.now(), staged.started_at)
     ctx.work_arrived.notify()
     return receipt

@@ -4,7 +4,6 @@ claim: :mod:`shared.island_schemas`), their files, step metrics."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -36,11 +35,11 @@ async def accepted_rollouts(
     """Accepted submissions of ``run`` after cursor ``after``, in acceptance order; waits up to
     ``wait_s`` for the first, answering the moment a verdict accepts some."""
     deadline = time.monotonic() + wait_s
-    entries = await ledger.run_signed(signed, training.accepted_after, run, after, limit, datetime.now(UTC))
+    entries = await ledger.run_signed(signed, training.accepted_after, run, after, limit, ledger.now())
     while not entries and (remaining := deadline - time.monotonic()) > 0:
         await ctx.work_arrived.wait(min(POLL_S, remaining))
         # The signature and its nonce were checked and recorded by the first pass.
-        entries = await ledger.run(training.accepted_after, signed.address, run, after, limit, datetime.now(UTC))
+        entries = await ledger.run(training.accepted_after, signed.address, run, after, limit, ledger.now())
     return entries
 
 
@@ -56,7 +55,7 @@ async def accepted_file(submission_id: str, ctx: Ctx, signed: Signed, ledger: Le
 async def post_metrics(body: TrainerMetricsRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep) -> None:
     """One policy step's summary (loss, rewards, lengths, clip fractions...) for the leaderboard;
     the step's timing is exported to Prometheus as it completes."""
-    await ledger.run_signed(signed, training.record_metrics, body, datetime.now(UTC))
+    await ledger.run_signed(signed, training.record_metrics, body, ledger.now())
     for timing in await ledger.run(step_timing.step_timings, body.run_id, 1):
         ctx.metrics.record_step(body.run_id, timing)
 
@@ -64,7 +63,7 @@ async def post_metrics(body: TrainerMetricsRequest, ctx: Ctx, signed: Signed, le
 @router.post("/islands/join", responses={404: {"model": ErrorBody}})
 async def island_join(body: IslandJoin, signed: Signed, ledger: LedgerDep) -> dict[str, int]:
     """An island (re)starting: the submissions it claimed but never reported go back to the pool."""
-    return {"released": await ledger.run_signed(signed, islands.join, body, datetime.now(UTC))}
+    return {"released": await ledger.run_signed(signed, islands.join, body, ledger.now())}
 
 
 @router.post("/islands/claim", response_model=list[AcceptedRollouts], responses={404: {"model": ErrorBody}})
@@ -73,20 +72,20 @@ async def island_claim(
 ) -> list[AcceptedRollouts]:
     """Accepted submissions no island holds, now the caller's; waits up to ``wait_s`` for the first."""
     deadline = time.monotonic() + body.wait_s
-    entries = await ledger.run_signed(signed, islands.claim, body, datetime.now(UTC), settings.island_lease_s)
+    entries = await ledger.run_signed(signed, islands.claim, body, ledger.now(), settings.island_lease_s)
     while not entries and (remaining := deadline - time.monotonic()) > 0:
         await ctx.work_arrived.wait(min(POLL_S, remaining))
-        entries = await ledger.run(islands.claim, signed.address, body, datetime.now(UTC), settings.island_lease_s)
+        entries = await ledger.run(islands.claim, signed.address, body, ledger.now(), settings.island_lease_s)
     return entries
 
 
 @router.post("/islands/report", status_code=204, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
 async def island_report(body: IslandReport, signed: Signed, ledger: LedgerDep) -> None:
     """The claims an island's pseudo-gradient for an outer step learned from; 409: stay out of the step."""
-    await ledger.run_signed(signed, islands.report, body, datetime.now(UTC))
+    await ledger.run_signed(signed, islands.report, body, ledger.now())
 
 
 @router.post("/islands/settle", responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
 async def island_settle(body: IslandSettle, signed: Signed, ledger: LedgerDep) -> dict[str, int]:
     """An outer step was published: the included islands' reported claims are consumed, the rest released."""
-    return {"consumed": await ledger.run_signed(signed, islands.settle, body, datetime.now(UTC))}
+    return {"consumed": await ledger.run_signed(signed, islands.settle, body, ledger.now())}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 from fastapi import APIRouter, Response
 from sqlalchemy.orm import Session
@@ -31,12 +30,12 @@ async def claim(body: ClaimRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep,
     deadline = time.monotonic() + min(body.wait_s, settings.validator_live_s / 2)
     stakes = ctx.stakes
     stake = None if stakes is None else await stakes.stake(signed.address)
-    claims = await ledger.run_signed(signed, validation.claim, body, settings, datetime.now(UTC), stake)
+    claims = await ledger.run_signed(signed, validation.claim, body, settings, ledger.now(), stake)
     while not claims and (remaining := deadline - time.monotonic()) > 0:
         # Woken at once by an upload or verdict on this process; other replicas' within POLL_S.
         await ctx.work_arrived.wait(min(POLL_S, remaining))
         # The signature, its nonce, the role and the stake were checked by the first look.
-        claims = await ledger.run(validation.draw, signed.address, body.limit, settings, datetime.now(UTC))
+        claims = await ledger.run(validation.draw, signed.address, body.limit, settings, ledger.now())
     return claims
 
 
@@ -46,7 +45,7 @@ async def claim(body: ClaimRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep,
 )
 async def submission_file(submission_id: str, ctx: Ctx, signed: Signed, ledger: LedgerDep) -> Response:
     """The rollout file of a submission this validator holds a live assignment to judge."""
-    submission, _ = await ledger.run_signed(signed, validation.claimed, submission_id, datetime.now(UTC))
+    submission, _ = await ledger.run_signed(signed, validation.claimed, submission_id, ledger.now())
     return await blob_response(ctx.blobs, submission.blob_key)
 
 
@@ -57,7 +56,7 @@ async def verdict(body: VerdictRequest, ctx: Ctx, signed: Signed, ledger: Ledger
     audience = ctx.audience
 
     def work(session: Session, signer: str) -> PublicReceipt:
-        submission = validation.record_verdict(session, signer, body, settings, datetime.now(UTC), audience)
+        submission = validation.record_verdict(session, signer, body, settings, ledger.now(), audience)
         session.flush()
         return receipts.public_receipt(session, submission.id)
 

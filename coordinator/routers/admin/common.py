@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends
@@ -33,7 +32,7 @@ async def audited(ledger: Ledger, token: AdminToken, action: str, target: str, w
 
     def run(session: Session) -> T:
         result = work(session)
-        audit.record(session, token, action, target, detail, datetime.now(UTC))
+        audit.record(session, token, action, target, detail, ledger.now())
         return result
 
     return await ledger.run(run)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import Query
@@ -97,7 +97,7 @@ async def ban_node(address: Address, body: Reason, ledger: LedgerDep, token: Ope
     """Ban a node: its heartbeats are answered with ``stop`` and it can neither lease nor register."""
 
     def work(session: Session) -> NodeDetail:
-        return _detail(session, nodes.ban(session, address, body.reason, datetime.now(UTC)))
+        return _detail(session, nodes.ban(session, address, body.reason, ledger.now()))
 
     return await audited(ledger, token, "nodes.ban", address, work, reason=body.reason)
 
@@ -105,6 +105,6 @@ async def ban_node(address: Address, body: Reason, ledger: LedgerDep, token: Ope
 @router.post("/nodes/{address}/unban", response_model=NodeDetail, responses=CONFLICT)
 async def unban_node(address: Address, body: Reason, ledger: LedgerDep, token: OperateToken) -> NodeDetail:
     def work(session: Session) -> NodeDetail:
-        return _detail(session, nodes.unban(session, address, body.reason, datetime.now(UTC)))
+        return _detail(session, nodes.unban(session, address, body.reason, ledger.now()))
 
     return await audited(ledger, token, "nodes.unban", address, work, reason=body.reason)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
@@ -49,7 +49,7 @@ async def grant_role(body: RoleGrant, ledger: LedgerDep, token: AdminOnlyToken) 
     """Grant ``validator``, ``trainer`` or ``relay`` to an address (idempotent)."""
 
     def work(session: Session) -> RoleOut:
-        return RoleOut.model_validate(roles.grant(session, body.address, body.role, f"token:{token.name}", datetime.now(UTC)))
+        return RoleOut.model_validate(roles.grant(session, body.address, body.role, f"token:{token.name}", ledger.now()))
 
     return await audited(ledger, token, "roles.grant", body.address, work, role=body.role)
 
@@ -57,7 +57,7 @@ async def grant_role(body: RoleGrant, ledger: LedgerDep, token: AdminOnlyToken) 
 @router.delete("/roles/{address}/{role}", response_model=RoleOut, responses=NOT_FOUND)
 async def revoke_role(address: Address, role: RoleName, ledger: LedgerDep, token: AdminOnlyToken) -> RoleOut:
     def work(session: Session) -> RoleOut:
-        revoked = roles.revoke(session, address, role, datetime.now(UTC))
+        revoked = roles.revoke(session, address, role, ledger.now())
         if role == RoleName.validator:
             committee.release_assignments(session, address)
         return RoleOut.model_validate(revoked)

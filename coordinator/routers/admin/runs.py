@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import Query
@@ -75,7 +75,7 @@ async def create_run(body: RunCreate, ledger: LedgerDep, token: OperateToken, se
     _stake_needs_a_chain(body, settings)
 
     def work(session: Session) -> RunInfo:
-        run = runs.create_run(session, RunSpec.of(body), datetime.now(UTC))
+        run = runs.create_run(session, RunSpec.of(body), ledger.now())
         session.flush()
         return _info(run)
 
@@ -120,7 +120,7 @@ async def post_evaluation(run_id: str, body: EvaluationRequest, ledger: LedgerDe
 
     def work(session: Session) -> dict[str, Any]:
         runs.get_run(session, run_id)
-        runs.record_evaluation(session, run_id, body.step, body.metrics, datetime.now(UTC))
+        runs.record_evaluation(session, run_id, body.step, body.metrics, ledger.now())
         return {"run_id": run_id, "step": body.step, **body.metrics}
 
     return await audited(ledger, token, "runs.evaluate", run_id, work, step=body.step, metrics=body.metrics)

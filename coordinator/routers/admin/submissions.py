@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Query
@@ -48,7 +47,7 @@ async def invalidate_submission(
     """Find accepted work invalid after the fact: its credit (even final) is clawed back and the node takes a strike."""
 
     def work(session: Session) -> PublicReceipt:
-        validation.invalidate(session, submission_id, body.reason, settings, datetime.now(UTC))
+        validation.invalidate(session, submission_id, body.reason, settings, ledger.now())
         session.flush()
         return receipts.public_receipt(session, submission_id)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Path
@@ -49,7 +49,7 @@ async def list_tokens(ledger: LedgerDep, _: AdminOnlyToken) -> list[TokenOut]:
 @router.post("/tokens", response_model=NewToken, status_code=201)
 async def create_token(body: TokenCreate, ledger: LedgerDep, token: AdminOnlyToken) -> NewToken:
     def work(session: Session) -> NewToken:
-        row, plaintext = admin_tokens.create_token(session, body.name, body.scope, datetime.now(UTC))
+        row, plaintext = admin_tokens.create_token(session, body.name, body.scope, ledger.now())
         return NewToken(**TokenOut.model_validate(row).model_dump(), token=plaintext)
 
     return await audited(ledger, token, "tokens.create", body.name, work, scope=body.scope)
@@ -60,7 +60,7 @@ async def revoke_token(token_id: Annotated[int, Path(ge=1, le=INT32_MAX)], ledge
     """Revoke a token at once; requests carrying it are refused from now on."""
 
     def work(session: Session) -> TokenOut:
-        row = admin_tokens.revoke_token(session, token_id, datetime.now(UTC))
+        row = admin_tokens.revoke_token(session, token_id, ledger.now())
         if row is None:
             raise ApiError(ErrorCode.not_found, f"No token {token_id}.")
         return TokenOut.model_validate(row)
