@@ -35,7 +35,7 @@ class Anchorer:
     def __init__(self, sessions: sessionmaker[Session], settings: CoordinatorSettings) -> None:
         self.sessions = sessions
         self.settings = settings
-        self.chain_settings = settings.chain
+        self.chain_settings = settings.chain.deployed()
         self.sender: LocalAccount = load_wallet(self.chain_settings.keystore, os.environ.get(CHAIN_PASSWORD_ENV, ""))
         self.chain_error: str | None = None
         self.chain_id: int | None = None
@@ -66,17 +66,17 @@ class Anchorer:
         now = datetime.now(UTC)
         with self.sessions() as session:
             last = epochs.latest_epoch(session)
-        if last is not None and (now - last.created_at).total_seconds() < self.settings.epoch_s:
-            self._next_close = time.monotonic() + self.settings.epoch_s - (now - last.created_at).total_seconds()
+        if last is not None and (now - last.created_at).total_seconds() < self.settings.chain.epoch_s:
+            self._next_close = time.monotonic() + self.settings.chain.epoch_s - (now - last.created_at).total_seconds()
             return
         try:
             with self.sessions.begin() as session:
-                closed = epochs.close_epoch(session, now, self.settings.chain_cutoff_lag_s)
+                closed = epochs.close_epoch(session, now, self.settings.chain.cutoff_lag_s)
             if closed is not None:
                 log.info("epoch %d closed: %d addresses, root %s", closed.epoch, closed.addresses, closed.root)
         except IntegrityError:
             pass  # a replica closed this epoch first
-        self._next_close = time.monotonic() + self.settings.epoch_s
+        self._next_close = time.monotonic() + self.settings.chain.epoch_s
 
     def chain(self) -> Any:
         """The deployment's contracts, connected on first use (and again after a failure)."""
@@ -97,7 +97,7 @@ class Anchorer:
             chain = self.chain()
             registry = chain.registry
             logged = registry.events.Slashed.get_logs(
-                from_block=self.settings.chain_from_block, argument_filters={"account": ban.address}
+                from_block=self.settings.chain.from_block, argument_filters={"account": ban.address}
             )
             sent = [e for e in logged if bytes(e["args"]["evidence"]) == ban.evidence]
             if sent:
@@ -108,7 +108,7 @@ class Anchorer:
                 receipt = chain.transact(
                     self.sender,
                     registry.functions.slash(ban.address, 2**256 - 1, ban.evidence),
-                    self.settings.chain_confirmations,
+                    self.settings.chain.confirmations,
                 )
                 amount, tx_hash = (
                     registry.events.Slashed().process_receipt(receipt)[0]["args"]["amount"],
@@ -132,15 +132,15 @@ class Anchorer:
             receipt = chain.transact(
                 self.sender,
                 chain.distributor.functions.post_root(epoch.epoch, root, int(epoch.cutoff.timestamp())),
-                self.settings.chain_confirmations,
+                self.settings.chain.confirmations,
             )
             tx_hash, block = receipt["transactionHash"].to_0x_hex(), receipt["blockNumber"]
         elif on_chain == root:  # posted before a crash, or by a replica: read the transaction back
             event = chain.distributor.events.RootPosted.get_logs(
-                from_block=self.settings.chain_from_block, argument_filters={"epoch": epoch.epoch}
+                from_block=self.settings.chain.from_block, argument_filters={"epoch": epoch.epoch}
             )[0]
             tx_hash, block = event["transactionHash"].to_0x_hex(), event["blockNumber"]
-            if chain.w3.eth.block_number < block + self.settings.chain_confirmations - 1:
+            if chain.w3.eth.block_number < block + self.settings.chain.confirmations - 1:
                 return  # not deep enough yet: recorded on a later tick
         else:
             raise ChainError(

@@ -66,10 +66,10 @@ def create_app(settings: CoordinatorSettings | None = None, clock: Clock = syste
 
     loops = [Loop("node-status", settings.status_loop_interval_s, status_tick)]
     anchorer = stakes = None
-    if settings.chain_rpc_url:
+    if settings.chain.rpc_url:
         anchorer = Anchorer(sessions, settings)
         stakes = StakeBook(anchorer.chain)
-        loops.append(Loop("anchoring", min(settings.epoch_s, 5.0), anchorer.tick))
+        loops.append(Loop("anchoring", min(settings.chain.epoch_s, 5.0), anchorer.tick))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -87,7 +87,7 @@ def create_app(settings: CoordinatorSettings | None = None, clock: Clock = syste
         lifespan=lifespan,
         description="Assigns work to nodes, verifies their signed requests, and keeps the ledger.",
     )
-    hourly = settings.registrations_per_ip_per_hour
+    hourly = settings.limits.registrations_per_ip_per_hour
     app.state.context = Context(
         settings=settings,
         engine=engine,
@@ -96,7 +96,7 @@ def create_app(settings: CoordinatorSettings | None = None, clock: Clock = syste
         metrics=metrics,
         blobs=blob_store(settings),
         loops=loops,
-        rate_limiter=RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst),
+        rate_limiter=RateLimiter(settings.limits.rate_limit_per_s, settings.limits.rate_limit_burst),
         registration_limiter=RateLimiter(hourly / 3600, hourly),
         anchorer=anchorer,
         stakes=stakes,
@@ -105,14 +105,14 @@ def create_app(settings: CoordinatorSettings | None = None, clock: Clock = syste
     install_error_handlers(app)
     app.add_middleware(
         BodyLimitMiddleware,
-        max_bytes=settings.max_body_bytes,
-        overrides={"/v1/submissions": settings.max_upload_bytes},
-        idle_timeout_s=settings.body_idle_timeout_s,
-        deadline_s=settings.body_deadline_s,
-        budget_bytes=settings.max_body_bytes_in_flight,
+        max_bytes=settings.limits.max_body_bytes,
+        overrides={"/v1/submissions": settings.limits.max_upload_bytes},
+        idle_timeout_s=settings.limits.body_idle_timeout_s,
+        deadline_s=settings.limits.body_deadline_s,
+        budget_bytes=settings.limits.max_body_bytes_in_flight,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.add_middleware(PerClientLimitMiddleware, max_in_flight=settings.max_requests_per_ip)
+    app.add_middleware(PerClientLimitMiddleware, max_in_flight=settings.limits.max_requests_per_ip)
     routers = (nodes, tasks, validation, appeals, training, shardcast, admin, public, settlement, health, page)
     for router in (module.router for module in routers):
         app.include_router(router)
@@ -122,9 +122,9 @@ def create_app(settings: CoordinatorSettings | None = None, clock: Clock = syste
 
 def blob_store(settings: CoordinatorSettings) -> BlobStore:
     if settings.blob_store == "s3":
-        if settings.s3_bucket is None:
+        if settings.s3.bucket is None:
             raise ValueError("blob_store s3 needs s3_bucket (INTELLECT_S3_BUCKET)")
         return S3BlobStore(
-            settings.s3_bucket, prefix=settings.s3_prefix, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region
+            settings.s3.bucket, prefix=settings.s3.prefix, endpoint_url=settings.s3.endpoint_url, region=settings.s3.region
         )
     return LocalBlobStore(settings.blob_root)

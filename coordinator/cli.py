@@ -126,7 +126,7 @@ def serve(
         raise typer.Exit(2) from None
     api = create_app(settings)
     server = uvicorn.Server(
-        server_config(api, host, port, settings.header_limits, log_level=log_level, access_log=False, tls=tls)
+        server_config(api, host, port, settings.limits.header_limits, log_level=log_level, access_log=False, tls=tls)
     )
     server.run(sockets=[sock])
 

@@ -148,7 +148,7 @@ def serve(settings: CoordinatorSettings, tls: ServerFiles | None = None, clock: 
     app = create_app(settings, clock)
     port = free_port()
     https = server_tls(tls.cert, tls.key) if tls else {}
-    config = server_config(app, "127.0.0.1", port, settings.header_limits, log_level="warning", lifespan="on", tls=https)
+    config = server_config(app, "127.0.0.1", port, settings.limits.header_limits, log_level="warning", lifespan="on", tls=https)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

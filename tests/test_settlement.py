@@ -380,8 +380,10 @@ def test_replicas_close_and_anchor_each_epoch_once(database_url, tmp_path, anvil
     import threading
 
     settlement, admin, keystore = chain
-    settings = settled(database_url, tmp_path, anvil, settlement, keystore).model_copy(update={"epoch_s": 3600})
-    with serve(settings.model_copy(update={"chain_rpc_url": None})) as served:  # lays the ledger; settles nothing itself
+    settings = settled(database_url, tmp_path, anvil, settlement, keystore)
+    settings.chain.epoch_s = 3600
+    unsettled = settings.model_copy(update={"chain": settings.chain.model_copy(update={"rpc_url": None})})
+    with serve(unsettled) as served:  # lays the ledger; settles nothing itself
         run_id = make_run(served)
         for units in ("1.0", "2.0", "3.0"):
             lay_credit(served, run_id, Account.create().address, units)

@@ -32,13 +32,13 @@ def _chain_info(ctx: Context, settings: CoordinatorSettings) -> ChainInfo:
         return ChainInfo(enabled=False)
     return ChainInfo(
         enabled=True,
-        rpc_url=settings.chain_rpc_url,
+        rpc_url=settings.chain.rpc_url,
         chain_id=anchorer.chain_id,
-        token=settings.chain_token,
-        stake_registry=settings.chain_stake_registry,
-        distributor=settings.chain_distributor,
+        token=settings.chain.token,
+        stake_registry=settings.chain.stake_registry,
+        distributor=settings.chain.distributor,
         sender=anchorer.sender.address,
-        from_block=settings.chain_from_block,
+        from_block=settings.chain.from_block,
     )
 
 

@@ -27,7 +27,7 @@ async def claim(body: ClaimRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep,
     going stale first), each leased until ``claim_expires_at``; waits up to ``wait_s`` for some,
     then an empty list. Validators cannot choose."""
     # The first look marks the validator live; the wait never outlasts half of what keeps it so.
-    deadline = time.monotonic() + min(body.wait_s, settings.validator_live_s / 2)
+    deadline = time.monotonic() + min(body.wait_s, settings.committee.validator_live_s / 2)
     stakes = ctx.stakes
     stake = None if stakes is None else await stakes.stake(signed.address)
     claims = await ledger.run_signed(signed, validation.claim, body, settings, ledger.now(), stake)

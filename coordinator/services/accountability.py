@@ -40,10 +40,10 @@ def strike(
         return None
     session.flush()
     count = strikes_since(session, validator, role.granted_at)
-    if count < settings.validator_max_strikes:
+    if count < settings.committee.validator_max_strikes:
         return "struck"
     role.revoked_at = now
-    role.revoke_reason = f"{OUTVOTED} {count} times (the limit is {settings.validator_max_strikes})"
+    role.revoke_reason = f"{OUTVOTED} {count} times (the limit is {settings.committee.validator_max_strikes})"
     events.after_commit(session, "validator %s lost its role: %s", validator, role.revoke_reason)
     return "revoked"
 

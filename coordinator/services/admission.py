@@ -42,11 +42,13 @@ def work_wait(session: Session, run: Run, settings: CoordinatorSettings, now: da
         return paused(run)
     horizon = _horizon(session, run, settings)
     rate = decision_rate(session, run.id, settings, now)
-    allowed = min(settings.max_validation_backlog, max(settings.backlog_floor, int(rate * horizon / 2)))
+    allowed = min(settings.admission.max_validation_backlog, max(settings.admission.backlog_floor, int(rate * horizon / 2)))
     queued = backlog(session, run.id, now)
     if queued >= allowed:
-        if not _live(session, RoleName.validator, now - timedelta(seconds=settings.validator_live_s)):
-            message = f"no validator has asked for work in {settings.validator_live_s:.0f} s; {queued} files wait for one"
+        if not _live(session, RoleName.validator, now - timedelta(seconds=settings.committee.validator_live_s)):
+            message = (
+                f"no validator has asked for work in {settings.committee.validator_live_s:.0f} s; {queued} files wait for one"
+            )
             return WorkWait(reason="no_validator", message=message, retry_after_s=30)
         message = (
             f"waiting for validation capacity: {queued} files are queued or in progress, as many as validators "
@@ -57,10 +59,8 @@ def work_wait(session: Session, run: Run, settings: CoordinatorSettings, now: da
         )
     unread = unread_by_trainer(session, run)
     if unread >= allowed:
-        if not _live(session, RoleName.trainer, now - timedelta(seconds=settings.trainer_live_s)):
-            message = (
-                f"no trainer has read this run's work in {settings.trainer_live_s:.0f} s; {unread} accepted files wait for one"
-            )
+        if not _live(session, RoleName.trainer, now - timedelta(seconds=settings.admission.trainer_live_s)):
+            message = f"no trainer has read this run's work in {settings.admission.trainer_live_s:.0f} s; {unread} accepted files wait for one"
             return WorkWait(reason="no_trainer", message=message, retry_after_s=30)
         message = f"waiting for the trainer: {unread} accepted files are not read yet"
         return WorkWait(reason="trainer_capacity", message=message, retry_after_s=TRAINER_RETRY_S)
@@ -89,7 +89,7 @@ def backlog(session: Session, run_id: str, now: datetime) -> int:
 
 def decision_rate(session: Session, run_id: str, settings: CoordinatorSettings, now: datetime) -> float:
     """Submissions of ``run_id`` decided per second, over the last ``throughput_window_s`` (0 before three)."""
-    since = now - timedelta(seconds=settings.throughput_window_s)
+    since = now - timedelta(seconds=settings.admission.throughput_window_s)
     count, first = session.execute(
         select(func.count(), func.min(Submission.validated_at)).where(
             Submission.run_id == run_id, Submission.validated_at >= since
@@ -126,7 +126,7 @@ def _horizon(session: Session, run: Run, settings: CoordinatorSettings) -> float
         )
     )
     if len(times) < 2:
-        return settings.backpressure_horizon_s
+        return settings.admission.backpressure_horizon_s
     period = (times[0] - times[-1]).total_seconds() / (len(times) - 1)
     return max(run.async_level, 1) * max(period, 1.0)
 

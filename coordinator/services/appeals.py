@@ -47,14 +47,14 @@ def file(session: Session, signer: str, body: AppealRequest, settings: Coordinat
     if now > closes:
         raise ApiError(ErrorCode.conflict, f"The dispute window of this decision closed at {closes.isoformat()}.")
     filed = session.scalar(select(func.count()).where(Appeal.address == signer, Appeal.created_at > now - DAY)) or 0
-    if filed >= settings.appeals_per_day:
+    if filed >= settings.committee.appeals_per_day:
         oldest = session.scalar(
             select(func.min(Appeal.created_at)).where(Appeal.address == signer, Appeal.created_at > now - DAY)
         )
         wait = max(1, int((oldest + DAY - now).total_seconds()))  # type: ignore[operator]
         raise ApiError(
             ErrorCode.rate_limited,
-            f"At most {settings.appeals_per_day} appeals a day; the next is possible in {wait} s.",
+            f"At most {settings.committee.appeals_per_day} appeals a day; the next is possible in {wait} s.",
             headers={"Retry-After": str(wait)},
         )
     appeal = Appeal(

@@ -93,7 +93,7 @@ def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> No
     """Draw a live, eligible validator for every review waiting for one (unassigned, or its
     assignment lapsed), the work closest to going stale first; expire what went stale waiting."""
     expire_stale(session, now)
-    live = list(session.scalars(_LIVE, {"seen": now - timedelta(seconds=settings.validator_live_s)}))
+    live = list(session.scalars(_LIVE, {"seen": now - timedelta(seconds=settings.committee.validator_live_s)}))
     if not live:
         return
     waiting = list(session.scalars(_WAITING, {"now": now}))
@@ -104,11 +104,11 @@ def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> No
         candidates = _independent(session, review, live, links)
         if candidates:
             review.validator = secrets.choice(candidates)
-            review.expires_at = now + timedelta(seconds=settings.validation_claim_s)
+            review.expires_at = now + timedelta(seconds=settings.committee.validation_claim_s)
             review.claimed_at = review.retry_at = None
         else:
             review.validator = review.expires_at = review.claimed_at = None
-            review.retry_at = now + timedelta(seconds=settings.unassignable_retry_s)
+            review.retry_at = now + timedelta(seconds=settings.committee.unassignable_retry_s)
 
 
 def _independent(session: Session, review: Review, validators: Sequence[str], links: dict[str, set[str]]) -> list[str]:
@@ -329,7 +329,7 @@ def recheck_verdicts_of(session: Session, validator: str, settings: CoordinatorS
     """After ``validator`` lost its role: its open assignments are drawn again, its verdicts of the
     last ``recheck_window_s`` stop counting, and every submission one of them helped decide is judged again."""
     release_assignments(session, validator)
-    since = now - timedelta(seconds=settings.recheck_window_s)
+    since = now - timedelta(seconds=settings.committee.recheck_window_s)
     voided: dict[str, list[Review]] = defaultdict(list)
     query = select(Review).where(
         Review.validator == validator, Review.outcome.is_not(None), Review.voided_at.is_(None), Review.judged_at >= since

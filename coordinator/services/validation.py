@@ -42,7 +42,7 @@ def claim(
     )
     if needed:
         require_stake(f"Validating while a run asks {tokens(needed)} tokens", signer, needed, stake)
-    if role.last_seen is None or role.last_seen < now - timedelta(seconds=settings.validator_live_s):
+    if role.last_seen is None or role.last_seen < now - timedelta(seconds=settings.committee.validator_live_s):
         # A validator back (or new) may be the one that reviews set aside were waiting for.
         session.execute(update(Review).where(Review.retry_at.is_not(None)).values(retry_at=None))
     role.last_seen = now

@@ -41,7 +41,7 @@ def _info(run: Run) -> RunInfo:
 
 
 def _stake_needs_a_chain(body: RunSettings, settings: Settings) -> None:
-    if body.min_stake and not settings.chain_rpc_url:
+    if body.min_stake and not settings.chain.rpc_url:
         raise ApiError(
             ErrorCode.validation_error,
             "min_stake needs settlement on a chain (INTELLECT_CHAIN_RPC_URL); this coordinator has none.",
