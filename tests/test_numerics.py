@@ -24,18 +24,17 @@ from intellect_protocol.shared.schemas import CHECKS, SamplingParams
 from intellect_protocol.shared.tolerances import TOLERANCES
 from intellect_protocol.trainer.data import fetch_accepted
 from intellect_protocol.validator.checks import CheckSettings, Context, Verdict, in_dtype, validate
-from tests.adversary import MODEL, TOKENIZER
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run, signed_post, verdict_body
+from tests.support.adversary import tiny
+from tests.support.checks import arithmetic, make_task
 from tests.support.protocol import grant, joined, lease, upload
-from tests.test_validator_checks import ENVIRONMENT, PROBLEMS, make_task
 
 torch.set_num_threads(1)
-EOS = TOKENIZER.eos_token_id
 
 
 def check(data: bytes, task, batch: int = 16) -> Verdict:
-    ctx = Context(task, hashlib.sha256(data).hexdigest(), 0, 0, MODEL, TOKENIZER, ENVIRONMENT, PROBLEMS)
+    ctx = Context(task, hashlib.sha256(data).hexdigest(), 0, 0, *tiny(), *arithmetic())
     return validate(data, ctx, CheckSettings(prefill_batch=batch))
 
 
@@ -58,7 +57,7 @@ def test_near_tie_cherry_picking_never_reaches_training() -> None:
     changed_total = 0
     for i in range(4):
         task = make_task(950 + i, prompts=4, samples=4, temperature=1.0, max_tokens=96)
-        data, changed = cherry_pick(generate(task, "torch", "bfloat16"), model, EOS, every=True)
+        data, changed = cherry_pick(generate(task, "torch", "bfloat16"), model, tiny()[1].eos_token_id, every=True)
         verdict = check(data, task)
         changed_total += len(changed)
         assert not verdict.hard, verdict.reason  # steering near-ties is not provable forgery...
@@ -74,8 +73,18 @@ def test_near_tie_cherry_picking_never_reaches_training() -> None:
         (lambda g: shifted_logprobs(g, -89.0, every_token=False), "float32"),
         (lambda g: shifted_logprobs(g, 0.8, every_token=False), "float32"),
         (lambda g: shifted_logprobs(g, 0.019, every_token=True), "float32"),
-        (lambda g: resampled(g, torch_backend_for("tiny-arith", g.numerics.dtype)[0].model, EOS, seed_offset=1), "bfloat16"),
-        (lambda g: resampled(g, torch_backend_for("tiny-arith", g.numerics.dtype)[0].model, EOS, temperature=1.4), "bfloat16"),
+        (
+            lambda g: resampled(
+                g, torch_backend_for("tiny-arith", g.numerics.dtype)[0].model, tiny()[1].eos_token_id, seed_offset=1
+            ),
+            "bfloat16",
+        ),
+        (
+            lambda g: resampled(
+                g, torch_backend_for("tiny-arith", g.numerics.dtype)[0].model, tiny()[1].eos_token_id, temperature=1.4
+            ),
+            "bfloat16",
+        ),
     ],
     ids=[
         "logprob-89-bf16",
@@ -144,10 +153,10 @@ def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_train
 
 def test_the_validators_bf16_copy_computes_what_a_bf16_node_computes() -> None:
     node_model = torch_backend_for("tiny-arith", "bfloat16")[0].model  # loaded in bf16, as a node does
-    tokens = torch.randint(3, MODEL.config.vocab_size, (1, 90), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(3, tiny()[0].config.vocab_size, (1, 90), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        assert torch.equal(in_dtype(MODEL, "bfloat16")(tokens).logits, node_model(tokens).logits)
-    assert in_dtype(MODEL, "float32") is MODEL
+        assert torch.equal(in_dtype(tiny()[0], "bfloat16")(tokens).logits, node_model(tokens).logits)
+    assert in_dtype(tiny()[0], "float32") is tiny()[0]
 
 
 def test_one_far_token_a_bf16_file_is_an_outlier_two_are_forgery() -> None:
@@ -234,8 +243,8 @@ def test_rows_scored_together_in_packed_blocks_score_as_each_row_alone() -> None
         Rollout("t", "r", 0, "p", p, c, [0.0] * len(c), "length", 0.0, 0.0, 0.0, 0, seed, b"")
         for p, c, seed in zip(prompts, completions, (7, 8, 9))
     ]
-    prefilled = prefill_batch(MODEL, prompts, completions)
-    together = rows_scores(list(zip(rows, prefilled)), 1.0, 0.9, TOLERANCES["float32"], max_bytes=7 * 4 * vocab_size(MODEL))
+    prefilled = prefill_batch(tiny()[0], prompts, completions)
+    together = rows_scores(list(zip(rows, prefilled)), 1.0, 0.9, TOLERANCES["float32"], max_bytes=7 * 4 * vocab_size(tiny()[0]))
     for r, p, scored in zip(rows, prefilled, together, strict=True):
         alone = row_scores(r.completion_tokens, r.seed, p.blocks(), 1.0, 0.9, TOLERANCES["float32"])
         for mine, theirs in zip((scored.gap, scored.runner_up, scored.logprob), (alone.gap, alone.runner_up, alone.logprob)):

@@ -31,9 +31,9 @@ from intellect_protocol.shared.rollout_file import read_rollouts, write_rollouts
 from intellect_protocol.shared.schemas import CHECKS, ErrorCode, SamplingParams, TaskSpec
 from intellect_protocol.shared.verdicts import verdict_signer
 from intellect_protocol.validator.worker import Validator
-from tests.adversary import ATTACKS
 from tests.conftest import admin_token, serve
 from tests.helpers import expire_assignments, heartbeat_body, make_run, register_body, signed_post, verdict_body
+from tests.support.adversary import ATTACKS
 from tests.support.clock import MovableClock
 from tests.support.protocol import check_ledger, forge, grant, joined, lease, upload
 

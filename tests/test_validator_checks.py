@@ -10,88 +10,52 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 
 import pytest
 import torch
 
-from intellect_protocol.node.work import finish, generate
-from intellect_protocol.shared.environments.registry import get_environment, plugin
-from intellect_protocol.shared.rollout_file import Rollout, read_rollouts, write_rollouts
-from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
-from intellect_protocol.validator.checks import CheckSettings, Context, Verdict, validate
-from tests.adversary import ATTACKS, MODEL, TOKENIZER, inflated_rewards
+from intellect_protocol.shared.rollout_file import Rollout, read_rollouts
+from intellect_protocol.shared.schemas import TaskSpec
+from intellect_protocol.validator.checks import CheckSettings, Context, validate
+from tests.support.adversary import ATTACKS, inflated_rewards, tiny
+from tests.support.checks import arithmetic, check, failed, honest, make_task, rewrite
 
 pytestmark = pytest.mark.unit
 
 torch.set_num_threads(1)
 
-ENVIRONMENT = get_environment("arithmetic")
-PROBLEMS = {p.id: p for p in ENVIRONMENT.problems()}
+
+@pytest.fixture(scope="module")
+def honest_file() -> tuple[TaskSpec, bytes]:
+    """One honest file, generated once for the module's tests."""
+    task = make_task(1)
+    return task, honest(task)
 
 
-def make_task(seed: int, prompts: int = 2, samples: int = 4, **sampling: object) -> TaskSpec:
-    return TaskSpec(
-        task_id=f"task-{seed}",
-        run_id="run-test",
-        environment="arithmetic",
-        environment_version=plugin("arithmetic").pin,
-        model="tiny-arith",
-        prompt_ids=[f"a{(seed * prompts + i) % 10_000}" for i in range(prompts)],
-        samples_per_prompt=samples,
-        seed=seed,
-        policy_step=0,
-        sampling=SamplingParams(**{"temperature": 1.0, "max_tokens": 48, **sampling}),
-        length_alpha=0.0,
-        target_length=1024,
-        length_over_only=False,
-        lease_expires_at=datetime.now(UTC) + timedelta(minutes=5),
-    )
-
-
-def honest(task: TaskSpec) -> bytes:
-    return finish(generate(task)).data
-
-
-def check(data: bytes, task: TaskSpec, settings: CheckSettings | None = None, window: tuple[int, int] = (0, 0)) -> Verdict:
-    ctx = Context(task, hashlib.sha256(data).hexdigest(), window[0], window[1], MODEL, TOKENIZER, ENVIRONMENT, PROBLEMS)
-    return validate(data, ctx, settings)
-
-
-def rewrite(data: bytes, change: Callable[[list[Rollout]], None]) -> bytes:
-    rollouts = read_rollouts(data)
-    change(rollouts)
-    return write_rollouts(rollouts)
-
-
-def failed(verdict: Verdict) -> dict[str, str]:
-    return {c.name: c.reason for c in verdict.checks if c.passed is False}
-
-
-TASK = make_task(1)
-HONEST = honest(TASK)
-
-
-def test_honest_work_passes_every_check() -> None:
-    verdict = check(HONEST, TASK)
+def test_honest_work_passes_every_check(honest_file: tuple[TaskSpec, bytes]) -> None:
+    verdict = check(honest_file[1], honest_file[0])
     assert verdict.accepted, verdict.reason
     assert [c.name for c in verdict.checks] == ["integrity", "assignment", "termination", "toploc", "sampling", "rewards"]
 
 
 @pytest.mark.parametrize(("attack", "expected"), [(a, e) for _, a, e in ATTACKS], ids=[name for name, _, _ in ATTACKS])
-def test_each_attack_is_rejected_by_its_check(attack: Callable[[list[Rollout], TaskSpec], None], expected: str) -> None:
-    verdict = check(rewrite(HONEST, lambda rollouts: attack(rollouts, TASK)), TASK)
+def test_each_attack_is_rejected_by_its_check(
+    honest_file: tuple[TaskSpec, bytes], attack: Callable[[list[Rollout], TaskSpec], None], expected: str
+) -> None:
+    task, data = honest_file
+    verdict = check(rewrite(data, lambda rollouts: attack(rollouts, task)), task)
     assert not verdict.accepted
     assert expected in failed(verdict), verdict.reason
     assert verdict.hard == (expected in {"integrity", "toploc", "sampling"})
 
 
-def test_stale_or_future_policy_steps_and_altered_bytes_are_rejected() -> None:
-    assert "assignment" in failed(check(HONEST, TASK, window=(1, 3)))  # step 0 is older than the run allows
-    ahead = TASK.model_copy(update={"policy_step": 5})
-    assert "assignment" in failed(check(HONEST, ahead, window=(0, 2)))
-    ctx_sha = Context(TASK, "0" * 64, 0, 0, MODEL, TOKENIZER, ENVIRONMENT, PROBLEMS)
-    verdict = validate(HONEST, ctx_sha)
+def test_stale_or_future_policy_steps_and_altered_bytes_are_rejected(honest_file: tuple[TaskSpec, bytes]) -> None:
+    task, data = honest_file
+    assert "assignment" in failed(check(data, task, window=(1, 3)))  # step 0 is older than the run allows
+    ahead = task.model_copy(update={"policy_step": 5})
+    assert "assignment" in failed(check(data, ahead, window=(0, 2)))
+    ctx_sha = Context(task, "0" * 64, 0, 0, *tiny(), *arithmetic())
+    verdict = validate(data, ctx_sha)
     assert failed(verdict) == {"integrity": "the file's sha256 differs from the one stored at upload"} and verdict.hard
     assert not validate(b"not parquet", dataclasses.replace(ctx_sha, sha256=hashlib.sha256(b"not parquet").hexdigest())).accepted
 
@@ -114,7 +78,8 @@ def test_hundreds_of_honest_rollouts_pass_across_batch_sizes_threads_and_chunkin
     assert checked >= 500 and rejected == 0
 
 
-def test_rewards_can_be_spot_checked_on_a_fraction_of_rows() -> None:
-    inflated = rewrite(HONEST, lambda rollouts: inflated_rewards(rollouts, TASK))
-    assert "rewards" in failed(check(inflated, TASK, CheckSettings(reward_fraction=1.0)))
-    assert check(inflated, TASK, CheckSettings(reward_fraction=1e-9)).accepted  # no row drawn: nothing recomputed
+def test_rewards_can_be_spot_checked_on_a_fraction_of_rows(honest_file: tuple[TaskSpec, bytes]) -> None:
+    task, data = honest_file
+    inflated = rewrite(data, lambda rollouts: inflated_rewards(rollouts, task))
+    assert "rewards" in failed(check(inflated, task, CheckSettings(reward_fraction=1.0)))
+    assert check(inflated, task, CheckSettings(reward_fraction=1e-9)).accepted  # no row drawn: nothing recomputed

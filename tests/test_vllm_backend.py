@@ -21,7 +21,7 @@ from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.rollout_file import read_numerics, read_rollouts
 from intellect_protocol.shared.schemas import SamplingParams
-from tests.test_validator_checks import check, make_task
+from tests.support.checks import check, make_task
 
 # One engine for the module (it takes half a minute to start): under xdist, these tests share one worker.
 pytestmark = pytest.mark.xdist_group("vllm-engine")

@@ -13,9 +13,9 @@ from intellect_protocol.coordinator.models import ContributionEntry, Submission
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.rollout_file import read_rollouts, write_rollouts
 from intellect_protocol.shared.schemas import TaskSpec
-from tests.adversary import random_tokens
 from tests.conftest import Served
 from tests.helpers import register_body, signed_post
+from tests.support.adversary import random_tokens
 
 
 def grant(served: Served, token: str, address: str, role: str) -> None:

@@ -4,9 +4,10 @@ would, through the real file format. Shared by the checks' unit tests and the AP
 from __future__ import annotations
 
 import random
+from functools import cache
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from intellect_protocol.devnet.adversary import prove_with
 from intellect_protocol.node.work import finish, generate
@@ -16,12 +17,17 @@ from intellect_protocol.shared.rollout_file import Rollout, read_rollouts
 from intellect_protocol.shared.schemas import TaskSpec
 from intellect_protocol.shared.toploc import build_proofs
 
-MODEL, TOKENIZER = load_model("tiny-arith")
+
+@cache
+def tiny() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The shipped model and its tokenizer, loaded once per process when a test first needs them."""
+    return load_model("tiny-arith")
 
 
 def prove_with_real_model(r: Rollout, tokens: list[int]) -> None:
     """What a forger does: take tokens from anywhere, then prove them with one prefill of the real model."""
-    prove_with(MODEL, TOKENIZER.eos_token_id, r, tokens)
+    model, tokenizer = tiny()
+    prove_with(model, tokenizer.eos_token_id, r, tokens)
 
 
 def other_model() -> torch.nn.Module:
@@ -44,13 +50,13 @@ def other_model_tokens(rollouts: list[Rollout], task: TaskSpec) -> None:
 def random_tokens(rollouts: list[Rollout], task: TaskSpec) -> None:
     rng = random.Random(0)
     for r in rollouts:
-        prove_with_real_model(r, [rng.randrange(3, TOKENIZER.vocab_size) for _ in range(task.sampling.max_tokens)])
+        prove_with_real_model(r, [rng.randrange(3, tiny()[1].vocab_size) for _ in range(task.sampling.max_tokens)])
 
 
 def edited_after_proof(rollouts: list[Rollout], task: TaskSpec) -> None:
     for r in rollouts:
         k = len(r.completion_tokens) // 3
-        r.completion_tokens[k] = (r.completion_tokens[k] + 1) % TOKENIZER.vocab_size or 3
+        r.completion_tokens[k] = (r.completion_tokens[k] + 1) % tiny()[1].vocab_size or 3
 
 
 def inflated_rewards(rollouts: list[Rollout], task: TaskSpec) -> None:
@@ -59,8 +65,8 @@ def inflated_rewards(rollouts: list[Rollout], task: TaskSpec) -> None:
 
 
 def other_prompts(rollouts: list[Rollout], task: TaskSpec) -> None:
-    easy = TOKENIZER.encode("1+1=", add_special_tokens=False)
-    rollouts[0].prompt_tokens = [TOKENIZER.bos_token_id, *easy] if TOKENIZER.bos_token_id is not None else easy
+    easy = tiny()[1].encode("1+1=", add_special_tokens=False)
+    rollouts[0].prompt_tokens = [tiny()[1].bos_token_id, *easy] if tiny()[1].bos_token_id is not None else easy
 
 
 def cut_short(rollouts: list[Rollout], task: TaskSpec) -> None:
