@@ -107,6 +107,12 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
 
         settle = body(IslandSettle, a_key, "a", outer_step=0, included=[{"island": "a", "attempt": attempt}])
         assert "not published" in refused(409, lambda: a.island_settle(settle), served)
+        # A run moves one step at a time, and an island run only by its islands' trainers: a trainer-role holder
+        # that never joined as an island publishes nothing, and no island jumps the run ahead.
+        assert "only step 1 may be published next, not 1000" in refused(
+            409, lambda: publish(tmp_path / "origin", run_id, 1000, a), served
+        )
+        assert "trained by islands" in refused(403, lambda: publish(tmp_path / "impostor", run_id, 1, other), served)
         publish(tmp_path / "origin", run_id, 1, a)
         # Only the island that published the step settles it: b cannot consume or release what a reported.
         forged = body(IslandSettle, b_key, "b", outer_step=0, included=[])

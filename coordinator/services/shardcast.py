@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator import events
 from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.island_models import Island
 from intellect_protocol.coordinator.models import Run
 from intellect_protocol.coordinator.services import roles
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest, Relay, RelayReport
@@ -37,6 +38,7 @@ def publish(session: Session, signer: str, signed: SignedManifest, now: datetime
         if existing.digest == manifest.digest():
             return existing
         raise ApiError(ErrorCode.conflict, f"Step {manifest.step} of {run.id} has another manifest already.")
+    _require_next_publisher(session, run, signer, manifest.step)
     row = PolicyManifest(
         run_id=run.id,
         step=manifest.step,
@@ -51,6 +53,24 @@ def publish(session: Session, signer: str, signed: SignedManifest, now: datetime
     session.flush()
     events.after_commit(session, "policy step %d of %s published by %s", manifest.step, run.id, signer)
     return row
+
+
+def _require_next_publisher(session: Session, run: Run, signer: str, step: int) -> None:
+    """A run moves one policy step at a time (a trainer that skipped ahead would strand every node and island
+    on a step nobody trained), and a run trained by islands only by one of its islands' trainers. One gap is
+    allowed to islands: the quorum's publisher of step k may die before publishing it, and the islands' next
+    meeting then publishes k + 1, by an island that reported its share of outer step k."""
+    islands = {i.address: i.outer_step for i in session.scalars(select(Island).where(Island.run_id == run.id))}
+    if islands and signer not in islands:
+        raise ApiError(
+            ErrorCode.role_required, f"{run.id} is trained by islands: only one of their trainers publishes its steps."
+        )
+    after_a_lost_step = step == run.policy_step + 2 and islands.get(signer, -1) >= step - 1
+    if step != run.policy_step + 1 and not after_a_lost_step:
+        raise ApiError(
+            ErrorCode.conflict,
+            f"Policy step {run.policy_step} of {run.id} is the newest: only step {run.policy_step + 1} may be published next, not {step}.",
+        )
 
 
 def get(session: Session, run_id: str, step: int | None) -> PolicyManifest:
