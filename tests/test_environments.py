@@ -6,6 +6,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,14 +15,21 @@ from pathlib import Path
 import pytest
 
 from intellect_protocol.shared.environments import arithmetic
-from intellect_protocol.shared.environments.builtin import Arithmetic
+from intellect_protocol.shared.environments.builtin import Arithmetic, Code
 from intellect_protocol.shared.environments.code import UnsupportedTest, parse_test
 from intellect_protocol.shared.environments.code import reward as code_reward
 from intellect_protocol.shared.environments.datasets import DatasetError, load_rows
 from intellect_protocol.shared.environments.length import LengthBudget, length_penalty, with_target
 from intellect_protocol.shared.environments.math import MathVerifier
 from intellect_protocol.shared.environments.registry import Problem, get_environment, reward
-from intellect_protocol.shared.environments.sandbox import SANDBOX_UIDS, UID_LOCKS, Limits
+from intellect_protocol.shared.environments.sandbox import (
+    SANDBOX_UIDS,
+    UID_LOCKS,
+    Limits,
+    SandboxUnavailable,
+    confinement,
+    run_python,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -197,6 +206,57 @@ def test_code_cannot_touch_files_outside_its_dir(tmp_path: Path) -> None:
     assert code_reward(f"```python\n{attack}\n```", ADD_TESTS[:1]) == 1.0
     assert victim.read_text() == "keep"
     assert Path("/etc/hostname").exists()
+
+
+def test_code_reaches_no_network_even_on_loopback() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(3)
+    port = listener.getsockname()[1]
+    leak = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\ns.sendall(b'secret')\nprint('sent')"
+    with ThreadPoolExecutor(1) as pool:
+        accepted = pool.submit(listener.accept)
+        result = run_python({"leak.py": leak}, "leak.py")
+        with pytest.raises(TimeoutError):
+            accepted.result()
+    listener.close()
+    assert "sent" not in result.stdout and result.returncode != 0, result.stdout
+
+
+FLOOD = """\
+import os
+written = 0
+for where in (".", "/tmp"):
+    for i in range(400):
+        try:
+            with open(os.path.join(where, f"f{i}"), "wb") as f:
+                f.write(b"x" * 60_000)
+            written += 60_000
+        except OSError:
+            break
+print(written)
+"""
+
+
+def test_what_code_writes_stays_in_its_private_capped_directory() -> None:
+    before = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
+    result = run_python({"flood.py": FLOOD}, "flood.py", limits=Limits(scratch_bytes=4 << 20))
+    assert result.returncode == 0, result.stdout
+    assert 0 < int(result.stdout.split()[-1]) <= 4 << 20  # 48 MB asked for, 4 MiB allowed
+    assert not any(
+        name.startswith("f") and name[1:].isdigit() for name in {p.name for p in Path(tempfile.gettempdir()).iterdir()} - before
+    )
+
+
+def test_without_bubblewrap_the_code_environment_refuses_with_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    confinement.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable, match="only inside bubblewrap .* apt-get install bubblewrap"):
+            Code()
+        with pytest.raises(SandboxUnavailable):
+            code_reward("```python\ndef add(a, b): return a + b\n```", ADD_TESTS[:1])
+    finally:
+        confinement.cache_clear()
 
 
 def test_length_budget() -> None:

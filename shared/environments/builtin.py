@@ -11,6 +11,7 @@ from intellect_protocol.shared.environments import arithmetic, code
 from intellect_protocol.shared.environments.datasets import SAMPLES, DatasetError, load_rows
 from intellect_protocol.shared.environments.math import MathVerifier
 from intellect_protocol.shared.environments.registry import Problem
+from intellect_protocol.shared.environments.sandbox import confinement
 
 
 class Arithmetic:
@@ -52,6 +53,7 @@ class Code:
     name = "code"
 
     def __init__(self, dataset: Path | None = None) -> None:
+        confinement()  # refuse before any completion runs unconfined
         path = dataset or SAMPLES / "code_sample.jsonl"
         self._problems = [Problem(**row) for row in load_rows(path, ("prompt", "tests"))]
         for problem in self._problems:

@@ -1,8 +1,10 @@
-"""Run untrusted Python in a throwaway sandbox: a fresh temp dir, resource limits, no network.
+"""Run untrusted Python in a throwaway sandbox: a private, size-capped temp dir, resource limits, no network.
 
-Where bubblewrap (``bwrap``) is installed, the process sees the machine read-only except its
-own temp dir, in new user, pid, network and IPC namespaces that die with it. Always, it runs
-under rlimits (CPU seconds, address space, file size, process count, open files) and a
+Only inside bubblewrap (``bwrap``): without it nothing confines the code, so :func:`confinement` refuses
+(:class:`SandboxUnavailable`, one sentence). The process sees the machine read-only, its files read-only
+in a working directory of its own on a private tmpfs of ``Limits.scratch_bytes`` (its ``/tmp``: whatever
+it writes, it writes there, and all of it is gone with it), in new user, pid, network and IPC namespaces
+that die with it. It runs under rlimits (CPU seconds, address space, file size, process count, open files) and a
 wall-clock timeout that kills its whole process group. Started as root, each sandbox runs as
 a user id of its own, held for its lifetime by a lock, so the process-count limit (counted per
 user) binds one sandbox alone: a fork bomb in one cannot starve a sandbox beside it, and every
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import random
 import shutil
@@ -23,6 +26,9 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+SCRATCH = "/tmp/work"
+"""The code's working directory inside the sandbox, on its private tmpfs."""
 
 SANDBOX_UIDS = range(600_000, 604_096)
 """User ids no account uses; one per live sandbox on this machine."""
@@ -90,6 +96,37 @@ def _world_executable(path: Path) -> bool:
     return all(p.stat().st_mode & 0o001 for p in [resolved, *resolved.parents])
 
 
+class SandboxUnavailable(RuntimeError):
+    """This machine cannot confine untrusted code (no working bubblewrap)."""
+
+
+@functools.cache
+def confinement() -> str:
+    """The ``bwrap`` that confines sandboxes, checked once to start one; :class:`SandboxUnavailable` where
+    it is missing or cannot make its namespaces (a container that forbids them)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable(f"{NEEDS}, and this machine lacks it: apt-get install bubblewrap")
+    if not _starts(bwrap):
+        raise SandboxUnavailable(f"{NEEDS}, and {bwrap} cannot make its namespaces here (user namespaces disabled?)")
+    return bwrap
+
+
+NEEDS = (
+    "The code environment runs completions only inside bubblewrap (no network, a private size-capped "
+    "temporary directory, the machine read-only)"
+)
+
+
+def _starts(bwrap: str) -> bool:
+    """Whether ``bwrap`` makes its namespaces as a sandbox's user does (root's own may succeed where a user's fail)."""
+    probe = [bwrap, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"]
+    if os.geteuid() != 0:
+        return subprocess.run(probe, capture_output=True).returncode == 0
+    with _own_uid() as uid:
+        return subprocess.run(probe, capture_output=True, user=uid, group=uid, extra_groups=[]).returncode == 0
+
+
 @dataclass(frozen=True)
 class Limits:
     wall_s: float = 5.0
@@ -97,6 +134,8 @@ class Limits:
     memory_bytes: int = 512 << 20
     output_bytes: int = 64 << 10
     processes: int = 32
+    scratch_bytes: int = 16 << 20
+    """Most bytes the code may keep written at once, in every file together (its private tmpfs)."""
 
 
 @dataclass(frozen=True)
@@ -126,12 +165,11 @@ def _limited(limits: Limits, argv: list[str]) -> list[str]:
     ]
 
 
-def _command(workdir: Path, argv: list[str]) -> list[str]:
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return argv
+def _command(workdir: Path, names: list[str], limits: Limits, argv: list[str]) -> list[str]:
+    """``argv`` inside bubblewrap, with ``names`` of ``workdir`` bound read-only into its working directory."""
+    files = [arg for name in names for arg in ("--ro-bind", str(workdir / name), f"{SCRATCH}/{name}")]
     return [
-        bwrap,
+        confinement(),
         "--ro-bind",
         "/",
         "/",
@@ -139,13 +177,13 @@ def _command(workdir: Path, argv: list[str]) -> list[str]:
         "/dev",
         "--proc",
         "/proc",
+        "--size",
+        str(limits.scratch_bytes),
         "--tmpfs",
         "/tmp",
-        "--bind",
-        str(workdir),
-        str(workdir),
+        *files,
         "--chdir",
-        str(workdir),
+        SCRATCH,
         "--unshare-all",
         "--die-with-parent",
         "--new-session",
@@ -155,7 +193,7 @@ def _command(workdir: Path, argv: list[str]) -> list[str]:
         "/usr/bin:/bin",
         "--setenv",
         "HOME",
-        str(workdir),
+        SCRATCH,
         *argv,
     ]
 
@@ -179,7 +217,7 @@ def _run(files: dict[str, str], script: str, stdin: str, limits: Limits, uid: in
         out_path = workdir / ".stdout"
         with open(out_path, "wb") as out:
             process = subprocess.Popen(
-                _limited(limits, _command(workdir, [interpreter(), "-I", "-B", str(workdir / script)])),
+                _limited(limits, _command(workdir, list(files), limits, [interpreter(), "-I", "-B", f"{SCRATCH}/{script}"])),
                 cwd=workdir,
                 stdin=subprocess.PIPE,
                 stdout=out,
