@@ -32,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _worktree import worktree  # noqa: E402
+
 from intellect_protocol.devnet.processes import script  # noqa: E402
 
 
@@ -137,15 +140,9 @@ def main() -> None:
         results: dict[str, Waste] = {}
         print(f"intellect-devnet --steps 0 --nodes 2 --validators 1, {args.minutes:g} minutes each, SQLite ledger", flush=True)
         if args.before:
-            tree = Path(tmp) / "before-src"
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True, capture_output=True
-            )
-            try:
-                results["before"] = run_devnet(tree, Path(tmp) / "before", args.minutes)
+            with worktree(args.before, Path(tmp) / "before-src") as source:
+                results["before"] = run_devnet(source, Path(tmp) / "before", args.minutes)
                 report("before", results["before"])
-            finally:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
         results["after"] = run_devnet(ROOT, Path(tmp) / "after", args.minutes)
         report("after", results["after"])
         if "before" in results:

@@ -26,6 +26,10 @@ POLICY_STEPS_TTL_S = 1.0
 OVERVIEW_TTL_S = 5.0
 """The settlement overview costs chain reads per node: nobody may make the coordinator hammer its RPC."""
 
+PUBLIC_READ_TTL_S = 2.0
+"""How long a public aggregate serves every reader before it is computed again: a page refreshes every few
+seconds, and a flood of readers costs one query per interval."""
+
 
 @dataclass
 class Context:
@@ -51,6 +55,8 @@ class Context:
     """An upload, or a verdict that opened another review: waiting claims look at once."""
     policy_steps: TtlCache[None, dict[str, int]] = field(default_factory=lambda: TtlCache(POLICY_STEPS_TTL_S))
     settlement_overviews: TtlCache[int, SettlementOverview] = field(default_factory=lambda: TtlCache(OVERVIEW_TTL_S))
+    public_reads: TtlCache[tuple[object, ...], bytes] = field(default_factory=lambda: TtlCache(PUBLIC_READ_TTL_S, max_keys=1024))
+    """Public aggregates (throughput, leaderboard, validators) as rendered JSON, by route and parameters."""
 
     @property
     def clock(self) -> Clock:

@@ -86,3 +86,28 @@ def _compare(coordinator: Served) -> None:
         _queries(admin_url, params={"limit": 500}, headers=admin),
     )
     assert many == few and max(many) <= 12, (few, many)
+
+
+def test_a_flood_of_public_readers_costs_one_computation_per_interval(sqlite_url: str, tmp_path: Path) -> None:
+    settings = CoordinatorSettings(
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        status_loop_interval_s=3600,
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+    )
+    with serve(settings) as served:
+        run_id = make_run(served)
+        throughput = f"{served.url}/v1/public/runs/{run_id}/throughput"
+        for url, params in ((f"{served.url}/v1/public/leaderboard", {}), (throughput, {"minutes": 720, "bucket_s": 60})):
+            first = _queries(url, params=params)
+            assert first > 0
+            with counted() as statements, httpx.Client() as client:
+                answers = [client.get(url, params=params) for _ in range(30)]
+            assert {a.status_code for a in answers} == {200} and len({a.content for a in answers}) == 1
+            # Computed once per 2 s interval: 30 readers (a few intervals on a loaded machine) against 30 computations.
+            assert len(statements) < 5 * first, f"{url}: 30 readers ran {len(statements)} statements, one read {first}"
+        # A day by the minute would be 1,440 buckets: the answer's size is bounded, the reader told how.
+        reply = httpx.get(throughput, params={"minutes": 1440, "bucket_s": 60})
+        assert reply.status_code == 422 and "ask for wider buckets" in reply.json()["message"]
+        assert httpx.get(throughput, params={"minutes": 1440, "bucket_s": 120}).status_code == 200

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.routing import APIRoute
+from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 
+from intellect_protocol.coordinator.context import Context
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, client_rate_limit
+from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.services import (
     accountability,
     credit,
@@ -25,10 +30,28 @@ from intellect_protocol.shared.committee import PublicReceipt, ValidatorStanding
 from intellect_protocol.shared.island_schemas import IslandStatus
 from intellect_protocol.shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
 from intellect_protocol.shared.run_schemas import RunInfo, RunProgress, StepTiming
-from intellect_protocol.shared.schemas import Address, ErrorBody, PublicStatus
+from intellect_protocol.shared.schemas import Address, ErrorBody, ErrorCode, PublicStatus
 from intellect_protocol.shared.version import PROTOCOL_VERSION, __version__
 
 router = APIRouter(prefix="/v1/public", tags=["public"], dependencies=[Depends(client_rate_limit)])
+
+MAX_BUCKETS = 720
+"""Most buckets one throughput answer holds (12 hours by the minute; a day needs 2-minute buckets)."""
+
+
+async def _shared(ctx: Context, key: tuple[object, ...], shape: Any, compute: Callable[[], Awaitable[Any]]) -> Response:
+    """A public aggregate as JSON, rendered once per :data:`~coordinator.context.PUBLIC_READ_TTL_S` for every
+    reader: a flood of readers costs the ledger one query per key, not one per request."""
+
+    async def render() -> bytes:
+        return _adapter(shape).dump_json(await compute())
+
+    return Response(await ctx.public_reads.get(key, render), media_type="application/json")
+
+
+@functools.cache
+def _adapter(shape: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(shape)
 
 
 @router.get("")
@@ -125,32 +148,44 @@ async def list_runs(ledger: LedgerDep) -> list[RunInfo]:
     return [RunInfo.model_validate(r, from_attributes=True) for r in await ledger.run(runs.list_runs)]
 
 
-@router.get("/runs/{run_id}/throughput", response_model=list[ThroughputBucket], responses={404: {"model": ErrorBody}})
+@router.get(
+    "/runs/{run_id}/throughput",
+    response_model=list[ThroughputBucket],
+    responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+)
 async def run_throughput(
     run_id: str,
+    ctx: Ctx,
     ledger: LedgerDep,
     minutes: Annotated[int, Query(ge=1, le=24 * 60)] = 60,
     bucket_s: Annotated[int, Query(ge=10, le=3600)] = 60,
-) -> list[ThroughputBucket]:
-    """Rollouts uploaded and tokens accepted per time bucket, over the last ``minutes``."""
+) -> Response:
+    """Rollouts uploaded and tokens accepted per time bucket, over the last ``minutes`` (at most 720 buckets)."""
+    if minutes * 60 > MAX_BUCKETS * bucket_s:
+        raise ApiError(
+            ErrorCode.validation_error,
+            f"{minutes} minutes in {bucket_s} s buckets is more than {MAX_BUCKETS} buckets: ask for wider buckets.",
+        )
 
     def read(session: Session) -> list[ThroughputBucket]:
         runs.get_run(session, run_id)
         return leaderboard.throughput(session, run_id, ledger.now(), minutes, bucket_s)
 
-    return await ledger.run(read)
+    return await _shared(ctx, ("throughput", run_id, minutes, bucket_s), list[ThroughputBucket], lambda: ledger.run(read))
 
 
 @router.get("/validators", response_model=list[ValidatorStanding])
-async def validators(ledger: LedgerDep) -> list[ValidatorStanding]:
+async def validators(ctx: Ctx, ledger: LedgerDep) -> Response:
     """Every validator, active or revoked: verdicts given, how often they agreed with the majority, strikes."""
-    return await ledger.run(accountability.standings)
+    return await _shared(ctx, ("validators",), list[ValidatorStanding], lambda: ledger.run(accountability.standings))
 
 
 @router.get("/leaderboard", response_model=list[LeaderboardRow])
-async def ranking(ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> list[LeaderboardRow]:
+async def ranking(ctx: Ctx, ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> Response:
     """Nodes ranked by final credit, then pending credit."""
-    return await ledger.run(leaderboard.ranking, ledger.now(), limit)
+    return await _shared(
+        ctx, ("leaderboard", limit), list[LeaderboardRow], lambda: ledger.run(leaderboard.ranking, ledger.now(), limit)
+    )
 
 
 @router.get("/network", response_model=NetworkStatus)
