@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.island_schemas import OuterSettings
@@ -13,7 +13,7 @@ from intellect_protocol.shared.money import TokenAmount
 from intellect_protocol.shared.prompting import Prompting
 from intellect_protocol.shared.schemas import DEFAULT_MODEL, INT32_MAX, Finite, SamplingParams
 from intellect_protocol.shared.states import RunStatus
-from intellect_protocol.shared.tolerances import Calibration, Tolerance
+from intellect_protocol.shared.tolerances import Calibration, Tolerance, widening
 
 RunName = Annotated[str, Field(min_length=1, max_length=128)]
 PromptsPerTask = Annotated[int, Field(ge=1, le=1024)]
@@ -72,6 +72,14 @@ class RunInfo(BaseModel):
     tolerances: dict[str, Tolerance] | None = None
     """How far honest work may be from a validator's recomputation, by the numerics the run admits, as
     calibrated on the run's model; None: uncalibrated (the shipped model's bounds, any numerics)."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tolerances_widened_by(self) -> float:
+        """How far the widest of :attr:`tolerances` exceeds the shipped model's bounds, as a factor (1.0: none);
+        past :data:`shared.tolerances.OPERATOR_CEILING` only an admin-scope token could set it."""
+        return round(widening(self.tolerances), 2)
+
     dispute_window_s: float | None
     """None: the coordinator's default."""
     min_stake: TokenAmount = 0

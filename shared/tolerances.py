@@ -90,6 +90,27 @@ Calibration = Annotated[dict[NumericsName, Tolerance], Field(min_length=1, max_l
 """A run's tolerances by the numerics it admits (a calibrated run admits only these), none below the floor."""
 
 
+OPERATOR_CEILING = 4.0
+"""How far an operate-scope admin token may widen a run's bounds, as a factor of the floor (the widest
+calibration measured on a real family so far: 2.2x, a bf16 flip scale). Wider needs the admin scope, is
+written to the audit log, and the run's public config and page say by how much (:func:`widening`):
+at 10x the floor a +0.019-nat shift of every logprob reached training."""
+
+
+def widening(calibration: dict[str, Tolerance] | None) -> float:
+    """The most any bound of ``calibration`` exceeds the floor of its dtype, as a factor (1.0 uncalibrated;
+    a count floored at 0 counts from 1)."""
+    if not calibration:
+        return 1.0
+    factors: list[float] = [
+        getattr(tolerance, name) / max(getattr(floor, name), 1 if name == "outliers" else 0)
+        for numerics, tolerance in calibration.items()
+        for floor in [TOLERANCES[numerics.partition("/")[2]]]
+        for name in type(tolerance).model_fields
+    ]
+    return max(1.0, *factors)
+
+
 def tolerance_for(numerics: str, dtype: str, calibration: dict[str, Tolerance] | None) -> Tolerance | None:
     """The bound a file computed in ``numerics`` (of ``dtype``) is judged by: the run's calibrated one, the floor
     for an uncalibrated run, or None when the run was calibrated without these numerics."""

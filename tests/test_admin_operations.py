@@ -189,6 +189,21 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
         assert public["tolerances"] == recalibrated["tolerances"]
         recalibrated_task = lease(served, joined(served)).json()
         assert recalibrated_task["tolerances"] == recalibrated["tolerances"] and new_task["tolerances"] is None
+        assert public["tolerances_widened_by"] == round(0.1 / 0.06, 2)
+
+        # Every bound at the schema's maximum, where every forgery fits: an operate token cannot set it, an
+        # admin token can, and then the audit log and the public config say by how much.
+        widest = {"tolerances": {"vllm/bfloat16": {**floor, "max_gap": 1e3, "logprob_bias": 1e3, "flip_scale": 1e3}}}
+        before = served.snapshot()
+        refused = httpx.patch(f"{runs}/{run['id']}", json=widest, headers=ops)
+        assert refused.status_code == 403 and "only an admin-scope token" in refused.json()["message"], refused.text
+        assert served.snapshot() == before
+        root = {"authorization": f"Bearer {admin_token(served, 'admin')}"}
+        assert httpx.patch(f"{runs}/{run['id']}", json=widest, headers=root).status_code == 200
+        widened_by = httpx.get(f"{served.url}/v1/public/runs/{run['id']}").json()["tolerances_widened_by"]
+        assert widened_by == round(1e3 / 0.0015, 2)
+        [entry] = [e for e in audit(served, root["authorization"][7:]) if e["token_name"] == "test-admin"]
+        assert entry["action"] == "runs.update" and entry["detail"]["tolerances_widened_by"] == widened_by
 
 
 def test_submissions_ledger_tokens_audit_and_leaderboard(sqlite_url: str, tmp_path: Path) -> None:

@@ -263,7 +263,8 @@ function settlementSection(overview) {
 }
 
 function showRun(net) {
-  document.getElementById("run-name").textContent = net.run ? `Run ${net.run.name} · ${net.run.environment} · ${net.run.model}` : "No active run";
+  const widened = net.run && net.run.tolerances_widened_by > 1 ? ` · tolerances widened to ${net.run.tolerances_widened_by}x the shipped model's bounds` : "";
+  document.getElementById("run-name").textContent = net.run ? `Run ${net.run.name} · ${net.run.environment} · ${net.run.model}${widened}` : "No active run";
 }
 
 async function showLeaderboard(view) {

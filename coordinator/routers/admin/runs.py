@@ -11,13 +11,14 @@ from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.deps import LedgerDep, Settings
 from intellect_protocol.coordinator.errors import ApiError
-from intellect_protocol.coordinator.models import Run
+from intellect_protocol.coordinator.models import AdminToken, Run
 from intellect_protocol.coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
-from intellect_protocol.coordinator.services import runs
+from intellect_protocol.coordinator.services import admin_tokens, runs
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.run_schemas import EvaluationRequest, RunCreate, RunInfo, RunSettings, RunSpec
 from intellect_protocol.shared.schemas import INT32_MAX, ErrorBody, ErrorCode, SamplingParams
 from intellect_protocol.shared.states import RunStatus, TaskStatus
+from intellect_protocol.shared.tolerances import OPERATOR_CEILING, widening
 
 router = admin_router("runs and tasks")
 
@@ -38,6 +39,18 @@ class TaskOut(BaseModel):
 
 def _info(run: Run) -> RunInfo:
     return RunInfo.model_validate(run, from_attributes=True)
+
+
+def _widening_allowed(body: RunSettings, token: AdminToken) -> dict[str, float]:
+    """The audit detail of tolerances wider than the floor; 403 where they pass what ``token``'s scope may set."""
+    widened = widening(body.tolerances)
+    if widened > OPERATOR_CEILING and not admin_tokens.has_scope(token, "admin"):
+        raise ApiError(
+            ErrorCode.admin_forbidden,
+            f"These tolerances are {widened:.1f}x the shipped model's bounds: past {OPERATOR_CEILING:g}x only an "
+            "admin-scope token may set them (forgeries that fit inside them earn credit and reach training).",
+        )
+    return {"tolerances_widened_by": round(widened, 2)} if body.tolerances is not None else {}
 
 
 def _stake_needs_a_chain(body: RunSettings, settings: Settings) -> None:
@@ -71,15 +84,18 @@ async def list_runs(ledger: LedgerDep) -> list[RunInfo]:
 
 @router.post("/runs", response_model=RunInfo, status_code=201, responses={409: {"model": ErrorBody}, 422: {"model": ErrorBody}})
 async def create_run(body: RunCreate, ledger: LedgerDep, token: OperateToken, settings: Settings) -> RunInfo:
-    """Create an active run; nodes start leasing its tasks at once."""
+    """Create an active run; nodes start leasing its tasks at once. Tolerances past 4x the shipped model's
+    bounds need an admin-scope token."""
     _stake_needs_a_chain(body, settings)
+    widened = _widening_allowed(body, token)
 
     def work(session: Session) -> RunInfo:
         run = runs.create_run(session, RunSpec.of(body), ledger.now())
         session.flush()
         return _info(run)
 
-    return await audited(ledger, token, "runs.create", body.name, work, settings=body.model_dump(exclude_unset=True, mode="json"))
+    settings_given = body.model_dump(exclude_unset=True, mode="json")
+    return await audited(ledger, token, "runs.create", body.name, work, settings=settings_given, **widened)
 
 
 @router.get("/runs/{run_id}", response_model=RunInfo, dependencies=[Reader], responses=NOT_FOUND)
@@ -89,13 +105,16 @@ async def get_run(run_id: str, ledger: LedgerDep) -> RunInfo:
 
 @router.patch("/runs/{run_id}", response_model=RunInfo, responses=NOT_FOUND)
 async def update_run(run_id: str, body: RunSettings, ledger: LedgerDep, token: OperateToken, settings: Settings) -> RunInfo:
-    """Change a run's settings; tasks already handed out keep the settings they were made with."""
+    """Change a run's settings; tasks already handed out keep the settings they were made with. Tolerances past
+    4x the shipped model's bounds need an admin-scope token."""
     _stake_needs_a_chain(body, settings)
+    widened = _widening_allowed(body, token)
 
     def work(session: Session) -> RunInfo:
         return _info(runs.update_run(session, run_id, _changes(body, runs.get_run(session, run_id))))
 
-    return await audited(ledger, token, "runs.update", run_id, work, changes=body.model_dump(exclude_unset=True, mode="json"))
+    changes = body.model_dump(exclude_unset=True, mode="json")
+    return await audited(ledger, token, "runs.update", run_id, work, changes=changes, **widened)
 
 
 @router.post("/runs/{run_id}/pause", response_model=RunInfo, responses=CONFLICT)
