@@ -251,11 +251,15 @@ def run_create(
         int, typer.Option(help="Trainer islands: inner GRPO steps between outer steps (DiLoCo's H).")
     ] = OuterSettings().sync_every,
     outer_lr: Annotated[
-        float, typer.Option(help="Trainer islands: the outer Nesterov SGD's learning rate.")
-    ] = OuterSettings().outer_lr,
+        float | None,
+        typer.Option(
+            help="Trainer islands: the outer Nesterov SGD's learning rate; default 1.0 (plain averaging) below H = 50, 0.7 from there."
+        ),
+    ] = None,
     outer_momentum: Annotated[
-        float, typer.Option(help="Trainer islands: the outer Nesterov SGD's momentum.")
-    ] = OuterSettings().outer_momentum,
+        float | None,
+        typer.Option(help="Trainer islands: the outer Nesterov SGD's momentum; default 0 below H = 50, 0.9 from there."),
+    ] = None,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an active run that nodes can lease tasks of."""

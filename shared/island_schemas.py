@@ -12,9 +12,9 @@ whatever it learned from them died with it. Claims of an island silent for the l
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from intellect_protocol.shared.schemas import INT32_MAX, Address, Request
 
@@ -26,6 +26,12 @@ MAX_SHARE = 10_000
 """Claims one island may report for one outer step."""
 
 
+DILOCO_H = 50
+"""From this many inner steps between outer steps, the outer optimizer defaults to DiLoCo's (tuned for
+hundreds): fewer, and it defaults to plain averaging. With one inner step an outer step and Nesterov
+momentum 0.9 at lr 0.7, two honest islands fell from 0.67 to 0.405 held-out accuracy in 20 steps."""
+
+
 class OuterSettings(BaseModel):
     """How islands meet (a run setting): DiLoCo's outer step, every ``sync_every`` inner GRPO steps."""
 
@@ -33,10 +39,25 @@ class OuterSettings(BaseModel):
 
     sync_every: int = Field(4, ge=1, le=10_000)
     """H: inner policy updates (each on ``groups_per_step`` groups) an island takes between outer steps."""
-    outer_lr: float = Field(0.7, gt=0, le=10)
-    """The outer Nesterov SGD's learning rate on the averaged pseudo-gradient (DiLoCo: 0.7)."""
-    outer_momentum: float = Field(0.9, ge=0, lt=1)
-    """The outer Nesterov SGD's momentum (DiLoCo: 0.9)."""
+    outer_lr: float = Field(None, gt=0, le=10)  # type: ignore[assignment]
+    """The outer Nesterov SGD's learning rate on the averaged pseudo-gradient; by default 1.0 (plain
+    averaging) below :data:`DILOCO_H` inner steps, DiLoCo's 0.7 from there."""
+    outer_momentum: float = Field(None, ge=0, lt=1)  # type: ignore[assignment]
+    """The outer Nesterov SGD's momentum; by default 0 below :data:`DILOCO_H` inner steps, DiLoCo's 0.9 from there."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_for_h(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            h = data.get("sync_every", 4)  # unchecked yet: anything but a whole number is refused after this
+            diloco = isinstance(h, int) and h >= DILOCO_H
+            data = {**data}
+            if data.get("outer_lr") is None:
+                data["outer_lr"] = 0.7 if diloco else 1.0
+            if data.get("outer_momentum") is None:
+                data["outer_momentum"] = 0.9 if diloco else 0.0
+        return data
+
     outlier_ratio: float = Field(10.0, gt=1, le=1e6)
     """An island whose pseudo-gradient norm exceeds this times the median of its peers' is left out of the step."""
 

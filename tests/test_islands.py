@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from intellect_protocol.trainer.islands import TAG_BYTES, judge
+from intellect_protocol.shared.island_schemas import OuterSettings
+from intellect_protocol.trainer.islands import TAG_BYTES, judge, outer_optimizer
 from tests.island_worker import SETTINGS, initial_model
 
 WORKER = Path(__file__).with_name("island_worker.py")
@@ -58,7 +59,7 @@ def replay(pseudo_by_step: list[list[torch.Tensor]], initial: list[torch.Tensor]
     sums them, averaged, and applied by Nesterov SGD to the fp32 agreed weights (``initial``, by default
     the initial model's)."""
     agreed = [p.detach().clone() for p in (initial or list(initial_model().parameters()))]
-    outer = torch.optim.SGD(agreed, lr=SETTINGS.outer_lr, momentum=SETTINGS.outer_momentum, nesterov=True)
+    outer = outer_optimizer(agreed, SETTINGS)
     for sent in pseudo_by_step:
         average = (sum(sent[1:], sent[0])).float() / len(sent)
         offset = 0
@@ -82,6 +83,23 @@ def test_judging_leaves_out_what_is_not_finite_or_far_beyond_its_peers() -> None
     assert included == [0] and "150x" in excluded[1]
     assert judge([0.0, 2.0], 10) == ([1], {})  # an island with nothing to add is neither averaged nor blamed
     assert judge([3.0], 10) == ([0], {})  # alone, nothing to compare with
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, (4, 1.0, 0.0)),  # few inner steps: plain averaging (momentum at H = 1 overshot and lost 26 points)
+        ({"sync_every": 1}, (1, 1.0, 0.0)),
+        ({"sync_every": 49}, (49, 1.0, 0.0)),
+        ({"sync_every": 50}, (50, 0.7, 0.9)),  # DiLoCo's outer optimizer, for the H it was tuned for
+        ({"sync_every": 500, "outer_momentum": 0.5}, (500, 0.7, 0.5)),
+        ({"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9}, (1, 0.7, 0.9)),  # a run may still ask for it
+    ],
+)
+def test_the_outer_optimizer_defaults_to_what_learns_at_the_runs_h(given: dict[str, float], expected: tuple[float, ...]) -> None:
+    outer = OuterSettings.model_validate(given)
+    assert (outer.sync_every, outer.outer_lr, outer.outer_momentum) == expected
 
 
 @pytest.mark.integration

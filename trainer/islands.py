@@ -68,6 +68,12 @@ def judge(norms: list[float], ratio: float) -> tuple[list[int], dict[int, str]]:
     return included, excluded
 
 
+def outer_optimizer(agreed: list[torch.Tensor], settings: OuterSettings) -> torch.optim.SGD:
+    """DiLoCo's outer Nesterov SGD on the agreed weights; without momentum, plain SGD (at lr 1: averaging)."""
+    momentum = settings.outer_momentum
+    return torch.optim.SGD(agreed, lr=settings.outer_lr, momentum=momentum, nesterov=momentum > 0)
+
+
 class OuterSync:
     """The outer half of DiLoCo for one island: call :meth:`sync` every ``sync_every`` inner steps."""
 
@@ -92,7 +98,7 @@ class OuterSync:
         self.model, self.island, self.settings = model, island, settings
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.agreed = [p.detach().to(torch.float32, copy=True) for p in self.params]
-        self.outer = torch.optim.SGD(self.agreed, lr=settings.outer_lr, momentum=settings.outer_momentum, nesterov=True)
+        self.outer = outer_optimizer(self.agreed, settings)
         self.committed: list[OuterStep] = []
         """The last two committed steps: the publisher settles both, the earlier again in case its own
         publisher died before it could."""
