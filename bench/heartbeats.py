@@ -188,6 +188,22 @@ def upload_heads(accounts: list, audience: str, host: str, body: bytes, count: i
     return heads
 
 
+def beside(
+    load: list[threading.Thread], stop: threading.Event, label: str, beats: list[bytes], host: str, args: argparse.Namespace
+) -> dict:
+    """Heartbeat latency at ``--rate`` while ``load`` runs (started here, stopped through ``stop`` after)."""
+    hostname, port = host.split(":")
+    for thread in load:
+        thread.start()
+    time.sleep(1.0)  # the load is flowing
+    try:
+        return summarize(label, *asyncio.run(open_loop(hostname, int(port), beats, args.rate, args.connections)))
+    finally:
+        stop.set()
+        for thread in load:
+            thread.join(60)
+
+
 def under_uploads(source: Path | None, workdir: Path, args: argparse.Namespace) -> dict:
     """Heartbeat latency at ``--rate`` while ``--uploads`` clients send 64 MiB uploads."""
     with coordinator_of(workdir, source) as coordinator:
@@ -201,18 +217,7 @@ def under_uploads(source: Path | None, workdir: Path, args: argparse.Namespace) 
             Uploader(hostname, int(port), upload_heads(accounts, audience, host, body, 200), body, stop)
             for _ in range(args.uploads)
         ]
-        for u in uploaders:
-            u.start()
-        time.sleep(1.0)  # the uploads are flowing
-        try:
-            row = summarize(
-                f"signed heartbeat, {args.uploads} uploading",
-                *asyncio.run(open_loop(hostname, int(port), beats, args.rate, args.connections)),
-            )
-        finally:
-            stop.set()
-            for u in uploaders:
-                u.join(60)
+        row = beside(uploaders, stop, f"signed heartbeat, {args.uploads} uploading", beats, host, args)
         row["uploads"] = sum(u.done for u in uploaders)
         print(f"{'':<34} {row['uploads']} uploads of 64 MiB answered meanwhile")
         return row
@@ -270,18 +275,7 @@ def under_readers(source: Path | None, workdir: Path, args: argparse.Namespace) 
         urls.append("/v1/public/validators")
         stop = threading.Event()
         readers = [Reader(coordinator.url, urls, f"127.0.0.{2 + i}", stop) for i in range(args.readers)]
-        for r in readers:
-            r.start()
-        time.sleep(1.0)  # the readers are flowing
-        try:
-            flooded = summarize(
-                f"signed heartbeat, {args.readers} reading",
-                *asyncio.run(open_loop(hostname, int(port), beats[count : 2 * count], args.rate, args.connections)),
-            )
-        finally:
-            stop.set()
-            for r in readers:
-                r.join(60)
+        flooded = beside(readers, stop, f"signed heartbeat, {args.readers} reading", beats[count : 2 * count], host, args)
         reads, megabytes = sum(r.done for r in readers), sum(r.bytes for r in readers) / 1e6
         print(f"{'':<34} {reads} public reads answered meanwhile ({megabytes:.1f} MB), at the default per-client limits")
         return alone, flooded
