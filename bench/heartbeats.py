@@ -49,6 +49,7 @@ from _worktree import worktree  # noqa: E402
 from intellect_protocol.devnet.processes import Process, migrate, start_coordinator  # noqa: E402
 from intellect_protocol.shared.signing import (  # noqa: E402
     HEADER_ADDRESS,
+    HEADER_BODY_SHA256,
     HEADER_NONCE,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
@@ -176,6 +177,7 @@ def upload_heads(accounts: list, audience: str, host: str, body: bytes, count: i
             HEADER_TIMESTAMP: str(timestamp),
             HEADER_NONCE: nonce,
             HEADER_SIGNATURE: sign_text(account, text),
+            HEADER_BODY_SHA256: digest,
             PROTOCOL_HEADER: str(PROTOCOL_VERSION),
         }
         lines = [

@@ -117,14 +117,22 @@ async def signed_upload(
     """A signed request whose (large, binary) body is staged to a file as it arrives and hashed
     once; the staged file is removed after the response unless the handler stored it.
 
-    Nothing is staged for an upload its headers already condemn (:func:`submissions.admit_upload`),
-    and each address stages at most ``max_leases_per_node`` new files at once (and one retry of a
-    submitted one): its own share, so one sender's flood never makes an honest node's upload wait,
-    and a stranger replaying a node's public task ids can hold up only that node's retries."""
+    The signature is checked from the headers, over the body's hash they declare, before a byte of the
+    body is read; the staged body must then have that hash. Nothing is staged for an upload its headers
+    already condemn (:func:`submissions.admit_upload`), and each signer stages at most
+    ``max_leases_per_node`` new files at once (and one retry of a submitted one): its own share, which
+    nobody else's bodies can fill, so a stranger knowing a node's task ids cannot hold up its uploads."""
     claimed = _signature_headers(request, settings)
-    retry = await ledger.run(submissions.admit_upload, claimed[0], claimed[2], request.query_params.get("task", ""), ledger.now())
+    declared = request.headers.get(signing.HEADER_BODY_SHA256, "")
+    if not signing.SHA256_PATTERN.fullmatch(declared):
+        raise ApiError(
+            ErrorCode.signature_missing, f"An upload names its body's sha256 in {signing.HEADER_BODY_SHA256} (64 hex digits)."
+        )
+    signed = await _verify(request, claimed, declared)
+    task_id = request.query_params.get("task", "")
+    retry = await ledger.run(submissions.admit_upload, signed.address, signed.nonce, task_id, ledger.now())
     staging = context(request).staging
-    who = f"{claimed[0].lower()}:{'retry' if retry else 'new'}"
+    who = f"{signed.address.lower()}:{'retry' if retry else 'new'}"
     if staging[who] >= (1 if retry else settings.max_leases_per_node):
         raise ApiError(
             ErrorCode.rate_limited,
@@ -135,7 +143,9 @@ async def signed_upload(
     try:
         staged = await stage(request, context(request).blobs.staging)
         try:
-            yield await _verify(request, claimed, staged.sha256), staged
+            if staged.sha256 != declared:
+                raise ApiError(ErrorCode.signature_invalid, "The body is not the one whose sha256 the request signed.")
+            yield signed, staged
         finally:
             await asyncio.to_thread(staged.discard)  # freeing a large file's blocks takes milliseconds
     finally:

@@ -5,6 +5,7 @@ TOML key and constructor keyword it had as a flat setting (``INTELLECT_VALIDATOR
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,21 +210,21 @@ GROUPS: dict[str, type[Group]] = {
 }
 """Each group's field name on :class:`CoordinatorSettings`, and its model."""
 
-FLAT: dict[str, str] = {
-    (field.validation_alias if isinstance(field.validation_alias, str) else name): group
+FLAT: dict[str, tuple[str, str]] = {
+    (field.validation_alias if isinstance(field.validation_alias, str) else name): (group, name)
     for group, model in GROUPS.items()
     for name, field in model.model_fields.items()
 }
-"""Every grouped setting's flat name (its environment variable less ``INTELLECT_``), and its group."""
+"""Every grouped setting's flat name (its environment variable less ``INTELLECT_``): its group and its name there."""
 
 
-def nest(values: dict[str, Any]) -> dict[str, Any]:
+def nest(values: Mapping[str, Any]) -> dict[str, Any]:
     """Flat settings (a TOML file's keys, constructor keywords) with the grouped ones moved into their groups."""
     nested: dict[str, Any] = {}
     for key, value in values.items():
-        group = FLAT.get(key)
-        if group is None:
-            nested[key] = value
+        if key in FLAT:
+            group, name = FLAT[key]
+            nested.setdefault(group, {})[name] = value
         else:
-            nested.setdefault(group, {})[key] = value
+            nested[key] = value
     return nested

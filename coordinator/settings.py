@@ -5,6 +5,7 @@ under the same variable names."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +16,7 @@ from sqlalchemy import make_url
 
 from intellect_protocol.coordinator.setting_groups import (
     FLAT,
+    GROUPS,
     AdmissionSettings,
     ChainSettings,
     CommitteeSettings,
@@ -166,6 +168,15 @@ class CoordinatorSettings(RoleSettings):
 
     min_node_version: str = "0.1.dev0"
     """Oldest node client version allowed to register and heartbeat."""
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> CoordinatorSettings:
+        """A copy with ``update`` applied, grouped settings named by their flat names too, as the
+        constructor takes them (unvalidated, as pydantic's own copy)."""
+        nested = nest(update or {})
+        for group in GROUPS:
+            if group in nested and isinstance(nested[group], dict):
+                nested[group] = getattr(self, group).model_copy(update=nested[group])
+        return super().model_copy(update=nested, deep=deep)
 
     @model_validator(mode="after")
     def _s3_needs_a_bucket(self) -> CoordinatorSettings:

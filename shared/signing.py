@@ -11,8 +11,10 @@ The canonical string binds everything a replayer or tamperer could change::
     nonce (hex, 16 to 64 characters)
     audience (the coordinator deployment's id)
 
-It is sent as four headers, with a fifth naming the sender's protocol version
-(:data:`shared.version.PROTOCOL_VERSION`), which the server checks first. :class:`SignedAuth` signs every request an ``httpx`` client
+It is sent as four headers, with two more: the sender's protocol version
+(:data:`shared.version.PROTOCOL_VERSION`), which the server checks first, and the sha256 of the body
+the signature covers, so that a server can check the signature of a large upload from its headers,
+before it reads a byte of the body (and then that the body is the one declared). :class:`SignedAuth` signs every request an ``httpx`` client
 makes; :func:`recover_signer` is what a server calls to learn who signed. Checking the
 timestamp window, the nonce's freshness and the body's address is the server's job.
 """
@@ -41,7 +43,9 @@ HEADER_ADDRESS = "x-intellect-address"
 HEADER_TIMESTAMP = "x-intellect-timestamp"
 HEADER_NONCE = "x-intellect-nonce"
 HEADER_SIGNATURE = "x-intellect-signature"
+HEADER_BODY_SHA256 = "x-intellect-body-sha256"
 NONCE_PATTERN = re.compile(r"[0-9a-f]{16,64}")
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 SIGNATURE_PATTERN = re.compile(r"0x[0-9a-fA-F]{130}")
 
 
@@ -66,11 +70,13 @@ def sign_request(
     timestamp: int | None = None,
     nonce: str | None = None,
 ) -> dict[str, str]:
-    """The four signature headers for one request, and the protocol version's."""
+    """The four signature headers for one request, the protocol version's and the body's hash."""
     timestamp = int(time.time()) if timestamp is None else timestamp
     nonce = secrets.token_hex(16) if nonce is None else nonce
-    message = canonical_request(method, path, query, hashlib.sha256(body).hexdigest(), timestamp, nonce, audience)
+    body_sha256 = hashlib.sha256(body).hexdigest()
+    message = canonical_request(method, path, query, body_sha256, timestamp, nonce, audience)
     return {
+        HEADER_BODY_SHA256: body_sha256,
         HEADER_ADDRESS: account.address,
         HEADER_TIMESTAMP: str(timestamp),
         HEADER_NONCE: nonce,

@@ -64,3 +64,16 @@ def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INTELLECT_HEARTBEAT_INTERVAL_S", "-1")
     with pytest.raises(ValueError):
         CoordinatorSettings()
+
+
+def test_a_copy_takes_grouped_settings_by_their_flat_names_and_leaves_the_original_alone() -> None:
+    original = CoordinatorSettings()
+    update = {"validator_max_strikes": 1, "chain_from_block": 7, "epoch_s": 5.0, "heartbeat_interval_s": 2.0}
+    copy = original.model_copy(update=update)
+    assert (copy.committee.validator_max_strikes, copy.chain.from_block, copy.chain.epoch_s, copy.heartbeat_interval_s) == (
+        1,
+        7,
+        5.0,
+        2.0,
+    )
+    assert (original.committee.validator_max_strikes, original.chain.from_block, original.chain.epoch_s) == (3, 0, 3600.0)

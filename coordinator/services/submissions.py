@@ -48,11 +48,10 @@ class ExpectedFile:
 
 
 def admit_upload(session: Session, claimed: str, nonce: str, task_id: str, now: datetime) -> bool:
-    """Refuse, from its headers alone, an upload that could never be recorded, before a byte of its
-    body is staged: the claimed signer must be a registered node that is not banned and hold a live
-    lease on ``task_id`` (or have submitted it: a retry, answered with the same receipt), and the
-    nonce must be new. True for a retry. (The signature covers the body's hash, so it is checked
-    once the body is in: a stranger who passes this knows a live lease's task id.)"""
+    """Refuse, from its headers alone (their signature checked already, over the body's declared hash),
+    an upload that could never be recorded, before a byte of its body is staged: the signer must be a
+    registered node that is not banned and hold a live lease on ``task_id`` (or have submitted it: a
+    retry, answered with the same receipt), and the nonce must be new. True for a retry."""
     try:
         node = session.get(Node, checksum_address(claimed))
     except ValueError:
