@@ -34,9 +34,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 from eth_account import Account
@@ -59,6 +60,8 @@ from intellect_protocol.shared.signing import (  # noqa: E402
     sign_text,
 )
 from intellect_protocol.shared.version import PROTOCOL_HEADER, PROTOCOL_VERSION, __version__  # noqa: E402
+
+T = TypeVar("T")
 
 
 def heartbeat_requests(accounts: list, audience: str, host: str, count: int) -> list[bytes]:
@@ -283,6 +286,19 @@ def under_readers(source: Path | None, workdir: Path, args: argparse.Namespace) 
         return alone, flooded
 
 
+def before_and_after(measure: Callable[[Path | None, Path, argparse.Namespace], T], args: argparse.Namespace) -> dict[str, T]:
+    """``measure`` on the code of ``--before`` (when given) and then on this tree, each on a fresh workdir."""
+    with tempfile.TemporaryDirectory() as tmp:
+        measured = {}
+        if args.before:
+            with worktree(args.before, Path(tmp) / "before-src") as tree:
+                print(f"before ({args.before}):")
+                measured["before"] = measure(tree, Path(tmp) / "before", args)
+        print("this tree:")
+        measured["after"] = measure(None, Path(tmp) / "after", args)
+    return measured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000, help="simulated nodes, each with its own key")
@@ -297,14 +313,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.readers:
-        with tempfile.TemporaryDirectory() as tmp:
-            measured = {}
-            if args.before:
-                with worktree(args.before, Path(tmp) / "before-src") as tree:
-                    print(f"before ({args.before}):")
-                    measured["before"] = under_readers(tree, Path(tmp) / "before", args)
-            print("this tree:")
-            measured["after"] = under_readers(None, Path(tmp) / "after", args)
+        measured = before_and_after(under_readers, args)
         for label, (alone, flooded) in measured.items():
             print(
                 f"{label}: heartbeat p99 {alone['p99_ms']:.1f} ms alone, {flooded['p99_ms']:.1f} ms under {args.readers} readers"
@@ -316,14 +325,7 @@ def main() -> None:
         return
 
     if args.uploads:
-        with tempfile.TemporaryDirectory() as tmp:
-            rows = {}
-            if args.before:
-                with worktree(args.before, Path(tmp) / "before-src") as tree:
-                    print(f"before ({args.before}):")
-                    rows["before"] = under_uploads(tree, Path(tmp) / "before", args)
-            print("this tree:")
-            rows["after"] = under_uploads(None, Path(tmp) / "after", args)
+        rows = before_and_after(under_uploads, args)
         if "before" in rows:
             b, a = rows["before"], rows["after"]
             print(f"\nheartbeat p99 under {args.uploads} uploaders: before {b['p99_ms']:.1f} ms, after {a['p99_ms']:.1f} ms")

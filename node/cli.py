@@ -368,8 +368,7 @@ def _check_coordinator(url: str, settings: NodeSettings, specs: NodeSpecs) -> li
     found = []
     if Version(__version__) < Version(status.min_node_version):
         found.append(f"this client ({__version__}) is older than the coordinator accepts ({status.min_node_version})")
-    mismatch = protocol_mismatch(PROTOCOL_VERSION, status.protocol_version)
-    if mismatch is not None:
+    if mismatch := protocol_mismatch(PROTOCOL_VERSION, status.protocol_version):
         found.append(mismatch.rstrip("."))
     skew = time.time() - status.server_time
     if abs(skew) > status.signature_window_s:

@@ -123,8 +123,7 @@ def join(
         status = client.public_status()
         if Version(__version__) < Version(status.min_node_version):
             raise version_error(status.min_node_version)
-        mismatch = protocol_mismatch(PROTOCOL_VERSION, status.protocol_version)
-        if mismatch is not None:
+        if mismatch := protocol_mismatch(PROTOCOL_VERSION, status.protocol_version):
             raise NodeError(mismatch, EXIT_VERSION)
         skew = time.time() - status.server_time
         if abs(skew) > status.signature_window_s:
