@@ -13,6 +13,7 @@ built with the node's own code (rewards, proofs, format) so only the forged part
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -33,7 +34,7 @@ def continue_seeded(
     tokens = list(prefix)
     while len(tokens) < params.max_tokens and not (params.stop_on_eos and tokens and tokens[-1] == eos):
         with torch.inference_mode():
-            logits = model(torch.tensor([prompt + tokens])).logits[:, -1].float()
+            logits = model(torch.tensor([prompt + tokens], device=next(model.parameters()).device)).logits[:, -1].float()
         token, _ = sample(logits, torch.tensor([seed]), torch.tensor([len(tokens)]), params.temperature, params.top_p)
         tokens.append(int(token))
     return tokens
@@ -71,13 +72,21 @@ def _near_ties(
 
 
 def cherry_pick(
-    generated: Generated, model: torch.nn.Module, eos: int, every: bool = False, tries: int = 8
+    generated: Generated,
+    model: torch.nn.Module,
+    eos: int,
+    every: bool = False,
+    tries: int = 8,
+    objective: Callable[[AssignedRow, list[int], Generated], float] | None = None,
 ) -> tuple[bytes, set[int]]:
-    """The file with near-ties taken towards the higher reward, and the rows that were changed."""
+    """The file with near-ties taken towards the higher reward, and the rows that were changed.
+    ``objective`` is what the forger steers towards instead of the reward (on a random model, whose
+    rewards are all 0, anything else it can prefer)."""
+    value = objective or _reward
     slack = TOLERANCES[generated.numerics.dtype].max_gap
     completions, changed = list(generated.completions), set()
     for index, (row, completion) in enumerate(zip(generated.rows, generated.completions)):
-        best_tokens, best_reward = completion.tokens, _reward(row, completion.tokens, generated)
+        best_tokens, best_reward = completion.tokens, value(row, completion.tokens, generated)
         start, attempts = 0, 0
         while attempts < tries:
             ties = [
@@ -87,7 +96,7 @@ def cherry_pick(
             for t, alt in ties:
                 attempts += 1
                 branch = continue_seeded(model, row.prompt_tokens, best_tokens[:t] + [alt], row.seed, generated, eos)
-                if (r := _reward(row, branch, generated)) > best_reward:
+                if (r := value(row, branch, generated)) > best_reward:
                     best_tokens, best_reward, start, improved = branch, r, t + 1, True
                     break
                 if attempts >= tries:

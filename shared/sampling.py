@@ -12,7 +12,7 @@ CPU and GPU produce the same bits::
     x = seed * 0x9E3779B97F4A7C15 + position * 0xD1B54A32D192ED03 + token * 0x8CB92BA72F3D8DD7   (mod 2^64)
     x = splitmix64_finalizer(x)
     u = (top 23 bits of x + 0.5) / 2^23              # in (0, 1), exact in float32
-    g = -log(-log(u))
+    g = float32(-log(-log(u)))                         # computed in float64
 
 23 bits, not 24: ``(2^24 - 1) + 0.5`` rounds to ``2^24`` in float32, so one value in 2^24 gave
 ``u = 1`` and infinite noise, and that token won whatever the model said of it (at a 151,936-token
@@ -56,9 +56,13 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
 
 
 def gumbel_of(bits: torch.Tensor) -> torch.Tensor:
-    """Gumbel noise (float32, always finite) from 23 uniform random ``bits`` (int64 in ``[0, 2^23)``)."""
-    u = (bits.to(torch.float32) + 0.5) / float(1 << 23)
-    return -torch.log(-torch.log(u))
+    """Gumbel noise (float32, always finite) from 23 uniform random ``bits`` (int64 in ``[0, 2^23)``).
+
+    Computed in float64, then rounded to float32: float32 logarithms are not correctly rounded, and a GPU's
+    differ from a CPU's in the last bit (measured on an H200 by ``bench/gpu.py``), while float64 ones agree to
+    far below float32's last bit, so every device rounds to the same noise."""
+    u = (bits.to(torch.float64) + 0.5) / float(1 << 23)
+    return (-torch.log(-torch.log(u))).to(torch.float32)
 
 
 def nucleus_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -80,14 +84,15 @@ def sampling_scores(
     if temperature == 0:
         return logits
     scaled = logits / temperature
-    scores = scaled + gumbel_noise(seeds, positions, logits.shape[-1])
+    # The noise is made where the logits are (a GPU's are never copied to the host for it).
+    scores = scaled + gumbel_noise(seeds.to(logits.device), positions.to(logits.device), logits.shape[-1])
     return scores.masked_fill(~nucleus_mask(scaled, top_p), float("-inf"))
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     """``log_softmax(logits / T)`` at ``tokens`` (T = 0 counts as 1)."""
     scaled = logits.float() / (temperature or 1.0)
-    return scaled.log_softmax(dim=-1).gather(-1, tokens[:, None])[:, 0]
+    return scaled.log_softmax(dim=-1).gather(-1, tokens.to(logits.device)[:, None])[:, 0]
 
 
 def sample(
@@ -101,5 +106,6 @@ def sample(
 def replay(logits: torch.Tensor, seed: int, temperature: float, top_p: float = 1.0) -> torch.Tensor:
     """The tokens a sequence with ``seed`` must have drawn, given the logits ``[n, vocab]`` that chose them."""
     n = logits.shape[0]
-    positions = torch.arange(n, dtype=torch.int64)
-    return sampling_scores(logits, torch.full((n,), seed, dtype=torch.int64), positions, temperature, top_p).argmax(dim=-1)
+    positions = torch.arange(n, dtype=torch.int64, device=logits.device)
+    seeds = torch.full((n,), seed, dtype=torch.int64, device=logits.device)
+    return sampling_scores(logits, seeds, positions, temperature, top_p).argmax(dim=-1)

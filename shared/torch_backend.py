@@ -67,18 +67,21 @@ class TorchBackend:
             next_position = positions[:, -1] + 1
             for step in range(params.max_tokens):
                 chosen, chosen_logprobs = sample(logits, seed_t, torch.full_like(seed_t, step), params.temperature, params.top_p)
+                # One copy to the host a step, not one a row: on a GPU each is a wait for the device.
+                step_tokens, step_logprobs = chosen.tolist(), chosen_logprobs.tolist()
                 for row in range(batch):
                     if finish[row] is None:
-                        token = int(chosen[row])
+                        token = step_tokens[row]
                         tokens[row].append(token)
-                        logprobs[row].append(float(chosen_logprobs[row]))
+                        logprobs[row].append(step_logprobs[row])
                         if params.stop_on_eos and token == self.eos:
                             finish[row] = "stop"
                         elif len(tokens[row]) == params.max_tokens:
                             finish[row] = "length"
                 if all(finish):
                     break
-                live = torch.tensor([f is None for f in finish], device=self.device)
+                live_rows = [f is None for f in finish]
+                live = torch.tensor(live_rows, device=self.device)
                 fed = torch.where(live, chosen, torch.full_like(chosen, self.pad))
                 mask = torch.cat([mask, live.long()[:, None]], dim=1)
                 captured.clear()
@@ -91,7 +94,7 @@ class TorchBackend:
                 ).logits[:, -1]
                 state = captured[-1][:, -1].to(torch.bfloat16).cpu()
                 for row in range(batch):
-                    if live[row]:
+                    if live_rows[row]:
                         hidden[row].append(state[row])
                 next_position = next_position + 1
 

@@ -202,9 +202,20 @@ def test_register_is_idempotent(coordinator, registered) -> None:
 @pytest.mark.parametrize(
     ("sent", "status", "code", "says"),
     [
-        (None, 426, "version_unsupported", "speaks protocol 1 and the coordinator protocol 2: upgrade the client"),
-        ("1", 426, "version_unsupported", "speaks protocol 1 and the coordinator protocol 2: upgrade the client"),
-        ("3", 426, "version_unsupported", "the coordinator must upgrade first"),
+        (
+            None,
+            426,
+            "version_unsupported",
+            f"speaks protocol 1 and the coordinator protocol {PROTOCOL_VERSION}: upgrade the client",
+        ),
+        (
+            "1",
+            426,
+            "version_unsupported",
+            f"speaks protocol 1 and the coordinator protocol {PROTOCOL_VERSION}: upgrade the client",
+        ),
+        (str(PROTOCOL_VERSION - 1), 426, "version_unsupported", "upgrade the client"),
+        (str(PROTOCOL_VERSION + 1), 426, "version_unsupported", "the coordinator must upgrade first"),
         ("two", 401, "signature_malformed", "must be a protocol number"),
     ],
 )
@@ -218,4 +229,4 @@ def test_another_protocol_is_refused_saying_which_side_must_upgrade(coordinator,
     response = httpx.post(coordinator.url + REGISTER, content=body, headers=headers)
     assert_refused(coordinator, response, status, code, before)
     assert says in response.json()["message"]
-    assert httpx.get(coordinator.url + "/v1/public/status").json()["protocol_version"] == PROTOCOL_VERSION == 2
+    assert httpx.get(coordinator.url + "/v1/public/status").json()["protocol_version"] == PROTOCOL_VERSION

@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from intellect_protocol.shared.coordinator_client import CoordinatorClient
 from intellect_protocol.shared.rollout_file import Rollout, read_rollouts
 from intellect_protocol.shared.schemas import AcceptedRollouts
+
+if TYPE_CHECKING:  # the learner reads batches without the client's signing stack
+    from intellect_protocol.shared.coordinator_client import CoordinatorClient
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from intellect_protocol.shared.cpu_ledger import spent
-from intellect_protocol.shared.inference import LOGITS_BLOCK_BYTES, Prefilled, logits_of, vocab_size
+from intellect_protocol.shared.inference import Prefilled, logits_block_bytes, logits_of, vocab_size
 from intellect_protocol.shared.rollout_file import Rollout
 from intellect_protocol.shared.sampling import nucleus_mask, sampling_scores, token_logprobs
 from intellect_protocol.shared.tolerances import Tolerance
@@ -74,6 +74,10 @@ class PositionScores:
     logprob: torch.Tensor
     """The claimed token's logprob under ``logits / T``."""
 
+    def on_host(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gap, runner_up, logprob) in host memory: a GPU's logits make them on the GPU."""
+        return self.gap.cpu(), self.runner_up.cpu(), self.logprob.cpu()
+
 
 def _position_scores(
     logits: torch.Tensor,
@@ -86,6 +90,7 @@ def _position_scores(
 ) -> PositionScores:
     """Scores of completion positions, one per row of their ``logits [n, vocab]`` (fp32), each drawn
     with its row's seed at its position in the row."""
+    tokens = tokens.to(logits.device)  # the claims are read on the host, the logits made where the model is
     scores = sampling_scores(logits, seeds, positions, temperature, top_p)
     scale = (logits.abs().amax(-1) / (temperature or 1.0)).clamp(min=1e-6)
     top2 = scores.topk(2, dim=-1).values
@@ -124,7 +129,7 @@ def row_scores(
         stop = first + len(logits)
         seeds, positions = torch.full((stop - first,), seed, dtype=torch.int64), torch.arange(first, stop)
         scored = _position_scores(logits, claimed[first:stop], seeds, positions, temperature, top_p, tolerance)
-        gap[first:stop], runner_up[first:stop], logprob[first:stop] = scored.gap, scored.runner_up, scored.logprob
+        gap[first:stop], runner_up[first:stop], logprob[first:stop] = scored.on_host()
         del logits, scored
     return PositionScores(gap, runner_up, logprob)
 
@@ -135,10 +140,11 @@ def rows_scores(
     temperature: float,
     top_p: float,
     tolerance: Tolerance,
-    max_bytes: int = LOGITS_BLOCK_BYTES,
+    max_bytes: int | None = None,
 ) -> list[PositionScores]:
     """:func:`row_scores` of many prefilled rows at once: their positions are packed into shared blocks of
-    at most ``max_bytes`` of logits, so each block's operations run once for all of them."""
+    at most ``max_bytes`` of logits (by default :func:`logits_block_bytes` of their device), so each block's
+    operations run once for all of them."""
     if not rows:
         return []
     lengths = [len(r.completion_tokens) for r, _ in rows]
@@ -146,7 +152,7 @@ def rows_scores(
     seeds = torch.cat([torch.full((n,), r.seed, dtype=torch.int64) for (r, _), n in zip(rows, lengths)])
     positions = torch.cat([torch.arange(n) for n in lengths])
     model = rows[0][1].model
-    step = max(1, max_bytes // (4 * vocab_size(model)))
+    step = max(1, (max_bytes or logits_block_bytes(rows[0][1].states.device)) // (4 * vocab_size(model)))
     gap, runner_up, logprob = (torch.empty(len(claimed)) for _ in range(3))
     first = 0
     for states in _blocks([p.states for _, p in rows], step):
@@ -156,7 +162,7 @@ def rows_scores(
         scored = _position_scores(
             logits, claimed[first:stop], seeds[first:stop], positions[first:stop], temperature, top_p, tolerance
         )
-        gap[first:stop], runner_up[first:stop], logprob[first:stop] = scored.gap, scored.runner_up, scored.logprob
+        gap[first:stop], runner_up[first:stop], logprob[first:stop] = scored.on_host()
         del logits, scored
         first = stop
     return [PositionScores(*parts) for parts in zip(*(t.split(lengths) for t in (gap, runner_up, logprob)))]
