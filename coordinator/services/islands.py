@@ -8,10 +8,11 @@ join as it, release its claims or report for it.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import and_, delete, false, func, or_, select, update
+from sqlalchemy import Select, and_, delete, false, func, or_, select, update
 from sqlalchemy.engine import CursorResult, Result
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
@@ -54,10 +55,12 @@ def join(session: Session, signer: str, body: IslandJoin, now: datetime) -> int:
 def claim(session: Session, signer: str, body: IslandClaim, now: datetime, lease_s: float) -> list[AcceptedRollouts]:
     """Up to ``limit`` accepted submissions no island holds, oldest first, now held by the caller, after
     those it holds unreported already (so a claim whose answer was lost is not lost with it: the island
-    skips what it has); nothing new while it holds :data:`MAX_SHARE`, the most it may report for a step.
-    Claims of islands silent for ``lease_s`` are released first."""
+    skips what it has). Nothing new while the caller's trainer address, over all its islands, holds its
+    fair share (:func:`fair_share`): one that keeps claiming cannot starve the others. Claims of islands
+    silent for ``lease_s`` are released first."""
     run, island = _island(session, signer, body, now)
-    silent = select(Island.name).where(Island.run_id == run.id, Island.last_seen < now - timedelta(seconds=lease_s))
+    live_since = now - timedelta(seconds=lease_s)
+    silent = select(Island.name).where(Island.run_id == run.id, Island.last_seen < live_since)
     session.execute(
         delete(IslandShare).where(
             IslandShare.run_id == run.id, IslandShare.state == ShareState.claimed, IslandShare.island.in_(silent)
@@ -66,7 +69,13 @@ def claim(session: Session, signer: str, body: IslandClaim, now: datetime, lease
     mine = select(IslandShare.cursor).where(*_claimed_by(island))
     already = training.accepted(session, run.id, 0, MAX_SHARE, including=mine)
     held = select(IslandShare.cursor).where(IslandShare.run_id == run.id)
-    room = max(0, MAX_SHARE - len(already))  # an island cannot hoard the pool
+    names = select(Island.name).where(Island.run_id == run.id, Island.address == island.address)
+    by_address = session.scalar(
+        select(func.count())
+        .select_from(IslandShare)
+        .where(IslandShare.run_id == run.id, IslandShare.state == ShareState.claimed, IslandShare.island.in_(names))
+    )
+    room = max(0, fair_share(session, run.id, live_since, held) - (by_address or 0))
     entries = training.accepted(session, run.id, 0, min(body.limit, room), excluding=held) if room else []
     for e in entries:
         session.add(IslandShare(run_id=run.id, cursor=e.cursor, island=island.name, state=ShareState.claimed, claimed_at=now))
@@ -74,6 +83,22 @@ def claim(session: Session, signer: str, body: IslandClaim, now: datetime, lease
         # Backpressure (:mod:`coordinator.services.admission`) reads what lies after this as unread.
         run.trainer_cursor = max(run.trainer_cursor, entries[-1].cursor)
     return already + entries
+
+
+def fair_share(session: Session, run_id: str, live_since: datetime, held: Select[int]) -> int:
+    """The most claims one trainer address may hold: an equal part of the pool (what islands hold claimed and
+    what they may claim) among the addresses of islands seen since ``live_since``, and never more than
+    :data:`MAX_SHARE`, what one island may report for an outer step."""
+    live = session.scalar(
+        select(func.count(func.distinct(Island.address))).where(Island.run_id == run_id, Island.last_seen >= live_since)
+    )
+    live = max(1, live or 0)
+    claimed = session.scalar(
+        select(func.count()).select_from(IslandShare).where(IslandShare.run_id == run_id, IslandShare.state == ShareState.claimed)
+    )
+    # Past MAX_SHARE a live address, everyone's part is MAX_SHARE: no need to count further.
+    claimable = training.count_accepted(session, run_id, held, MAX_SHARE * live)
+    return min(MAX_SHARE, math.ceil(((claimed or 0) + claimable) / live))
 
 
 def _claimed_by(island: Island) -> tuple[ColumnElement[bool], ...]:

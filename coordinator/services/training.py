@@ -9,6 +9,7 @@ work never appears.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any, TypeVar
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
@@ -18,6 +19,8 @@ from intellect_protocol.coordinator.models import ContributionEntry, Evaluation,
 from intellect_protocol.coordinator.services import roles
 from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, RoleName, TrainerMetricsRequest
 from intellect_protocol.shared.states import EntryKind, SubmissionStatus
+
+Rows = TypeVar("Rows", bound=Select[*tuple[Any, ...]])
 
 
 def accepted_after(session: Session, signer: str, run_id: str, after: int, limit: int, now: datetime) -> list[AcceptedRollouts]:
@@ -39,9 +42,29 @@ def accepted(
 ) -> list[AcceptedRollouts]:
     """Up to ``limit`` accepted submissions of the run after cursor ``after``, in cursor order: not the
     cursors ``excluding`` selects, and only those ``including`` does."""
+    query = _accepted(
+        select(ContributionEntry.id, Submission.id, Submission.task_id, Task.policy_step, Submission.untrained_rows),
+        run_id,
+        after,
+        excluding,
+        including,
+    )
+    return [
+        AcceptedRollouts(cursor=c, submission_id=s, task_id=t, policy_step=p, untrained_rows=u or [])
+        for c, s, t, p, u in session.execute(query.order_by(ContributionEntry.id).limit(limit))
+    ]
+
+
+def count_accepted(session: Session, run_id: str, excluding: Select[int], at_most: int) -> int:
+    """How many submissions :func:`accepted` would list without ``limit``, counted up to ``at_most``."""
+    ids = _accepted(select(ContributionEntry.id), run_id, 0, excluding, None).limit(at_most).subquery()
+    return session.scalar(select(func.count()).select_from(ids)) or 0
+
+
+def _accepted(query: Rows, run_id: str, after: int, excluding: Select[int] | None, including: Select[int] | None) -> Rows:
+    """``query`` of a run's accepted submissions after cursor ``after``, as :func:`accepted` selects them."""
     query = (
-        select(ContributionEntry.id, Submission.id, Submission.task_id, Task.policy_step, Submission.untrained_rows)
-        .join(Submission, Submission.id == ContributionEntry.submission_id)
+        query.join(Submission, Submission.id == ContributionEntry.submission_id)
         .join(Task, Task.id == Submission.task_id)
         .where(
             ContributionEntry.kind == EntryKind.credit,
@@ -49,17 +72,12 @@ def accepted(
             Submission.run_id == run_id,
             Submission.status == SubmissionStatus.accepted,
         )
-        .order_by(ContributionEntry.id)
-        .limit(limit)
     )
     if excluding is not None:
         query = query.where(ContributionEntry.id.not_in(excluding))
     if including is not None:
         query = query.where(ContributionEntry.id.in_(including))
-    return [
-        AcceptedRollouts(cursor=c, submission_id=s, task_id=t, policy_step=p, untrained_rows=u or [])
-        for c, s, t, p, u in session.execute(query)
-    ]
+    return query
 
 
 def accepted_file_key(session: Session, signer: str, submission_id: str) -> str:
