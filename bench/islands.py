@@ -23,7 +23,12 @@ arithmetic problems (greedy accuracy). Printed, against the issue's goals:
 (c) the share of island wall time spent computing (generation and inner steps) rather than in the outer
     step, measured here, and projected for a 7B model over a 1 Gbit/s link (goal >= 90 %).
 
-    python bench/islands.py [--seconds 180] [--islands 2] [--sync-every 4] [--groups 16]
+With ``--liar KIND`` (three islands or more) it runs the honest islands, then the same islands with the last
+one lying at every outer step (``flip``: its pseudo-gradient sign-flipped at 1.2x its norm; ``noise``: noise
+at 200x its norm; ``tiny``: 1e-9x), instead of the one trainer, and prints both held-out accuracy curves and
+the last difference (goal: within 5 points).
+
+    python bench/islands.py [--seconds 180] [--islands 2] [--sync-every 4] [--groups 16] [--liar flip|noise|tiny]
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import torch
 from _single_process import Snapshot, learn, tasks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from intellect_protocol.devnet.island_lies import lie  # noqa: E402
 from intellect_protocol.node.work import generate_with, score  # noqa: E402
 from intellect_protocol.shared.island_schemas import OuterSettings  # noqa: E402
 from intellect_protocol.shared.models import load_model  # noqa: E402
@@ -94,6 +100,8 @@ def island(args: argparse.Namespace) -> None:
             learner.step(batch, sync.step)
             model.eval()
         t1 = time.perf_counter()
+        if args.liar and args.index == args.islands - 1:
+            lie(args.liar, model, sync.agreed)
         outcome = sync.sync(uuid.uuid4().hex)
         record["compute_s"].append(t1 - t0)
         record["sync_s"].append(time.perf_counter() - t1)
@@ -117,7 +125,8 @@ def run_islands(args: argparse.Namespace, out: Path) -> list[dict]:
         subprocess.Popen(
             [sys.executable, __file__, "--island-index", str(i), "--lighthouse", address, "--out", str(out)]
             + ["--islands", str(args.islands), "--sync-every", str(args.sync_every), "--groups", str(args.groups)]
-            + ["--seconds", str(args.seconds), "--start-at", str(time.time() + 20)],
+            + ["--seconds", str(args.seconds), "--start-at", str(time.time() + 20)]
+            + (["--liar", args.liar] if args.liar else []),
             stderr=open(out / f"island-{i}.log", "wb"),  # noqa: SIM115  (the child owns it)
         )
         for i in range(args.islands)
@@ -127,6 +136,26 @@ def run_islands(args: argparse.Namespace, out: Path) -> list[dict]:
             raise SystemExit(f"island {i} failed:\n" + (out / f"island-{i}.log").read_text()[-3000:])
     lighthouse.shutdown()
     return [torch.load(out / f"island-{i}.pt", weights_only=False) for i in range(args.islands)]
+
+
+def liar_case(args: argparse.Namespace) -> int:
+    if args.islands < 3:
+        raise SystemExit("--liar needs --islands 3 or more: with two, a liar can cancel every step (see trainer.islands)")
+    lying = args.liar
+    curves = {}
+    for name, liar in (("honest islands", None), (f"one island lying ({lying})", lying)):
+        with tempfile.TemporaryDirectory() as tmp:
+            args.liar = liar
+            print(f"{name}: {args.islands} processes, H = {args.sync_every}", flush=True)
+            results = run_islands(args, Path(tmp))
+            leader = max(results, key=lambda r: len(r["snapshots"]))
+            curves[name] = curve(leader["snapshots"], args.evals)
+        print(f"{name:28s} " + "  ".join(f"{s:5.0f}s step {p:3d}: {a:.3f}" for s, p, a in curves[name]), flush=True)
+    honest, lied = (points[-1][2] for points in curves.values())
+    print(
+        f"held-out accuracy at the end: honest {honest:.3f}, one liar {lied:.3f}: {(lied - honest) * 100:+.1f} points (goal: within 5)"
+    )
+    return 0
 
 
 def curve(snapshots: list[Snapshot], evals: int) -> list[tuple[float, int, float]]:
@@ -157,11 +186,14 @@ def main() -> int:
     parser.add_argument("--lighthouse", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--liar", choices=["flip", "noise", "tiny"], help="compare honest islands with the last one lying")
     args = parser.parse_args()
     if args.island_index is not None:
         args.index = args.island_index
         island(args)
         return 0
+    if args.liar:
+        return liar_case(args)
     torch.set_num_threads(args.islands)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -203,7 +235,8 @@ def main() -> int:
         f"{t_islands:.0f} s (goal: islands within 1.3x)"
     )
     share = compute / (compute + waiting)
-    big_sync_s = 2 * (args.islands - 1) / args.islands * 2 * BIG_PARAMETERS / LINK_BYTES_PER_S
+    # Every island receives every pseudo-gradient (to judge what was sent): a ring all-reduce of one slot an island.
+    big_sync_s = 2 * (args.islands - 1) / args.islands * 2 * BIG_PARAMETERS * args.islands / LINK_BYTES_PER_S
     big_share = args.sync_every * BIG_INNER_STEP_S / (args.sync_every * BIG_INNER_STEP_S + big_sync_s)
     needed = 0.9 / 0.1 * big_sync_s / BIG_INNER_STEP_S
     print(

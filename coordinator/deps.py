@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import ipaddress
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -81,10 +82,21 @@ async def client_rate_limit(request: Request) -> None:
     _rate_limit(request, f"ip:{_client_ip(request)}")
 
 
-async def registration_gate(request: Request) -> Callable[[], None]:
-    """What a registration calls before it creates a new node: raises 429 past the client IP's allowance."""
+async def registration_gate(request: Request, settings: Settings) -> Callable[[], None]:
+    """What a registration calls before it creates a new node: raises 429 past the allowance of the client's
+    network (its IP's /24 or /56 by default: addresses of one network are one client's to take)."""
     limiter = context(request).registration_limiter
-    return functools.partial(_rate_limit, request, _client_ip(request), limiter, "Too many new nodes from this address")
+    network = _network(_client_ip(request), settings.limits.registration_prefix_v4, settings.limits.registration_prefix_v6)
+    return functools.partial(_rate_limit, request, network, limiter, f"Too many new nodes from {network}")
+
+
+def _network(ip: str, v4: int, v6: int) -> str:
+    """``ip``'s network of the given prefix lengths (``ip`` itself when it is not an address, e.g. a test client)."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    return str(ipaddress.ip_network(f"{address}/{v4 if address.version == 4 else v6}", strict=False))
 
 
 RegistrationGate = Annotated[Callable[[], None], Depends(registration_gate)]

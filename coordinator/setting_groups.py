@@ -63,8 +63,15 @@ class LimitSettings(Group):
     """Most bytes a request's line and headers may take; more get 431 and the connection is closed."""
 
     registrations_per_ip_per_hour: int = Field(20, ge=1)
-    """New node addresses one client IP may register per hour (a burst of this many, then evenly
-    spread): a banned cheater's next wallet costs it time. Registering an address again is free."""
+    """New node addresses one client network (:attr:`registration_prefix_v4`, :attr:`registration_prefix_v6`)
+    may register per hour (a burst of this many, then evenly spread): a banned cheater's next wallet costs it
+    time. Registering an address again is free."""
+    registration_prefix_v4: int = Field(24, ge=8, le=32)
+    """IPv4 clients in one /N share one registration allowance: ten addresses of one /24 registered 200
+    wallets in 8 s when each address had its own (32: each address its own)."""
+    registration_prefix_v6: int = Field(56, ge=16, le=128)
+    """IPv6 clients in one /N share one registration allowance: one host commonly holds a whole /64, and a
+    site a /56, so an allowance per address would be no limit at all."""
 
     @property
     def header_limits(self) -> HeaderLimits:

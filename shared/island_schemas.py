@@ -59,7 +59,8 @@ class OuterSettings(BaseModel):
         return data
 
     outlier_ratio: float = Field(10.0, gt=1, le=1e6)
-    """An island whose pseudo-gradient norm exceeds this times the median of its peers' is left out of the step."""
+    """An island whose pseudo-gradient's norm, measured on what it sent, exceeds this times the upper median of
+    all the measured norms is left out of the step (the others are clipped to the lower median)."""
 
 
 class IslandJoin(Request):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from intellect_protocol.devnet.island_lies import lie
 from intellect_protocol.shared.island_schemas import OuterSettings
 from intellect_protocol.trainer.distributed import placement, shard
 from intellect_protocol.trainer.islands import WIRE, OuterSync
@@ -33,7 +34,7 @@ def main() -> None:
     parser.add_argument("lighthouse")
     parser.add_argument("out", type=Path)
     parser.add_argument("outer_steps", type=int)
-    parser.add_argument("--fault", nargs="*", default=[], help="KIND@STEP: weights NaN (nan) or 1e4x (huge) before that meeting")
+    parser.add_argument("--fault", nargs="*", default=[], help="KIND@STEP: a lie before that meeting (devnet.island_lies)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     faults = {int(step): kind for kind, step in (f.split("@") for f in args.fault)}
@@ -52,8 +53,7 @@ def main() -> None:
             loss.backward()
             inner.step()
         if (kind := faults.get(sync.step)) is not None:
-            with torch.no_grad():
-                next(model.parameters()).mul_(float("nan") if kind == "nan" else 1e4)
+            lie(kind, model, sync.agreed)
         pseudo = torch.cat([(a - p.detach()).flatten() for a, p in zip(sync.agreed, model.parameters())]).to(WIRE)
         outcome = sync.sync(uuid.uuid4().hex)
         record["pseudo"].append(pseudo)

@@ -5,6 +5,7 @@ free soft rejections, free new wallets, runs that can never be submitted."""
 from __future__ import annotations
 
 import io
+import json
 import socket
 import subprocess
 import sys
@@ -233,6 +234,30 @@ def test_new_wallets_per_address_are_rate_limited(sqlite_url: str, tmp_path: Pat
         assert {k: v for k, v in served.snapshot().items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
         again = signed_post(served.url, "/v1/nodes/register", first[0], served.audience, register_body(first[0]))
         assert again.status_code == 200  # an address registering again costs nothing
+
+
+def _register_from(served: Served, ip: str) -> httpx.Response:
+    """A fresh wallet's registration sent from the loopback address ``ip``."""
+    fresh = Account.create()
+    raw = json.dumps(register_body(fresh)).encode()
+    headers = {"content-type": "application/json", **sign_request(fresh, "POST", "/v1/nodes/register", "", raw, served.audience)}
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=ip)) as client:
+        return client.post(served.url + "/v1/nodes/register", content=raw, headers=headers)
+
+
+@pytest.mark.parametrize(("prefix", "admitted"), [(24, 3), (32, 6)])
+def test_new_wallets_per_network_share_one_allowance(sqlite_url: str, tmp_path: Path, prefix: int, admitted: int) -> None:
+    """Round four: 200 wallets registered from 10 addresses in 8 s, each address with its own allowance. The
+    addresses of one network (a /24 by default) now share it; the prefix is a setting."""
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "b", registrations_per_ip_per_hour=3, registration_prefix_v4=prefix
+    )
+    with serve(settings) as served:
+        replies = [_register_from(served, f"127.0.0.{2 + i % 2}") for i in range(8)]  # two addresses of one /24
+        assert [r.status_code for r in replies].count(200) == admitted
+        refused = next(r for r in replies if r.status_code == 429)
+        assert refused.json()["code"] == "rate_limited" and "127.0.0." in refused.json()["message"]
+        assert len(served.snapshot()["nodes"]) == admitted
 
 
 def _verdict(served: Served, validator, claim: dict, failed: str) -> httpx.Response:

@@ -4,6 +4,7 @@ ranks, and a faulty island is left out (an island killed and rejoining: ``test_i
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from intellect_protocol.shared.island_schemas import OuterSettings
-from intellect_protocol.trainer.islands import TAG_BYTES, judge, outer_optimizer
+from intellect_protocol.trainer.islands import TAG_BYTES, outer_optimizer, robust_average, squared_norms
 from tests.island_worker import SETTINGS, initial_model
 
 WORKER = Path(__file__).with_name("island_worker.py")
@@ -54,14 +55,20 @@ def record(out: Path, name: str) -> dict:
     return torch.load(out / f"{name}.pt", weights_only=False)
 
 
-def replay(pseudo_by_step: list[list[torch.Tensor]], initial: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """The outer steps one process takes from the same bf16 pseudo-gradients: summed as the all-reduce
-    sums them, averaged, and applied by Nesterov SGD to the fp32 agreed weights (``initial``, by default
-    the initial model's)."""
+def replay(
+    pseudo_by_step: list[list[torch.Tensor]], initial: list[torch.Tensor] | None = None, shards: list[int] | None = None
+) -> list[torch.Tensor]:
+    """The outer steps one process takes from the same bf16 pseudo-gradients (those of the islands present, in
+    the quorum's order), judged and averaged as the islands do, with each island's norm summed over ``shards``
+    (lengths, when the islands are FSDP ranks) as its ranks sum it. From the initial model's weights by default."""
     agreed = [p.detach().clone() for p in (initial or list(initial_model().parameters()))]
     outer = outer_optimizer(agreed, SETTINGS)
     for sent in pseudo_by_step:
-        average = (sum(sent[1:], sent[0])).float() / len(sent)
+        matrix = torch.stack(sent).float()
+        parts = matrix.split(shards or [matrix.shape[1]], dim=1)
+        squares = sum((squared_norms(part.contiguous()) for part in parts[1:]), squared_norms(parts[0].contiguous()))
+        average, _, _ = robust_average(matrix, [math.sqrt(x) for x in squares.tolist()], SETTINGS.outlier_ratio)
+        assert average is not None
         offset = 0
         for a in agreed:
             a.grad = average[offset : offset + a.numel()].view_as(a)
@@ -75,14 +82,43 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 @pytest.mark.unit
-def test_judging_leaves_out_what_is_not_finite_or_far_beyond_its_peers() -> None:
-    assert judge([1.0, 1.2], 10) == ([0, 1], {})
-    included, excluded = judge([1.0, float("inf"), 0.9], 10)
-    assert included == [0, 2] and "not finite" in excluded[1]
-    included, excluded = judge([1.0, 150.0], 10)  # two islands: each is judged against the other
-    assert included == [0] and "150x" in excluded[1]
-    assert judge([0.0, 2.0], 10) == ([1], {})  # an island with nothing to add is neither averaged nor blamed
-    assert judge([3.0], 10) == ([0], {})  # alone, nothing to compare with
+def test_the_average_judges_what_was_sent_and_one_liar_of_three_cannot_move_it() -> None:
+    torch.manual_seed(0)
+    honest = torch.randn(2, 1000) + 1.0  # two honest islands that broadly agree
+    norms = lambda sent: [float(n) for n in squared_norms(sent).sqrt()]  # noqa: E731
+
+    def average(sent: torch.Tensor) -> tuple[torch.Tensor, list[int], dict[int, str]]:
+        result, included, excluded = robust_average(sent, norms(sent), 10)
+        assert result is not None
+        return result, included, excluded
+
+    # The honest values, and zero: clipping to the median norm may shrink an honest step, never grow or turn it.
+    low, high = honest.min(0).values.clamp(max=0), honest.max(0).values.clamp(min=0)
+    lies = {
+        "sign-flipped at 1.2x": -1.2 * honest[0],
+        "noise at 200x": 200 * honest[0].norm() * torch.randn(1000) / 1000**0.5,
+        "near zero": 1e-9 * honest[0],
+    }
+    for what, lie in lies.items():
+        result, included, excluded = average(torch.stack([honest[0], honest[1], lie]))
+        # Coordinate by coordinate, the step lies within what the honest islands sent.
+        assert bool(((result >= low - 1e-6) & (result <= high + 1e-6)).all()), what
+        assert 0 in included and 1 in included, what  # a liar never has an honest island left out
+        assert set(excluded) <= {2}, what
+    # Two islands: the liar can cancel the honest step, never reverse or blow it up; a tiny one excludes no one.
+    for lie in (-1.2 * honest[0], -0.8 * honest[0], 200 * honest[0], 1e-9 * honest[0]):
+        result, included, excluded = average(torch.stack([honest[0], lie]))
+        assert float(result @ honest[0]) >= -1e-3 * float(honest[0] @ honest[0]) and excluded == {}
+        assert float(result.norm()) <= float(honest[0].norm()) + 1e-4
+    # What is not finite, or far beyond the upper median of what was measured, is named and left out.
+    broken = torch.stack([honest[0], honest[1], torch.full((1000,), float("nan"))])
+    assert "not finite" in average(broken)[2][2]
+    huge = torch.stack([honest[0], honest[1], 1e4 * honest[0]])
+    _, included, excluded = average(huge)
+    assert included == [0, 1] and "x the median" in excluded[2]
+    # An island with nothing to add is neither averaged nor blamed; no one sound: no step.
+    assert average(torch.stack([honest[0], torch.zeros(1000)]))[1:] == ([0], {})
+    assert robust_average(torch.zeros(2, 10), [0.0, 0.0], 10) == (None, [], {})
 
 
 @pytest.mark.unit
@@ -115,16 +151,43 @@ def test_two_islands_agree_on_the_outer_steps_one_process_computes_leaving_out_a
     sent = []
     for k, outcome in enumerate(ra["outcomes"]):
         names = [i.island for i in outcome.included]
-        if k in (1, 2):
-            assert names == ["a"] and set(outcome.excluded) == {"b"}
-            assert ("not finite" if k == 1 else "its peers' median") in outcome.excluded["b"]
-        else:
+        if k == 1:
+            assert names == ["a"] and set(outcome.excluded) == {"b"} and "not finite" in outcome.excluded["b"]
+        else:  # at 2, b's 1e4x weights are not left out but clipped to a's norm: with two, neither is the median
             assert sorted(names) == ["a", "b"] and outcome.excluded == {}
         sent.append([{"a": ra, "b": rb}[n]["pseudo"][k] for n in sorted(names)])
     assert same(ra["agreed"][-1], rb["agreed"][-1])
     assert same(ra["agreed"][-1], replay(sent))
-    # On the wire: 2 bytes a parameter, and each island's name, attempt and norm.
-    assert ra["outcomes"][0].sent_bytes == 2 * sum(p.numel() for p in initial_model().parameters()) + 2 * (1 + TAG_BYTES) * 8
+    # On the wire: a slot of 2 bytes a parameter for each island, and each island's name and attempt.
+    assert ra["outcomes"][0].sent_bytes == 2 * 2 * sum(p.numel() for p in initial_model().parameters()) + 2 * TAG_BYTES * 8
+
+
+@pytest.mark.integration
+def test_one_lying_island_of_three_cannot_steer_the_agreed_weights(lighthouse, tmp_path: Path) -> None:
+    """Round four: islands reported their own norms, and nobody saw another's vector before the sum, so a
+    sign-flipped update at its true norm, noise at 200x while claiming a normal norm, or a claimed norm of
+    1e-9 (which had the honest island excluded) all got through. Now norms are measured on what was sent."""
+    address = lighthouse(3)
+    a, b = island("a", address, tmp_path, 4), island("b", address, tmp_path, 4)
+    c = island("c", address, tmp_path, 4, "--fault", "flip@0", "noise@1", "tiny@2", "flip@3")
+    finished(a, b, c)
+    ra, rb, rc = (record(tmp_path, n) for n in "abc")
+    assert all(o.committed for o in ra["outcomes"]) and [o.step for o in ra["outcomes"]] == [0, 1, 2, 3]
+    for k, outcome in enumerate(ra["outcomes"]):
+        # Nobody honest is ever left out, whatever the liar sends; every island took the same step.
+        assert {"a", "b"} <= {i.island for i in outcome.included} and set(outcome.excluded) <= {"c"}
+        assert [i.island for i in outcome.included] == [i.island for i in rc["outcomes"][k].included]
+        honest = torch.stack([ra["pseudo"][k], rb["pseudo"][k]]).float()
+        before = ra["initial"] if k == 0 else ra["agreed"][k - 1]
+        step = torch.cat([(x - y).flatten() for x, y in zip(before, ra["agreed"][k])])
+        if k == 0:  # Nesterov's first step is lr x (1 + momentum) x the average
+            average = step / (SETTINGS.outer_lr * (1 + SETTINGS.outer_momentum))
+            low, high = honest.min(0).values.clamp(max=0), honest.max(0).values.clamp(min=0)
+            assert bool(((average >= low - 1e-5) & (average <= high + 1e-5)).all())
+    for other in (rb, rc):
+        assert same(ra["agreed"][-1], other["agreed"][-1])
+    sent = [[r["pseudo"][k] for r in (ra, rb, rc)] for k in range(4)]
+    assert same(ra["agreed"][-1], replay(sent))
 
 
 @pytest.mark.e2e
@@ -157,5 +220,5 @@ def test_islands_of_two_fsdp_ranks_each_agree_on_what_one_process_computes(light
     assert [o.leader for o in outcomes] != [o.leader for o in ranks["b"][0]["outcomes"]]
     initial = torch.cat([torch.cat([t.flatten() for t in r["initial"]]) for r in ranks["a"]])
     sent = [[whole("a", "pseudo", k), whole("b", "pseudo", k)] for k in range(3)]
-    [expected] = replay(sent, [initial])
+    [expected] = replay(sent, [initial], shards=[len(r["pseudo"][0]) for r in ranks["a"]])
     assert torch.equal(whole("a", "agreed", 2), expected) and torch.equal(whole("b", "agreed", 2), expected)

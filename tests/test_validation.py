@@ -53,6 +53,26 @@ def network(sqlite_url: str, tmp_path: Path):
         yield served, admin_token(served)
 
 
+def test_a_fresh_wallets_first_forgery_bans_it(network, tmp_path: Path) -> None:
+    """Round four: 200 sybil wallets each sent a forged file, took the strikes short of a ban and walked away.
+    A node never credited for a file is banned by its first hard rejection."""
+    served, token = network
+    validator_key = Account.create()
+    grant(served, token, validator_key.address, "validator")
+    validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True))
+    sybil = joined(served)
+    forged = upload(served, sybil, (task := lease(served, sybil)), forge(task))
+    assert validator.run(max_submissions=1) == 1
+    validator.close()
+    receipt = httpx.get(f"{served.url}/v1/public/submissions/{forged}").json()
+    assert receipt["status"] == "rejected" and receipt["hard"]
+    with make_sessionmaker(served.engine)() as session:
+        node = session.get_one(Node, sybil.address)
+        assert node.status == "banned" and node.strikes == served.settings.max_strikes
+    reply = signed_post(served.url, "/v1/tasks/lease", sybil, served.audience, {"address": sybil.address, "working_on": []})
+    assert reply.status_code == 403 and "banned" in reply.json()["message"]
+
+
 def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(network, tmp_path: Path) -> None:
     served, token = network
     validator_key = Account.create()

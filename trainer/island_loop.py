@@ -93,6 +93,7 @@ class IslandTrainer(Trainer):
         self.seen: set[int] = set()
         self.used: list[int] = []
         """Claims this outer step's inner updates learned from."""
+        self.warned_two = False
 
     def _body(self, schema: type[Any], **fields: Any) -> Any:
         return schema(address=self.account.address, run_id=self.run_id, island=self.island, **fields)
@@ -151,6 +152,13 @@ class IslandTrainer(Trainer):
             outcome = self.sync.sync(attempt, contribute=self._from_leader(functools.partial(self._report, attempt)))
             self.used = []
             self._save()
+            if outcome.participants == 2 and not self.warned_two:
+                self.warned_two = True
+                log.warning(
+                    "island %s: this run's islands are two, and one bad island can stall it (cancel every step, never "
+                    "reverse it); from three islands on, one liar cannot move the agreed weights outside what the others send",
+                    self.island,
+                )
             if outcome.committed:
                 metrics.update(
                     participants=outcome.participants,

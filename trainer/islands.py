@@ -2,27 +2,30 @@
 the fault-tolerant all-reduce over Gloo, and recovery of a joining island's state from a live peer.
 
 Each island trains on its own data for ``sync_every`` inner steps, then every island in the quorum
-meets: its pseudo-gradient (the weights the islands last agreed on minus its own, fp32) is judged,
-sent in bf16 and averaged over the islands judged sound, and the outer Nesterov SGD steps the agreed
-weights (kept in fp32) by that average. Every island then starts its next inner steps from the new
-agreed weights. The outer step's number is torchft's step, which is the policy step it publishes.
+meets: it sends its pseudo-gradient (the weights the islands last agreed on minus its own) in bf16, each
+into its own slot of one all-reduce, so every island receives every pseudo-gradient exactly as sent. Each
+then computes the same robust average (:func:`robust_average`) and the outer Nesterov SGD steps the agreed
+weights (kept in fp32) by it. Every island then starts its next inner steps from the new agreed weights.
+The outer step's number is torchft's step, which is the policy step it publishes.
 
-Judging, done alike on every island from the norms all of them see: a pseudo-gradient that is not
-finite, or whose norm exceeds ``outlier_ratio`` times the median of its peers', is left out and
-reported; one of norm 0 (an island that just recovered, or had nothing to learn from) adds nothing.
-This survives a faulty island, not a malicious majority: islands are granted by an admin.
+Nothing an island says about its own pseudo-gradient is believed: norms are measured on what it sent. One
+that is not finite, or whose norm exceeds ``outlier_ratio`` times the upper median of the measured norms, is
+left out and named; the rest are clipped to the lower median norm; with three islands or more the average
+is the coordinate-wise median, which one liar among three cannot move beyond the honest islands' values.
+With two, it is the mean of the two clipped ones: a lying island can cancel the honest one's step (stall the
+run) but not reverse or blow it up. One of norm 0 (an island that just recovered, or had nothing to learn
+from) adds nothing. The price is bandwidth: each island receives all the pseudo-gradients, not their sum.
 
 An island may itself be FSDP ranks under ``torchrun`` (every island the same number): each rank meets
-the same rank of the other islands with its own shard of the pseudo-gradient and agreed weights, the
-norm judged is the whole island's (summed over its ranks), and a recovering rank takes its shard from
-the same rank of a peer. The island's ranks share torchrun's store.
+the same rank of the other islands with its own shard of the pseudo-gradients and agreed weights, norms
+are the whole island's (summed over its ranks), and a recovering rank takes its shard from the same rank of
+a peer. The island's ranks share torchrun's store.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import statistics
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -54,18 +57,33 @@ class OuterStep:
     """Bytes this island put on the all-reduce for it."""
 
 
-def judge(norms: list[float], ratio: float) -> tuple[list[int], dict[int, str]]:
-    """Which participants' pseudo-gradients an outer step averages (by index), and why others are left out."""
-    included, excluded = [], {}
-    for i, norm in enumerate(norms):
-        peers = [n for j, n in enumerate(norms) if j != i and math.isfinite(n) and n > 0]
-        if not math.isfinite(norm):
-            excluded[i] = "its pseudo-gradient is not finite"
-        elif peers and norm > ratio * (median := statistics.median(peers)):
-            excluded[i] = f"its pseudo-gradient's norm {norm:.3g} is {norm / median:.0f}x its peers' median {median:.3g}"
-        elif norm > 0:
-            included.append(i)
-    return included, excluded
+def squared_norms(sent: torch.Tensor) -> torch.Tensor:
+    """Each row's squared norm, ``[participants]`` from ``sent [participants, size]``."""
+    return sent.pow(2).sum(dim=1)
+
+
+def robust_average(sent: torch.Tensor, norms: list[float], ratio: float) -> tuple[torch.Tensor | None, list[int], dict[int, str]]:
+    """The outer step's pseudo-gradient from every participant's ``sent [participants, size]`` (fp32, a shard
+    under FSDP) and their whole measured ``norms``: (the average, or None if no one is sound; who it
+    includes, by index; who is left out, and why). See the module docstring."""
+    excluded = {i: "its pseudo-gradient is not finite" for i, n in enumerate(norms) if not math.isfinite(n)}
+    sound = sorted((n, i) for i, n in enumerate(norms) if math.isfinite(n) and n > 0)
+    if sound:
+        upper = sound[len(sound) // 2][0]
+        for n, i in sound:
+            if n > ratio * upper:
+                excluded[i] = f"its pseudo-gradient's norm {n:.3g} is {n / upper:.0f}x the median {upper:.3g}"
+        sound = [(n, i) for n, i in sound if i not in excluded]
+    if not sound:
+        return None, [], excluded
+    bound = sound[(len(sound) - 1) // 2][0]
+    clipped = torch.stack([sent[i] * min(1.0, bound / n) for n, i in sorted(sound, key=lambda s: s[1])])
+    if len(clipped) < 3:
+        return clipped.mean(0), sorted(i for _, i in sound), excluded
+    ordered = clipped.sort(dim=0).values
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return median, sorted(i for _, i in sound), excluded
 
 
 def outer_optimizer(agreed: list[torch.Tensor], settings: OuterSettings) -> torch.optim.SGD:
@@ -169,26 +187,27 @@ class OuterSync:
         step, n, rank = self.manager.current_step(), self.manager.num_participants(), self.manager.participating_rank()
         with torch.no_grad():
             pseudo = torch.cat([(a - p.float()).flatten() for a, p in zip(self.agreed, self.params)])
-        squares = pseudo.pow(2).sum()
-        if self.world_size > 1:
-            torch.distributed.all_reduce(squares)  # the island's whole pseudo-gradient, over its ranks
-        norm = math.sqrt(float(squares)) if contribute and rank is not None else 0.0
-        tags = torch.zeros(n, 1 + TAG_BYTES, dtype=torch.float64)
+        tags = torch.zeros(n, TAG_BYTES, dtype=torch.float64)
+        # Each participant writes only its own slot: the sum of the slots is every pseudo-gradient as sent.
+        slots = torch.zeros(n, pseudo.numel(), dtype=WIRE)
         if rank is not None:
-            tags[rank, 0] = norm if math.isfinite(norm) else float("inf")
-            tag = f"{self.island:<64}{attempt:<32}".encode()
-            tags[rank, 1:] = torch.tensor(list(tag), dtype=torch.float64)
+            tags[rank] = torch.tensor(list(f"{self.island:<64}{attempt:<32}".encode()), dtype=torch.float64)
+            if contribute:
+                slots[rank] = pseudo.to(WIRE)
         self.manager.allreduce(tags, reduce_op=ReduceOp.SUM).wait()
-        names = [bytes(int(b) for b in row[1:].tolist()).decode() for row in tags]
-        norms = tags[:, 0].tolist()
-        included, excluded = judge(norms, self.settings.outlier_ratio)
-        wire = pseudo.to(WIRE) if rank in included else torch.zeros_like(pseudo, dtype=WIRE)
-        self.manager.allreduce(wire, reduce_op=ReduceOp.SUM).wait()
-        if not included:
+        self.manager.allreduce(slots, reduce_op=ReduceOp.SUM).wait()
+        names = [bytes(int(b) for b in row.tolist()).decode() for row in tags]
+        sent = slots.float()
+        squares = squared_norms(sent)
+        if self.world_size > 1:
+            torch.distributed.all_reduce(squares)  # each island's whole pseudo-gradient, over this island's ranks
+        norms = [math.sqrt(s) if math.isfinite(s) else float("inf") for s in squares.tolist()]
+        average, included, excluded = robust_average(sent, norms, self.settings.outlier_ratio)
+        if average is None:
             self.manager.report_error(RuntimeError("no island had a sound pseudo-gradient"))  # no step is taken
         committed = self.manager.should_commit()
-        if committed:
-            average, offset = wire.float() / len(included), 0
+        if committed and average is not None:
+            offset = 0
             for a in self.agreed:
                 a.grad = average[offset : offset + a.numel()].view_as(a)
                 offset += a.numel()
@@ -202,7 +221,7 @@ class OuterSync:
             excluded={names[i][:64].rstrip(): why for i, why in excluded.items()},
             leader=rank == 0,
             participants=n,
-            sent_bytes=tags.numel() * tags.element_size() + wire.numel() * wire.element_size(),
+            sent_bytes=tags.numel() * tags.element_size() + slots.numel() * slots.element_size(),
         )
         if committed:
             self.committed = [*self.committed, outcome][-2:]

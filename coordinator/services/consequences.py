@@ -6,7 +6,9 @@ and strike counts always follow the latest decision while the ledger keeps every
 
 - accept: credit (pending for the dispute window).
 - hard (forged or corrupted work): no credit, the node's pending credit clawed back, a strike;
-  ``max_strikes`` strikes ban the node. Taking the strikes back below that lifts such a ban.
+  ``max_strikes`` strikes ban the node. A node never credited for a file is struck up to ``max_strikes``
+  at once: a fresh wallet's forgery costs it the wallet on its first file, not its third (sybils took two
+  strikes each and walked away). Taking the strikes back below that lifts such a ban.
 - soft: no credit; ``soft_rejections_per_strike`` of them within ``soft_rejection_window_s`` add a strike.
 """
 
@@ -17,12 +19,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from intellect_protocol.coordinator.models import Node, NodeStrike, Submission
+from intellect_protocol.coordinator.models import ContributionEntry, Node, NodeStrike, Submission
 from intellect_protocol.coordinator.services import credit, nodes
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.committee import Outcome
 from intellect_protocol.shared.schemas import NodeStatus
-from intellect_protocol.shared.states import SubmissionStatus
+from intellect_protocol.shared.states import EntryKind, SubmissionStatus
 
 
 def apply(
@@ -63,17 +65,27 @@ def apply(
 
 
 def penalise(session: Session, submission: Submission, reason: str, settings: CoordinatorSettings, now: datetime) -> None:
-    """Claw back the node's pending credit and give it a strike, both caused by ``submission``."""
+    """Claw back the node's pending credit and give it a strike (up to ``max_strikes`` at once, if it was
+    never credited for a file), both caused by ``submission``."""
     credit.claw_back(session, submission.address, reason, now, cause=submission.id)
-    strike(session, submission.address, submission.id, reason, settings, now)
+    credited = session.scalar(
+        select(ContributionEntry.id)
+        .where(ContributionEntry.address == submission.address, ContributionEntry.kind == EntryKind.credit)
+        .limit(1)
+    )
+    node = session.get(Node, submission.address)
+    units = 1 if credited is not None or node is None else max(1, settings.max_strikes - node.strikes)
+    strike(session, submission.address, submission.id, reason, settings, now, units)
 
 
-def strike(session: Session, address: str, submission_id: str, reason: str, settings: CoordinatorSettings, now: datetime) -> None:
+def strike(
+    session: Session, address: str, submission_id: str, reason: str, settings: CoordinatorSettings, now: datetime, units: int = 1
+) -> None:
     node = session.get(Node, address)
     if node is None:
         return
-    session.add(NodeStrike(address=address, submission_id=submission_id, units=1, reason=reason, at=now))
-    node.strikes += 1
+    session.add(NodeStrike(address=address, submission_id=submission_id, units=units, reason=reason, at=now))
+    node.strikes += units
     if node.strikes >= settings.max_strikes and node.status != NodeStatus.banned:
         nodes.ban(session, address, f"{node.strikes} {nodes.STRIKES_BAN}", now)
 
