@@ -40,7 +40,6 @@ import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ except ModuleNotFoundError:  # a plain checkout, as on a GPU machine without the
 
     sys.path.insert(0, str(checkout(BENCH.parent, Path(tempfile.mkdtemp()))))
 
+from _tasks import arithmetic_task  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
@@ -215,24 +215,7 @@ class Roles:
         self.tolerances: Calibration | None = None
 
     def task(self, seed: int, prompts: int, samples: int, temperature: float, max_tokens: int) -> TaskSpec:
-        ids = sorted(self.problems)
-        return TaskSpec(
-            task_id=f"task-{seed}",
-            run_id="run-gpu",
-            environment="arithmetic",
-            environment_version=self.pin,
-            model=str(self.directory),
-            tolerances=self.tolerances,
-            prompt_ids=[ids[(seed * prompts + i) % len(ids)] for i in range(prompts)],
-            samples_per_prompt=samples,
-            seed=seed,
-            policy_step=0,
-            sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens),
-            length_alpha=0.0,
-            target_length=1024,
-            length_over_only=False,
-            lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
-        )
+        return arithmetic_task(seed, str(self.directory), temperature, max_tokens, prompts, samples, self.tolerances)
 
     def generate(self, tasks: list[TaskSpec], batch: int) -> list[Generated]:
         """The tasks' completions from the node's backend, ``batch`` rows a call across the tasks' rows."""

@@ -30,17 +30,17 @@ import hashlib
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+from _tasks import arithmetic_task
 from pydantic import TypeAdapter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from intellect_protocol.devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs  # noqa: E402
 from intellect_protocol.node.work import Generated, backend_for, finish, generate, torch_backend_for  # noqa: E402
-from intellect_protocol.shared.environments.registry import get_environment, plugin  # noqa: E402
+from intellect_protocol.shared.environments.registry import get_environment  # noqa: E402
 from intellect_protocol.shared.inference import prefill_batch  # noqa: E402
 from intellect_protocol.shared.models import encode_prompt, load_model  # noqa: E402
 from intellect_protocol.shared.rollout_file import read_rollouts  # noqa: E402
@@ -72,24 +72,7 @@ def close_engine() -> None:
 
 
 def make_task(seed: int, temperature: float, max_tokens: int) -> TaskSpec:
-    ids = sorted(PROBLEMS)
-    return TaskSpec(
-        task_id=f"task-{seed}",
-        run_id="run-bench",
-        environment="arithmetic",
-        environment_version=plugin("arithmetic").pin,
-        model=MODEL_NAME,
-        tolerances=TOLERANCES,
-        prompt_ids=[ids[(seed * 4 + i) % len(ids)] for i in range(4)],
-        samples_per_prompt=4,
-        seed=seed,
-        policy_step=0,
-        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens),
-        length_alpha=0.0,
-        target_length=1024,
-        length_over_only=False,
-        lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
-    )
+    return arithmetic_task(seed, MODEL_NAME, temperature, max_tokens, tolerances=TOLERANCES)
 
 
 def check(data: bytes, task: TaskSpec, batch: int) -> Verdict:

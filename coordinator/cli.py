@@ -260,6 +260,12 @@ def run_create(
         float | None,
         typer.Option(help="Trainer islands: the outer Nesterov SGD's momentum; default 0 below H = 50, 0.9 from there."),
     ] = None,
+    min_islands: Annotated[
+        int,
+        typer.Option(
+            help="Trainer islands: fewest islands whose pseudo-gradients an outer step judges (3 resists one lying island; 1 lets any step alone)."
+        ),
+    ] = OuterSettings().min_islands,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an active run that nodes can lease tasks of."""
@@ -288,7 +294,7 @@ def run_create(
             dispute_window_s=dispute_window,
             audit=AuditPolicy(share=audit_share),
             min_stake=parse_tokens(min_stake, allow_zero=True),
-            outer=OuterSettings(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum),
+            outer=OuterSettings(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum, min_islands=min_islands),
         )
     except ValidationError as e:
         where = ".".join(map(str, e.errors()[0]["loc"]))

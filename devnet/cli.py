@@ -23,7 +23,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from intellect_protocol.devnet.calibration import CALIBRATION_ROWS, calibrated, unusable
+from intellect_protocol.devnet import preflight
+from intellect_protocol.devnet.calibration import CALIBRATION_ROWS, calibrated
 from intellect_protocol.devnet.network import Network, start_network
 from intellect_protocol.devnet.processes import StartError, spawn
 from intellect_protocol.shared.schemas import DEFAULT_MODEL
@@ -183,25 +184,10 @@ def main(
     ] = 0,
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
-    if backend is Backend.vllm:
-        from intellect_protocol.shared.engines import vllm_unusable
-
-        for problem in vllm_unusable():
-            console.print(f"{problem}", style="red", markup=False)
-            raise typer.Exit(1)
-    if model is not None and not (model / "config.json").is_file():
-        console.print(f"{model} is not a Hugging Face model directory: it has no config.json.", style="red", markup=False)
-        raise typer.Exit(1)
-    if calibration is not None and (refusal := unusable(calibration, f"{backend.value}/float32")):
-        console.print(f"--calibration {calibration}: {refusal}.", style="red", markup=False)
-        raise typer.Exit(1)
-    if workdir is not None and (earlier := _earlier_devnet(workdir)):
-        console.print(
-            f"{workdir} holds an earlier devnet ({', '.join(earlier)}); nothing in it was changed. "
-            "Pass a new --workdir, or delete that folder to start afresh.",
-            style="red",
-            markup=False,
-        )
+    found = preflight.problems(backend.value, model, calibration, workdir, islands)
+    for problem in found:
+        console.print(problem, style="red", markup=False)
+    if found:
         raise typer.Exit(1)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -295,11 +281,6 @@ def main(
                 f"Held-out accuracy {summary['accuracy_before']:.2f} at policy step 0 -> {summary['accuracy_after']:.2f} "
                 f"at step {measured} (the run reached step {summary['policy_step']})."
             )
-
-
-def _earlier_devnet(workdir: Path) -> list[str]:
-    """What an earlier devnet left in ``workdir``: its results, which a new one must not overwrite."""
-    return [name for name in ("summary.json", "ledger.db", "admin-token", "logs") if (workdir / name).exists()]
 
 
 def _interrupt(*_: object) -> None:

@@ -56,7 +56,7 @@ from intellect_protocol.shared.schemas import (
 from intellect_protocol.shared.settlement import ChainInfo, EpochInfo, EpochProof, LedgerEntry
 from intellect_protocol.shared.shardcast.manifest import ManifestEntry, SignedManifest
 from intellect_protocol.shared.signing import SignedAuth
-from intellect_protocol.shared.tls import Untrusted, client_context, untrusted
+from intellect_protocol.shared.tls import Untrusted, client_context, speaks_tls, untrusted
 from intellect_protocol.shared.version import __version__
 
 log = logging.getLogger("intellect.client")
@@ -311,6 +311,10 @@ class CoordinatorClient:
             except httpx.TransportError as e:
                 if (sentence := untrusted(e, self.base_url)) is not None:
                     raise Untrusted(sentence) from e
+                hung_up = isinstance(e, httpx.RemoteProtocolError | httpx.ReadError)  # it took the connection, then closed it
+                if hung_up and not self.ever_answered and self.base_url.startswith("http://") and speaks_tls(self.base_url):
+                    # A TLS server hangs up on plain HTTP ("Server disconnected"): resending could never help.
+                    raise Untrusted(f"{self.base_url} speaks TLS: try https:// instead of http://.") from e
                 problem, retry_after = (
                     f"cannot reach the coordinator at {self.base_url} ({type(e).__name__}: {e or 'no detail'})",
                     None,

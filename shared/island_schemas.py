@@ -58,6 +58,11 @@ class OuterSettings(BaseModel):
                 data["outer_momentum"] = 0.9 if diloco else 0.0
         return data
 
+    min_islands: int = Field(1, ge=1, le=1000)
+    """Fewest islands whose pseudo-gradients an outer step judges (those left out as unsound count: a liar that
+    gets itself left out must not stall the others); with fewer it takes none, and the islands meet again after
+    their next inner steps. 1 lets any island step the run alone, a lying one too; 3, in a run of three islands
+    or more, leaves one liar unable to steer a step."""
     outlier_ratio: float = Field(10.0, gt=1, le=1e6)
     """An island whose pseudo-gradient's norm, measured on what it sent, exceeds this times the upper median of
     all the measured norms is left out of the step (the others are clipped to the lower median)."""

@@ -46,10 +46,27 @@ def resolve_model(name_or_path: str | Path) -> str:
     return str(TINY_MODEL_DIR if str(name_or_path) == DEFAULT_MODEL else name_or_path)
 
 
+class TokenizerMissing(ValueError):
+    """A model directory without tokenizer files: transformers would build an empty tokenizer from its config
+    alone, and every prompt would encode to nothing."""
+
+
+TOKENIZER_FILES = (
+    "the model directory lacks its tokenizer files (tokenizer.json, or vocab.json and merges.txt, or tokenizer.model, "
+    "beside tokenizer_config.json); copy them from the model the weights came from."
+)
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt", "tekken.json")
+"""Files one of which holds a tokenizer's vocabulary, in the formats transformers loads."""
+
+
 @cache
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
+    """The model's tokenizer; :class:`TokenizerMissing` for a local directory without one."""
     resolved = resolve_model(name_or_path)
-    return AutoTokenizer.from_pretrained(resolved, local_files_only=Path(resolved).is_dir())
+    local = Path(resolved).is_dir()
+    if local and not any((Path(resolved) / name).is_file() for name in VOCABULARY_FILES):
+        raise TokenizerMissing(f"The tokenizer of {resolved} is missing: {TOKENIZER_FILES}")
+    return AutoTokenizer.from_pretrained(resolved, local_files_only=local)
 
 
 def cache_keyword(model: torch.nn.Module) -> str:

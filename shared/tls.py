@@ -12,11 +12,13 @@ verified the same way everywhere and a refusal reads the same everywhere (:func:
 from __future__ import annotations
 
 import os
+import socket
 import ssl
 import threading
 from pathlib import Path
 
 import certifi
+import httpx
 import truststore
 
 CA_FILE_ENV = "INTELLECT_CA_FILE"
@@ -97,6 +99,22 @@ def untrusted(error: BaseException, url: str) -> str | None:
             return f"TLS with {url} failed ({cause.reason or cause}); check the URL and the server's certificate."
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def speaks_tls(url: str, timeout_s: float = 3.0) -> bool:
+    """Whether the server at ``url``'s host and port completes a TLS handshake (its certificate unchecked: this
+    only tells a plain http:// client that it knocked at an HTTPS server)."""
+    parsed = httpx.URL(url)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((parsed.host, parsed.port or 80), timeout=timeout_s) as raw,
+            context.wrap_socket(raw, server_hostname=parsed.host),
+        ):
+            return True
+    except (OSError, ssl.SSLError):
+        return False
 
 
 def server_tls(cert: Path | None, key: Path | None) -> dict[str, str]:

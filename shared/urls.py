@@ -21,6 +21,12 @@ def url_problem(url: str) -> str | None:
         return f"{url!r} names no host; e.g. http://127.0.0.1:8000."
     if parsed.port is not None and not 0 < parsed.port < 65536:
         return f"{url!r} has port {parsed.port}, outside 1-65535."
+    if "v1" in parsed.path.split("/"):
+        # A base behind a proxy's path prefix works; one that points into the API doubles every route's /v1.
+        segments = parsed.path.strip("/").split("/")
+        path = "/" + "/".join(segments[: segments.index("v1")])
+        base = str(parsed.copy_with(path=path, query=None, fragment=None)).rstrip("/")
+        return f"{url!r} points into the coordinator's API; give its base URL, {base}, and each command adds the /v1 routes."
     try:
         socket.getaddrinfo(parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80))
     except socket.gaierror as e:

@@ -47,6 +47,32 @@ def test_a_calibration_that_cannot_judge_the_nodes_is_refused_before_anything_st
         assert not workdir.exists()
 
 
+@pytest.mark.unit
+def test_islands_without_their_extra_are_refused_before_anything_starts(tmp_path: Path, monkeypatch) -> None:
+    """Round four of use: without the [islands] extra, every role started and then a torchft ModuleNotFoundError."""
+    monkeypatch.setitem(sys.modules, "torchft", None)  # the extra not installed (find_spec finds nothing)
+    workdir = tmp_path / "devnet"
+    result = CliRunner().invoke(devnet_cli, ["--islands", "2", "--workdir", str(workdir)], terminal_width=240)
+    assert result.exit_code == 1, result.output
+    assert "pip install 'intellect-protocol[islands]'" in result.output and "Traceback" not in result.output
+    assert not workdir.exists()
+
+
+@pytest.mark.unit
+def test_a_model_without_its_tokenizer_files_is_refused_naming_them(tmp_path: Path) -> None:
+    """A Qwen3 config alone made an empty tokenizer, and the nodes died on "empty prompt" after the roles started."""
+    from transformers import AutoConfig
+
+    model, workdir = tmp_path / "model", tmp_path / "devnet"
+    AutoConfig.for_model("qwen3", vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=1).save_pretrained(
+        model
+    )
+    result = CliRunner().invoke(devnet_cli, ["--model", str(model), "--workdir", str(workdir)], terminal_width=240)
+    assert result.exit_code == 1, result.output
+    assert "tokenizer of" in result.output and "lacks its tokenizer files (tokenizer.json" in result.output, result.output
+    assert not workdir.exists()
+
+
 def test_a_chain_devnet_without_anvil_says_how_to_install_it_and_nothing_else(tmp_path: Path) -> None:
     workdir = tmp_path / "new" / "devnet"  # not there yet: the devnet makes it
     # Only the interpreter's own folder on PATH: no anvil.

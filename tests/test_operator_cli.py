@@ -84,6 +84,8 @@ def test_a_busy_port_fails_before_the_app_starts(tmp_path: Path) -> None:
         ("htp://127.0.0.1:8000", "did you mean http://127.0.0.1:8000?"),
         ("http//127.0.0.1:8000", "did you mean http://127.0.0.1:8000?"),
         ("http://nowhere.invalid:8000", "does not resolve"),
+        ("http://127.0.0.1:8000/v1", "give its base URL, http://127.0.0.1:8000,"),
+        ("http://127.0.0.1:8000/v1/public/status", "give its base URL, http://127.0.0.1:8000,"),
     ],
 )
 def test_a_coordinator_url_that_can_never_work_is_refused_at_once(url: str, says: str, tmp_path: Path) -> None:

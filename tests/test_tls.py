@@ -144,6 +144,18 @@ def test_https_to_a_plain_http_server_says_so(sqlite_url: str, tmp_path: Path) -
         assert "does not speak TLS: try http://" in _one_sentence(refused)
 
 
+def test_http_to_a_tls_coordinator_says_try_https(https: Served, tmp_path: Path) -> None:
+    """A TLS server hangs up on plain HTTP: join retried forever and check said "Server disconnected"."""
+    url = https.url.replace("https://", "http://")
+    wallet = tmp_path / "node.json"
+    create_wallet(wallet, "test-password", scrypt_n=THROWAWAY_SCRYPT_N)
+    joined = _node("join", "--wallet", str(wallet), "--coordinator", url, "--state-dir", str(tmp_path / "state"), timeout=90)
+    assert joined.returncode == 6, joined.stdout + joined.stderr
+    assert f"{url} speaks TLS: try https://" in _one_sentence(joined)
+    checked = _node("check", "--coordinator", url, "--state-dir", str(tmp_path / "state"), timeout=90)
+    assert checked.returncode == 1 and "speaks TLS: try https://" in " ".join(checked.stderr.split()), checked.stderr
+
+
 def test_a_ca_file_that_cannot_be_used_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "empty.pem").write_text("not a certificate\n")
     for path, why in [(tmp_path / "missing.pem", "does not exist"), (tmp_path / "empty.pem", "holds no PEM certificate")]:

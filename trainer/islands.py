@@ -203,8 +203,13 @@ class OuterSync:
             torch.distributed.all_reduce(squares)  # each island's whole pseudo-gradient, over this island's ranks
         norms = [math.sqrt(s) if math.isfinite(s) else float("inf") for s in squares.tolist()]
         average, included, excluded = robust_average(sent, norms, self.settings.outlier_ratio)
-        if average is None:
-            self.manager.report_error(RuntimeError("no island had a sound pseudo-gradient"))  # no step is taken
+        # Counted before judging: a liar left out must not stall the others' step by leaving them too few.
+        senders = sum(n != 0 for n in norms)
+        if average is None or senders < self.settings.min_islands:
+            average = None  # no step: a lone island (a liar among them) must not move the run by itself
+            self.manager.report_error(
+                RuntimeError(f"{senders} islands sent a pseudo-gradient, the run takes a step from {self.settings.min_islands}")
+            )
         committed = self.manager.should_commit()
         if committed and average is not None:
             offset = 0

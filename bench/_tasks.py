@@ -1,0 +1,39 @@
+"""Arithmetic tasks as a coordinator would lease them, for the benchmarks that run nodes and validators in one process."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from intellect_protocol.shared.environments.registry import get_environment, plugin
+from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
+from intellect_protocol.shared.tolerances import Calibration
+
+
+def arithmetic_task(
+    seed: int,
+    model: str,
+    temperature: float,
+    max_tokens: int,
+    prompts: int = 4,
+    samples: int = 4,
+    tolerances: Calibration | None = None,
+) -> TaskSpec:
+    """Task ``seed``: ``prompts`` arithmetic problems (the seed picks which, in turn), ``samples`` each, on ``model``."""
+    ids = sorted(p.id for p in get_environment("arithmetic").problems())
+    return TaskSpec(
+        task_id=f"task-{seed}",
+        run_id="run-bench",
+        environment="arithmetic",
+        environment_version=plugin("arithmetic").pin,
+        model=model,
+        tolerances=tolerances,
+        prompt_ids=[ids[(seed * prompts + i) % len(ids)] for i in range(prompts)],
+        samples_per_prompt=samples,
+        seed=seed,
+        policy_step=0,
+        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens),
+        length_alpha=0.0,
+        target_length=1024,
+        length_over_only=False,
+        lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
+    )
