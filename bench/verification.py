@@ -20,7 +20,10 @@ cherry-pickers the reward per 1,000 rows that reached the trainer beyond an hone
 same tasks (goal: not above 0). The last line compares honest bf16 rows rejected by the previous
 check and by this one.
 
-    python bench/verification.py [--rows 5000] [--forged-tasks 40] [--model DIR] [--backend vllm]
+With ``--widened F`` every bound is F times the floor's: what forgers get through at the widest bounds the
+admin API lets an operate-scope token set (4x; wider needs the admin scope and is shown on the run's page).
+
+    python bench/verification.py [--rows 5000] [--forged-tasks 40] [--model DIR] [--backend vllm] [--widened 4]
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ from intellect_protocol.shared.models import encode_prompt, load_model  # noqa: 
 from intellect_protocol.shared.rollout_file import read_rollouts  # noqa: E402
 from intellect_protocol.shared.sampling import sampling_scores, token_logprobs  # noqa: E402
 from intellect_protocol.shared.schemas import DEFAULT_MODEL, SamplingParams, TaskSpec  # noqa: E402
-from intellect_protocol.shared.tolerances import Calibration  # noqa: E402
+from intellect_protocol.shared.tolerances import TOLERANCES as FLOORS  # noqa: E402
+from intellect_protocol.shared.tolerances import Calibration, widening  # noqa: E402
 from intellect_protocol.validator.calibration import calibration_file, measure  # noqa: E402
 from intellect_protocol.validator.checks import CheckSettings, Context, Verdict, validate  # noqa: E402
 
@@ -117,6 +121,18 @@ def calibrate(dtypes: list[str], rows: int, max_tokens: int) -> dict:
         )
         results.append(m)
     return TypeAdapter(Calibration).validate_python(calibration_file(MODEL_NAME, 2.0, results)["tolerances"])
+
+
+def widened(dtypes: list[str], factor: float) -> Calibration:
+    """The floor of each dtype with every bound ``factor`` times wider (a count from at least 1)."""
+    calibration = {}
+    for dtype in dtypes:
+        floor = FLOORS[dtype]
+        wider = {k: factor * max(v, 1) if k == "outliers" else factor * v for k, v in floor.model_dump().items()}
+        calibration[f"{BACKEND}/{dtype}"] = floor.widened(
+            {k: min(v, 1.0) if k == "nucleus_mass" else v for k, v in wider.items()}
+        )
+    return calibration
 
 
 def honest(dtype: str, temperature: float, rows: int, max_tokens: int, first_seed: int) -> dict[str, float]:
@@ -215,6 +231,11 @@ def main() -> int:
         default=256,
         help="honest rows per numerics a model other than the shipped one is calibrated on",
     )
+    parser.add_argument(
+        "--widened",
+        type=float,
+        help="judge by every bound of the floor widened this many times (4: the most an operate-scope token may set)",
+    )
     args = parser.parse_args()
     MODEL_NAME, BACKEND = args.model, args.backend
     MODEL, TOKENIZER = load_model(MODEL_NAME)
@@ -225,6 +246,9 @@ def main() -> int:
     )
     if MODEL_NAME != DEFAULT_MODEL:
         TOLERANCES = calibrate(args.dtypes, args.calibrate_rows, args.max_tokens)
+    if args.widened:
+        TOLERANCES = widened(args.dtypes, args.widened)
+        print(f"every bound {args.widened:g}x the floor: {widening(TOLERANCES):g}x as the run's page shows it")
     print(
         f"honest nodes: {args.rows} rows per configuration, 16-row tasks, validator batches {BATCHES}, limit {args.max_tokens} tokens"
     )

@@ -121,9 +121,11 @@ class Run(Base):
     samples_per_prompt: Mapped[int] = mapped_column(Integer)
     length_budget: Mapped[dict[str, Any]]
     prompting: Mapped[dict[str, Any] | None]
+    """The run's :class:`shared.schemas.Prompting`; None: no system prompt, the template's default thinking."""
     tolerances: Mapped[dict[str, Any] | None]
     """Calibrated :class:`shared.tolerances.Tolerance` by numerics name; None: uncalibrated."""
-    """The run's :class:`shared.schemas.Prompting`; None: no system prompt, the template's default thinking."""
+    tolerances_set_at: Mapped[datetime | None]
+    """When :attr:`tolerances` were last set (None: never, the floors)."""
     policy_step: Mapped[int] = mapped_column(Integer)
     next_prompt: Mapped[int] = mapped_column(Integer)
     """Cursor into the environment's problems: the coordinator, not nodes, picks prompts."""

@@ -73,6 +73,9 @@ class RunInfo(BaseModel):
     """How far honest work may be from a validator's recomputation, by the numerics the run admits, as
     calibrated on the run's model; None: uncalibrated (the shipped model's bounds, any numerics)."""
 
+    tolerances_set_at: datetime | None = None
+    """When :attr:`tolerances` were last set (None: never)."""
+
     @computed_field  # type: ignore[prop-decorator]
     @property
     def tolerances_widened_by(self) -> float:

@@ -190,6 +190,9 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
         recalibrated_task = lease(served, joined(served)).json()
         assert recalibrated_task["tolerances"] == recalibrated["tolerances"] and new_task["tolerances"] is None
         assert public["tolerances_widened_by"] == round(0.1 / 0.06, 2)
+        # The page says since when: the run's config records when its tolerances were set.
+        set_at = datetime.fromisoformat(public["tolerances_set_at"])
+        assert datetime.fromisoformat(run["created_at"]) <= set_at <= datetime.now(UTC).replace(tzinfo=set_at.tzinfo)
 
         # Every bound at the schema's maximum, where every forgery fits: an operate token cannot set it, an
         # admin token can, and then the audit log and the public config say by how much.

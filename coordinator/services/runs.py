@@ -63,6 +63,7 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
         length_budget=spec.length_budget.model_dump(),
         prompting=spec.prompting.model_dump(exclude_none=True),
         tolerances=_dumped(spec.tolerances),
+        tolerances_set_at=now if spec.tolerances else None,
         policy_step=0,
         next_prompt=0,
         status=RunStatus.active,
@@ -230,13 +231,15 @@ UPDATABLE = frozenset(
 )
 
 
-def update_run(session: Session, run_id: str, changes: dict[str, Any]) -> Run:
+def update_run(session: Session, run_id: str, changes: dict[str, Any], now: datetime) -> Run:
     """Apply ``changes`` (keys from :data:`UPDATABLE`); tasks made before keep the settings they were made with."""
     if not set(changes) <= UPDATABLE:
         raise ValueError(f"not settings a running run can change: {sorted(set(changes) - UPDATABLE)}")
     run = get_run(session, run_id)
     for key, value in changes.items():
         setattr(run, key, value)
+    if "tolerances" in changes:
+        run.tolerances_set_at = now if changes["tolerances"] else None
     _require_submittable(run.prompts_per_task, run.samples_per_prompt, run.sampling["max_tokens"])
     return run
 

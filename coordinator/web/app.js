@@ -263,7 +263,8 @@ function settlementSection(overview) {
 }
 
 function showRun(net) {
-  const widened = net.run && net.run.tolerances_widened_by > 1 ? ` · tolerances widened to ${net.run.tolerances_widened_by}x the shipped model's bounds` : "";
+  const setOn = net.run?.tolerances_set_at ? ` on ${net.run.tolerances_set_at.slice(0, 10)}` : "";
+  const widened = net.run && net.run.tolerances_widened_by > 1 ? ` · tolerances widened to ${net.run.tolerances_widened_by}x the shipped model's bounds${setOn}` : "";
   document.getElementById("run-name").textContent = net.run ? `Run ${net.run.name} · ${net.run.environment} · ${net.run.model}${widened}` : "No active run";
 }
 

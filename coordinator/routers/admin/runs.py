@@ -111,7 +111,7 @@ async def update_run(run_id: str, body: RunSettings, ledger: LedgerDep, token: O
     widened = _widening_allowed(body, token)
 
     def work(session: Session) -> RunInfo:
-        return _info(runs.update_run(session, run_id, _changes(body, runs.get_run(session, run_id))))
+        return _info(runs.update_run(session, run_id, _changes(body, runs.get_run(session, run_id)), ledger.now()))
 
     changes = body.model_dump(exclude_unset=True, mode="json")
     return await audited(ledger, token, "runs.update", run_id, work, changes=changes, **widened)
