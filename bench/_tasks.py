@@ -17,8 +17,10 @@ def arithmetic_task(
     prompts: int = 4,
     samples: int = 4,
     tolerances: Calibration | None = None,
+    stop_on_eos: bool = True,
 ) -> TaskSpec:
-    """Task ``seed``: ``prompts`` arithmetic problems (the seed picks which, in turn), ``samples`` each, on ``model``."""
+    """Task ``seed``: ``prompts`` arithmetic problems (the seed picks which, in turn), ``samples`` each, on ``model``;
+    ``stop_on_eos=False`` generates every completion to ``max_tokens`` (for timings)."""
     ids = sorted(p.id for p in get_environment("arithmetic").problems())
     return TaskSpec(
         task_id=f"task-{seed}",
@@ -31,7 +33,7 @@ def arithmetic_task(
         samples_per_prompt=samples,
         seed=seed,
         policy_step=0,
-        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens),
+        sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_on_eos=stop_on_eos),
         length_alpha=0.0,
         target_length=1024,
         length_over_only=False,

@@ -15,41 +15,24 @@ import argparse
 import hashlib
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import torch
+from _tasks import arithmetic_task
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from intellect_protocol.node.work import finish, generate
-from intellect_protocol.shared.environments.registry import get_environment, plugin
+from intellect_protocol.shared.environments.registry import get_environment
 from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
 from intellect_protocol.shared.rollout_file import read_rollouts
-from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
 from intellect_protocol.validator.checks import CheckSettings, Context, validate
 
 
-def task(model: str, i: int, prompts: int, samples: int, tokens: int) -> TaskSpec:
-    return TaskSpec(
-        task_id=f"bench-{i}",
-        run_id="bench",
-        environment="arithmetic",
-        environment_version=plugin("arithmetic").pin,
-        model=model,
-        prompt_ids=[f"a{i * prompts + k}" for k in range(prompts)],
-        samples_per_prompt=samples,
-        seed=i,
-        policy_step=0,
-        sampling=SamplingParams(temperature=1.0, max_tokens=tokens, stop_on_eos=False),
-        length_alpha=0.0,
-        target_length=1024,
-        length_over_only=False,
-        lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
-    )
-
-
 def measure(name: str, model_path: str, args: argparse.Namespace) -> float:
-    tasks = [task(model_path, i, args.prompts, args.samples, args.tokens) for i in range(args.tasks + 1)]
+    tasks = [
+        arithmetic_task(i, model_path, 1.0, args.tokens, args.prompts, args.samples, stop_on_eos=False)
+        for i in range(args.tasks + 1)
+    ]
     finish(generate(tasks[0]))  # warm-up: loads the model
     files, generate_s, generated = [], 0.0, 0
     for t in tasks[1:]:
