@@ -30,16 +30,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import json
 import math
 import statistics
 import sys
 import tempfile
 import time
-import traceback
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +51,10 @@ except ModuleNotFoundError:  # a plain checkout, as on a GPU machine without the
 
     sys.path.insert(0, str(checkout(BENCH.parent, Path(tempfile.mkdtemp()))))
 
+from _gpu_model import FILE_ROWS, FORGED_ROWS, FULL, SMALL, Plan, build_model, with_kernel  # noqa: E402
+from _gpu_report import Report, table  # noqa: E402
 from _tasks import arithmetic_task  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from intellect_protocol.devnet.numerics_forgeries import cherry_pick, resampled, shifted_logprobs  # noqa: E402
 from intellect_protocol.node.work import Generated, problems_for, score  # noqa: E402
@@ -67,7 +65,6 @@ from intellect_protocol.shared.rollout_file import Rollout, read_rollouts, write
 from intellect_protocol.shared.sampling import gumbel_noise  # noqa: E402
 from intellect_protocol.shared.schemas import SamplingParams, TaskSpec  # noqa: E402
 from intellect_protocol.shared.tasks import assigned_rows, budget_of  # noqa: E402
-from intellect_protocol.shared.tiny_model import bpe_tokenizer  # noqa: E402
 from intellect_protocol.shared.tolerances import Calibration  # noqa: E402
 from intellect_protocol.shared.toploc import build_proofs_batch, verify_proofs_batch  # noqa: E402
 from intellect_protocol.shared.torch_backend import TorchBackend  # noqa: E402
@@ -78,76 +75,9 @@ from intellect_protocol.trainer.settings import TrainerSettings  # noqa: E402
 from intellect_protocol.validator.calibration import calibration_file, measure  # noqa: E402
 from intellect_protocol.validator.checks import CheckSettings, Context, Verdict, in_dtype, validate  # noqa: E402
 
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """The model's shape and how much work each part does."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    """The head's rows: at least the tokenizer's, more pad it as Qwen's 151,936 pad its tokenizer's 151,665."""
-    max_tokens: int
-    calibration_rows: int
-    honest_rows: dict[int, int]
-    """Honest rows per node batch size (the largest batch takes what is left of the budget's share, up to its figure)."""
-    forged_files: int
-    """Files per forgery kind, of :data:`FORGED_ROWS` rows each."""
-
-
-FULL = Plan(28, 1024, 16, 8, 128, 3072, 151_936, 64, 128, {1: 16, 8: 128, 64: 4_864}, 3)
-SMALL = Plan(2, 64, 2, 1, 32, 128, 0, 16, 32, {1: 16, 8: 16, 64: 64}, 1)
-
-FILE_ROWS = 16
-"""Rows per honest file: the devnet's task size (4 prompts x 4 samples)."""
-FORGED_ROWS = 4
-"""Rows per forged file (1 prompt x 4 samples): the cherry-pickers re-run the model per branch."""
-LOGIT_STD = 5.0
-"""Logit spread the random weights are scaled to: about 3 nats of entropy a token at Qwen's vocabulary, as a
-trained model's peaked distributions (unscaled, every token is near 1 / 151,936 and sampling is noise)."""
 TEMPERATURES = (0.7, 1.0)
 VALIDATORS = [(batch, kernel) for batch in (16, 4, 1, 8, 2) for kernel in ("sdpa", "eager")]
 """(prefill batch, attention kernel) a validator checks with, in turn; never the node's own batch size."""
-GOAL_PREFILL_OVER_GENERATION = 25.0
-
-
-class Report:
-    """Every figure, by part; printed as a table and written as JSON after each part."""
-
-    def __init__(self, out: Path, budget_s: float) -> None:
-        self.out = out
-        self.started = time.perf_counter()
-        self.budget_s = budget_s
-        self.parts: dict[str, dict[str, Any]] = {}
-
-    def left(self, share: float) -> float:
-        """Seconds until this run has spent ``share`` of its budget."""
-        return share * self.budget_s - (time.perf_counter() - self.started)
-
-    @contextmanager
-    def part(self, name: str, fatal: bool = False) -> Iterator[dict[str, Any]]:
-        """Figures of part ``name``; an error is recorded, and raised again only if the parts after it need this one."""
-        figures: dict[str, Any] = {}
-        self.parts[name] = figures
-        begun = time.perf_counter()
-        print(f"[{time.perf_counter() - self.started:6.1f} s] {name} ...", flush=True)
-        try:
-            yield figures
-        except Exception as e:  # one part's failure must not cost the others' figures
-            figures["error"] = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-            if fatal:
-                raise
-        finally:
-            figures["s"] = round(time.perf_counter() - begun, 2)
-            self.save()
-
-    def save(self) -> None:
-        self.out.write_text(json.dumps(self.parts, indent=2, default=str))
 
 
 def synchronize(device: torch.device) -> None:
@@ -162,41 +92,6 @@ def noise_part(report: Report, device: torch.device, vocab: int) -> None:
         here, cpu = gumbel_noise(seeds.to(device), positions.to(device), vocab).cpu(), gumbel_noise(seeds, positions, vocab)
         f |= {"identical_to_cpu": bool(torch.equal(here, cpu)), "values": here.numel()}
         f |= {"differing": int((here != cpu).sum()), "largest_difference": float((here - cpu).abs().max())}
-
-
-def build_model(plan: Plan, directory: Path, device: torch.device) -> tuple[int, int]:
-    """A random Qwen3-shaped model and the tokenizer trained here, saved in ``directory``; (parameters, vocabulary)."""
-    tokenizer = bpe_tokenizer(400)
-    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
-    config = AutoConfig.for_model(
-        "qwen3",
-        vocab_size=max(plan.vocab, len(tokenizer)),
-        hidden_size=plan.hidden,
-        intermediate_size=plan.intermediate,
-        num_hidden_layers=plan.layers,
-        num_attention_heads=plan.heads,
-        num_key_value_heads=plan.kv_heads,
-        head_dim=plan.head_dim,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        **ids,
-    )
-    torch.manual_seed(0)
-    with device:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    scale = LOGIT_STD / (config.initializer_range * math.sqrt(plan.hidden))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.mul_(scale)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return sum(p.numel() for p in model.parameters()), config.vocab_size
-
-
-def with_kernel(model: Any, kernel: str) -> Any:
-    model.set_attn_implementation(kernel)
-    return model
 
 
 class Roles:
@@ -426,53 +321,6 @@ def _changed_rows(data: bytes, honest: bytes, logprobs: bool) -> set[int]:
     if logprobs:
         return {i for i, (a, b) in enumerate(pairs) if max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) > 1e-6}
     return {i for i, (a, b) in enumerate(pairs) if a.completion_tokens != b.completion_tokens}
-
-
-def table(report: Report, title: str) -> str:
-    p = report.parts
-    honest, throughput, grpo, forged = (p.get(k, {}) for k in ("honest", "throughput", "grpo", "forgeries"))
-    totals = honest.get("totals", {})
-    lines = [title, f"{'check':58s} {'figure':>22s}  goal"]
-
-    def row(name: str, figure: str, goal: str = "") -> None:
-        lines.append(f"{name:58s} {figure:>22s}  {goal}")
-
-    row("seeded noise identical on CPU and here", str(p.get("noise", {}).get("identical_to_cpu")), "True")
-    if "rows" in totals:
-        row("honest rows rejected", f"{totals['rejected_rows']:.0f} of {totals['rows']:.0f}", "0 of >= 5,000")
-        row("honest rows kept out of training (explained near-ties)", f"{totals['untrained_rows']:.0f}")
-        for batch, figures in sorted(honest["by_node_batch"].items()):
-            row(
-                f"  node batch {batch}: rows rejected, generation tokens/s",
-                f"{figures['rejected_rows']:.0f}/{figures['rows']:.0f}, {figures['tokens_per_s']:.0f}",
-            )
-        for config, figures in sorted(honest["by_validator"].items()):
-            row(
-                f"  validator batch/kernel {config}: rows rejected, tokens/s",
-                f"{figures['rejected_rows']:.0f}/{figures['rows']:.0f}, {figures['tokens_per_s']:.0f}",
-            )
-        row("TOPLOC build, us per committed position (node CPU)", f"{totals['proof_build_us_per_position']:.1f}")
-    if "proof_verify_us_per_position" in throughput:
-        row("TOPLOC verify, us per committed position (validator CPU)", f"{throughput['proof_verify_us_per_position']:.1f}")
-        row("validator prefill tokens/s", f"{throughput['prefill_tokens_per_s']:.0f}")
-        row("node generation tokens/s (largest batch)", f"{throughput['generation_tokens_per_s']:.0f}")
-        row("validator whole check tokens/s", f"{totals.get('check_tokens_per_s', 0):.0f}")
-    for name, figures in forged.items():
-        if isinstance(figures, dict):
-            figure = f"{figures['forged_rows_trained']} rows trained, {figures['accepted']}/{figures['files']} files accepted"
-            cut = figures.get("cut_short") and not figures["files"]
-            row(f"forged: {name}", "not run: out of time" if cut else figure, "0 rows trained")
-    if "step_s" in grpo:
-        row(f"GRPO step, {grpo['rows']} rows (fp32 AdamW), s", f"{grpo['step_s']:.3f}")
-    errors = [f"{name}: {figures['error']}" for name, figures in p.items() if "error" in figures]
-    lines += [f"error in {e}" for e in errors]
-    if "prefill_over_generation" in throughput:
-        row(
-            "validator prefill / node generation, tokens/s",
-            f"{throughput['prefill_over_generation']:.1f}x",
-            f">= {GOAL_PREFILL_OVER_GENERATION:.0f}x",
-        )
-    return "\n".join(lines)
 
 
 def main() -> int:
