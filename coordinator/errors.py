@@ -39,6 +39,7 @@ STATUS_OF: dict[ErrorCode, int] = {
     ErrorCode.request_timeout: 408,
     ErrorCode.conflict: 409,
     ErrorCode.lease_expired: 409,
+    ErrorCode.awaiting_vouches: 409,
     ErrorCode.body_too_large: 413,
     ErrorCode.validation_error: 422,
     ErrorCode.rollout_invalid: 422,

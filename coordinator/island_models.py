@@ -43,3 +43,18 @@ class IslandShare(Base):
     outer_step: Mapped[int | None] = mapped_column(Integer)
     attempt: Mapped[str | None] = mapped_column(String(32))
     """The outer step and attempt whose pseudo-gradient learned from it (set when reported)."""
+
+
+class StepVouch(Base):
+    """One island's word on a policy step of its run: the content it built from the agreed weights, and the
+    island the meeting chose to publish it. A step is published only as most live islands vouch."""
+
+    __tablename__ = "step_vouches"
+
+    run_id: Mapped[str] = mapped_column(String(64), ForeignKey("runs.id"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    island: Mapped[str] = mapped_column(String(64), primary_key=True)
+    address: Mapped[str] = mapped_column(String(42))
+    content: Mapped[str] = mapped_column(String(64))
+    publisher: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]

@@ -31,7 +31,14 @@ from pydantic import BaseModel
 
 from intellect_protocol.shared.committee import AppealInfo, AppealRequest, PublicReceipt
 from intellect_protocol.shared.cpu_ledger import spent
-from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandStatus
+from intellect_protocol.shared.island_schemas import (
+    IslandClaim,
+    IslandJoin,
+    IslandReport,
+    IslandSettle,
+    IslandStatus,
+    IslandVouch,
+)
 from intellect_protocol.shared.public_schemas import Credit, PublicNode
 from intellect_protocol.shared.run_schemas import RunInfo
 from intellect_protocol.shared.schemas import (
@@ -236,6 +243,9 @@ class CoordinatorClient:
 
     def island_report(self, body: IslandReport) -> None:
         self._send("POST", "/v1/trainer/islands/report", body=body)
+
+    def island_vouch(self, body: IslandVouch) -> None:
+        self._send("POST", "/v1/trainer/islands/vouch", body=body)
 
     def island_settle(self, body: IslandSettle) -> int:
         """Returns the claims consumed."""

@@ -3,7 +3,9 @@ meet every ``sync_every`` inner steps for a DiLoCo outer step (:mod:`trainer.isl
 
 How a share moves (:mod:`coordinator.services.islands`): an island *claims* accepted submissions no
 island holds; before an outer step it *reports* the claims its pseudo-gradient holds (pending under that
-step and its attempt); the island that publishes the step's policy *settles* it, naming the attempts the
+step and its attempt); after it, every island of the meeting *vouches* for the step's content and publisher,
+and the step is published only once most live islands vouch for what is published and who publishes it; the
+island that publishes the step's policy *settles* it, naming the attempts the
 average included: their claims are consumed, every other pending claim of that step or older goes back
 to the pool. An island that starts (or restarts) *joins*: its claims not yet reported go back, since
 whatever it learned from them died with it. Claims of an island silent for the lease go back too.
@@ -17,6 +19,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from intellect_protocol.shared.schemas import INT32_MAX, Address, Request
+from intellect_protocol.shared.shardcast.chunking import DEFAULT_CHUNK_SIZE, Hex64
 
 IslandName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 Attempt = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
@@ -63,6 +66,9 @@ class OuterSettings(BaseModel):
     gets itself left out must not stall the others); with fewer it takes none, and the islands meet again after
     their next inner steps. 1 lets any island step the run alone, a lying one too; 3, in a run of three islands
     or more, leaves one liar unable to steer a step."""
+    chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=4096, le=2**31)
+    """Bytes per shardcast chunk of a published step: every island chunks the agreed weights alike, so the
+    manifests they vouch for agree."""
     outlier_ratio: float = Field(10.0, gt=1, le=1e6)
     """An island whose pseudo-gradient's norm, measured on what it sent, exceeds this times the upper median of
     all the measured norms is left out of the step (the others are clipped to the lower median)."""
@@ -102,6 +108,16 @@ class IslandSettle(IslandJoin):
     """The attempts the average was taken over: their reported claims are consumed."""
     excluded: dict[IslandName, Annotated[str, Field(max_length=300)]] = Field(default_factory=dict, max_length=256)
     """Islands left out of the step, and why (shown on the run's status)."""
+
+
+class IslandVouch(IslandJoin):
+    """Sent by every island of a committed meeting: what policy step ``step`` holds and who publishes it."""
+
+    step: int = Field(ge=1, le=INT32_MAX)
+    content: Hex64
+    """The :meth:`~shared.shardcast.manifest.Manifest.content_digest` of the agreed weights, built by this island."""
+    publisher: IslandName
+    """The island the meeting chose to publish the step."""
 
 
 class IslandStatus(BaseModel):

@@ -84,6 +84,8 @@ class ErrorCode(enum.StrEnum):
     manifest_invalid = "manifest_invalid"
     manifest_signer_mismatch = "manifest_signer_mismatch"
     """A manifest signed by someone other than the trainer posting it."""
+    awaiting_vouches = "awaiting_vouches"
+    """A trainer island's step that most live islands have not vouched for (yet): publish it again once they have."""
     not_submitter = "not_submitter"
     """Only the node that submitted the work may do this (appeal it)."""
     storage_unavailable = "storage_unavailable"

@@ -15,9 +15,10 @@ from rich.console import Console
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
-from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle
+from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandVouch
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.shardcast.manifest import SignedManifest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
@@ -39,13 +40,35 @@ def refused(status: int, call, served) -> str:
     return caught.value.message
 
 
-def publish(origin: Path, run_id: str, step: int, client: CoordinatorClient) -> None:
-    """Policy step ``step`` registered by ``client`` (the files' content does not matter here)."""
+def build(origin: Path, run_id: str, step: int, client: CoordinatorClient, weights: bytes | None = None) -> SignedManifest:
+    """Policy step ``step``'s files and manifest, signed by ``client`` (the files' content does not matter here)."""
     directory = step_dir(origin, run_id, step)
-    directory.mkdir(parents=True)
+    directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text("{}")
-    (directory / "model.safetensors").write_bytes(f"weights {step}".encode())
-    client.publish_manifest(publish_step(origin, run_id, step, client.account))
+    (directory / "model.safetensors").write_bytes(weights or f"weights {step}".encode())
+    return publish_step(origin, run_id, step, client.account)
+
+
+def vouch(client: CoordinatorClient, run_id: str, island: str, signed: SignedManifest, publisher: str) -> None:
+    body = IslandVouch(
+        address=client.account.address,
+        run_id=run_id,
+        island=island,
+        step=signed.manifest.step,
+        content=signed.manifest.content_digest(),
+        publisher=publisher,
+    )
+    client.island_vouch(body)
+
+
+def publish(
+    origin: Path, run_id: str, step: int, client: CoordinatorClient, vouchers: tuple[tuple[CoordinatorClient, str], ...] = ()
+) -> None:
+    """Policy step ``step`` registered by ``client``, the first of ``vouchers`` (client, island) that vouch for it."""
+    signed = build(origin, run_id, step, client)
+    for voucher, island in vouchers:
+        vouch(voucher, run_id, island, signed, vouchers[0][1])
+    client.publish_manifest(signed)
 
 
 def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp_path: Path) -> None:
@@ -113,7 +136,7 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
             409, lambda: publish(tmp_path / "origin", run_id, 1000, a), served
         )
         assert "trained by islands" in refused(403, lambda: publish(tmp_path / "impostor", run_id, 1, other), served)
-        publish(tmp_path / "origin", run_id, 1, a)
+        publish(tmp_path / "origin", run_id, 1, a, ((a, "a"), (b, "b")))
         # Only the island that published the step settles it: b cannot consume or release what a reported.
         forged = body(IslandSettle, b_key, "b", outer_step=0, included=[])
         assert "published policy step 1" in refused(403, lambda: b.island_settle(forged), served)
@@ -135,7 +158,7 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         # An island left out of a published step (excluded, or its attempt failed) gets nothing consumed.
         left_out = uuid.uuid4().hex
         b.island_report(body(IslandReport, b_key, "b", outer_step=1, attempt=left_out, cursors=[e.cursor for e in again]))
-        publish(tmp_path / "origin", run_id, 2, a)
+        publish(tmp_path / "origin", run_id, 2, a, ((a, "a"), (b, "b")))
         settle_1 = body(IslandSettle, a_key, "a", outer_step=1, included=[], excluded={"b": "its pseudo-gradient is not finite"})
         assert a.island_settle(settle_1) == 0
         assert a.island_settle(settle_1) == 0  # settled again (a later publisher may): counted once
@@ -226,4 +249,71 @@ def test_a_trainer_that_keeps_claiming_holds_no_more_than_its_share(database_url
         assert len(hoard) == 5
         assert len(claim(honest, "honest")) == 5
         for client in (hoarder, honest):
+            client.close()
+
+
+def test_a_step_is_published_only_as_most_live_islands_vouch_for_its_content_and_publisher(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Round four: any trainer island published any weights (step 1000 of random bytes). The run still moves one
+    step at a time, and now a step's manifest is accepted only with the content most live islands built from the
+    agreed weights, from the island they chose: one liar of three can neither publish its own bytes nor publish
+    as another, and nothing it sends changes the ledger."""
+    settings = CoordinatorSettings(
+        database_url=database_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        island_lease_s=60,
+        heartbeat_interval_s=3600,
+    )
+    clock = MovableClock()
+    with serve(settings, clock=clock) as served:
+        run_id = make_run(served, sampling=SamplingParams(max_tokens=8), audit=NO_AUDIT)
+        token = admin_token(served)
+        keys = {name: Account.create() for name in ("a", "b", "liar")}
+        for key in keys.values():
+            grant(served, token, key.address, "trainer")
+        clients = {name: CoordinatorClient(served.url, key) for name, key in keys.items()}
+        a, b, liar = clients["a"], clients["b"], clients["liar"]
+        for name, client in clients.items():
+            client.island_join(IslandJoin(address=client.account.address, run_id=run_id, island=name))
+        origin = {name: tmp_path / name for name in clients}
+
+        # Step 1, chosen publisher a: a's own word is one of three live islands'; with b's it is most.
+        step_1 = build(origin["a"], run_id, 1, a)
+        vouch(a, run_id, "a", step_1, "a")
+        assert "1 of the 2 trainer addresses needed (3 live)" in refused(409, lambda: a.publish_manifest(step_1), served)
+        vouch(b, run_id, "b", step_1, "a")
+        a.publish_manifest(step_1)
+        assert a.run_info(run_id).policy_step == 1
+
+        # Step 2, chosen publisher b. The liar vouches for its own bytes as publisher, and cannot publish them, nor
+        # the honest content under its own name, nor change its word, nor speak for another island.
+        honest = build(origin["b"], run_id, 2, b)
+        forged = build(origin["liar"], run_id, 2, liar, weights=b"random bytes")
+        vouch(liar, run_id, "liar", forged, "liar")
+        refused(409, lambda: liar.publish_manifest(forged), served)
+        vouch(a, run_id, "a", honest, "b")
+        vouch(b, run_id, "b", honest, "b")
+        as_liar = build(tmp_path / "liar-copy", run_id, 2, liar)  # the same files, signed by the liar
+        assert as_liar.manifest.content_digest() == honest.manifest.content_digest()
+        refused(409, lambda: liar.publish_manifest(as_liar), served)
+        assert "vouched otherwise" in refused(409, lambda: vouch(liar, run_id, "liar", honest, "b"), served)
+        refused(403, lambda: vouch(liar, run_id, "a", forged, "liar"), served)
+        refused(403, lambda: vouch(CoordinatorClient(served.url, Account.create()), run_id, "c", forged, "c"), served)
+        b.publish_manifest(honest)
+        assert a.run_info(run_id).policy_step == 2
+        # Vouching for a published step, or beyond the next two, changes nothing.
+        for step in (2, 5):
+            late = build(origin["a"], run_id, step, a)
+            assert "not one of the next" in refused(409, lambda late=late: vouch(a, run_id, "a", late, "a"), served)
+
+        # The others silent past the lease: a is the run's only live island, and its own word is enough.
+        clock.advance(61)
+        step_3 = build(origin["a"], run_id, 3, a)
+        vouch(a, run_id, "a", step_3, "a")
+        a.publish_manifest(step_3)
+        assert a.run_info(run_id).policy_step == 3
+        for client in clients.values():
             client.close()

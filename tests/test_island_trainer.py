@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -58,18 +57,26 @@ class IslandNetwork:
     run_id: str
     keys: dict[str, LocalAccount]
     lighthouse: str
-    feed: Callable[[int], None]
-    """Adds that many accepted submissions of policy step 0."""
+    accept: Callable[[int], None]
+    """Validates that many more of the run's submissions: the islands can claim them."""
 
 
 @contextmanager
-def island_network(database_url: str, tmp_path: Path, tasks: int, min_islands: int) -> Iterator[IslandNetwork]:
-    """A coordinator whose run (meeting every ``OUTER.sync_every`` inner steps) holds ``tasks`` accepted
-    submissions of policy step 0, two island wallets granted the trainer role, and a lighthouse."""
+def island_network(
+    database_url: str, tmp_path: Path, tasks: int, min_islands: int, island_lease_s: float = 300, accepted: int | None = None
+) -> Iterator[IslandNetwork]:
+    """A coordinator whose run (meeting every ``OUTER.sync_every`` inner steps) holds ``tasks`` submissions of
+    policy step 0, ``accepted`` of them (all by default) accepted, two island wallets granted the trainer role,
+    and a lighthouse."""
     from torchft._torchft import LighthouseServer
 
     settings = CoordinatorSettings(
-        database_url=database_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000, backlog_floor=64
+        database_url=database_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        backlog_floor=64,
+        island_lease_s=island_lease_s,
     )
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_islands, join_timeout_ms=500, heartbeat_timeout_ms=1500)
     try:
@@ -83,24 +90,25 @@ def island_network(database_url: str, tmp_path: Path, tasks: int, min_islands: i
             validator_key = Account.create()
             grant(served, token, validator_key.address, "validator")
             node = joined(served)
+            for _ in range(tasks):
+                task = lease(served, node)
+                upload(served, node, task, finish(generate(task)).data)
 
-            def feed(tasks: int) -> None:
-                for _ in range(tasks):
-                    task = lease(served, node)
-                    upload(served, node, task, finish(generate(task)).data)
-                validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=16)
-                validator.run(max_submissions=tasks)
+            def accept(n: int) -> None:
+                # A batch of n: the validator checks every review it claims.
+                validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=n)
+                validator.run(max_submissions=n)
                 validator.close()
 
-            feed(tasks)
-            yield IslandNetwork(served, run_id, keys, "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1], feed)
+            accept(tasks if accepted is None else accepted)
+            yield IslandNetwork(served, run_id, keys, "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1], accept)
     finally:
         lighthouse.shutdown()
 
 
 @pytest.mark.integration
 def test_two_islands_train_on_their_own_shares_and_publish_agreed_steps(sqlite_url: str, tmp_path: Path) -> None:
-    config = TrainerSettings(groups_per_step=2, chunk_size=1 << 20)
+    config = TrainerSettings(groups_per_step=2)
     trained: dict[str, list[tuple[str, str]]] = {name: [] for name in ISLANDS}
     reached: dict[str, int] = {}
     errors: list[BaseException] = []
@@ -160,13 +168,15 @@ def test_two_islands_train_on_their_own_shares_and_publish_agreed_steps(sqlite_u
 @pytest.mark.integration
 def test_an_island_killed_mid_run_rejoins_from_its_peer_and_no_share_is_lost(sqlite_url: str, tmp_path: Path) -> None:
     steps = 6
-    # 64 groups, every one trained on (no online filter): enough for both islands' steps and the killed one's waste.
-    with island_network(sqlite_url, tmp_path, 0, min_islands=1) as net:
+    # Every group is trained on (no online filter), two a task, four an island's outer step; the submissions are
+    # accepted in three parts so that no island can run ahead of the test, whatever the load: each meeting needs
+    # both live islands (torchft refuses a quorum of half the live islands or fewer), and each island data for it.
+    # A killed island counts as live for the island lease: the survivor publishes alone once it runs out.
+    with island_network(sqlite_url, tmp_path, 26, min_islands=1, island_lease_s=5, accepted=0) as net:
         env = {
             "INTELLECT_WALLET_PASSWORD": "pw",
             "INTELLECT_TRAINER_GROUPS_PER_STEP": "2",
             "INTELLECT_TRAINER_ONLINE_FILTER": "false",
-            "INTELLECT_TRAINER_CHUNK_SIZE": str(1 << 20),
         }
 
         def start(name: str) -> Process:
@@ -193,19 +203,17 @@ def test_an_island_killed_mid_run_rejoins_from_its_peer_and_no_share_is_lost(sql
                 time.sleep(0.05)
 
         try:
-            # Both wait for data, alive at the lighthouse, so neither can meet alone: a live island that has not
-            # come to a meeting holds the other there (torchft refuses a quorum of half the live islands or fewer).
             until(lambda: all(island(n) is not None for n in ISLANDS), east, west)
-            net.feed(32)
+            net.accept(8)  # two meetings of both at most, and enough for west to report its share of the second
             until(lambda: (w := island("west")) is not None and w.outer_step >= 1, east, west)  # west took part
             west.kill()
             killed_time, killed_at = datetime.now(UTC), api.run_info(net.run_id).policy_step
+            net.accept(2)  # with what west held, two steps of east alone at most: the run stays short of its last
             until(lambda: api.run_info(net.run_id).policy_step > killed_at, east)  # east trains on alone
-            east.popen.send_signal(signal.SIGSTOP)
             west.restart()
-            until(lambda: (w := island("west")) is not None and w.joined_at > killed_time, west)
+            until(lambda: (w := island("west")) is not None and w.joined_at > killed_time, east, west)
             joined = datetime.now(UTC)
-            east.popen.send_signal(signal.SIGCONT)  # west waits for it at the lighthouse and recovers its weights
+            net.accept(16)  # west waits for east at the lighthouse, recovers its weights, and both train to the end
             assert east.popen.wait(180) == 0, east.tail()
             assert west.popen.wait(180) == 0, west.tail()
             islands = {i.name: i for i in api.islands(net.run_id)}

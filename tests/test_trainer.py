@@ -6,7 +6,9 @@ the node's own code; the validator is the real one."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -16,13 +18,14 @@ from rich.console import Console
 from sqlalchemy import select
 
 from intellect_protocol.coordinator.db import make_sessionmaker
-from intellect_protocol.coordinator.models import Run, TrainerMetrics
+from intellect_protocol.coordinator.models import Run, Submission, TrainerMetrics
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.devnet.processes import start_relay
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.rollout_file import read_rollouts
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.shardcast.origin import step_dir
+from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from intellect_protocol.trainer.data import Batch, Group
 from intellect_protocol.trainer.loop import Trainer
@@ -43,7 +46,8 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
         trainer_key, validator_key = Account.create(), Account.create()
         grant(served, token, trainer_key.address, "trainer")
         grant(served, token, validator_key.address, "validator")
-        validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True), batch=16)
+        said = io.StringIO()
+        validator = Validator(served.url, validator_key, tmp_path / "validator", Console(file=said, width=300), batch=16)
         origin = tmp_path / "origin"
         origin_wallet = tmp_path / "origin.json"
         grant(served, token, create_wallet(origin_wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N), "relay")
@@ -91,6 +95,21 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
                 torch.set_num_threads(before)
             resumed.close()
             assert threads == [before, before + 1]
+
+            # With the origin gone, step 2 is on no relay: the validator skips its file, unjudged, and checks on.
+            origin_server.stop()
+            node = joined(served)
+            task = lease(served, node)
+            model = str(step_dir(origin, run_id, task.policy_step))
+            unjudged = upload(served, node, task, finish(generate(task.model_copy(update={"model": model}))).data)
+            checking = threading.Thread(target=validator.run)
+            checking.start()
+            deadline = time.monotonic() + 120
+            while "could not be fetched" not in said.getvalue() and time.monotonic() < deadline and checking.is_alive():
+                time.sleep(0.1)
+            validator.stop.set()
+            checking.join(60)
+            assert not checking.is_alive() and "policy step 2 could not be fetched" in said.getvalue()
             validator.close()
         finally:
             origin_server.stop()
@@ -98,6 +117,7 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
         assert len(used) == len(set(used)), "a group was trained on twice"
         with make_sessionmaker(served.engine)() as session:
             assert session.get_one(Run, run_id).policy_step == 2
+            assert session.get_one(Submission, unjudged).status == SubmissionStatus.pending
             posted = {m.step: m.metrics for m in session.scalars(select(TrainerMetrics))}
         assert sorted(posted) == [1, 2]
         for step, metrics in steps:

@@ -3,14 +3,16 @@
 Per outer step: ``sync_every`` inner GRPO updates, each on ``groups_per_step`` groups from accepted
 submissions this island claimed (no other island holds them: :mod:`shared.island_schemas`); then the
 claims those updates learned from are reported under the step's attempt, and the islands meet
-(:class:`trainer.islands.OuterSync`). The quorum's first island publishes the agreed weights as the next
-policy step through shardcast, as a lone trainer does, and settles the step: the included islands'
-claims are consumed, the others' go back to the pool. Nodes only ever see published steps.
+(:class:`trainer.islands.OuterSync`). After a committed meeting every island builds the next policy step's
+files from the agreed weights and vouches for their content and for the island the meeting chose to publish
+(:mod:`coordinator.services.step_vouches`); that island publishes them through shardcast, as a lone trainer
+does, once most live islands vouch, and settles the step: the included islands' claims are consumed, the
+others' go back to the pool. Nodes only ever see published steps.
 
 Nothing is trained on twice or lost: a claim is consumed only once a step that averaged it is
 published; an island that restarts gives back what it held unreported (its inner progress died with
-it) and recovers the agreed weights from a live peer; a publisher that dies after the meeting is
-replaced by the next meeting's first island, which publishes and settles what it left.
+it) and recovers the agreed weights from a live peer; a publisher that dies after the meeting leaves its
+step unpublished, and the next meeting's publisher publishes the following step and settles both.
 
 The island's own state (the agreed weights, the outer and inner optimizers, the last steps' included
 attempts) is saved after every meeting, so an island that finds no live peer resumes from it.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 import threading
 import time
 import uuid
@@ -35,13 +38,21 @@ from eth_account.signers.local import LocalAccount
 
 from intellect_protocol.shared.coordinator_client import Refused
 from intellect_protocol.shared.files import write_atomic_with
-from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, OuterSettings
+from intellect_protocol.shared.island_schemas import (
+    IslandClaim,
+    IslandJoin,
+    IslandReport,
+    IslandSettle,
+    IslandVouch,
+    OuterSettings,
+)
 from intellect_protocol.shared.run_schemas import oldest_usable_step
-from intellect_protocol.shared.schemas import AcceptedRollouts, TrainerMetricsRequest
+from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, TrainerMetricsRequest
+from intellect_protocol.shared.shardcast.manifest import SignedManifest, build_manifest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.trainer.data import Batch, add_submission, fetch_files
 from intellect_protocol.trainer.distributed import full_state_dict
-from intellect_protocol.trainer.islands import OuterSync
+from intellect_protocol.trainer.islands import OuterStep, OuterSync
 from intellect_protocol.trainer.learner import Abandoned
 from intellect_protocol.trainer.loop import StepHook, Trainer
 from intellect_protocol.trainer.settings import TrainerSettings
@@ -68,6 +79,7 @@ class IslandTrainer(Trainer):
         """``host``: where the other islands reach this one (its recovery server and store)."""
         super().__init__(coordinator, account, run_id, origin_dir, checkpoint_dir, settings, stop)
         self.island = island
+        self.stop = stop or threading.Event()
         self.outer_settings = self.run_info.outer or OuterSettings()
         # Each rank of an FSDP island keeps its own shard of the state.
         self.state_file = checkpoint_dir / (STATE if self.where.world_size == 1 else f"island-state-{self.where.rank}.pt")
@@ -149,9 +161,8 @@ class IslandTrainer(Trainer):
             except Abandoned:
                 break
             attempt = self._from_leader(lambda: uuid.uuid4().hex)  # the island's ranks tell the others one attempt
-            outcome = self.sync.sync(attempt, contribute=self._from_leader(functools.partial(self._report, attempt)))
+            outcome = self._meet(attempt, contribute=self._from_leader(functools.partial(self._report, attempt)))
             self.used = []
-            self._save()
             if outcome.participants == 2 and not self.warned_two:
                 self.warned_two = True
                 log.warning(
@@ -167,11 +178,15 @@ class IslandTrainer(Trainer):
                     step_s=time.perf_counter() - started,
                 )
                 log.info("island %s: outer step %d -> policy step %d, %s", self.island, outcome.step, self.sync.step, outcome)
-            if outcome.leader:
-                self._publish_agreed(metrics)
-                if on_step is not None and outcome.committed:
+                published = self._vouch_and_publish(outcome, metrics)
+                if published and on_step is not None:
                     on_step(self.sync.step, metrics, outcome)
         return self.sync.step
+
+    def _meet(self, attempt: str, contribute: bool) -> OuterStep:
+        outcome = self.sync.sync(attempt, contribute=contribute)
+        self._save()
+        return outcome
 
     def _catch_up(self, stop: threading.Event) -> None:
         """An island behind the run's published step joins the others' next meeting without adding
@@ -181,7 +196,10 @@ class IslandTrainer(Trainer):
         while self._from_leader(lambda: self.sync.step < published and not stop.is_set()):
             # Alone at the lighthouse, this meeting takes no step; the others come at their next outer step. A
             # pause shorter than any lighthouse's join timeout keeps a request waiting there when they do.
-            if self.sync.sync(uuid.uuid4().hex, contribute=False).participants == 1:
+            outcome = self._meet(uuid.uuid4().hex, contribute=False)
+            if outcome.committed:  # the others stepped with it there: it vouches as they do
+                self._vouch_and_publish(outcome, {})
+            if outcome.participants == 1:
                 stop.wait(0.25)
             if self._from_leader(lambda: time.monotonic() > deadline and self.sync.step < published):
                 raise RuntimeError(
@@ -206,26 +224,58 @@ class IslandTrainer(Trainer):
             self.queue, self.seen = [], set()
             return False
 
-    def _publish_agreed(self, metrics: dict[str, float]) -> None:
-        """As the quorum's first island: publish the agreed weights if the run lacks them, and settle the last
-        two committed steps (the earlier again, in case its publisher died before it could)."""
+    def _vouch_and_publish(self, outcome: OuterStep, metrics: dict[str, float]) -> bool:
+        """After a committed meeting: build the new policy step's files and vouch for them and the chosen publisher;
+        as the publisher, publish them once most live islands vouch, and settle the last two committed steps
+        (the earlier again, in case its own publisher died before it could). True if this island published."""
         step = self.sync.step
-        if self._from_leader(lambda: self.api.run_info(self.run_id).policy_step < step):
-            gathered = full_state_dict(self.learner.module, self.where)  # every rank takes part
-            if not self.where.leader:
-                return
-            directory = step_dir(self.origin_dir, self.run_id, step)
-            directory.mkdir(parents=True, exist_ok=True)
-            self.model.save_pretrained(directory, state_dict=gathered)
-            self.tokenizer.save_pretrained(directory)
-            signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=self.settings.chunk_size)
-            self._register(signed)
-            body = TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
-            self.api.trainer_metrics(body)
+        if not outcome.publisher:
+            log.warning(
+                "island %s: outer step %d named no publisher: policy step %d is left to the next", self.island, outcome.step, step
+            )
+            return False
+        gathered = full_state_dict(self.learner.module, self.where)  # every rank takes part
         if not self.where.leader:
-            return
+            return False
+        directory = step_dir(self.origin_dir, self.run_id, step) if outcome.leader else self.checkpoint_dir / "vouched"
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        self.model.save_pretrained(directory, state_dict=gathered)
+        self.tokenizer.save_pretrained(directory)
+        chunk_size = self.outer_settings.chunk_size
+        signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=chunk_size) if outcome.leader else None
+        manifest = signed.manifest if signed else build_manifest(directory, self.run_id, step, chunk_size=chunk_size)
+        try:
+            self.api.island_vouch(
+                self._body(IslandVouch, step=step, content=manifest.content_digest(), publisher=outcome.publisher)
+            )
+        except Refused as e:
+            if e.status != 409:
+                raise
+            log.warning("island %s: vouching for policy step %d was refused: %s", self.island, step, e.message)
+            return False
+        if signed is None or not self._publish_when_vouched(signed):
+            return False
+        body = TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
+        self.api.trainer_metrics(body)
         for done in self.sync.committed:
             self.api.island_settle(self._body(IslandSettle, outer_step=done.step, included=done.included, excluded=done.excluded))
+        return True
+
+    def _publish_when_vouched(self, signed: SignedManifest) -> bool:
+        """Publish, waiting up to ``island_vouch_wait_s`` for the others' vouches; False if they never came."""
+        deadline = time.monotonic() + self.settings.island_vouch_wait_s
+        while True:
+            try:
+                self._register(signed)
+                return True
+            except Refused as e:
+                if e.code != ErrorCode.awaiting_vouches:
+                    raise
+                if time.monotonic() > deadline or self.stop.is_set():
+                    log.warning("island %s: policy step %d left unpublished: %s", self.island, signed.manifest.step, e.message)
+                    return False
+            self.stop.wait(0.25)
 
     def _save(self) -> None:
         state = {"step": self.sync.step, "inner": self.learner.optimizer.state_dict(), "outer": self.sync.state_dict()}

@@ -6,7 +6,8 @@ meets: it sends its pseudo-gradient (the weights the islands last agreed on minu
 into its own slot of one all-reduce, so every island receives every pseudo-gradient exactly as sent. Each
 then computes the same robust average (:func:`robust_average`) and the outer Nesterov SGD steps the agreed
 weights (kept in fp32) by it. Every island then starts its next inner steps from the new agreed weights.
-The outer step's number is torchft's step, which is the policy step it publishes.
+The outer step's number is torchft's step; committed, its agreed weights are policy step ``step + 1``, which
+every island vouches for and one publishes (:mod:`coordinator.services.step_vouches`).
 
 Nothing an island says about its own pseudo-gradient is believed: norms are measured on what it sent. One
 that is not finite, or whose norm exceeds ``outlier_ratio`` times the upper median of the measured norms, is
@@ -50,8 +51,11 @@ class OuterStep:
     committed: bool
     included: list[Included]
     excluded: dict[str, str] = field(default_factory=dict)
+    publisher: str = ""
+    """The island chosen to publish the step: the participants take turns (participant ``step mod n``), so a
+    lying one chosen cannot stall the run for more than a step (the step after a lost one is published)."""
     leader: bool = False
-    """This island publishes the step (the quorum's first participant; its rank 0 does)."""
+    """This island is the publisher (its rank 0 publishes)."""
     participants: int = 1
     sent_bytes: int = 0
     """Bytes this island put on the all-reduce for it."""
@@ -219,12 +223,14 @@ class OuterSync:
             self.outer.step()
             self.outer.zero_grad(set_to_none=True)
         self._restart_inner()
+        turn = step % n
         outcome = OuterStep(
             step=step,
             committed=committed,
             included=[Included(island=names[i][:64].rstrip(), attempt=names[i][64:].rstrip()) for i in included],
             excluded={names[i][:64].rstrip(): why for i, why in excluded.items()},
-            leader=rank == 0,
+            publisher=names[turn][:64].rstrip(" \x00"),  # an unwritten slot (no participant) names no one
+            leader=rank == turn,
             participants=n,
             sent_bytes=tags.numel() * tags.element_size() + slots.numel() * slots.element_size(),
         )

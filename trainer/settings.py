@@ -48,6 +48,10 @@ class TrainerSettings(RoleSettings):
     coordinator answers the moment some are accepted (a long poll), so no step waits for a poll."""
     chunk_size: int = Field(32 << 20, ge=4096)
     """Shardcast chunk size of published steps."""
+    island_vouch_wait_s: float = Field(600.0, gt=0)
+    """How long an island chosen to publish a step waits for most live islands to vouch for it (they build the
+    step's files after the meeting; one that died counts as live for the coordinator's island lease) before it
+    gives the step up, and the next meeting's publisher publishes the following one."""
     island_catch_up_s: float = Field(600.0, gt=0)
     """An island behind the run's published step waits this long for a live island to recover it from
     (the others meet once per outer step) before it gives up."""

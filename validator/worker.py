@@ -26,6 +26,7 @@ from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refu
 from intellect_protocol.shared.environments.registry import Environment, Problem, get_environment
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.schemas import Claim, ClaimRequest, VerdictRequest
+from intellect_protocol.shared.shardcast.client import DownloadError
 from intellect_protocol.shared.shardcast.weights import Weights
 from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.shared.verdicts import sign_verdict
@@ -115,6 +116,14 @@ class Validator:
             except ClaimLost:
                 self.console.print(
                     f"[yellow]{claim.submission_id[:16]}…: claim expired while checking; its verdict was dropped.[/yellow]"
+                )
+                continue
+            except DownloadError as e:
+                # No relay serves the step now (they stopped, or the run moved on): the claim lapses and the
+                # submission goes back to the queue, for this validator or another once a relay answers.
+                self.console.print(
+                    f"[yellow]{claim.submission_id[:16]}…: policy step {claim.task.policy_step} could not be fetched "
+                    f"({e}); skipped.[/yellow]"
                 )
                 continue
             self.checked += 1

@@ -46,9 +46,10 @@ def _entry(row: PolicyManifest) -> ManifestEntry:
     status_code=201,
     responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 422: {"model": ErrorBody}},
 )
-async def publish(body: SignedManifest, ctx: Ctx, signed: Signed, ledger: LedgerDep) -> ManifestEntry:
-    """Register policy step N's manifest (trainer role); the run's policy step moves to N."""
-    row = await ledger.run_signed(signed, shardcast.publish, body, ledger.now())
+async def publish(body: SignedManifest, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings) -> ManifestEntry:
+    """Register policy step N's manifest (trainer role); the run's policy step moves to N. For a run trained by
+    islands, 409 ``awaiting_vouches`` until most live islands vouch for its content and publisher."""
+    row = await ledger.run_signed(signed, shardcast.publish, body, ledger.now(), settings.island_lease_s)
     ctx.manifest_published.notify()
     return _entry(row)
 

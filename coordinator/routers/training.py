@@ -10,9 +10,9 @@ from fastapi import APIRouter, Query, Response
 
 from intellect_protocol.coordinator.blob_response import blob_response
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed
-from intellect_protocol.coordinator.services import islands, step_timing, training
+from intellect_protocol.coordinator.services import islands, step_timing, step_vouches, training
 from intellect_protocol.coordinator.wakeup import POLL_S
-from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle
+from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandVouch
 from intellect_protocol.shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
 
 router = APIRouter(
@@ -83,6 +83,12 @@ async def island_claim(
 async def island_report(body: IslandReport, signed: Signed, ledger: LedgerDep) -> None:
     """The claims an island's pseudo-gradient for an outer step learned from; 409: stay out of the step."""
     await ledger.run_signed(signed, islands.report, body, ledger.now())
+
+
+@router.post("/islands/vouch", status_code=204, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+async def island_vouch(body: IslandVouch, signed: Signed, ledger: LedgerDep) -> None:
+    """After a committed meeting: what the next policy step holds and which island publishes it (:mod:`coordinator.services.step_vouches`)."""
+    await ledger.run_signed(signed, step_vouches.vouch, body, ledger.now())
 
 
 @router.post("/islands/settle", responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})

@@ -27,7 +27,7 @@ from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, RoleN
 from intellect_protocol.shared.states import ShareState
 
 
-def _island(session: Session, signer: str, body: IslandJoin, now: datetime) -> tuple[Run, Island]:
+def own_island(session: Session, signer: str, body: IslandJoin, now: datetime) -> tuple[Run, Island]:
     """The run (locked) and the caller's island, made on first use; 403 if another trainer holds the name."""
     roles.require(session, signer, RoleName.trainer).last_seen = now
     run = session.get(Run, body.run_id, with_for_update=True)
@@ -47,7 +47,7 @@ def _island(session: Session, signer: str, body: IslandJoin, now: datetime) -> t
 
 def join(session: Session, signer: str, body: IslandJoin, now: datetime) -> int:
     """An island (re)starting: its unreported claims go back to the pool; returns how many."""
-    run, island = _island(session, signer, body, now)
+    run, island = own_island(session, signer, body, now)
     island.joined_at = now
     return _count(session.execute(delete(IslandShare).where(*_claimed_by(island))))
 
@@ -58,7 +58,7 @@ def claim(session: Session, signer: str, body: IslandClaim, now: datetime, lease
     skips what it has). Nothing new while the caller's trainer address, over all its islands, holds its
     fair share (:func:`fair_share`): one that keeps claiming cannot starve the others. Claims of islands
     silent for ``lease_s`` are released first."""
-    run, island = _island(session, signer, body, now)
+    run, island = own_island(session, signer, body, now)
     live_since = now - timedelta(seconds=lease_s)
     silent = select(Island.name).where(Island.run_id == run.id, Island.last_seen < live_since)
     session.execute(
@@ -109,7 +109,7 @@ def report(session: Session, signer: str, body: IslandReport, now: datetime) -> 
     """The caller's claims its pseudo-gradient for ``outer_step`` learned from become pending under it;
     409 (and nothing changes) if any is no longer the caller's to report (the island must stay out of
     the step, or the submission would be trained on twice) or ``outer_step`` is not the run's next."""
-    run, island = _island(session, signer, body, now)
+    run, island = own_island(session, signer, body, now)
     # Outer step k starts from policy step k, published already or (its publisher dead) at the next meeting.
     # A share reported under any other step would wait for a settling that never comes.
     if not run.policy_step <= body.outer_step <= run.policy_step + 1:
@@ -143,7 +143,7 @@ def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> 
     claims are consumed, every other pending claim of that step or older goes back. 409 unless the step is
     published, 403 unless the caller published it or a later step. Settling again changes nothing. Returns the
     claims consumed."""
-    run, _ = _island(session, signer, body, now)
+    run, _ = own_island(session, signer, body, now)
     step = body.outer_step + 1
     if run.policy_step < step:
         raise ApiError(ErrorCode.conflict, f"Policy step {step} of {run.id} is not published.")

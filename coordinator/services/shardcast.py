@@ -2,7 +2,8 @@
 
 A manifest is accepted only when the request and the manifest are both signed by an
 address holding the trainer role, for an existing run, at a step not yet taken (posting the
-same manifest again is idempotent). Accepting one advances the run's policy step.
+same manifest again is idempotent), and for a run trained by islands, once most live islands vouch
+for it (:mod:`coordinator.services.step_vouches`). Accepting one advances the run's policy step.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from intellect_protocol.coordinator import events
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island
 from intellect_protocol.coordinator.models import Run
-from intellect_protocol.coordinator.services import roles
+from intellect_protocol.coordinator.services import roles, step_vouches
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest, Relay, RelayReport
 from intellect_protocol.shared.schemas import ErrorCode, RelayRegister, RelayReportRequest, RoleName
 from intellect_protocol.shared.shardcast.manifest import ManifestError, SignedManifest
 
 
-def publish(session: Session, signer: str, signed: SignedManifest, now: datetime) -> PolicyManifest:
+def publish(session: Session, signer: str, signed: SignedManifest, now: datetime, island_lease_s: float) -> PolicyManifest:
     roles.require(session, signer, RoleName.trainer)
     if signed.signer != signer:
         raise ApiError(ErrorCode.manifest_signer_mismatch, "The manifest must be signed by the trainer posting it.")
@@ -38,7 +39,8 @@ def publish(session: Session, signer: str, signed: SignedManifest, now: datetime
         if existing.digest == manifest.digest():
             return existing
         raise ApiError(ErrorCode.conflict, f"Step {manifest.step} of {run.id} has another manifest already.")
-    _require_next_publisher(session, run, signer, manifest.step)
+    if _require_next_publisher(session, run, signer, manifest.step):
+        step_vouches.require_vouched(session, run, signer, manifest, now, island_lease_s)
     row = PolicyManifest(
         run_id=run.id,
         step=manifest.step,
@@ -55,11 +57,11 @@ def publish(session: Session, signer: str, signed: SignedManifest, now: datetime
     return row
 
 
-def _require_next_publisher(session: Session, run: Run, signer: str, step: int) -> None:
+def _require_next_publisher(session: Session, run: Run, signer: str, step: int) -> bool:
     """A run moves one policy step at a time (a trainer that skipped ahead would strand every node and island
     on a step nobody trained), and a run trained by islands only by one of its islands' trainers. One gap is
     allowed to islands: the quorum's publisher of step k may die before publishing it, and the islands' next
-    meeting then publishes k + 1, by an island that reported its share of outer step k."""
+    meeting then publishes k + 1, by an island that reported its share of outer step k. True for an island run."""
     islands = {i.address: i.outer_step for i in session.scalars(select(Island).where(Island.run_id == run.id))}
     if islands and signer not in islands:
         raise ApiError(
@@ -71,6 +73,7 @@ def _require_next_publisher(session: Session, run: Run, signer: str, step: int) 
             ErrorCode.conflict,
             f"Policy step {run.policy_step} of {run.id} is the newest: only step {run.policy_step + 1} may be published next, not {step}.",
         )
+    return bool(islands)
 
 
 def get(session: Session, run_id: str, step: int | None) -> PolicyManifest:

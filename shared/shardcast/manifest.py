@@ -22,10 +22,10 @@ from eth_account.signers.local import LocalAccount
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from intellect_protocol.shared.schemas import Address
+from intellect_protocol.shared.shardcast.chunking import DEFAULT_CHUNK_SIZE, Hex64
 from intellect_protocol.shared.signing import recover_text_signer, sign_text
 
 SCHEME = "intellect-manifest-v1"
-DEFAULT_CHUNK_SIZE = 32 * 2**20
 MAX_FILES = 1024
 MAX_CHUNKS = 1 << 17
 HASH_BLOCK = 2**20
@@ -42,8 +42,6 @@ def _safe_path(path: str) -> str:
 
 SafePath = Annotated[str, Field(max_length=255), AfterValidator(_safe_path)]
 """A relative path of plain segments: no ``..``, no ``.``, no absolute paths, no odd characters."""
-
-Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 class ManifestError(ValueError):
@@ -98,6 +96,11 @@ class Manifest(BaseModel):
 
     def digest(self) -> str:
         return hashlib.sha256(self.canonical()).hexdigest()
+
+    def content_digest(self) -> str:
+        """The digest of what the step holds, whenever it was built: two builds of the same files in the same
+        chunks agree on it (trainer islands vouch for a step by it)."""
+        return hashlib.sha256(self.model_dump_json(exclude={"created_at"}).encode()).hexdigest()
 
     @property
     def total_bytes(self) -> int:

@@ -14,7 +14,8 @@ from eth_account.signers.local import LocalAccount
 
 from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.files import write_atomic
-from intellect_protocol.shared.shardcast.manifest import DEFAULT_CHUNK_SIZE, SignedManifest, build_manifest, sign_manifest
+from intellect_protocol.shared.shardcast.chunking import DEFAULT_CHUNK_SIZE
+from intellect_protocol.shared.shardcast.manifest import SignedManifest, build_manifest, sign_manifest
 from intellect_protocol.shared.shardcast.store import MANIFEST_FILE
 
 
