@@ -1,7 +1,12 @@
 """Bound what one request may cost before a handler sees it: its body's size (413), the time its
 body takes to arrive (408), and how many requests one client IP has in flight (429); bound what
 all bodies being received at once may hold in memory (503 past the budget); and refuse NUL
-characters in URLs and JSON bodies (422), which PostgreSQL cannot store in text."""
+characters in URLs and JSON bodies (422), which PostgreSQL cannot store in text.
+
+Rollout uploads are outside the memory budget: their bodies go to disk as they arrive, a mebibyte at a
+time, and only for a signer verified from the headers, within its own share (:func:`coordinator.deps.signed_upload`).
+Counted at their declared size, a stranger holding the budget with slow JSON bodies had every node's upload
+refused until its lease ran out."""
 
 from __future__ import annotations
 
@@ -29,9 +34,10 @@ class BodyLimitMiddleware:
         deadline_s: float = 120.0,
         budget_bytes: int | None = None,
     ) -> None:
-        """``overrides``: a different size limit for the exact paths named (rollout uploads).
-        ``budget_bytes``: most body bytes admitted at once over all requests, each counted at its
-        declared length (a chunked body at its path's limit) from arrival until its answer."""
+        """``overrides``: a different size limit for the exact paths named (rollout uploads), whose bodies
+        are streamed to disk and so are not counted in the budget. ``budget_bytes``: most body bytes
+        admitted at once over all other requests, each counted at its declared length (a chunked body
+        at its path's limit) from arrival until its answer."""
         self.app = app
         self.max_bytes = max_bytes
         self.overrides = overrides or {}
@@ -55,13 +61,9 @@ class BodyLimitMiddleware:
             await _refuse(scope, send, ErrorCode.body_too_large, f"The request body is larger than {limit} bytes.")
             return
 
-        reserve = int(declared) if declared is not None else limit if b"chunked" in headers.get(b"transfer-encoding", b"") else 0
-        # Bodies larger than a JSON request may use only 7/8 of the budget: a flood of uploads
-        # leaves room for the heartbeats and leases of nodes that are already working.
-        ceiling = (
-            None if self.budget_bytes is None else self.budget_bytes * 7 // 8 if reserve > self.max_bytes else self.budget_bytes
-        )
-        if ceiling is not None and reserve and self.admitted_bytes + reserve > ceiling:
+        chunked = b"chunked" in headers.get(b"transfer-encoding", b"")
+        reserve = 0 if scope["path"] in self.overrides else int(declared) if declared is not None else limit if chunked else 0
+        if self.budget_bytes is not None and reserve and self.admitted_bytes + reserve > self.budget_bytes:
             message = "The coordinator is receiving as much as it holds at once; retry shortly."
             await _refuse(scope, send, ErrorCode.overloaded, message, headers={"Retry-After": "2"})
             return

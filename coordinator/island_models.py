@@ -46,8 +46,9 @@ class IslandShare(Base):
 
 
 class StepVouch(Base):
-    """One island's word on a policy step of its run: the content it built from the agreed weights, and the
-    island the meeting chose to publish it. A step is published only as most live islands vouch."""
+    """One island's word on a policy step of its run: the content it built from the agreed weights, the island
+    the meeting chose to publish it, and the step's record. A step is published, and settled, only as most live
+    islands vouch."""
 
     __tablename__ = "step_vouches"
 
@@ -57,4 +58,6 @@ class StepVouch(Base):
     address: Mapped[str] = mapped_column(String(42))
     content: Mapped[str] = mapped_column(String(64))
     publisher: Mapped[str] = mapped_column(String(64))
+    record: Mapped[str] = mapped_column(String(64))
+    """The step's record (:func:`shared.island_schemas.step_record`): what settles it."""
     created_at: Mapped[datetime]

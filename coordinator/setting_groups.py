@@ -40,9 +40,9 @@ class LimitSettings(Group):
     max_body_bytes_in_flight: int = Field(1 << 30, ge=1 << 20)
     """Most request-body bytes the coordinator admits at once, over every client: a body counts at
     its declared length (a chunked one at its limit) until its answer is sent, and a request that
-    would pass this gets 503 with Retry-After before a byte is read. Bodies larger than
-    ``max_body_bytes`` may fill only 7/8 of it, keeping room for small requests. Bounds memory
-    under a flood of large uploads from many addresses (buffered bodies cost about twice this at worst)."""
+    would pass this gets 503 with Retry-After before a byte is read. Rollout uploads do not count: they
+    are streamed to disk, each signer within its own share. Bounds memory under a flood of bodies from
+    many addresses (buffered bodies cost about twice this at worst)."""
 
     body_idle_timeout_s: float = Field(15.0, gt=0)
     """Longest pause between two parts of a request body; a slower sender gets 408."""

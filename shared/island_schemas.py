@@ -3,16 +3,18 @@ meet every ``sync_every`` inner steps for a DiLoCo outer step (:mod:`trainer.isl
 
 How a share moves (:mod:`coordinator.services.islands`): an island *claims* accepted submissions no
 island holds; before an outer step it *reports* the claims its pseudo-gradient holds (pending under that
-step and its attempt); after it, every island of the meeting *vouches* for the step's content and publisher,
-and the step is published only once most live islands vouch for what is published and who publishes it; the
-island that publishes the step's policy *settles* it, naming the attempts the
-average included: their claims are consumed, every other pending claim of that step or older goes back
-to the pool. An island that starts (or restarts) *joins*: its claims not yet reported go back, since
+step and its attempt); after it, every island of the meeting *vouches* for the step's content, publisher and
+record, and the step is published only once most live islands vouch for what is published and who publishes
+it (:mod:`coordinator.services.step_vouches`); the island that publishes the step's policy *settles* it with
+that record, naming the attempts the average included: their claims are consumed, every other pending claim
+of that step or older goes back to the pool. An island that starts (or restarts) *joins*: its claims not yet reported go back, since
 whatever it learned from them died with it. Claims of an island silent for the lease go back too.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -118,6 +120,15 @@ class IslandVouch(IslandJoin):
     """The :meth:`~shared.shardcast.manifest.Manifest.content_digest` of the agreed weights, built by this island."""
     publisher: IslandName
     """The island the meeting chose to publish the step."""
+    record: Hex64
+    """The step's record as this island computed it (:func:`step_record`): only that record settles the step."""
+
+
+def step_record(included: list[Included], excluded: dict[str, str]) -> str:
+    """The digest of an outer step's record: the attempts its average included, in order, and the islands left
+    out and why. Every honest island of the meeting computes the same."""
+    record = {"included": [[i.island, i.attempt] for i in included], "excluded": sorted(excluded.items())}
+    return hashlib.sha256(json.dumps(record, separators=(",", ":")).encode()).hexdigest()
 
 
 class IslandStatus(BaseModel):

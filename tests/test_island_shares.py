@@ -15,7 +15,7 @@ from rich.console import Console
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
-from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandVouch
+from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandVouch, step_record
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.shardcast.manifest import SignedManifest
@@ -49,7 +49,12 @@ def build(origin: Path, run_id: str, step: int, client: CoordinatorClient, weigh
     return publish_step(origin, run_id, step, client.account)
 
 
-def vouch(client: CoordinatorClient, run_id: str, island: str, signed: SignedManifest, publisher: str) -> None:
+NOBODY_LEFT_OUT = step_record([], {})
+
+
+def vouch(
+    client: CoordinatorClient, run_id: str, island: str, signed: SignedManifest, publisher: str, record: str = NOBODY_LEFT_OUT
+) -> None:
     body = IslandVouch(
         address=client.account.address,
         run_id=run_id,
@@ -57,17 +62,25 @@ def vouch(client: CoordinatorClient, run_id: str, island: str, signed: SignedMan
         step=signed.manifest.step,
         content=signed.manifest.content_digest(),
         publisher=publisher,
+        record=record,
     )
     client.island_vouch(body)
 
 
 def publish(
-    origin: Path, run_id: str, step: int, client: CoordinatorClient, vouchers: tuple[tuple[CoordinatorClient, str], ...] = ()
+    origin: Path,
+    run_id: str,
+    step: int,
+    client: CoordinatorClient,
+    vouchers: tuple[tuple[CoordinatorClient, str], ...] = (),
+    settle: IslandSettle | None = None,
 ) -> None:
-    """Policy step ``step`` registered by ``client``, the first of ``vouchers`` (client, island) that vouch for it."""
+    """Policy step ``step`` registered by ``client``, the first of ``vouchers`` (client, island) that vouch for it
+    and for ``settle``'s record of it."""
     signed = build(origin, run_id, step, client)
+    record = step_record(settle.included, settle.excluded) if settle else NOBODY_LEFT_OUT
     for voucher, island in vouchers:
-        vouch(voucher, run_id, island, signed, vouchers[0][1])
+        vouch(voucher, run_id, island, signed, vouchers[0][1], record)
     client.publish_manifest(signed)
 
 
@@ -136,7 +149,7 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
             409, lambda: publish(tmp_path / "origin", run_id, 1000, a), served
         )
         assert "trained by islands" in refused(403, lambda: publish(tmp_path / "impostor", run_id, 1, other), served)
-        publish(tmp_path / "origin", run_id, 1, a, ((a, "a"), (b, "b")))
+        publish(tmp_path / "origin", run_id, 1, a, ((a, "a"), (b, "b")), settle)
         # Only the island that published the step settles it: b cannot consume or release what a reported.
         forged = body(IslandSettle, b_key, "b", outer_step=0, included=[])
         assert "published policy step 1" in refused(403, lambda: b.island_settle(forged), served)
@@ -158,8 +171,8 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         # An island left out of a published step (excluded, or its attempt failed) gets nothing consumed.
         left_out = uuid.uuid4().hex
         b.island_report(body(IslandReport, b_key, "b", outer_step=1, attempt=left_out, cursors=[e.cursor for e in again]))
-        publish(tmp_path / "origin", run_id, 2, a, ((a, "a"), (b, "b")))
         settle_1 = body(IslandSettle, a_key, "a", outer_step=1, included=[], excluded={"b": "its pseudo-gradient is not finite"})
+        publish(tmp_path / "origin", run_id, 2, a, ((a, "a"), (b, "b")), settle_1)
         assert a.island_settle(settle_1) == 0
         assert a.island_settle(settle_1) == 0  # settled again (a later publisher may): counted once
         status = {i.name: i for i in a.islands(run_id)}
@@ -304,6 +317,11 @@ def test_a_step_is_published_only_as_most_live_islands_vouch_for_its_content_and
         refused(403, lambda: vouch(CoordinatorClient(served.url, Account.create()), run_id, "c", forged, "c"), served)
         b.publish_manifest(honest)
         assert a.run_info(run_id).policy_step == 2
+        # b settles step 2 only with the record a and b vouched for: not by releasing or excluding on its own word.
+        settle = IslandSettle(address=keys["b"].address, run_id=run_id, island="b", outer_step=1, included=[])
+        lied = settle.model_copy(update={"excluded": {"a": "its pseudo-gradient is not finite"}})
+        assert "0 of the 3 trainer addresses that vouched" in refused(409, lambda: b.island_settle(lied), served)
+        assert b.island_settle(settle) == 0
         # Vouching for a published step, or beyond the next two, changes nothing.
         for step in (2, 5):
             late = build(origin["a"], run_id, step, a)

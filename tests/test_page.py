@@ -48,5 +48,9 @@ def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:
 
         assert httpx.post(f"{coordinator.url}/v1/admin/runs/{run_id}/pause", headers=headers).status_code == 200
         page.reload()
-        expect(page.locator("#stat-work")).to_have_text("waiting: run young is paused by its operator")
+        work = page.locator("#stat-work")
+        expect(work).to_have_text("run young is paused by its operator")
+        expect(work).to_have_attribute("title", "run young is paused by its operator")
+        # A long reason stays within its card: the row of cards keeps its height.
+        assert work.evaluate("e => e.scrollHeight <= e.clientHeight + 1")
         browser.close()

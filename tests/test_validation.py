@@ -7,6 +7,7 @@ own code, forged ones rewritten from them); the validator is the real :class:`Va
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from hashlib import sha256
@@ -66,6 +67,10 @@ def test_a_fresh_wallets_first_forgery_bans_it(network, tmp_path: Path) -> None:
     validator.close()
     receipt = httpx.get(f"{served.url}/v1/public/submissions/{forged}").json()
     assert receipt["status"] == "rejected" and receipt["hard"]
+    # Judged on its two shortest rows, prefilled first: the rest of the file was never prefilled.
+    sampling = next(c for c in receipt["checks"] if c["name"] == "sampling")
+    assert len(task.prompt_ids) * task.samples_per_prompt > 2
+    assert not sampling["passed"] and len(re.findall(r"\brow \d+:", sampling["reason"])) == 2, sampling["reason"]
     with make_sessionmaker(served.engine)() as session:
         node = session.get_one(Node, sybil.address)
         assert node.status == "banned" and node.strikes == served.settings.max_strikes

@@ -45,6 +45,7 @@ from intellect_protocol.shared.island_schemas import (
     IslandSettle,
     IslandVouch,
     OuterSettings,
+    step_record,
 )
 from intellect_protocol.shared.run_schemas import oldest_usable_step
 from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, TrainerMetricsRequest
@@ -245,10 +246,10 @@ class IslandTrainer(Trainer):
         chunk_size = self.outer_settings.chunk_size
         signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=chunk_size) if outcome.leader else None
         manifest = signed.manifest if signed else build_manifest(directory, self.run_id, step, chunk_size=chunk_size)
+        record = step_record(outcome.included, outcome.excluded)
+        vouch = self._body(IslandVouch, step=step, content=manifest.content_digest(), publisher=outcome.publisher, record=record)
         try:
-            self.api.island_vouch(
-                self._body(IslandVouch, step=step, content=manifest.content_digest(), publisher=outcome.publisher)
-            )
+            self.api.island_vouch(vouch)
         except Refused as e:
             if e.status != 409:
                 raise

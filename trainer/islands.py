@@ -25,6 +25,7 @@ a peer. The island's ranks share torchrun's store.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -35,6 +36,17 @@ import torch
 from torch.distributed import ReduceOp, TCPStore
 
 from intellect_protocol.shared.island_schemas import Included, OuterSettings
+
+
+class _NoFlightRecorderNotice(logging.Filter):
+    """Drops torchft's notice, at every meeting, that NCCL's flight recorder cannot be reset: islands meet over
+    Gloo, where there is no flight recorder, and operators read the line as an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "NCCL flight recorder" not in record.getMessage()
+
+
+logging.getLogger("torchft.manager").addFilter(_NoFlightRecorderNotice())
 
 WIRE = torch.bfloat16
 """The pseudo-gradient's dtype on the wire (OpenDiLoCo: halving it loses nothing)."""

@@ -82,6 +82,9 @@ class CheckSettings(BaseModel):
     """Largest difference between a claimed and a recomputed reward, task reward or penalty."""
     prefill_batch: int = Field(16, ge=1)
     """Rows per batched prefill."""
+    probe_rows: int = Field(2, ge=0)
+    """The file's shortest rows, prefilled first on their own: a file forged throughout (a sybil's) is judged
+    on them, and the rest is never prefilled. Any row found forged or unproven ends the prefill."""
     prefill_chunk: int | None = Field(None, ge=1)
     """Positions per prefill pass (over a KV cache); None: whole sequences at once."""
     reward_fraction: float = Field(1.0, gt=0, le=1)
@@ -241,8 +244,13 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
     errors: list[torch.Tensor] = [torch.zeros(0)] * len(rollouts)
     # Rows of like length share a prefill, so little of it is spent on padding.
     order = sorted(range(len(rollouts)), key=lambda i: len(rollouts[i].prompt_tokens) + len(rollouts[i].completion_tokens))
-    for start in range(0, len(order), settings.prefill_batch):
-        chosen = order[start : start + settings.prefill_batch]
+    probe, rest = order[: settings.probe_rows], order[settings.probe_rows :]
+    batches = [probe] * bool(probe) + [
+        rest[start : start + settings.prefill_batch] for start in range(0, len(rest), settings.prefill_batch)
+    ]
+    for chosen in batches:
+        if found or toploc:
+            break  # the file fails whatever the rest holds
         batch = [rollouts[i] for i in chosen]
         rows = prefill_batch(
             model, [r.prompt_tokens for r in batch], [r.completion_tokens for r in batch], chunk=settings.prefill_chunk

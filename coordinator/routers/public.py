@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 
@@ -57,11 +56,10 @@ def _adapter(shape: Any) -> TypeAdapter[Any]:
 @router.get("")
 async def index(request: Request) -> dict[str, object]:
     """What this API offers anyone: every public endpoint, and where each is documented."""
-    paths = {
-        route.path
-        for route in request.app.routes
-        if isinstance(route, APIRoute) and route.path.startswith(f"{router.prefix}/") and "GET" in route.methods
-    }
+    # Read from the OpenAPI document, a published format, not from the app's route objects, whose shape changes
+    # between FastAPI releases (0.165 nests included routers: the list came out empty).
+    documented: dict[str, dict[str, object]] = request.app.openapi()["paths"]
+    paths = {path for path, methods in documented.items() if path.startswith(f"{router.prefix}/") and "get" in methods}
     return {"endpoints": sorted(paths), "docs": "/docs", "openapi": "/openapi.json"}
 
 

@@ -93,5 +93,6 @@ async def island_vouch(body: IslandVouch, signed: Signed, ledger: LedgerDep) -> 
 
 @router.post("/islands/settle", responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
 async def island_settle(body: IslandSettle, signed: Signed, ledger: LedgerDep) -> dict[str, int]:
-    """An outer step was published: the included islands' reported claims are consumed, the rest released."""
+    """An outer step was published: the included islands' reported claims are consumed, the rest released; 409
+    unless most of the islands that vouched for the step vouched for this record of it."""
     return {"consumed": await ledger.run_signed(signed, islands.settle, body, ledger.now())}

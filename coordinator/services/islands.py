@@ -20,9 +20,17 @@ from sqlalchemy.sql.elements import ColumnElement
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island, IslandShare
 from intellect_protocol.coordinator.models import Run, TrainerMetrics
-from intellect_protocol.coordinator.services import roles, training
+from intellect_protocol.coordinator.services import roles, step_vouches, training
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
-from intellect_protocol.shared.island_schemas import MAX_SHARE, IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandStatus
+from intellect_protocol.shared.island_schemas import (
+    MAX_SHARE,
+    IslandClaim,
+    IslandJoin,
+    IslandReport,
+    IslandSettle,
+    IslandStatus,
+    step_record,
+)
 from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, RoleName
 from intellect_protocol.shared.states import ShareState
 
@@ -141,8 +149,8 @@ def report(session: Session, signer: str, body: IslandReport, now: datetime) -> 
 def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> int:
     """Outer step ``outer_step`` was published as policy step ``outer_step + 1``: the included attempts'
     claims are consumed, every other pending claim of that step or older goes back. 409 unless the step is
-    published, 403 unless the caller published it or a later step. Settling again changes nothing. Returns the
-    claims consumed."""
+    published and its record is the one most of the islands that vouched for it vouched for, 403 unless the
+    caller published it or a later step. Settling again changes nothing. Returns the claims consumed."""
     run, _ = own_island(session, signer, body, now)
     step = body.outer_step + 1
     if run.policy_step < step:
@@ -153,6 +161,7 @@ def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> 
     if session.scalar(published.limit(1)) is None:
         # A later publisher may settle it: the one that published it may have died before it could.
         raise ApiError(ErrorCode.role_required, f"Only an island that published policy step {step} or a later one settles it.")
+    step_vouches.require_record(session, run, step, step_record(body.included, body.excluded))
     pending = (IslandShare.run_id == run.id, IslandShare.state == ShareState.pending, IslandShare.outer_step <= body.outer_step)
     included = or_(false(), *(and_(IslandShare.island == i.island, IslandShare.attempt == i.attempt) for i in body.included))
     consumed = _count(session.execute(update(IslandShare).where(*pending, included).values(state=ShareState.consumed)))

@@ -135,7 +135,7 @@ const COLUMNS = [
 ];
 
 function statusPanel(net) {
-  const item = (label, value, id) => h("div", {}, h("dt", {}, label), h("dd", { id }, value));
+  const item = (label, value, id, title = "") => h("div", {}, h("dt", {}, label), h("dd", { id, title }, value));
   return h("dl", { class: "stats" },
     item("Policy step", fmt.num(net.policy_step), "stat-policy-step"),
     item("Nodes online", fmt.num(net.nodes_online), "stat-nodes-online"),
@@ -143,7 +143,8 @@ function statusPanel(net) {
     item("Validation backlog", fmt.num(net.validation_backlog), "stat-backlog"),
     item("Rejection rate", fmt.pct(net.rejection_rate), "stat-rejection"),
     item("Relays", fmt.num(net.relays), "stat-relays"),
-    item("New work", net.work ? `waiting: ${net.work.message}` : "handed out", "stat-work"),
+    // The coordinator's message says what new work waits for; long ones are cut to the card, whole on hover.
+    item("New work", net.work ? net.work.message : "handed out", "stat-work", net.work ? net.work.message : ""),
   );
 }
 

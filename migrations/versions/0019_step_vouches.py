@@ -1,4 +1,4 @@
-"""Trainer islands vouch for each policy step's content and publisher before it is published.
+"""Trainer islands vouch for each policy step's content, publisher and record before it is published and settled.
 
 Revision ID: 0019
 Revises: 0018
@@ -23,6 +23,7 @@ def upgrade() -> None:
         sa.Column("address", sa.String(42), nullable=False),
         sa.Column("content", sa.String(64), nullable=False),
         sa.Column("publisher", sa.String(64), nullable=False),
+        sa.Column("record", sa.String(64), nullable=False),
         sa.Column("created_at", sa.DateTime(), nullable=False),
     )
 
