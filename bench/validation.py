@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import torch
+from _models import random_llama
 from _tasks import arithmetic_task
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.environments.registry import get_environment
@@ -70,23 +70,7 @@ def main() -> None:
     torch.set_num_threads(1)
     tiny = measure("tiny-arith (0.86 M)", str(TINY_MODEL_DIR), args)
     with tempfile.TemporaryDirectory() as tmp:
-        _, tokenizer = load_model()
-        torch.manual_seed(0)
-        config = LlamaConfig(
-            vocab_size=tokenizer.vocab_size,
-            hidden_size=768,
-            intermediate_size=2048,
-            num_hidden_layers=6,
-            num_attention_heads=12,
-            num_key_value_heads=12,
-            max_position_embeddings=512,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        LlamaForCausalLM(config).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        larger = measure("random Llama 6 x 768", str(Path(tmp)), args)
+        larger = measure("random Llama 6 x 768", random_llama(Path(tmp)), args)
     print(f"ratio validation / generation tokens/s (target >= 5 on CPU): tiny {tiny:.1f}x, 6 x 768 {larger:.1f}x")
 
 

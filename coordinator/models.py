@@ -218,6 +218,11 @@ class Submission(Base):
     out of training and credit, and out of the run's validation backlog, until one does."""
     trained_rows: Mapped[int | None] = mapped_column(Integer)
     """Rows the trainer had already read when its acceptance was reversed (None: never happened)."""
+    groups: Mapped[int | None] = mapped_column(Integer)
+    flat_groups: Mapped[int | None] = mapped_column(Integer)
+    task_reward_sum: Mapped[float | None]
+    """Its groups (a prompt's samples), those whose task rewards do not vary (GRPO learns nothing from them),
+    and the sum of its rows' task rewards, from the file as recorded (None: recorded before these were kept)."""
 
 
 class Review(Base):

@@ -8,6 +8,7 @@ wallets and the roles they need; a live dashboard while the run learns; a summar
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -193,6 +194,7 @@ def main(
     signal.signal(signal.SIGINT, _interrupt)
     workdir = workdir or Path(tempfile.mkdtemp(prefix="intellect-devnet-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    before = set(workdir.iterdir())
     console.print(f"Devnet workdir: {workdir}")
     started = time.monotonic()
     network: Network | None = None
@@ -200,6 +202,8 @@ def main(
     accuracy: Accuracy | None = None
     codes: dict[str, int | None] = {}
     settlement = None
+    early_stop = False
+    stalled: str | None = None
     try:
         if chain:
             from intellect_protocol.devnet.chain import start_chain
@@ -260,27 +264,55 @@ def main(
         console.print(f"{e}", style="red", markup=False)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
-        pass
+        early_stop = network is None
+    except NoLearningSignal as e:
+        stalled = str(e)
     finally:
         stop.set()
-        summary: dict[str, object] = {"workdir": str(workdir), "wall_time_s": round(time.monotonic() - started, 1)}
-        if network is not None:
-            summary |= _progress_summary(network, accuracy)
-            codes = network.stop()
-        elif settlement is not None:
-            settlement.anvil.stop()
-        if accuracy is not None:
-            accuracy.join(10)  # torch still running in a thread at interpreter exit aborts the process
-        summary["exit_codes"] = codes
-        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-        console.print(f"Stopped. Logs, ledger and summary.json are in {workdir}")
-        if "accuracy_before" in summary:
-            # Measured beside the run, which may have moved on while the last step was evaluated.
-            measured = max(map(int, summary["accuracy_by_step"]))  # type: ignore[call-overload]
-            console.print(
-                f"Held-out accuracy {summary['accuracy_before']:.2f} at policy step 0 -> {summary['accuracy_after']:.2f} "
-                f"at step {measured} (the run reached step {summary['policy_step']})."
-            )
+        if early_stop:
+            # Stopped while calibrating or starting: no run began, so nothing is kept and the same command (the
+            # same --workdir) starts afresh.
+            if settlement is not None:
+                settlement.anvil.stop()
+            for made in set(workdir.iterdir()) - before:
+                shutil.rmtree(made) if made.is_dir() else made.unlink()
+            console.print(f"Interrupted before the network started; nothing was kept in {workdir}.")
+        else:
+            summary: dict[str, object] = {"workdir": str(workdir), "wall_time_s": round(time.monotonic() - started, 1)}
+            if network is not None:
+                summary |= _progress_summary(network, accuracy)
+                codes = network.stop()
+                for name in (name for name, code in codes.items() if code == -signal.SIGKILL):
+                    console.print(
+                        f"{name} did not stop within the devnet's deadline and was killed (its log: {workdir / 'logs' / name}.log).",
+                        style="yellow",
+                        markup=False,
+                    )
+            elif settlement is not None:
+                settlement.anvil.stop()
+            if accuracy is not None:
+                accuracy.join(10)  # torch still running in a thread at interpreter exit aborts the process
+            summary["exit_codes"] = codes
+            if stalled:
+                summary["stalled"] = stalled
+            (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+            console.print(f"Stopped. Logs, ledger and summary.json are in {workdir}")
+            if "accuracy_before" in summary:
+                # Measured beside the run, which may have moved on while the last step was evaluated.
+                measured = max(map(int, summary["accuracy_by_step"]))  # type: ignore[call-overload]
+                console.print(
+                    f"Held-out accuracy {summary['accuracy_before']:.2f} at policy step 0 -> {summary['accuracy_after']:.2f} "
+                    f"at step {measured} (the run reached step {summary['policy_step']})."
+                )
+    if early_stop:
+        raise typer.Exit(130)
+    if stalled:
+        console.print(f"Stopped before step {steps}: {stalled}", style="red", markup=False)
+        raise typer.Exit(1)
+
+
+class NoLearningSignal(Exception):
+    """The run's accepted work holds no reward spread: the trainer will never step (the coordinator's sentence)."""
 
 
 def _interrupt(*_: object) -> None:
@@ -340,6 +372,8 @@ def _watch(network: Network, accuracy: Accuracy, steps: int) -> None:
                 step = progress["steps"][-1]["step"] if progress["steps"] else 0
                 if steps and step >= steps and max(accuracy.by_step, default=0) >= steps:
                     return
+                if steps and (stalled := (progress.get("learning") or {}).get("stalled")):
+                    raise NoLearningSignal(stalled)  # it would never reach its steps
                 time.sleep(0.5)
     finally:
         if not console.is_terminal:
@@ -369,6 +403,8 @@ def _dashboard(
     )
     run.add_row("task reward (last step)", f"{latest.get('task_reward', 0):.3f}", "leaderboard", f"{network.coordinator.url}/")
     run.add_row("new work", work["message"] if work else "handed out", "", "")
+    if stalled := (progress.get("learning") or {}).get("stalled"):
+        run.add_row("learning", f"[red]{stalled}[/red]", "", "")
     nodes = Table("node", "status", "activity", "tasks done", "tokens/s", "last reward", title="Nodes")
     for node in listing["nodes"]:
         beat = node.get("last_heartbeat") or {}

@@ -6,7 +6,6 @@ Exit codes of ``join``: 0 stopped by Ctrl-C or SIGTERM, 1 wallet problem, 2 cloc
 
 from __future__ import annotations
 
-import atexit
 import os
 import signal
 import sys
@@ -14,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -26,7 +25,7 @@ from intellect_protocol.node.hardware import probe, problems
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.settlement_cli import register as register_settlement
 from intellect_protocol.shared import money
-from intellect_protocol.shared.cli import CaFileOption, entry_point
+from intellect_protocol.shared.cli import CaFileOption, entry_point, exit_now
 from intellect_protocol.shared.run_schemas import RunInfo
 from intellect_protocol.shared.schemas import NodeSpecs, checksum_address
 from intellect_protocol.shared.states import SubmissionStatus
@@ -48,16 +47,6 @@ def _say_stopped() -> None:
     # Not through Rich: the interrupt may have landed inside one of its prints, leaving the console's
     # buffer open, and whatever it prints after that is never written.
     print("Stopped.", flush=True)
-
-
-def _exit_now() -> NoReturn:
-    """Exit 0 at once, once the exit handlers (the CPU ledger's last write) have run. The interpreter's
-    own teardown of vLLM and torch takes 2 s on an idle machine and several times that on a busy one,
-    past the stop deadline, and the deadline's watchdog thread cannot run once that teardown begins."""
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _on_any_thread(begin_stop: Callable[[], None]) -> None:
@@ -217,7 +206,7 @@ def join(
         if engines is not None:
             engines.close_engine()
     if signalled.is_set():
-        _exit_now()
+        exit_now()
 
 
 @app.command()

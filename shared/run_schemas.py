@@ -202,6 +202,18 @@ RUN_DEFAULTS = RunSpec(name="defaults")
 """A run created with nothing but a name (the CLI's option defaults read it)."""
 
 
+class LearningSignal(BaseModel):
+    """What GRPO can learn from the work accepted since the run's current policy step (:mod:`coordinator.services.learning_signal`)."""
+
+    groups: int
+    """Groups (a prompt's samples) accepted."""
+    flat_groups: int
+    """Of those, groups whose task rewards do not vary: GRPO learns nothing from them."""
+    task_reward_mean: float | None
+    stalled: str | None
+    """One sentence, with the figures and what to do, once enough groups came in for long enough and none had a spread."""
+
+
 class RunProgress(BaseModel):
     submissions: dict[str, int]
     """Counts by status (pending, accepted, rejected, invalidated) and ``accepted_tokens``."""
@@ -209,6 +221,8 @@ class RunProgress(BaseModel):
     """Per policy step, the trainer's metrics (``step``, loss, reward, task_reward, length, ...)."""
     evaluations: list[dict[str, float]] = []
     """Per policy step, operators' evaluations (``step``, e.g. ``heldout_accuracy``)."""
+    learning: LearningSignal | None = None
+    """The learning signal of the work accepted since the current policy step."""
 
 
 class EvaluationRequest(BaseModel):

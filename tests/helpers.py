@@ -18,7 +18,7 @@ from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.services.runs import create_run
 from intellect_protocol.shared.island_schemas import OuterSettings
 from intellect_protocol.shared.run_schemas import AuditPolicy, RunSpec
-from intellect_protocol.shared.schemas import CheckOutcome, SamplingParams
+from intellect_protocol.shared.schemas import DEFAULT_MODEL, CheckOutcome, SamplingParams
 from intellect_protocol.shared.signing import sign_request
 from intellect_protocol.shared.verdicts import sign_verdict
 from intellect_protocol.shared.version import __version__
@@ -67,11 +67,13 @@ def make_run(
     min_stake: int = 0,
     outer: OuterSettings | None = None,
     async_level: int = 2,
+    model: str = DEFAULT_MODEL,
 ) -> str:
-    """A run of the arithmetic environment on the tiny model, small enough for a test's patience."""
+    """A run of the arithmetic environment (on the tiny model unless ``model``), small enough for a test's patience."""
     with make_sessionmaker(served.engine).begin() as session:
         spec = RunSpec(
             name=name,
+            model=model,
             sampling=sampling,
             prompts_per_task=prompts,
             samples_per_prompt=samples,

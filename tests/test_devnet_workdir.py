@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,38 @@ def test_a_ledger_holding_an_earlier_devnet_run_is_refused_before_anything_is_ad
     assert result.returncode == 1, output
     assert "already holds an earlier devnet's run" in output and "--database-url" in output and "Traceback" not in output
     assert ledger.read_bytes() == before
+
+
+def _running(*words: str) -> bool:
+    """Whether a process of ours runs with every one of ``words`` in its command line."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if all(any(w in a for a in args) for w in words):
+            return True
+    return False
+
+
+def test_ctrl_c_while_calibrating_exits_non_zero_and_leaves_the_workdir_reusable(tmp_path: Path) -> None:
+    """Round four of use: Ctrl-C during --model calibration exited 0 and left a workdir the next start refused."""
+    from intellect_protocol.devnet.preflight import earlier_devnet
+    from intellect_protocol.shared.models import TINY_MODEL_DIR
+
+    workdir = tmp_path / "devnet"
+    command = [str(shutil.which("intellect-devnet")), "--model", str(TINY_MODEL_DIR), "--workdir", str(workdir)]
+    devnet = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _running("calibrate", str(workdir)):
+            assert devnet.poll() is None and time.monotonic() < deadline, devnet.communicate()[0]
+            time.sleep(0.05)
+        devnet.send_signal(signal.SIGINT)
+        output = devnet.communicate(timeout=60)[0]
+    finally:
+        devnet.kill()
+    assert devnet.returncode == 130, output
+    assert "Interrupted before the network started; nothing was kept" in output and "Traceback" not in output, output
+    assert list(workdir.iterdir()) == [] and earlier_devnet(workdir) == []
+    assert not _running("calibrate", str(workdir))  # the calibration stopped with it

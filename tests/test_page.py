@@ -4,16 +4,20 @@ no new work."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from intellect_protocol.coordinator.db import make_sessionmaker
-from intellect_protocol.coordinator.models import TrainerMetrics
+from intellect_protocol.coordinator.models import Run, Submission, TrainerMetrics
+from intellect_protocol.coordinator.services.learning_signal import MIN_GROUPS, PATIENCE_S
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.states import SubmissionStatus
 from tests.conftest import Served, admin_token
 from tests.helpers import chromium, make_run
+from tests.support.protocol import joined, lease, upload
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-a")]
 
@@ -53,4 +57,26 @@ def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:
         expect(work).to_have_attribute("title", "run young is paused by its operator")
         # A long reason stays within its card: the row of cards keeps its height.
         assert work.evaluate("e => e.scrollHeight <= e.clientHeight + 1")
+        browser.close()
+
+
+def test_a_run_that_cannot_learn_says_so_above_its_charts(coordinator: Served) -> None:
+    """Round four of use: a model that never earned a reward ran for minutes at step 0 while the page said nothing."""
+    run_id = make_run(coordinator, name="flat", prompts=1, samples=2)
+    node = joined(coordinator)
+    task = lease(coordinator, node)
+    submission = upload(coordinator, node, task, finish(generate(task)).data)
+    with make_sessionmaker(coordinator.engine).begin() as session:
+        # As if validators had accepted MIN_GROUPS groups without a spread over a minute ago.
+        session.get_one(Run, run_id).created_at -= timedelta(seconds=2 * PATIENCE_S)
+        row = session.get_one(Submission, submission)
+        row.status, row.validated_at = SubmissionStatus.accepted, datetime.now(UTC) - timedelta(seconds=PATIENCE_S + 5)
+        row.groups, row.flat_groups, row.task_reward_sum, row.rows = MIN_GROUPS, MIN_GROUPS, 0.0, 2 * MIN_GROUPS
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(f"{coordinator.url}/")
+        alert = page.locator("#learning-stalled")
+        expect(alert).to_contain_text(f"No learning signal: {MIN_GROUPS} groups accepted since policy step 0")
+        expect(alert).to_contain_text("partial credit")
         browser.close()

@@ -8,6 +8,8 @@ task rewards do not vary (no signal: the length penalty alone would make advanta
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +20,8 @@ from intellect_protocol.shared.schemas import AcceptedRollouts
 
 if TYPE_CHECKING:  # the learner reads batches without the client's signing stack
     from intellect_protocol.shared.coordinator_client import CoordinatorClient
+
+log = logging.getLogger("intellect.trainer")
 
 
 @dataclass
@@ -47,6 +51,9 @@ class Batch:
     """Groups dropped by the offline filter: their prompt's dataset pass rate is outside the range."""
     untrained: int = 0
     """Rows left out because their validator named them (a token decided by a disagreement numerics explain)."""
+    read_rows: int = 0
+    read_task_reward: float = 0.0
+    """Rows of the groups read for this batch (stale ones aside), and their task rewards' sum."""
 
 
 def fetch_accepted(
@@ -90,9 +97,34 @@ def add_submission(
         group = Group(key, members)
         if group.policy_step < oldest_step:
             batch.stale += 1
-        elif not keep_prompt(key[1]):
+            continue
+        batch.read_rows += len(members)
+        batch.read_task_reward += sum(r.task_reward for r in members)
+        if not keep_prompt(key[1]):
             batch.off_range += 1
         elif online_filter and not group.has_signal:
             batch.flat += 1
         else:
             batch.groups.append(group)
+
+
+class NoSignalWatch:
+    """Says once, after ``patience_s`` of reading for one batch, that no group read has a reward spread (the
+    online filter drops them all, and the trainer would wait for ever without a word)."""
+
+    def __init__(self, step: int, patience_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.step, self.patience_s, self.clock = step, patience_s, clock
+        self.started, self.said = clock(), False
+
+    def check(self, batch: Batch) -> None:
+        if self.said or batch.groups or not batch.flat or self.clock() - self.started < self.patience_s:
+            return
+        self.said = True
+        log.warning(
+            "No learning signal: %d groups read for policy step %d, none with a reward spread (mean task reward %.2f), so "
+            "GRPO has nothing to learn from and this trainer cannot step. Use a model that already solves some of the "
+            "problems, an easier task, or a reward with partial credit.",
+            batch.flat,
+            self.step + 1,
+            batch.read_task_reward / max(1, batch.read_rows),
+        )

@@ -51,7 +51,7 @@ from intellect_protocol.shared.run_schemas import oldest_usable_step
 from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, TrainerMetricsRequest
 from intellect_protocol.shared.shardcast.manifest import SignedManifest, build_manifest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
-from intellect_protocol.trainer.data import Batch, add_submission, fetch_files
+from intellect_protocol.trainer.data import Batch, NoSignalWatch, add_submission, fetch_files
 from intellect_protocol.trainer.distributed import full_state_dict
 from intellect_protocol.trainer.islands import OuterStep, OuterSync
 from intellect_protocol.trainer.learner import Abandoned
@@ -123,7 +123,9 @@ class IslandTrainer(Trainer):
         """Groups for one inner update from this island's claims, or None if ``stop`` came first."""
         oldest = oldest_usable_step(self.sync.step, self.run_info.async_level)
         batch = Batch()
+        watch = NoSignalWatch(self.sync.step)
         while len(batch.groups) < self.settings.groups_per_step:
+            watch.check(batch)
             if not self.queue:
                 claim = self._body(IslandClaim, limit=self.settings.groups_per_step, wait_s=self.settings.accepted_wait_s)
                 fresh = [e for e in self.api.island_claim(claim) if e.cursor not in self.seen]

@@ -34,7 +34,7 @@ from intellect_protocol.shared.run_schemas import oldest_usable_step
 from intellect_protocol.shared.schemas import TrainerMetricsRequest
 from intellect_protocol.shared.shardcast.manifest import SignedManifest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
-from intellect_protocol.trainer.data import Batch, add_submission, fetch_accepted
+from intellect_protocol.trainer.data import Batch, NoSignalWatch, add_submission, fetch_accepted
 from intellect_protocol.trainer.distributed import full_state_dict, placement
 from intellect_protocol.trainer.learner import Abandoned, Learner
 from intellect_protocol.trainer.settings import TrainerSettings
@@ -111,6 +111,7 @@ class Trainer:
         # Step N + 1 learns from the current policy N and at most async_level steps older (0: on-policy only).
         oldest = oldest_usable_step(self.state.step, self.run_info.async_level)
         batch = Batch(cursor=self.state.cursor)
+        watch = NoSignalWatch(self.state.step)
         while len(batch.groups) < self.settings.groups_per_step:
             entries = fetch_accepted(self.api, self.run_id, batch.cursor, oldest, wait_s=self.settings.accepted_wait_s)
             if not entries:
@@ -123,6 +124,7 @@ class Trainer:
                 batch.cursor = entry.cursor
                 if len(batch.groups) >= self.settings.groups_per_step:
                     break
+            watch.check(batch)
         return batch
 
     def _in_pass_range(self, prompt_id: str) -> bool:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, stop_on_sigterm, unlock
+from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, exit_now, stop_on_sigterm, unlock
 from intellect_protocol.shared.coordinator_client import Refused, Stopped
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable
 
@@ -54,6 +54,7 @@ def run(
     finally:
         validator.close()
     console.print(f"Stopped after {validator.checked} submissions.")
+    exit_now()
 
 
 @app.command()

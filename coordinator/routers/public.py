@@ -19,6 +19,7 @@ from intellect_protocol.coordinator.services import (
     credit,
     islands,
     leaderboard,
+    learning_signal,
     nodes,
     receipts,
     runs,
@@ -112,13 +113,19 @@ async def run_info(run_id: str, ledger: LedgerDep) -> RunInfo:
 
 @router.get("/runs/{run_id}/progress", response_model=RunProgress, responses={404: {"model": ErrorBody}})
 async def run_progress(run_id: str, ledger: LedgerDep) -> RunProgress:
-    """A run's submissions by status and every policy step's training metrics (for dashboards and charts)."""
+    """A run's submissions by status, every policy step's training metrics (for dashboards and charts), and whether
+    the work accepted since the current step can teach the trainer anything."""
+
+    now = ledger.now()
 
     def read(session: Session) -> RunProgress:
-        runs.get_run(session, run_id)
+        run = runs.get_run(session, run_id)
         steps = [{"step": m.step, **m.metrics} for m in training.metrics_of(session, run_id)]
         evaluations = [{"step": e.step, **e.metrics} for e in training.evaluations_of(session, run_id)]
-        return RunProgress(submissions=training.run_stats(session, run_id), steps=steps, evaluations=evaluations)
+        learning = learning_signal.learning_signal(session, run, now)
+        return RunProgress(
+            submissions=training.run_stats(session, run_id), steps=steps, evaluations=evaluations, learning=learning
+        )
 
     return await ledger.run(read)
 

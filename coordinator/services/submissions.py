@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Node, Nonce, Run, Submission, Task
-from intellect_protocol.coordinator.services import committee, nodes, staleness
+from intellect_protocol.coordinator.services import committee, learning_signal, nodes, staleness
 from intellect_protocol.coordinator.services.runs import params_of
 from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
 from intellect_protocol.shared.schemas import ErrorCode, NodeStatus, SubmissionReceipt, checksum_address, sequence_seed
@@ -141,6 +141,7 @@ def record(
         rows=len(rollouts),
         tokens=sum(len(r.completion_tokens) for r in rollouts),
         prompt_tokens=sum(len(r.prompt_tokens) for r in rollouts),
+        **learning_signal.file_signal(rollouts),
         status=SubmissionStatus.pending,
         created_at=now,
         upload_started_at=upload_started_at or now,

@@ -286,7 +286,9 @@ async function showLeaderboard(view) {
     oninput: (e) => { state.search = e.target.value; renderTable(); } });
   view.replaceChildren(
     h("section", { "aria-labelledby": "status-title" }, h("h2", { id: "status-title" }, "Network status"), statusPanel(net)),
-    h("section", { "aria-labelledby": "charts-title" }, h("h2", { id: "charts-title" }, "Training"), charts(progress, throughput, timing)),
+    h("section", { "aria-labelledby": "charts-title" }, h("h2", { id: "charts-title" }, "Training"),
+      progress.learning?.stalled ? h("p", { class: "alert", id: "learning-stalled", role: "alert" }, progress.learning.stalled) : "",
+      charts(progress, throughput, timing)),
     islands.length ? islandsSection(islands) : "",
     h("section", { "aria-labelledby": "board-title" },
       h("h2", { id: "board-title" }, "Leaderboard"),
