@@ -220,7 +220,7 @@ class Submission(Base):
     """Rows the trainer had already read when its acceptance was reversed (None: never happened)."""
     groups: Mapped[int | None] = mapped_column(Integer)
     flat_groups: Mapped[int | None] = mapped_column(Integer)
-    task_reward_sum: Mapped[float | None]
+    task_reward_sum: Mapped[float | None] = mapped_column(Float)
     """Its groups (a prompt's samples), those whose task rewards do not vary (GRPO learns nothing from them),
     and the sum of its rows' task rewards, from the file as recorded (None: recorded before these were kept)."""
 

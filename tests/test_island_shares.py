@@ -40,6 +40,19 @@ def refused(status: int, call, served) -> str:
     return caught.value.message
 
 
+def islands_settings(database_url: str, tmp_path: Path) -> CoordinatorSettings:
+    """Island leases of 60 s (tests move the clock past them). Nodes never heartbeat: on a busy machine a test
+    outlasts the default 20 s before the health sweep would mark one unhealthy in a "nothing changed" comparison."""
+    return CoordinatorSettings(
+        database_url=database_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        island_lease_s=60,
+        heartbeat_interval_s=3600,
+    )
+
+
 def build(origin: Path, run_id: str, step: int, client: CoordinatorClient, weights: bytes | None = None) -> SignedManifest:
     """Policy step ``step``'s files and manifest, signed by ``client`` (the files' content does not matter here)."""
     directory = step_dir(origin, run_id, step)
@@ -85,18 +98,8 @@ def publish(
 
 
 def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp_path: Path) -> None:
-    # The node never heartbeats: on a busy machine the test outlasts the default 20 s before the health
-    # sweep would mark it unhealthy in the middle of a "nothing changed" comparison.
-    settings = CoordinatorSettings(
-        database_url=database_url,
-        blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        island_lease_s=60,
-        heartbeat_interval_s=3600,
-    )
     clock = MovableClock()
-    with serve(settings, clock=clock) as served:
+    with serve(islands_settings(database_url, tmp_path), clock=clock) as served:
         run_id = make_run(served, sampling=SamplingParams(max_tokens=8), audit=NO_AUDIT)
         token = admin_token(served)
         a_key, b_key, impostor, validator_key = (Account.create() for _ in range(4))
@@ -272,16 +275,8 @@ def test_a_step_is_published_only_as_most_live_islands_vouch_for_its_content_and
     step at a time, and now a step's manifest is accepted only with the content most live islands built from the
     agreed weights, from the island they chose: one liar of three can neither publish its own bytes nor publish
     as another, and nothing it sends changes the ledger."""
-    settings = CoordinatorSettings(
-        database_url=database_url,
-        blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        island_lease_s=60,
-        heartbeat_interval_s=3600,
-    )
     clock = MovableClock()
-    with serve(settings, clock=clock) as served:
+    with serve(islands_settings(database_url, tmp_path), clock=clock) as served:
         run_id = make_run(served, sampling=SamplingParams(max_tokens=8), audit=NO_AUDIT)
         token = admin_token(served)
         keys = {name: Account.create() for name in ("a", "b", "liar")}
