@@ -72,7 +72,12 @@ def stake(
     with _settlement("stake", coordinator, rpc, wallet_file) as (_, chain, account):
         held = chain.token.functions.balanceOf(account.address).call()
         if held < value:
-            raise fail(f"{account.address} holds {tokens(held)} tokens, less than {amount}.", 5)
+            raise fail(
+                f"{account.address} holds {tokens(held)} tokens, less than {amount}. Tokens are minted by whoever deployed "
+                f"the deployment's token ({chain.token.address}): ask the coordinator's operator. On `intellect-devnet "
+                "--chain` every node and validator the devnet makes is funded and staked already.",
+                5,
+            )
         with console.status("Approving the stake registry…"):
             if chain.token.functions.allowance(account.address, chain.registry.address).call() < value:
                 chain.transact(account, chain.token.functions.approve(chain.registry.address, value))

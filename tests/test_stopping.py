@@ -46,9 +46,10 @@ def test_sigterm_while_the_devnet_starts_leaves_nothing_running(tmp_path: Path) 
     workdir = tmp_path / "devnet"
     # Once the coordinator is spawned, the devnet waits for it to answer.
     code, output, took = _stopped(workdir, "coordinator.log", "", lambda devnet: devnet.send_signal(signal.SIGTERM))
-    assert code == 0 and "Stopped." in output and "Traceback" not in output, output
+    # No run began: the exit status says so, and the same --workdir starts afresh (nothing of this start is kept).
+    assert code == 130 and "Interrupted before the network started" in output and "Traceback" not in output, output
     assert took < PROMPT_S, f"stopping took {took:.1f} s"
-    assert running_under(workdir) == []
+    assert running_under(workdir) == [] and list(workdir.iterdir()) == []
 
 
 @pytest.mark.timeout(300)
