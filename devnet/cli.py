@@ -25,6 +25,7 @@ from rich.live import Live
 from rich.table import Table
 
 from intellect_protocol.devnet import preflight
+from intellect_protocol.devnet.accuracy import Accuracy
 from intellect_protocol.devnet.calibration import CALIBRATION_ROWS, calibrated
 from intellect_protocol.devnet.network import Network, start_network
 from intellect_protocol.devnet.processes import StartError, spawn
@@ -45,60 +46,6 @@ ISLAND_SYNC_EVERY = 1
 """Inner steps between the devnet islands' outer steps. With each island's inner step on half a lone trainer's
 groups, a policy step learns from as many groups as a lone trainer's, and the short devnet learns as it
 would without islands (measured: with 2 inner steps on a quarter each, it did not)."""
-
-
-class Accuracy(threading.Thread):
-    """Held-out greedy accuracy of each newly published policy step, measured beside the run and
-    posted to the coordinator as an operator's evaluation (the leaderboard charts it)."""
-
-    def __init__(self, network: Network, stop: threading.Event, model: str) -> None:
-        super().__init__(name="accuracy", daemon=True)
-        self.network, self.stop_event, self.model = network, stop, model
-        self.by_step: dict[int, float] = {}
-
-    def run(self) -> None:
-        from intellect_protocol.shared.tiny_model import Stopped
-
-        try:
-            self._measure()
-        except Stopped:
-            pass
-        except httpx.HTTPError:
-            if not self.stop_event.is_set():
-                raise  # once the devnet stops, its coordinator going away is expected, not an error
-
-    def _measure(self) -> None:
-        import torch
-        import transformers
-
-        from intellect_protocol.shared.models import load_model
-        from intellect_protocol.shared.shardcast.origin import step_dir
-        from intellect_protocol.shared.tiny_model import greedy_accuracy, held_out
-
-        torch.set_num_threads(1)
-        transformers.utils.logging.disable_progress_bar()  # its bars would tear the live dashboard
-        problems = held_out()
-        base, tokenizer = load_model(self.model)
-        self._record(0, greedy_accuracy(base, tokenizer, problems, self.stop_event))
-        while not self.stop_event.wait(2):
-            url = f"{self.network.coordinator.url}/v1/manifests/{self.network.run_id}/latest"
-            reply = self.network.http.get(url, timeout=10)
-            step = reply.json()["step"] if reply.status_code == 200 else 0
-            if step and step not in self.by_step:
-                try:
-                    model, _ = load_model(step_dir(self.network.workdir / "origin", self.network.run_id, step))
-                except OSError:
-                    continue  # retired by the origin between the two reads; the next step comes soon
-                self._record(step, greedy_accuracy(model, tokenizer, problems, self.stop_event))
-
-    def _record(self, step: int, accuracy: float) -> None:
-        self.by_step[step] = accuracy
-        self.network.http.post(
-            f"{self.network.coordinator.url}/v1/admin/runs/{self.network.run_id}/evaluations",
-            json={"step": step, "metrics": {"heldout_accuracy": accuracy}},
-            headers={"authorization": f"Bearer {self.network.token}"},
-            timeout=10,
-        ).raise_for_status()
 
 
 @app.command()
