@@ -40,6 +40,7 @@ from intellect_protocol.shared.island_schemas import (
     IslandVouch,
 )
 from intellect_protocol.shared.public_schemas import Credit, PublicNode
+from intellect_protocol.shared.relay_schemas import RelayInfo, RelayRegister, RelayReportRequest
 from intellect_protocol.shared.run_schemas import RunInfo
 from intellect_protocol.shared.schemas import (
     AcceptedRollouts,
@@ -51,9 +52,6 @@ from intellect_protocol.shared.schemas import (
     PublicStatus,
     RegisterRequest,
     RegisterResponse,
-    RelayInfo,
-    RelayRegister,
-    RelayReportRequest,
     SubmissionReceipt,
     TaskSpec,
     TrainerMetricsRequest,

@@ -269,31 +269,6 @@ class RoleName(enum.StrEnum):
     relay = "relay"
 
 
-class RelayRegister(Request):
-    """A shardcast server announcing where it serves (signed by its own key, which holds the relay role)."""
-
-    address: Address
-    url: Annotated[str, Field(max_length=512, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
-    kind: Literal["relay", "origin"] = "relay"
-
-
-class RelayInfo(BaseModel):
-    address: Address
-    url: str
-    kind: Literal["relay", "origin"]
-    last_seen: datetime
-
-
-class RelayReportRequest(Request):
-    """A client's report that a relay failed it or served a chunk whose hash did not match."""
-
-    relay_url: Annotated[str, Field(max_length=512)]
-    run_id: Annotated[str, Field(max_length=64)]
-    step: int = Field(ge=0, le=INT32_MAX)
-    chunk: int = Field(ge=0, le=INT32_MAX)
-    reason: Literal["hash_mismatch", "unavailable"]
-
-
 CheckName = Literal["integrity", "assignment", "termination", "toploc", "sampling", "rewards"]
 CHECKS: tuple[CheckName, ...] = get_args(CheckName)
 """The validator's checks, in the order it runs them."""

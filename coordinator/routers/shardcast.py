@@ -15,15 +15,8 @@ from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.services import roles, shardcast
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
-from intellect_protocol.shared.schemas import (
-    INT32_MAX,
-    ErrorBody,
-    ErrorCode,
-    RelayInfo,
-    RelayRegister,
-    RelayReportRequest,
-    RoleName,
-)
+from intellect_protocol.shared.relay_schemas import RelayInfo, RelayRegister, RelayReportRequest
+from intellect_protocol.shared.schemas import INT32_MAX, ErrorBody, ErrorCode, RoleName
 from intellect_protocol.shared.shardcast.manifest import ManifestEntry, SignedManifest
 
 router = APIRouter(prefix="/v1", tags=["shardcast"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})

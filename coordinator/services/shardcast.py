@@ -19,7 +19,8 @@ from intellect_protocol.coordinator.island_models import Island
 from intellect_protocol.coordinator.models import Run
 from intellect_protocol.coordinator.services import roles, step_vouches
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest, Relay, RelayReport
-from intellect_protocol.shared.schemas import ErrorCode, RelayRegister, RelayReportRequest, RoleName
+from intellect_protocol.shared.relay_schemas import RelayRegister, RelayReportRequest
+from intellect_protocol.shared.schemas import ErrorCode, RoleName
 from intellect_protocol.shared.shardcast.manifest import ManifestError, SignedManifest
 
 

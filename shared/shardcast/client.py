@@ -25,7 +25,7 @@ from pathlib import Path
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, ProtocolError
 from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.files import write_atomic
-from intellect_protocol.shared.schemas import RelayReportRequest
+from intellect_protocol.shared.relay_schemas import RelayReportRequest
 from intellect_protocol.shared.shardcast.manifest import Manifest, SignedManifest
 from intellect_protocol.shared.shardcast.store import MANIFEST_FILE, preallocate
 from intellect_protocol.shared.shardcast.transfer import TransferError, fetch_range

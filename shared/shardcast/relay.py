@@ -22,7 +22,7 @@ from pathlib import Path
 from eth_account.signers.local import LocalAccount
 
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
-from intellect_protocol.shared.schemas import RelayRegister
+from intellect_protocol.shared.relay_schemas import RelayRegister
 from intellect_protocol.shared.shardcast.manifest import ManifestEntry, ManifestError
 from intellect_protocol.shared.shardcast.store import Step, StepStore
 from intellect_protocol.shared.shardcast.transfer import fetch_range

@@ -10,7 +10,8 @@ from sqlalchemy.orm import Session
 from intellect_protocol.coordinator.deps import LedgerDep
 from intellect_protocol.coordinator.routers.admin.common import NOT_FOUND, AdminOnlyToken, Reader, admin_router, audited
 from intellect_protocol.coordinator.services import committee, roles, shardcast
-from intellect_protocol.shared.schemas import Address, RelayInfo, RoleName
+from intellect_protocol.shared.relay_schemas import RelayInfo
+from intellect_protocol.shared.schemas import Address, RoleName
 
 router = admin_router("roles and relays")
 
