@@ -14,7 +14,14 @@ honest acceptances, then forges every file (4 prompts x 4 samples: 16 rows). A t
 accepted work as fast as it appears. Per grant (a fresh rogue and accomplice each time): forged
 rows the trainer read. Goal: at most 16.
 
-    python bench/accountability.py [--wallets 200] [--honest-files 40] [--grants 10]
+Part 3, a sybil flood (round four, item 8). Hundreds of fresh wallets each upload a file forged throughout
+(random completions proven with one prefill: devnet.adversary.forge), then appeal its rejection, while an
+honest node uploads and three real validators (the project's own, one torch thread, the shipped tiny model)
+check everything. Honest validation latency p50/p99 with the flood and without it (the baseline, measured
+first in the same run), the verdicts the sybils' files took, and how the appeals were answered.
+Goal: honest p99 with the flood at most 1.5x without it.
+
+    python bench/accountability.py [--wallets 200] [--honest-files 40] [--grants 10] [--sybils 200]
 """
 
 from __future__ import annotations
@@ -39,8 +46,12 @@ from eth_account.signers.local import LocalAccount
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from committee import Deployment, deployment, judge  # noqa: E402
+from rich.console import Console  # noqa: E402
 
+from intellect_protocol.devnet.adversary import forge  # noqa: E402
+from intellect_protocol.shared.schemas import TaskSpec  # noqa: E402
 from intellect_protocol.shared.signing import sign_request  # noqa: E402
+from intellect_protocol.validator.worker import Validator  # noqa: E402
 
 
 def raw_post(d: Deployment, account: LocalAccount, path: str, body: dict) -> httpx.Response:
@@ -156,6 +167,49 @@ def forged_rows_per_grant(workdir: Path, grants: int) -> list[tuple[int, int]]:
         return found
 
 
+def sybil_flood(workdir: Path, sybils: int, honest_files: int) -> tuple[list[float], int, Counter[int]]:
+    """Honest validation latencies while ``sybils`` wallets each upload a forged file and appeal its rejection
+    (none: the baseline), three real validators checking; also the verdicts given in all and the appeals' answers."""
+    run = {"prompts_per_task": 2, "samples_per_prompt": 4, "sampling": {"temperature": 1.0, "max_tokens": 32}}
+    with deployment(workdir, None, run, {"INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "100000"}) as d:
+        forged = []
+        for _ in range(sybils):  # made before anything is timed
+            wallet = d.node()
+            task = TaskSpec.model_validate(d.post(wallet, "/v1/tasks/lease", {"address": wallet.address}).json())
+            forged.append((wallet, task, forge(task)))
+        validators = []
+        for _ in range(3):
+            account = Account.create()
+            d.grant(account, "validator")
+            validators.append(Validator(d.url, account, workdir / account.address, Console(quiet=True), batch=4))
+        threads = [threading.Thread(target=v.run, daemon=True) for v in validators]
+        for t in threads:
+            t.start()
+        answers: Counter[int] = Counter()
+
+        def attack(wallet: LocalAccount, task: TaskSpec, data: bytes) -> None:
+            sid = d.post(wallet, "/v1/submissions", data, f"task={task.task_id}").json()["submission_id"]
+            while httpx.get(f"{d.url}/v1/public/submissions/{sid}", timeout=60).json()["status"] == "pending":
+                time.sleep(0.5)
+            answers[raw_post(d, wallet, "/v1/appeals", {"address": wallet.address, "submission_id": sid}).status_code] += 1
+
+        honest = d.node()
+        with ThreadPoolExecutor(16) as pool:
+            for item in forged:
+                pool.submit(attack, *item)
+            ids = []
+            for _ in range(honest_files):
+                ids.append(d.submit(honest))
+                time.sleep(0.1)
+            while any(httpx.get(f"{d.url}/v1/public/submissions/{i}", timeout=30).json()["status"] == "pending" for i in ids):
+                time.sleep(0.2)
+        for v in validators:
+            v.stop.set()
+        for t in threads:
+            t.join()
+        return decided_in(d, ids), sum(v.checked for v in validators), answers
+
+
 def truth(submission_id: str, forged: frozenset[str], lying: bool) -> str:
     return "accept" if lying or submission_id not in forged else "hard"
 
@@ -177,6 +231,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def steady(name: str, latencies: list[float]) -> list[float]:
+    """``latencies`` of a baseline, refused when its own spread says the machine was busy (p99 over 10x p50)."""
+    if percentile(latencies, 0.99) > 10 * percentile(latencies, 0.5):
+        raise SystemExit(
+            f"{name}: p99 {percentile(latencies, 0.99):.2f} s against p50 {percentile(latencies, 0.5):.2f} s (a busy machine?)"
+        )
+    return latencies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wallets", type=int, default=200, help="Wallets appealing at once in the flood.")
@@ -184,23 +247,49 @@ def main() -> None:
         "--honest-files", type=int, default=40, help="Honest files whose validation latency is measured, per flood case."
     )
     parser.add_argument("--grants", type=int, default=10, help="Rogue validator grants measured in part 2.")
+    parser.add_argument("--sybils", type=int, default=200, help="Wallets uploading a forged file and appealing in part 3.")
+    parser.add_argument("--parts", default="1,2,3", help="Which parts to run, comma-separated.")
     args = parser.parse_args()
+    parts, ratios = {int(p) for p in args.parts.split(",")}, []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        print(f"Part 1: honest validation latency, without and with {args.wallets} wallets appealing at once")
-        quiet, _ = appeal_flood(root / "flood-0", 0, args.honest_files)
-        loud, answers = appeal_flood(root / "flood-1", args.wallets, args.honest_files)
-        print(
-            f"  no flood (baseline): p50 {percentile(quiet, 0.5):.2f} s, p99 {percentile(quiet, 0.99):.2f} s over {len(quiet)} files"
-        )
-        print(
-            f"  {args.wallets} appeals: answered {dict(sorted(answers.items()))}; honest p50 {percentile(loud, 0.5):.2f} s, p99 {percentile(loud, 0.99):.2f} s"
-        )
-        found = forged_rows_per_grant(root / "grants", args.grants)
-        rows = [r for _, r in found]
-        print(f"Part 2: per rogue grant (default audit policy), forgeries it approved: {[lies for lies, _ in found]}")
-        print(f"  forged rows the trainer read: {rows}; mean {statistics.mean(rows):.1f}, max {max(rows)} (goal: at most 16)")
-    print(f"honest validation p99 with the appeal flood / without: x{percentile(loud, 0.99) / percentile(quiet, 0.99):.2f}")
+        if 1 in parts:
+            print(f"Part 1: honest validation latency, without and with {args.wallets} wallets appealing at once")
+            quiet = steady("part 1's baseline", appeal_flood(root / "flood-0", 0, args.honest_files)[0])
+            loud, answers = appeal_flood(root / "flood-1", args.wallets, args.honest_files)
+            print(
+                f"  no flood (baseline): p50 {percentile(quiet, 0.5):.2f} s, p99 {percentile(quiet, 0.99):.2f} s over {len(quiet)} files"
+            )
+            print(
+                f"  {args.wallets} appeals: answered {dict(sorted(answers.items()))}; "
+                f"honest p50 {percentile(loud, 0.5):.2f} s, p99 {percentile(loud, 0.99):.2f} s"
+            )
+            ratios.append(
+                f"honest validation p99 with the appeal flood / without: x{percentile(loud, 0.99) / percentile(quiet, 0.99):.2f}"
+            )
+        if 2 in parts:
+            found = forged_rows_per_grant(root / "grants", args.grants)
+            rows = [r for _, r in found]
+            print(f"Part 2: per rogue grant (default audit policy), forgeries it approved: {[lies for lies, _ in found]}")
+            print(f"  forged rows the trainer read: {rows}; mean {statistics.mean(rows):.1f}, max {max(rows)} (goal: at most 16)")
+        if 3 in parts:
+            print(
+                f"Part 3: honest validation latency (real validators), without and with {args.sybils} sybils' forged files and appeals"
+            )
+            calm, calm_verdicts, _ = sybil_flood(root / "sybils-0", 0, args.honest_files)
+            steady("part 3's baseline", calm)
+            stormy, verdicts, appeals = sybil_flood(root / "sybils-1", args.sybils, args.honest_files)
+            print(
+                f"  no sybils (baseline): p50 {percentile(calm, 0.5):.2f} s, p99 {percentile(calm, 0.99):.2f} s, {calm_verdicts} verdicts"
+            )
+            print(
+                f"  {args.sybils} sybils: honest p50 {percentile(stormy, 0.5):.2f} s, p99 {percentile(stormy, 0.99):.2f} s; "
+                f"{verdicts - calm_verdicts} verdicts more; appeals answered {dict(sorted(appeals.items()))}"
+            )
+            ratio = percentile(stormy, 0.99) / percentile(calm, 0.99)
+            ratios.append(f"honest validation p99 with the sybil flood / without: x{ratio:.2f} (goal: at most 1.5x)")
+    for line in ratios:
+        print(line)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ def create_app(settings: CoordinatorSettings | None = None, clock: Clock = syste
         loops=loops,
         rate_limiter=RateLimiter(settings.limits.rate_limit_per_s, settings.limits.rate_limit_burst),
         registration_limiter=RateLimiter(hourly / 3600, hourly),
+        aggregate_limiter=RateLimiter(settings.limits.aggregate_reads_per_s, settings.limits.aggregate_reads_burst),
         anchorer=anchorer,
         stakes=stakes,
     )

@@ -19,6 +19,7 @@ from intellect_protocol.coordinator.services.rate_limit import RateLimiter
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.coordinator.stakes import StakeBook
 from intellect_protocol.coordinator.wakeup import Wakeup
+from intellect_protocol.shared.environments.bounded import BoundedRewards
 from intellect_protocol.shared.settlement import SettlementOverview
 
 POLICY_STEPS_TTL_S = 1.0
@@ -45,6 +46,8 @@ class Context:
     """Unsigned and signed requests, per client."""
     registration_limiter: RateLimiter
     """New nodes per client IP."""
+    aggregate_limiter: RateLimiter
+    """Reads of the public aggregates, per client IP."""
     anchorer: Anchorer | None = None
     """Settlement on a chain, when the deployment has one."""
     stakes: StakeBook | None = None
@@ -57,6 +60,13 @@ class Context:
     settlement_overviews: TtlCache[int, SettlementOverview] = field(default_factory=lambda: TtlCache(OVERVIEW_TTL_S))
     public_reads: TtlCache[tuple[object, ...], bytes] = field(default_factory=lambda: TtlCache(PUBLIC_READ_TTL_S, max_keys=1024))
     """Public aggregates (throughput, leaderboard, validators) as rendered JSON, by route and parameters."""
+    rewards: dict[tuple[str, str], BoundedRewards] = field(default_factory=dict)
+    """Each run environment's reward in a bounded process, by name and pin: it reproduces failures nodes report."""
+
+    def rewards_of(self, environment: str, pin: str) -> BoundedRewards:
+        if (environment, pin) not in self.rewards:
+            self.rewards[(environment, pin)] = BoundedRewards(environment, pin)
+        return self.rewards[(environment, pin)]
 
     @property
     def clock(self) -> Clock:

@@ -82,6 +82,12 @@ async def client_rate_limit(request: Request) -> None:
     _rate_limit(request, f"ip:{_client_ip(request)}")
 
 
+async def aggregate_rate_limit(request: Request) -> None:
+    """The tighter allowance of the public aggregates, keyed by the client's IP: each answer is large, and
+    even served from the cache a flood of them takes the CPU that signed requests need."""
+    _rate_limit(request, f"ip:{_client_ip(request)}", context(request).aggregate_limiter, "Too many reads of public aggregates")
+
+
 async def registration_gate(request: Request, settings: Settings) -> Callable[[], None]:
     """What a registration calls before it creates a new node: raises 429 past the allowance of the client's
     network (its IP's /24 or /56 by default: addresses of one network are one client's to take)."""

@@ -40,6 +40,7 @@ STATUS_OF: dict[ErrorCode, int] = {
     ErrorCode.conflict: 409,
     ErrorCode.lease_expired: 409,
     ErrorCode.awaiting_vouches: 409,
+    ErrorCode.plugin_works_here: 409,
     ErrorCode.body_too_large: 413,
     ErrorCode.validation_error: 422,
     ErrorCode.rollout_invalid: 422,

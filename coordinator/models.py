@@ -143,6 +143,10 @@ class Run(Base):
     """The run's :class:`shared.island_schemas.OuterSettings` for trainer islands; None: its defaults."""
     trainer_cursor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """The trainer's last read position (a credit entry id): accepted work after it is unread."""
+    plugin_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Reward calls of the run's environment that failed on a node and again here, since it last ran."""
+    paused_reason: Mapped[str | None] = mapped_column(Text)
+    """Why the coordinator paused the run by itself (None: it did not)."""
 
     @hybrid_property
     def oldest_step(self) -> int:

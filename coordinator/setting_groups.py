@@ -31,6 +31,14 @@ class LimitSettings(Group):
     rate_limit_burst: int = Field(60, ge=1)
     """Requests one address may send at once before the sustained rate applies."""
 
+    aggregate_reads_per_s: float = Field(2.0, gt=0)
+    """Sustained reads per second one client IP may make of the public aggregates (throughput, leaderboard,
+    validators): answers of up to hundreds of KB, which the page reads three of every 5 s. Within
+    ``rate_limit_per_s``, not beside it."""
+
+    aggregate_reads_burst: int = Field(20, ge=1)
+    """Reads of the public aggregates one client IP may make at once before their sustained rate applies."""
+
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """Largest request body accepted; larger ones get 413 before they are read."""
 

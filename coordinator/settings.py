@@ -162,6 +162,10 @@ class CoordinatorSettings(RoleSettings):
     max_leases_per_node: int = Field(3, ge=1, le=8)
     """Tasks one node may hold at once: one uploading, one generating, the next one lined up."""
 
+    plugin_failures_to_pause: int = Field(20, ge=1)
+    """Reward failures of a run's environment, reported by nodes and reproduced here, after which the coordinator
+    pauses the run (saying why on its status) until an operator resumes it."""
+
     island_lease_s: float = Field(300.0, gt=0)
     """A trainer island silent this long loses the accepted submissions it claimed but has not reported
     for an outer step: another island takes them."""

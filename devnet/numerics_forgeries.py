@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from intellect_protocol.node.work import Generated, environment_for, finish
+from intellect_protocol.node.work import Generated, finish, rewards_for
 from intellect_protocol.shared.environments.registry import completion_text, reward
 from intellect_protocol.shared.inference import Completion, prefill
 from intellect_protocol.shared.models import load_tokenizer
@@ -51,7 +51,9 @@ def completion_of(model: torch.nn.Module, prompt: list[int], tokens: list[int], 
 
 def _reward(row: AssignedRow, tokens: list[int], generated: Generated) -> float:
     tokenizer = load_tokenizer(generated.task.model)
-    task_reward = environment_for(generated.task).task_reward(completion_text(tokenizer, tokens), row.problem)
+    task_reward = rewards_for(generated.task.environment, generated.task.environment_version).task_reward(
+        completion_text(tokenizer, tokens), row.problem
+    )
     return reward(task_reward, len(tokens), generated.budget)[0]
 
 

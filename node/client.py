@@ -10,6 +10,8 @@ from eth_account.signers.local import LocalAccount
 
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
+from intellect_protocol.shared.environments.bounded import PluginFailure
+from intellect_protocol.shared.plugin_schemas import PluginFailureReport
 from intellect_protocol.shared.schemas import (
     ErrorCode,
     HeartbeatRequest,
@@ -124,6 +126,20 @@ class NodeClient:
     def submit(self, task_id: str, data: bytes) -> SubmissionReceipt:
         with _translated():
             return self.api.submit(task_id, data)
+
+    def give_back(self, task_id: str, failure: PluginFailure) -> str:
+        """Give back a task the run's reward failed on; returns what the coordinator made of it, in one sentence."""
+        body = PluginFailureReport(
+            address=self.account.address, task_id=task_id, problem_id=failure.problem_id, completion=failure.completion
+        )
+        try:
+            answer = self.api.plugin_failure(body)
+        except Refused as e:
+            if e.code == ErrorCode.plugin_works_here:
+                return e.message
+            raise _node_error(e) from None
+        paused = " The coordinator paused the run for it." if answer.paused else ""
+        return f"The coordinator's run of the reward failed too ({answer.failures} such failures on the run); the task is back in the pool.{paused}"
 
 
 @contextmanager

@@ -12,8 +12,9 @@ from transformers import PreTrainedTokenizerBase
 
 from intellect_protocol.node.settings import BackendKind, Dtype
 from intellect_protocol.shared.cpu_ledger import spent
+from intellect_protocol.shared.environments.bounded import BoundedRewards
 from intellect_protocol.shared.environments.length import LengthBudget
-from intellect_protocol.shared.environments.registry import Environment, Problem, completion_text, get_environment, reward
+from intellect_protocol.shared.environments.registry import Problem, completion_text, get_environment, reward
 from intellect_protocol.shared.inference import Completion, InferenceBackend
 from intellect_protocol.shared.models import load_model, load_tokenizer, resolve_model
 from intellect_protocol.shared.numerics import Numerics, torch_dtype
@@ -51,8 +52,10 @@ def torch_backend_for(model: str, dtype: Dtype) -> tuple[TorchBackend, PreTraine
     return TorchBackend(loaded, tokenizer.eos_token_id, tokenizer.pad_token_id), tokenizer
 
 
-def environment_for(task: TaskSpec) -> Environment:
-    return get_environment(task.environment, task.environment_version)
+@cache
+def rewards_for(name: str, version: str) -> BoundedRewards:
+    """The run's reward, computed in a bounded process of its own (one per environment, for the process's life)."""
+    return BoundedRewards(name, version)
 
 
 @cache
@@ -104,11 +107,11 @@ def score(generated: Generated, proofs: list[bytes]) -> list[Rollout]:
     """The task's rollouts: each completion with its environment reward, length penalty and proof."""
     task, budget = generated.task, generated.budget
     tokenizer = load_tokenizer(task.model)
-    environment = environment_for(task)
+    rewards = rewards_for(task.environment, task.environment_version)
     rollouts = []
     for row, completion, proof in zip(generated.rows, generated.completions, proofs, strict=True):
         text = completion_text(tokenizer, completion.tokens)
-        task_reward = environment.task_reward(text, row.problem)
+        task_reward = rewards.task_reward(text, row.problem)  # PluginFailure: the task goes back, said so
         final, penalty = reward(task_reward, len(completion.tokens), budget)
         rollouts.append(
             Rollout(

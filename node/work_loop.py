@@ -26,6 +26,7 @@ from intellect_protocol.node.client import NodeClient, NotRegistered, TaskLost
 from intellect_protocol.node.finishers import finisher_pool, stop_finishers, wait_ready
 from intellect_protocol.node.settings import BackendKind, Dtype
 from intellect_protocol.shared.coordinator_client import Stopped
+from intellect_protocol.shared.environments.bounded import PluginFailure
 from intellect_protocol.shared.schemas import WorkWait
 from intellect_protocol.shared.shardcast.client import DownloadError
 from intellect_protocol.shared.shardcast.weights import Weights
@@ -175,6 +176,9 @@ class WorkLoop:
         except TaskLost as e:
             self.console.print(f"[yellow]Task {task.task_id} dropped: {e}[/yellow]")
             return
+        except PluginFailure as e:  # the run's reward code failed, not this node: the task goes back, said once
+            self.console.print(f"[yellow]Task {task.task_id} given back: {e}. {self._give_back(task, e)}[/yellow]")
+            return
         finally:
             self.slots.release(task.task_id)
             if self.weights is not None:
@@ -193,6 +197,12 @@ class WorkLoop:
             f"Task {self.done} ({task.task_id[:13]}…): {result.rollouts} rollouts, {result.tokens} tokens at {rate:.0f} tok/s, "
             f"mean reward {result.mean_reward:.2f}; submitted as {receipt.submission_id[:12]}… ({receipt.status})."
         )
+
+    def _give_back(self, task: TaskSpec, failure: PluginFailure) -> str:
+        try:
+            return self.client.give_back(task.task_id, failure)
+        except TaskLost as e:
+            return f"(It was lost already: {e}.)"
 
     def _uploader(self) -> None:
         while (item := self.uploads.get()) is not None:

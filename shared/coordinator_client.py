@@ -31,14 +31,17 @@ from pydantic import BaseModel
 
 from intellect_protocol.shared.committee import AppealInfo, AppealRequest, PublicReceipt
 from intellect_protocol.shared.cpu_ledger import spent
+from intellect_protocol.shared.environments.bounded import RewardLimits
 from intellect_protocol.shared.island_schemas import (
     IslandClaim,
+    IslandHealCheck,
     IslandJoin,
     IslandReport,
     IslandSettle,
     IslandStatus,
     IslandVouch,
 )
+from intellect_protocol.shared.plugin_schemas import PluginFailureAnswer, PluginFailureReport
 from intellect_protocol.shared.public_schemas import Credit, PublicNode
 from intellect_protocol.shared.relay_schemas import RelayInfo, RelayRegister, RelayReportRequest
 from intellect_protocol.shared.run_schemas import RunInfo
@@ -207,6 +210,11 @@ class CoordinatorClient:
         reply = self._send("POST", "/v1/submissions", content=data, params={"task": task_id})
         return SubmissionReceipt.model_validate(reply.json())
 
+    def plugin_failure(self, body: PluginFailureReport) -> PluginFailureAnswer:
+        """Report that the run's reward failed on a completion; the coordinator runs it again (within its time bound)."""
+        reply = self._send("POST", "/v1/tasks/plugin-failure", body=body, read_s=RewardLimits().timeout_s + 30)
+        return PluginFailureAnswer.model_validate(reply.json())
+
     def appeal(self, body: AppealRequest) -> AppealInfo:
         return AppealInfo.model_validate(self._send("POST", "/v1/appeals", body=body).json())
 
@@ -244,6 +252,10 @@ class CoordinatorClient:
 
     def island_vouch(self, body: IslandVouch) -> None:
         self._send("POST", "/v1/trainer/islands/vouch", body=body)
+
+    def island_heal_check(self, body: IslandHealCheck) -> None:
+        """Raises :class:`Refused` (409) unless a peer's state this island received is the run's agreed state."""
+        self._send("POST", "/v1/trainer/islands/heal-check", body=body)
 
     def island_settle(self, body: IslandSettle) -> int:
         """Returns the claims consumed."""

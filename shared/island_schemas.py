@@ -124,6 +124,14 @@ class IslandVouch(IslandJoin):
     """The step's record as this island computed it (:func:`step_record`): only that record settles the step."""
 
 
+class IslandHealCheck(IslandJoin):
+    """Sent by an island that just received a peer's state for policy step ``step``: is it the run's agreed state?"""
+
+    step: int = Field(ge=0, le=INT32_MAX)
+    content: Hex64
+    """The :meth:`~shared.shardcast.manifest.Manifest.content_digest` of the received weights, built by this island."""
+
+
 def step_record(included: list[Included], excluded: dict[str, str]) -> str:
     """The digest of an outer step's record: the attempts its average included, in order, and the islands left
     out and why. Every honest island of the meeting computes the same."""

@@ -93,6 +93,10 @@ class RunInfo(BaseModel):
     """How trainer islands meet for outer steps; None: :class:`OuterSettings`' defaults."""
     status: RunStatus
     """A paused run leases no new tasks."""
+    paused_reason: str | None = None
+    """Why the coordinator paused the run by itself (None: it did not; an operator's pause says nothing here)."""
+    plugin_failures: int = 0
+    """Reward calls of the run's environment that failed on a node and again on the coordinator, since it last ran."""
     created_at: datetime
 
 

@@ -86,6 +86,8 @@ class ErrorCode(enum.StrEnum):
     """A manifest signed by someone other than the trainer posting it."""
     awaiting_vouches = "awaiting_vouches"
     """A trainer island's step that most live islands have not vouched for (yet): publish it again once they have."""
+    plugin_works_here = "plugin_works_here"
+    """A node reported a reward failure that the coordinator's own run of the reward does not reproduce."""
     not_submitter = "not_submitter"
     """Only the node that submitted the work may do this (appeal it)."""
     storage_unavailable = "storage_unavailable"

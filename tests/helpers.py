@@ -68,12 +68,14 @@ def make_run(
     outer: OuterSettings | None = None,
     async_level: int = 2,
     model: str = DEFAULT_MODEL,
+    environment: str = "arithmetic",
 ) -> str:
     """A run of the arithmetic environment (on the tiny model unless ``model``), small enough for a test's patience."""
     with make_sessionmaker(served.engine).begin() as session:
         spec = RunSpec(
             name=name,
             model=model,
+            environment=environment,
             sampling=sampling,
             prompts_per_task=prompts,
             samples_per_prompt=samples,
@@ -185,3 +187,15 @@ def descendants(pid: int) -> set[int]:
     except FileNotFoundError:
         return set()
     return children.union(*(descendants(c) for c in children))
+
+
+def install_distribution(root: Path, package: str, release: str, entries: dict[str, str], module: str = "") -> None:
+    """Install a distribution by hand, as pip lays one out: a module and a ``.dist-info`` with its entry points."""
+    root.mkdir(parents=True, exist_ok=True)
+    if module:
+        (root / f"{package.replace('-', '_')}.py").write_text(module)
+    info = root / f"{package.replace('-', '_')}-{release}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {release}\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in entries.items())
+    (info / "entry_points.txt").write_text(f"[intellect_protocol.environments]\n{lines}")

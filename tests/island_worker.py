@@ -1,5 +1,5 @@
 """One trainer island's outer loop on a small model, for the tests: ``python tests/island_worker.py NAME
-LIGHTHOUSE OUT OUTER_STEPS [--fault nan@K huge@K ...]``, or as an island of FSDP ranks
+LIGHTHOUSE OUT OUTER_STEPS [--fault nan@K huge@K ahead@K ...] [--refuse-heals]``, or as an island of FSDP ranks
 under ``torchrun --nproc-per-node N``.
 
 From the same initial weights every island takes ``sync_every`` AdamW steps on its own data, then meets
@@ -10,6 +10,7 @@ for a rank of FSDP: its shard of each), rewritten after every meeting."""
 from __future__ import annotations
 
 import argparse
+import copy
 import uuid
 from pathlib import Path
 
@@ -34,14 +35,20 @@ def main() -> None:
     parser.add_argument("lighthouse")
     parser.add_argument("out", type=Path)
     parser.add_argument("outer_steps", type=int)
-    parser.add_argument("--fault", nargs="*", default=[], help="KIND@STEP: a lie before that meeting (devnet.island_lies)")
+    parser.add_argument(
+        "--fault", nargs="*", default=[], help="KIND@STEP: a lie before that meeting (devnet.island_lies, or ahead: see below)"
+    )
+    parser.add_argument("--refuse-heals", action="store_true", help="judge every peer's state not the run's agreed one")
     args = parser.parse_args()
     torch.set_num_threads(1)
     faults = {int(step): kind for kind, step in (f.split("@") for f in args.fault)}
     where = placement()
     model = shard(initial_model(), where)  # FSDP across the island's ranks, when it has several
     inner = torch.optim.AdamW(model.parameters(), lr=0.01)
-    sync = OuterSync(model, args.name, args.lighthouse, SETTINGS, timeout_s=20, rank=where.rank, world_size=where.world_size)
+    check = (lambda: False) if args.refuse_heals else None
+    sync = OuterSync(
+        model, args.name, args.lighthouse, SETTINGS, timeout_s=20, rank=where.rank, world_size=where.world_size, check_heal=check
+    )
     out = args.out / (f"{args.name}-{where.rank}.pt" if where.world_size > 1 else f"{args.name}.pt")
     data = torch.Generator().manual_seed(sum(args.name.encode()))  # the same on an island's ranks: FSDP splits no data
     record: dict[str, list] = {"pseudo": [], "outcomes": [], "agreed": [], "initial": [a.clone() for a in sync.agreed]}
@@ -52,10 +59,22 @@ def main() -> None:
             inner.zero_grad()
             loss.backward()
             inner.step()
-        if (kind := faults.get(sync.step)) is not None:
+        honest = None
+        if (kind := faults.pop(sync.step, None)) == "ahead":
+            # For one meeting, claims the next step with weights nobody agreed on: torchft has every island
+            # behind it recover them. Then it is honest again, back at its step.
+            honest = (copy.deepcopy(sync.state_dict()), sync.manager.state_dict())
+            sync.manager.load_state_dict({"step": sync.step + 1, "batches_committed": 0})
+            with torch.no_grad():
+                for a in sync.agreed:
+                    a.mul_(1000)
+        elif kind is not None:
             lie(kind, model, sync.agreed)
         pseudo = torch.cat([(a - p.detach()).flatten() for a, p in zip(sync.agreed, model.parameters())]).to(WIRE)
         outcome = sync.sync(uuid.uuid4().hex)
+        if honest is not None:
+            sync.load_state_dict(honest[0])
+            sync.manager.load_state_dict(honest[1])
         record["pseudo"].append(pseudo)
         record["outcomes"].append(outcome)
         record["agreed"].append([a.clone() for a in sync.agreed])

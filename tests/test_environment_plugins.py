@@ -19,22 +19,11 @@ from intellect_protocol.devnet.processes import Process, admin_token, script, sp
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment, installed, plugin
 from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
-from tests.helpers import HTTP, install_example_environment
+from tests.helpers import HTTP, install_distribution, install_example_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = plugin("arithmetic").pin
 EXAMPLE = re.compile(r"intellect-column-credit==0\.1\.0 sha256=[0-9a-f]{16}")
-
-
-def _distribution(root: Path, package: str, release: str, entries: dict[str, str], module: str = "") -> None:
-    """Install a distribution by hand, as pip lays one out: a module and a ``.dist-info`` with its entry points."""
-    if module:
-        (root / f"{package.replace('-', '_')}.py").write_text(module)
-    info = root / f"{package.replace('-', '_')}-{release}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {release}\n")
-    lines = "".join(f"{name} = {target}\n" for name, target in entries.items())
-    (info / "entry_points.txt").write_text(f"[intellect_protocol.environments]\n{lines}")
 
 
 PALINDROMES = """
@@ -52,6 +41,15 @@ class Palindromes:
 class Broken:
     def __init__(self):
         raise RuntimeError("its dataset is missing")
+
+class Unlisted:
+    name = "unlisted"
+
+    def problems(self):
+        return {}["rows"]
+
+    def task_reward(self, completion, problem):
+        return 0.0
 
 class Duplicates:
     name = "duplicates"
@@ -81,10 +79,11 @@ def test_a_plugin_is_found_loaded_and_pinned(tmp_path: Path, monkeypatch: pytest
     entries = {
         "palindromes": "intellect_palindromes:Palindromes",
         "broken": "intellect_palindromes:Broken",
+        "unlisted": "intellect_palindromes:Unlisted",
         "duplicates": "intellect_palindromes:Duplicates",
         "missing-module": "intellect_nowhere:Factory",
     }
-    _distribution(tmp_path, "intellect-palindromes", "2.1.0", entries, PALINDROMES)
+    install_distribution(tmp_path, "intellect-palindromes", "2.1.0", entries, PALINDROMES)
     monkeypatch.syspath_prepend(str(tmp_path))
 
     found = plugin("palindromes")
@@ -112,6 +111,10 @@ def test_a_plugin_is_found_loaded_and_pinned(tmp_path: Path, monkeypatch: pytest
         plugin("poetry")
     with pytest.raises(EnvironmentUnavailable, match="failed to load: RuntimeError: its dataset is missing"):
         get_environment("broken")
+    with pytest.raises(
+        EnvironmentUnavailable, match=r"'unlisted' \(intellect-palindromes==2.1.0\) failed to list its problems: KeyError: 'rows'"
+    ):
+        get_environment("unlisted")
     with pytest.raises(EnvironmentUnavailable, match="failed to load: ModuleNotFoundError"):
         get_environment("missing-module")
     with pytest.raises(EnvironmentUnavailable, match="unique, non-empty ids"):
@@ -121,7 +124,7 @@ def test_a_plugin_is_found_loaded_and_pinned(tmp_path: Path, monkeypatch: pytest
 @pytest.mark.unit
 def test_a_name_two_distributions_claim_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A package that registers "arithmetic" must not silently replace (or be replaced by) the built-in one.
-    _distribution(tmp_path, "arith-impostor", "1.0", {"arithmetic": "arith_impostor:Arithmetic"})
+    install_distribution(tmp_path, "arith-impostor", "1.0", {"arithmetic": "arith_impostor:Arithmetic"})
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(
         EnvironmentUnavailable,

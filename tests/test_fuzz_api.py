@@ -34,7 +34,7 @@ class SignAs(requests.auth.AuthBase):
         return r
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(scope="module")
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("fuzz")
     url = _new_database(request.param, request, tmp, request.getfixturevalue(f"migrated_{request.param}"))
@@ -55,7 +55,17 @@ def _sessions(served: Served) -> dict[str, requests.Session]:
     return {"unsigned": unsigned, "signed": signed, "admin-read": admin}
 
 
-@pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE])
+# Malformed requests are refused before they reach the ledger: fuzzed on PostgreSQL only (the stricter of the two
+# where one gets through), valid-looking ones on both.
+@pytest.mark.parametrize(
+    ("served", "mode"),
+    [
+        ("sqlite", schemathesis.GenerationMode.POSITIVE),
+        ("postgres", schemathesis.GenerationMode.POSITIVE),
+        ("postgres", schemathesis.GenerationMode.NEGATIVE),
+    ],
+    indirect=["served"],
+)
 def test_no_request_makes_a_server_error(served: Served, mode) -> None:
     schema = schemathesis.openapi.from_url(f"{served.url}/openapi.json")
     sessions = _sessions(served)

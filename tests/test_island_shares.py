@@ -15,7 +15,15 @@ from rich.console import Console
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
-from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandVouch, step_record
+from intellect_protocol.shared.island_schemas import (
+    IslandClaim,
+    IslandHealCheck,
+    IslandJoin,
+    IslandReport,
+    IslandSettle,
+    IslandVouch,
+    step_record,
+)
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.shardcast.manifest import SignedManifest
@@ -329,5 +337,31 @@ def test_a_step_is_published_only_as_most_live_islands_vouch_for_its_content_and
         vouch(a, run_id, "a", step_3, "a")
         a.publish_manifest(step_3)
         assert a.run_info(run_id).policy_step == 3
-        for client in clients.values():
+
+        # An island recovering from a peer keeps what it received only if the coordinator holds that content for
+        # the step: published, or vouched for by most of the other live islands. The liar's word alone is not that.
+        def heal_check(island: str, step: int, content: str) -> None:
+            client = clients[island]
+            client.island_heal_check(
+                IslandHealCheck(address=client.account.address, run_id=run_id, island=island, step=step, content=content)
+            )
+
+        heal_check("a", 3, step_3.manifest.content_digest())
+        assert "published with other content" in refused(
+            409, lambda: heal_check("a", 3, forged.manifest.content_digest()), served
+        )
+        honest_4, forged_4 = build(origin["b"], run_id, 4, b), build(origin["liar"], run_id, 4, liar, weights=b"poison")
+        vouch(b, run_id, "b", honest_4, "b")
+        vouch(liar, run_id, "liar", forged_4, "liar")
+        for signed in (honest_4, forged_4):
+            content = signed.manifest.content_digest()
+            assert "1 of the other 2 live" in refused(409, lambda content=content: heal_check("a", 4, content), served)
+        clock.advance(61)  # the liar silent past the lease; b still there: with two islands, the peer's word is enough
+        vouch(b, run_id, "b", honest_4, "b")
+        heal_check("a", 4, honest_4.manifest.content_digest())
+        assert "0 of the other 1 live" in refused(409, lambda: heal_check("a", 4, forged_4.manifest.content_digest()), served)
+        stranger = CoordinatorClient(served.url, Account.create())
+        body = IslandHealCheck(address=stranger.account.address, run_id=run_id, island="x", step=4, content="0" * 64)
+        refused(403, lambda: stranger.island_heal_check(body), served)
+        for client in (*clients.values(), stranger):
             client.close()

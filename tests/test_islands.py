@@ -190,6 +190,29 @@ def test_one_lying_island_of_three_cannot_steer_the_agreed_weights(lighthouse, t
     assert same(ra["agreed"][-1], replay(sent))
 
 
+@pytest.mark.integration
+def test_a_recovering_island_refuses_a_state_the_run_did_not_agree_on(lighthouse, tmp_path: Path) -> None:
+    """torchft has a behind island recover the state of whichever peer claims the highest step: a liar claiming
+    the next step with weights of its own had every honest island take them. Now the island asks whether the
+    state is the run's agreed one (the trainer asks the coordinator) and, refused, sits the meeting out."""
+    address = lighthouse(3)
+    a, b = (island(n, address, tmp_path, 4, "--refuse-heals") for n in "ab")
+    c = island("c", address, tmp_path, 4, "--fault", "ahead@1")  # for its second meeting only
+    finished(a, b, c)
+    ra, rb = record(tmp_path, "a"), record(tmp_path, "b")
+    for name in "ab":
+        assert "not the run's agreed state: it sits this meeting out at step 1" in (tmp_path / f"{name}.log").read_text()
+    # The meeting of the lie took no step for them; the next ones, the liar honest again, did.
+    assert [(o.step, o.committed) for o in ra["outcomes"]] == [(0, True), (1, False), (1, True), (2, True), (3, True)]
+    assert [(o.step, o.committed) for o in rb["outcomes"]] == [(o.step, o.committed) for o in ra["outcomes"]]
+    assert same(ra["agreed"][1], ra["agreed"][0])
+    for k in range(5):
+        assert same(ra["agreed"][k], rb["agreed"][k])
+    # The liar's weights (1,000x the agreed) never became theirs.
+    largest = max(float(t.abs().max()) for t in ra["agreed"][-1])
+    assert largest < 10 * max(float(t.abs().max()) for t in ra["initial"])
+
+
 @pytest.mark.e2e
 @pytest.mark.xdist_group("e2e-a")  # four processes under torchrun: with the other real-engine tests
 def test_islands_of_two_fsdp_ranks_each_agree_on_what_one_process_computes(lighthouse, tmp_path: Path) -> None:

@@ -95,6 +95,8 @@ def test_a_flood_of_public_readers_costs_one_computation_per_interval(sqlite_url
         status_loop_interval_s=3600,
         rate_limit_per_s=1000,
         rate_limit_burst=1000,
+        aggregate_reads_per_s=1000,
+        aggregate_reads_burst=1000,
     )
     with serve(settings) as served:
         run_id = make_run(served)

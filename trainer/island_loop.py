@@ -11,7 +11,8 @@ others' go back to the pool. Nodes only ever see published steps.
 
 Nothing is trained on twice or lost: a claim is consumed only once a step that averaged it is
 published; an island that restarts gives back what it held unreported (its inner progress died with
-it) and recovers the agreed weights from a live peer; a publisher that dies after the meeting leaves its
+it) and recovers the agreed weights from a live peer, which it keeps only if the coordinator holds the same
+content for that step (published, or vouched for by most other live islands); a publisher that dies after the meeting leaves its
 step unpublished, and the next meeting's publisher publishes the following step and settles both.
 
 The island's own state (the agreed weights, the outer and inner optimizers, the last steps' included
@@ -40,6 +41,7 @@ from intellect_protocol.shared.coordinator_client import Refused
 from intellect_protocol.shared.files import write_atomic_with
 from intellect_protocol.shared.island_schemas import (
     IslandClaim,
+    IslandHealCheck,
     IslandJoin,
     IslandReport,
     IslandSettle,
@@ -94,7 +96,15 @@ class IslandTrainer(Trainer):
         where = self.where
         step = saved["step"] if saved else 0
         self.sync = OuterSync(
-            module, island, lighthouse, self.outer_settings, step, host, rank=where.rank, world_size=where.world_size
+            module,
+            island,
+            lighthouse,
+            self.outer_settings,
+            step,
+            host,
+            rank=where.rank,
+            world_size=where.world_size,
+            check_heal=self._check_heal,
         )
         if saved is not None:
             self.sync.load_state_dict(saved["outer"])
@@ -241,10 +251,7 @@ class IslandTrainer(Trainer):
         if not self.where.leader:
             return False
         directory = step_dir(self.origin_dir, self.run_id, step) if outcome.leader else self.checkpoint_dir / "vouched"
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True)
-        self.model.save_pretrained(directory, state_dict=gathered)
-        self.tokenizer.save_pretrained(directory)
+        self._write_step(directory, gathered)
         chunk_size = self.outer_settings.chunk_size
         signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=chunk_size) if outcome.leader else None
         manifest = signed.manifest if signed else build_manifest(directory, self.run_id, step, chunk_size=chunk_size)
@@ -264,6 +271,33 @@ class IslandTrainer(Trainer):
         for done in self.sync.committed:
             self.api.island_settle(self._body(IslandSettle, outer_step=done.step, included=done.included, excluded=done.excluded))
         return True
+
+    def _write_step(self, directory: Path, gathered: dict[str, torch.Tensor] | None) -> None:
+        """A policy step's files in ``directory`` (emptied first), from the island's gathered weights."""
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        self.model.save_pretrained(directory, state_dict=gathered)
+        self.tokenizer.save_pretrained(directory)
+
+    def _check_heal(self) -> bool:
+        """A peer's state is in the model: whether the coordinator holds its content for its step."""
+        step = self.sync.step
+        gathered = full_state_dict(self.learner.module, self.where)  # every rank takes part
+
+        def ask() -> bool:
+            directory = self.checkpoint_dir / "healed"
+            self._write_step(directory, gathered)
+            content = build_manifest(directory, self.run_id, step, chunk_size=self.outer_settings.chunk_size).content_digest()
+            try:
+                self.api.island_heal_check(self._body(IslandHealCheck, step=step, content=content))
+                return True
+            except Refused as e:
+                if e.status != 409:
+                    raise
+                log.warning("island %s: %s", self.island, e.message)
+                return False
+
+        return self._from_leader(ask)
 
     def _publish_when_vouched(self, signed: SignedManifest) -> bool:
         """Publish, waiting up to ``island_vouch_wait_s`` for the others' vouches; False if they never came."""

@@ -21,13 +21,21 @@ An island may itself be FSDP ranks under ``torchrun`` (every island the same num
 the same rank of the other islands with its own shard of the pseudo-gradients and agreed weights, norms
 are the whole island's (summed over its ranks), and a recovering rank takes its shard from the same rank of
 a peer. The island's ranks share torchrun's store.
+
+Recovery is not trust: torchft hands a behind island the state of the peer that claims the highest step. The
+island asks ``check_heal`` whether what it received is the run's agreed state; if not, it puts its own state
+back (its step too) and sits the meeting out: torchft counts a recovering island out of the meeting's
+all-reduce, so it sends nothing, and it commits nothing. A peer that keeps claiming a step ahead with weights
+nobody agreed on stalls the islands behind it; it cannot move them.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -47,6 +55,9 @@ class _NoFlightRecorderNotice(logging.Filter):
 
 
 logging.getLogger("torchft.manager").addFilter(_NoFlightRecorderNotice())
+
+log = logging.getLogger("intellect.trainer.islands")
+
 
 WIRE = torch.bfloat16
 """The pseudo-gradient's dtype on the wire (OpenDiLoCo: halving it loses nothing)."""
@@ -122,10 +133,13 @@ class OuterSync:
         timeout_s: float = 60.0,
         rank: int = 0,
         world_size: int = 1,
+        check_heal: Callable[[], bool] | None = None,
     ) -> None:
         """``model`` holds the agreed weights of policy step ``step`` (this island's latest; an FSDP module
         on ``world_size`` ranks, this one ``rank``). ``host`` is where peers reach this island (its
-        recovery server and, alone, its store)."""
+        recovery server and, alone, its store). ``check_heal()``, called on every rank once a peer's state
+        is in the model (at :attr:`step`), says whether it is the run's agreed state; without it every peer is
+        believed."""
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
 
@@ -137,6 +151,9 @@ class OuterSync:
         """The last two committed steps: the publisher settles both, the earlier again in case its own
         publisher died before it could."""
         self.world_size = world_size
+        self.check_heal = check_heal
+        self._own_manager = {"step": step, "batches_committed": 0}
+        self._sitting_out: str | None = None
         timeout = timedelta(seconds=timeout_s)
         if world_size == 1:
             self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
@@ -145,7 +162,7 @@ class OuterSync:
             store_host, store_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
-            load_state_dict=self.load_state_dict,
+            load_state_dict=self._healed,
             state_dict=self.state_dict,
             min_replica_size=1,
             use_async_quorum=False,
@@ -191,6 +208,26 @@ class OuterSync:
         ]
         self._restart_inner()
 
+    def _healed(self, state: dict[str, Any]) -> None:
+        """A peer's state, received while torchft heals this island (its step already the peer's)."""
+        if self.check_heal is None:
+            self.load_state_dict(state)
+            return
+        own = copy.deepcopy(self.state_dict())
+        self.load_state_dict(state)
+        if self.check_heal():
+            log.info("island %s: recovered policy step %d from a peer: the run's agreed state", self.island, self.step)
+            return
+        log.warning(
+            "island %s: the state received for policy step %d is not the run's agreed state: it sits this meeting out at step %d",
+            self.island,
+            self.step,
+            self._own_manager["step"],
+        )
+        self._sitting_out = f"refused the state a peer sent for policy step {self.step}"
+        self.load_state_dict(own)
+        self.manager.load_state_dict(self._own_manager)
+
     def _restart_inner(self) -> None:
         with torch.no_grad():
             for p, agreed in zip(self.params, self.agreed):
@@ -199,7 +236,9 @@ class OuterSync:
     def sync(self, attempt: str, contribute: bool = True) -> OuterStep:
         """Meet the quorum (recovering first if behind) and take outer step :attr:`step` with every sound
         pseudo-gradient; ``contribute=False`` joins without adding this island's. Blocks until done."""
-        self.manager.start_quorum()  # recovers here from a peer when this island is behind
+        self._own_manager, self._sitting_out = self.manager.state_dict(), None
+        self.manager.start_quorum()  # recovers here from a peer when this island is behind (see _healed)
+        contribute = contribute and self._sitting_out is None
         step, n, rank = self.manager.current_step(), self.manager.num_participants(), self.manager.participating_rank()
         with torch.no_grad():
             pseudo = torch.cat([(a - p.float()).flatten() for a, p in zip(self.agreed, self.params)])
@@ -226,6 +265,8 @@ class OuterSync:
             self.manager.report_error(
                 RuntimeError(f"{senders} islands sent a pseudo-gradient, the run takes a step from {self.settings.min_islands}")
             )
+        if self._sitting_out is not None:  # after the all-reduces, which the others wait for
+            self.manager.report_error(RuntimeError(self._sitting_out))
         committed = self.manager.should_commit()
         if committed and average is not None:
             offset = 0

@@ -61,7 +61,7 @@ from pydantic import BaseModel, Field
 from transformers import PreTrainedTokenizerBase
 
 from intellect_protocol.shared.cpu_ledger import spent
-from intellect_protocol.shared.environments.registry import Environment, Problem, completion_text, reward
+from intellect_protocol.shared.environments.registry import Problem, Rewards, completion_text, reward
 from intellect_protocol.shared.inference import prefill_batch
 from intellect_protocol.shared.numerics import Numerics, torch_dtype
 from intellect_protocol.shared.rollout_file import Rollout, RolloutFileError, read_numerics, read_rollouts
@@ -108,7 +108,9 @@ class Context:
     newest_step: int
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
-    environment: Environment
+    environment: Rewards
+    """Recomputes rewards: the run's environment, in a bounded process (a plugin's failure raises
+    :class:`~shared.environments.bounded.PluginFailure`, which is no verdict on the node)."""
     problems: dict[str, Problem]
 
 

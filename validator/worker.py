@@ -23,7 +23,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from intellect_protocol.shared.committee import PublicReceipt
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused, Stopped
-from intellect_protocol.shared.environments.registry import Environment, Problem, get_environment
+from intellect_protocol.shared.environments.bounded import BoundedRewards, PluginFailure
+from intellect_protocol.shared.environments.registry import Problem, get_environment
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.schemas import Claim, ClaimRequest, VerdictRequest
 from intellect_protocol.shared.shardcast.client import DownloadError
@@ -41,9 +42,9 @@ def _model(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
 
 
 @cache
-def _environment(name: str, version: str) -> tuple[Environment, dict[str, Problem]]:
-    environment = get_environment(name, version)
-    return environment, {p.id: p for p in environment.problems()}
+def _environment(name: str, version: str) -> tuple[BoundedRewards, dict[str, Problem]]:
+    """The run's problems, and its rewards computed in a bounded process of their own."""
+    return BoundedRewards(name, version), {p.id: p for p in get_environment(name, version).problems()}
 
 
 CLAIM_WAIT_S = 5.0
@@ -117,6 +118,10 @@ class Validator:
                 self.console.print(
                     f"[yellow]{claim.submission_id[:16]}…: claim expired while checking; its verdict was dropped.[/yellow]"
                 )
+                continue
+            except PluginFailure as e:
+                # The reward code's failure, not the node's: no verdict (no strike); the claim lapses.
+                self.console.print(f"[yellow]{claim.submission_id[:16]}…: {e}; skipped, no verdict.[/yellow]")
                 continue
             except DownloadError as e:
                 # No relay serves the step now (they stopped, or the run moved on): the claim lapses and the

@@ -12,7 +12,7 @@ from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.context import Context
-from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, client_rate_limit
+from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, aggregate_rate_limit, client_rate_limit
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.services import (
     accountability,
@@ -157,6 +157,7 @@ async def list_runs(ledger: LedgerDep) -> list[RunInfo]:
     "/runs/{run_id}/throughput",
     response_model=list[ThroughputBucket],
     responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+    dependencies=[Depends(aggregate_rate_limit)],
 )
 async def run_throughput(
     run_id: str,
@@ -179,13 +180,13 @@ async def run_throughput(
     return await _shared(ctx, ("throughput", run_id, minutes, bucket_s), list[ThroughputBucket], lambda: ledger.run(read))
 
 
-@router.get("/validators", response_model=list[ValidatorStanding])
+@router.get("/validators", response_model=list[ValidatorStanding], dependencies=[Depends(aggregate_rate_limit)])
 async def validators(ctx: Ctx, ledger: LedgerDep) -> Response:
     """Every validator, active or revoked: verdicts given, how often they agreed with the majority, strikes."""
     return await _shared(ctx, ("validators",), list[ValidatorStanding], lambda: ledger.run(accountability.standings))
 
 
-@router.get("/leaderboard", response_model=list[LeaderboardRow])
+@router.get("/leaderboard", response_model=list[LeaderboardRow], dependencies=[Depends(aggregate_rate_limit)])
 async def ranking(ctx: Ctx, ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> Response:
     """Nodes ranked by final credit, then pending credit."""
     return await _shared(

@@ -8,8 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed, SignedUpload
-from intellect_protocol.coordinator.services import runs, submissions
-from intellect_protocol.shared.schemas import ErrorBody, LeaseRequest, SubmissionReceipt, TaskSpec
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.services import plugin_failures, runs, submissions
+from intellect_protocol.shared.environments.bounded import PluginFailure
+from intellect_protocol.shared.plugin_schemas import PluginFailureAnswer, PluginFailureReport
+from intellect_protocol.shared.schemas import ErrorBody, ErrorCode, LeaseRequest, SubmissionReceipt, TaskSpec
 
 router = APIRouter(prefix="/v1", tags=["tasks"], responses={401: {"model": ErrorBody}, 429: {"model": ErrorBody}})
 
@@ -61,3 +64,27 @@ async def submit(
     receipt = await ledger.run_signed(signed, submissions.record, task, staged.sha256, rollouts, ledger.now(), staged.started_at)
     ctx.work_arrived.notify()
     return receipt
+
+
+@router.post(
+    "/tasks/plugin-failure",
+    response_model=PluginFailureAnswer,
+    responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+)
+async def plugin_failure(
+    ctx: Ctx, body: PluginFailureReport, signed: Signed, ledger: LedgerDep, settings: Settings
+) -> PluginFailureAnswer:
+    """The run's reward failed on a completion of a task this node holds: run here on the same text, and if it
+    fails here too the task goes back and the run counts the failure (paused past a bound); 409
+    ``plugin_works_here`` if it scores it (:mod:`coordinator.services.plugin_failures`)."""
+    environment, pin, problem = await ledger.run_signed(signed, plugin_failures.reported, body, ledger.now())
+    try:
+        value = await asyncio.to_thread(ctx.rewards_of(environment, pin).task_reward, body.completion, problem)
+    except PluginFailure as e:
+        to_pause = settings.plugin_failures_to_pause
+        return await ledger.run(plugin_failures.record, signed.address, body, e.message, to_pause, ledger.now())
+    raise ApiError(
+        ErrorCode.plugin_works_here,
+        f"The run's reward scores this completion {value:g} on the coordinator: the failure is this node's own "
+        f"(its install of {environment!r} differs, or it ran out of time or memory); the task stays leased to it.",
+    )

@@ -12,7 +12,14 @@ from intellect_protocol.coordinator.blob_response import blob_response
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed
 from intellect_protocol.coordinator.services import islands, step_timing, step_vouches, training
 from intellect_protocol.coordinator.wakeup import POLL_S
-from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle, IslandVouch
+from intellect_protocol.shared.island_schemas import (
+    IslandClaim,
+    IslandHealCheck,
+    IslandJoin,
+    IslandReport,
+    IslandSettle,
+    IslandVouch,
+)
 from intellect_protocol.shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
 
 router = APIRouter(
@@ -89,6 +96,12 @@ async def island_report(body: IslandReport, signed: Signed, ledger: LedgerDep) -
 async def island_vouch(body: IslandVouch, signed: Signed, ledger: LedgerDep) -> None:
     """After a committed meeting: what the next policy step holds and which island publishes it (:mod:`coordinator.services.step_vouches`)."""
     await ledger.run_signed(signed, step_vouches.vouch, body, ledger.now())
+
+
+@router.post("/islands/heal-check", status_code=204, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+async def island_heal_check(body: IslandHealCheck, signed: Signed, ledger: LedgerDep, settings: Settings) -> None:
+    """An island received a peer's state: 204 if it is the run's agreed state for the step, 409 if not."""
+    await ledger.run_signed(signed, step_vouches.require_agreed, body, ledger.now(), settings.island_lease_s)
 
 
 @router.post("/islands/settle", responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})

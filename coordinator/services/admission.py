@@ -68,7 +68,8 @@ def work_wait(session: Session, run: Run, settings: CoordinatorSettings, now: da
 
 
 def paused(run: Run) -> WorkWait:
-    return WorkWait(reason="paused", message=f"run {run.name} is paused by its operator", retry_after_s=30)
+    said = f"run {run.name}: {run.paused_reason}" if run.paused_reason else f"run {run.name} is paused by its operator"
+    return WorkWait(reason="paused", message=said, retry_after_s=30)
 
 
 def backlog(session: Session, run_id: str, now: datetime) -> int:

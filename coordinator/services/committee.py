@@ -39,8 +39,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, case, func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, case, exists, func, or_, select
+from sqlalchemy.orm import Session, aliased
 
 from intellect_protocol.coordinator.models import Appeal, ContributionEntry, Review, Role, Run, Submission, Task
 from intellect_protocol.coordinator.services import accountability, consequences, roles
@@ -56,9 +56,29 @@ from intellect_protocol.shared.states import AppealStatus, EntryKind, Submission
 ASSIGN_SCAN = 256
 """Most waiting reviews drawn for at each claim: bounds one claim's work whatever the backlog."""
 
-URGENT_FIRST = (case((Review.purpose == "appeal", 1), else_=0), Task.policy_step, Review.opened_at, Review.id)
-"""Review order (with Submission and Task joined): appeals after all other work, then the oldest
-policy first (it goes stale first)."""
+NEWCOMER_WAIT_S = 30.0
+"""How long a file of an address with no accepted file yet waits behind proven nodes' work at most."""
+
+_proven = aliased(Submission)
+_NEWCOMER = case(
+    (
+        or_(
+            Review.opened_at <= bindparam("newcomers_before"),
+            exists().where(_proven.address == Submission.address, _proven.status == SubmissionStatus.accepted),
+        ),
+        0,
+    ),
+    else_=1,
+)
+URGENT_FIRST = (case((Review.purpose == "appeal", 1), else_=0), _NEWCOMER, Task.policy_step, Review.opened_at, Review.id)
+"""Review order (with Submission and Task joined): appeals after all other work; then work of addresses with an
+accepted file before a newcomer's, for :data:`NEWCOMER_WAIT_S` (a flood of fresh wallets' files does not hold
+up proven nodes' work, and cannot starve a new honest node either); then the oldest policy first (it goes
+stale first). Its statements take ``newcomers_before`` (:func:`order_params`)."""
+
+
+def order_params(now: datetime) -> dict[str, datetime]:
+    return {"newcomers_before": now - timedelta(seconds=NEWCOMER_WAIT_S)}
 
 
 def open_review(
@@ -96,7 +116,7 @@ def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> No
     live = list(session.scalars(_LIVE, {"seen": now - timedelta(seconds=settings.committee.validator_live_s)}))
     if not live:
         return
-    waiting = list(session.scalars(_WAITING, {"now": now}))
+    waiting = list(session.scalars(_WAITING, {"now": now, **order_params(now)}))
     if not waiting:
         return
     links = {v: linked(session, v, settings) for v in live}

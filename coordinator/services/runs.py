@@ -21,7 +21,7 @@ from intellect_protocol.coordinator.models import Evaluation, Node, Run, Submiss
 from intellect_protocol.coordinator.services import admission, nodes
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.environments.length import LengthBudget
-from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment, plugin
+from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, Problem, get_environment, plugin
 from intellect_protocol.shared.money import tokens
 from intellect_protocol.shared.prompting import Prompting
 from intellect_protocol.shared.rollout_file import shape_error
@@ -32,12 +32,17 @@ from intellect_protocol.shared.tolerances import Tolerance
 
 
 @cache
-def problem_ids(environment: str, version: str) -> tuple[str, ...]:
-    """The run's problems, from exactly the plugin version it pins (503 when this coordinator has another)."""
+def problems(environment: str, version: str) -> dict[str, Problem]:
+    """The run's problems by id, from exactly the plugin version it pins (503 when this coordinator has another)."""
     try:
-        return tuple(p.id for p in get_environment(environment, version).problems())
+        return {p.id: p for p in get_environment(environment, version).problems()}
     except EnvironmentUnavailable as e:
         raise ApiError(ErrorCode.environment_unavailable, f"This coordinator cannot serve the run's tasks: {e}.") from None
+
+
+@cache
+def problem_ids(environment: str, version: str) -> tuple[str, ...]:
+    return tuple(problems(environment, version))
 
 
 def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
@@ -281,6 +286,8 @@ def set_status(session: Session, run_id: str, status: RunStatus) -> Run:
     if run.status == status:
         raise ApiError(ErrorCode.conflict, f"Run {run_id} is already {status}.")
     run.status = status
+    if status == RunStatus.active:
+        run.paused_reason, run.plugin_failures = None, 0
     return run
 
 

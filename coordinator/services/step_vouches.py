@@ -12,6 +12,11 @@ settled (shares consumed, released, islands marked excluded) only with the recor
 for. One lying
 island among several can neither publish what it likes, nor name itself publisher, nor release or exclude
 another's shares; with two live islands, one can stall the run (never move it).
+
+An island that recovers from a peer (torchft hands it the state of the peer with the highest step, whatever
+that peer says) keeps it only if the coordinator holds the same content for that step
+(:func:`require_agreed`): published, or vouched for by most of the other live islands. A liar cannot make a
+recovering island its second voice.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island, StepVouch
 from intellect_protocol.coordinator.models import Run
 from intellect_protocol.coordinator.services import islands
-from intellect_protocol.shared.island_schemas import IslandVouch
+from intellect_protocol.coordinator.shardcast_models import PolicyManifest
+from intellect_protocol.shared.island_schemas import IslandHealCheck, IslandVouch
 from intellect_protocol.shared.schemas import ErrorCode
-from intellect_protocol.shared.shardcast.manifest import Manifest
+from intellect_protocol.shared.shardcast.manifest import Manifest, SignedManifest
 
 
 def vouch(session: Session, signer: str, body: IslandVouch, now: datetime) -> None:
@@ -76,6 +82,32 @@ def require_vouched(session: Session, run: Run, signer: str, manifest: Manifest,
             ErrorCode.awaiting_vouches,
             f"Policy step {manifest.step} of {run.id}: {agreeing} of the {needed} trainer addresses needed ({live} live) "
             f"vouch for this content from this publisher; {_vouched(session, run, manifest.step)} islands vouched for the step in all.",
+        )
+
+
+def require_agreed(session: Session, signer: str, body: IslandHealCheck, now: datetime, lease_s: float) -> None:
+    """Refuse (409) a peer's state for ``body.step`` that the caller's island received, unless its content is the
+    step's published content or, for a step not yet published, most of the other live trainer addresses vouch
+    for it (with two islands, the peer's own word: as a lone live island publishes by it). A silent island's
+    word counts for nothing here."""
+    run, _ = islands.own_island(session, signer, body, now)
+    if body.step <= run.policy_step:
+        row = session.scalar(select(PolicyManifest).where(PolicyManifest.run_id == run.id, PolicyManifest.step == body.step))
+        if row is not None and SignedManifest.model_validate_json(row.body).manifest.content_digest() == body.content:
+            return
+        raise ApiError(ErrorCode.conflict, f"Policy step {body.step} of {run.id} was published with other content.")
+    live_others = select(Island.address).where(
+        Island.run_id == run.id, Island.last_seen >= now - timedelta(seconds=lease_s), Island.address != signer
+    )
+    agreeing, _, live = _count(
+        session, run, body.step, now, lease_s, StepVouch.content == body.content, StepVouch.address.in_(live_others)
+    )
+    others = live - 1  # the caller is live: it just said so
+    if agreeing < others // 2 + 1:
+        raise ApiError(
+            ErrorCode.conflict,
+            f"Policy step {body.step} of {run.id} is not published, and {agreeing} of the other {others} live trainer "
+            "addresses vouch for this content: most must.",
         )
 
 

@@ -64,17 +64,19 @@ def admit_upload(session: Session, claimed: str, nonce: str, task_id: str, now: 
         raise ApiError(ErrorCode.nonce_reused, "This request's nonce was already used; sign a fresh request.")
     if session.scalar(select(Submission.id).where(Submission.task_id == task_id, Submission.address == node.address)) is not None:
         return True
-    _require_live_lease(session.get(Task, task_id), task_id, node.address, now)
+    require_live_lease(session.get(Task, task_id), task_id, node.address, now)
     return False
 
 
-def _require_live_lease(task: Task | None, task_id: str, address: str, now: datetime) -> None:
+def require_live_lease(task: Task | None, task_id: str, address: str, now: datetime) -> Task:
+    """``task``, if it is leased to ``address`` and its lease is running; else 404 or 409."""
     if task is None:
         raise ApiError(ErrorCode.not_found, f"No task {task_id}.")
     if task.leased_to != address or task.status != TaskStatus.leased:
         raise ApiError(ErrorCode.task_not_leased, "This task is not leased to you.")
     if task.lease_expires_at is None or task.lease_expires_at <= now:
         raise ApiError(ErrorCode.lease_expired, "The lease on this task expired; lease a new task.")
+    return task
 
 
 def expected_file(session: Session, signer: str, task_id: str, digest: str, now: datetime) -> ExpectedFile | None:
@@ -89,7 +91,7 @@ def expected_file(session: Session, signer: str, task_id: str, digest: str, now:
         if existing.sha256 == digest and existing.address == signer:
             return None
         raise ApiError(ErrorCode.conflict, "A different file was already submitted for this task.")
-    _require_live_lease(task, task_id, signer, now)
+    require_live_lease(task, task_id, signer, now)
     params = params_of(session.get_one(Run, task.run_id), task)
     samples = params["samples_per_prompt"]
     prompts = [pid for pid in task.prompt_ids["ids"] for _ in range(samples)]

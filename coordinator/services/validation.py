@@ -72,7 +72,7 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
     checked the signer's role and stake. A validator whose role is revoked meanwhile is drawn no new
     work, and can neither fetch what it was drawn before nor judge it (both check the role)."""
     committee.assign(session, settings, now)
-    drawn = list(session.scalars(_DRAWN, {"signer": signer, "now": now, "limit": limit}))
+    drawn = list(session.scalars(_DRAWN, {"signer": signer, "now": now, "limit": limit, **committee.order_params(now)}))
     # Appeals come last and one at a time: a validator never sits on a batch of them while honest
     # work waits, so an appeal delays honest work by one check at most.
     others = [r for r in drawn if r.purpose != "appeal"]

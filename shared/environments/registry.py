@@ -55,6 +55,13 @@ class Environment(Protocol):
     def task_reward(self, completion: str, problem: Problem) -> float: ...
 
 
+class Rewards(Protocol):
+    """What scores a completion: an :class:`Environment`, or its reward in a bounded process
+    (:class:`~shared.environments.bounded.BoundedRewards`)."""
+
+    def task_reward(self, completion: str, problem: Problem) -> float: ...
+
+
 class EnvironmentUnavailable(LookupError):
     """The environment a run names is not installed here, is installed in another version, or does not load."""
 
@@ -161,7 +168,12 @@ def get_environment(name: str, pin: str | None = None) -> Environment:
         raise EnvironmentUnavailable(f"environment {name!r} ({found.requirement}) failed to load: {type(e).__name__}: {e}") from e
     if not isinstance(environment, Environment):
         raise EnvironmentUnavailable(f"environment {name!r} ({found.requirement}) lacks problems() or task_reward()")
-    problems = environment.problems()
+    try:
+        problems = environment.problems()
+    except Exception as e:
+        raise EnvironmentUnavailable(
+            f"environment {name!r} ({found.requirement}) failed to list its problems: {type(e).__name__}: {e}"
+        ) from e
     if not all(isinstance(p, Problem) for p in problems):
         raise EnvironmentUnavailable(f"environment {name!r} ({found.requirement}): problems() must return Problem objects")
     ids = [p.id for p in problems]

@@ -1,0 +1,125 @@
+"""An environment's reward, computed in a process of its own with bounds on time and memory.
+
+A plugin's ``task_reward`` is someone else's code: it may raise, hang, allocate without end or return
+something that is not a number. None of that may take down the node, validator or coordinator calling it.
+:class:`BoundedRewards` runs the reward in a child process (started on first use, spawned: no torch, no
+model in it) under a soft address-space limit, answers each call within ``timeout_s`` or kills the child
+(the next call starts another), and turns every way a reward can fail into :class:`PluginFailure`: one
+sentence naming the plugin's ``package==version``, the problem and what went wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import resource
+import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from intellect_protocol.shared.environments.registry import Problem, get_environment, plugin
+
+
+@dataclass(frozen=True)
+class RewardLimits:
+    timeout_s: float = 60.0
+    """Longest one reward call may take (the code environment runs up to a few sandboxed tests of 5 s each)."""
+    memory_bytes: int = 2 << 30
+    """Address space the reward process may hold (a soft limit: bounds a bug, not a plugin that lifts it)."""
+
+
+class PluginFailure(Exception):
+    """A plugin's reward raised, hung, ran out of memory or returned no finite number, for ``problem_id``."""
+
+    def __init__(self, message: str, problem_id: str, completion: str) -> None:
+        super().__init__(message, problem_id, completion)  # all three travel when pickled across processes
+        self.message, self.problem_id, self.completion = message, problem_id, completion
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class BoundedRewards:
+    """``task_reward`` of the environment ``name`` (at ``pin``), called in a bounded child process."""
+
+    def __init__(self, name: str, pin: str | None, limits: RewardLimits | None = None) -> None:
+        self.name, self.pin, self.limits = name, pin, limits or RewardLimits()
+        self.requirement = plugin(name, pin).requirement
+        self._lock = threading.Lock()  # one call at a time on the one pipe
+        self._child: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def task_reward(self, completion: str, problem: Problem) -> float:
+        """The reward of ``completion`` for ``problem``; raises :class:`PluginFailure` instead of anything else."""
+        with self._lock:
+            conn = self._connection()
+            conn.send((completion, problem.model_dump()))
+            if not conn.poll(self.limits.timeout_s):
+                self.close()
+                raise self._failure(problem, completion, f"did not return within {self.limits.timeout_s:g} s")
+            try:
+                kind, value = conn.recv()
+            except (EOFError, OSError):
+                code = self._child.exitcode if self._child else None
+                self.close()
+                raise self._failure(problem, completion, f"ended the reward process (exit code {code}; out of memory?)") from None
+        if kind == "error":
+            raise self._failure(problem, completion, value if value.startswith(("returned", "could not")) else f"raised {value}")
+        return float(value)
+
+    def close(self) -> None:
+        """Stop the child process, if any (the next call starts a new one)."""
+        if self._child is not None:
+            self._child.kill()
+            self._child.join()
+        if self._conn is not None:
+            self._conn.close()
+        self._child = self._conn = None
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            context = multiprocessing.get_context("spawn")
+            parent, child = context.Pipe()
+            process = context.Process(
+                target=_serve,
+                args=(child, self.name, self.pin, self.limits.memory_bytes),
+                daemon=True,
+                name=f"reward-{self.name}",
+            )
+            process.start()
+            child.close()
+            self._child, self._conn = process, parent
+        return self._conn
+
+    def _failure(self, problem: Problem, completion: str, what: str) -> PluginFailure:
+        message = f"environment {self.name!r} ({self.requirement}) failed on problem {problem.id!r}: its reward {what}"
+        return PluginFailure(message, problem.id, completion)
+
+
+def _serve(conn: Connection, name: str, pin: str | None, memory_bytes: int) -> None:
+    """The child: load the environment, then answer ``(completion, problem)`` with ``("ok", reward)`` or ``("error", why)``."""
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard), hard))
+    try:
+        environment: Any = get_environment(name, pin)
+    except Exception as e:
+        environment, load_error = None, f"could not be loaded: {type(e).__name__}: {e}"[:500]
+    while True:
+        try:
+            completion, problem = conn.recv()
+        except EOFError:
+            return
+        conn.send(_call(environment, completion, problem) if environment is not None else ("error", load_error))
+
+
+def _call(environment: Any, completion: str, problem: dict[str, Any]) -> tuple[str, object]:
+    try:
+        value = environment.task_reward(completion, Problem(**problem))
+    except MemoryError:
+        return "error", f"MemoryError (past its {resource.getrlimit(resource.RLIMIT_AS)[0] >> 20} MiB)"
+    except Exception as e:
+        return "error", f"{type(e).__name__}: {e}"[:500]
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "error", f"returned {value!r:.80}, not a finite number"
+    return "ok", float(value)

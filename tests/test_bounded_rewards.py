@@ -1,0 +1,82 @@
+"""A plugin's reward that raises, hangs, allocates without end or returns no number is a :class:`PluginFailure`
+naming the plugin, the problem and what went wrong, never an exception of its own or a hang of the caller."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from intellect_protocol.shared.environments.bounded import BoundedRewards, PluginFailure, RewardLimits
+from intellect_protocol.shared.environments.registry import plugin
+from tests.helpers import install_distribution
+
+pytestmark = pytest.mark.unit
+
+BUGGY = """
+from intellect_protocol.shared.environments.registry import Problem
+
+class Buggy:
+    name = "buggy"
+
+    def problems(self):
+        return [Problem(id=f"b{i}", prompt=f"{i}:", answer=str(i)) for i in range(8)]
+
+    def task_reward(self, completion, problem):
+        if completion == "raise":
+            return {}["answer"]
+        if completion == "hang":
+            while True:
+                pass
+        if completion == "hog":
+            hoard = []
+            while True:
+                hoard.append(bytearray(64 << 20))
+        if completion == "text":
+            return "yes"
+        if completion == "nan":
+            return float("nan")
+        return float(completion == problem.answer)
+"""
+
+
+@pytest.fixture
+def buggy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BoundedRewards:
+    install_distribution(tmp_path, "intellect-hangs", "0.3.0", {"buggy": "intellect_hangs:Buggy"}, BUGGY)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the reward process starts with this process's path
+    rewards = BoundedRewards("buggy", plugin("buggy").pin, RewardLimits(timeout_s=3, memory_bytes=1 << 30))
+    yield rewards
+    rewards.close()
+
+
+def test_each_way_a_reward_fails_is_one_sentence_and_the_next_call_works(buggy: BoundedRewards) -> None:
+    from intellect_protocol.shared.environments.registry import Problem
+
+    problem = Problem(id="b3", prompt="3:", answer="3")
+    assert buggy.task_reward("3", problem) == 1.0 and buggy.task_reward("4", problem) == 0.0
+    expected = {
+        "raise": "raised KeyError: 'answer'",
+        "text": "returned 'yes', not a finite number",
+        "nan": "returned nan, not a finite number",
+        "hang": "did not return within 3 s",
+        "hog": "raised MemoryError (past its 1024 MiB)",
+    }
+    for completion, what in expected.items():
+        started = time.monotonic()
+        with pytest.raises(PluginFailure) as failed:
+            buggy.task_reward(completion, problem)
+        assert str(failed.value) == (f"environment 'buggy' (intellect-hangs==0.3.0) failed on problem 'b3': its reward {what}"), (
+            completion
+        )
+        assert (failed.value.problem_id, failed.value.completion) == ("b3", completion)
+        assert time.monotonic() - started < 30
+        assert buggy.task_reward("3", problem) == 1.0  # a hung or dead reward process is replaced
+
+
+def test_a_failure_crosses_processes_whole() -> None:
+    import pickle
+
+    failure = PluginFailure("environment 'x' (x==1) failed on problem 'p': its reward raised KeyError: 'a'", "p", "text")
+    again = pickle.loads(pickle.dumps(failure))
+    assert (str(again), again.problem_id, again.completion) == (str(failure), "p", "text")
