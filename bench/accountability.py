@@ -16,7 +16,7 @@ rows the trainer read. Goal: at most 16.
 
 Part 3, a sybil flood (round four, item 8). Hundreds of fresh wallets each upload a file forged throughout
 (random completions proven with one prefill: devnet.adversary.forge), then appeal its rejection, while an
-honest node uploads and three real validators (the project's own, one torch thread, the shipped tiny model)
+established honest node (three files accepted before the clock starts) uploads and three real validators (the project's own, one torch thread, the shipped tiny model)
 check everything. Honest validation latency p50/p99 with the flood and without it (the baseline, measured
 first in the same run), the verdicts the sybils' files took, and how the appeals were answered.
 Goal: honest p99 with the flood at most 1.5x without it.
@@ -193,7 +193,11 @@ def sybil_flood(workdir: Path, sybils: int, honest_files: int) -> tuple[list[flo
                 time.sleep(0.5)
             answers[raw_post(d, wallet, "/v1/appeals", {"address": wallet.address, "submission_id": sid}).status_code] += 1
 
+        # The honest node is an established one, as most honest work is: three files accepted before the clock starts.
         honest = d.node()
+        warm = [d.submit(honest) for _ in range(3)]
+        while any(httpx.get(f"{d.url}/v1/public/submissions/{i}", timeout=30).json()["status"] == "pending" for i in warm):
+            time.sleep(0.2)
         with ThreadPoolExecutor(16) as pool:
             for item in forged:
                 pool.submit(attack, *item)

@@ -470,12 +470,20 @@ def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_ou
             assert time.monotonic() < deadline, httpx.get(f"{served.url}/healthz").json()
             time.sleep(0.3)
         assert settlement.registry.functions.slashed(rogue.address).call() == 20 * TOKEN
-        with served.engine.connect() as connection:
-            from sqlalchemy import text
+        from sqlalchemy import text
 
-            ((cited, role_id),) = connection.execute(
-                text("SELECT submissions, role_id FROM slashings WHERE address = :a"), {"a": rogue.address}
-            ).all()
+        # The ledger records the slash once its transaction's receipt is read: a moment after the chain shows it.
+        while not (
+            slashed := _rows(served, text("SELECT submissions, role_id FROM slashings WHERE address = :a"), a=rogue.address)
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        ((cited, role_id),) = slashed
         assert json.loads(cited) == [forged] and role_id is not None
         for honest in (first, second):
             assert settlement.registry.functions.slashed(honest.address).call() == 0
+
+
+def _rows(served, query, **params) -> list:
+    with served.engine.connect() as connection:
+        return list(connection.execute(query, params).all())

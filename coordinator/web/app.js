@@ -43,8 +43,8 @@ const fmt = {
   },
   // Token base units (a decimal string: beyond a JS number) as tokens of the chain's decimals, to a millionth.
   tokens: (x, decimals) => fmt.exact(x, decimals, 6, 2),
-  // Credit micro-units (integers) as work units.
-  credit: (x) => fmt.exact(x, 6, 2),
+  // Credit micro-units (integers) as work units, to a millionth as tokens are: the two compare digit for digit.
+  credit: (x) => fmt.exact(x, 6, 6, 2),
 };
 
 // ---- charts -------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ const PHASES = [["node_s", "node (lease to upload)"], ["upload_s", "upload"], ["
 
 function charts(progress, throughput, timing) {
   const first = throughput.findIndex((b) => b.rollouts > 0);
-  throughput = first > 0 ? throughput.slice(first - 1) : throughput; // the window opens just before the first upload
+  throughput = first > 0 ? throughput.slice(first) : throughput; // from the first upload: a bucket before it is from before the run
   const series = (rows, key) => rows.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
   return h("div", { class: "charts" },
     lineChart("Reward per policy step", [
@@ -226,7 +226,8 @@ function islandsSection(islands) {
     h("h2", { id: "islands-title" }, "Trainer islands"),
     h("div", { class: "table-wrap" }, h("table", { id: "islands" },
       h("caption", {}, "Trainer sites that each learn from their own share of accepted work and average it every few steps (DiLoCo). "
-        + "Held: claimed, not yet in an outer step; in step: averaged into a step not yet published; trained: in a published step"),
+        + "Held: claimed, not yet in an outer step; in step: averaged into a step not yet published; trained: in a published step. "
+        + "Outer step: the island's last; its agreed weights are published as the next policy step, so it reads one behind the run's"),
       h("thead", {}, h("tr", {}, ["Island", "Trainer", "Outer step", "Held", "In step", "Trained", "Left out", "Last seen"].map((t, i) =>
         h("th", { scope: "col", class: i >= 2 && i <= 6 ? "num" : "" }, t)))),
       h("tbody", {}, rows))));
@@ -257,7 +258,9 @@ function settlementSection(overview) {
       head(["Epoch", "Root", "Addresses", "Total (tokens)", "Transaction", "Cutoff"], (i) => i === 0 || i === 2 || i === 3),
       h("tbody", {}, epochs.length ? epochs : h("tr", {}, h("td", { colspan: 6 }, "No epoch closed yet (credit becomes final after the dispute window)."))))),
     h("div", { class: "table-wrap" }, h("table", { id: "stakes" },
-      h("caption", {}, "Stakes, slashes and claims (tokens)"),
+      h("caption", {}, overview.epochs.length
+        ? `Stakes, slashes and claims (tokens). Earned: final credit as of epoch ${Math.max(...overview.epochs.map((e) => e.epoch))}, the newest anchored; the leaderboard's final credit is as of now`
+        : "Stakes, slashes and claims (tokens)"),
       head(["Node", "Staked", "Unbonding", "Slashed", "Earned", "Claimed", "Claimable"], (i) => i > 0),
       h("tbody", {}, nodes.length ? nodes : h("tr", {}, h("td", { colspan: 7 }, "No nodes yet."))))),
   );
