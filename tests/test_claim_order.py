@@ -40,23 +40,25 @@ def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite
             task = lease(served, node)
             return upload(served, node, task, finish(generate(task)).data)
 
-        def next_claim() -> str:
-            reply = signed_post(
-                served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": 1}
-            )
-            [claim] = reply.json()
-            body = verdict_body(served.audience, validator, claim, checks_for("accept"))
-            assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, body).status_code == 200
-            return claim["submission_id"]
+        def claim(limit: int) -> list[str]:
+            """Claim up to ``limit`` reviews and accept each; their submissions, in the order drawn."""
+            body = {"address": validator.address, "limit": limit}
+            drawn = signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+            for c in drawn:
+                verdict = verdict_body(served.audience, validator, c, checks_for("accept"))
+                assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, verdict).status_code == 200
+            return [c["submission_id"] for c in drawn]
 
         proven = joined(served)
         first = submit(proven)
-        assert next_claim() == first  # accepted: the node has a record now
+        assert claim(1) == [first]  # accepted: the node has a record now
         newcomers = [submit(joined(served)) for _ in range(3)]
         clock.advance(1)
-        honest = submit(proven)
-        assert next_claim() == honest  # the newest file, yet first: its node has a record
+        honest = [submit(proven), submit(proven)]
+        # The newest files, yet first, and as a batch: their node has a record. Newcomers' come one at a time.
+        assert claim(4) == honest
+        assert claim(4) == newcomers[:1]
         clock.advance(NEWCOMER_WAIT_S)
         later = submit(proven)
-        # Past the wait, the newcomers' files come first again, oldest first.
-        assert [next_claim() for _ in range(4)] == [*newcomers, later]
+        # Past the wait, the newcomers' files are drawn like anyone's, the oldest first.
+        assert claim(4) == [*newcomers[1:], later]
