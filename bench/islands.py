@@ -47,10 +47,11 @@ from _single_process import Snapshot, learn, tasks
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from intellect_protocol.devnet.island_lies import lie  # noqa: E402
 from intellect_protocol.node.work import generate_with, score  # noqa: E402
+from intellect_protocol.shared.environments.arithmetic import held_out_problems  # noqa: E402
 from intellect_protocol.shared.island_schemas import OuterSettings  # noqa: E402
 from intellect_protocol.shared.models import load_model  # noqa: E402
 from intellect_protocol.shared.schemas import DEFAULT_MODEL  # noqa: E402
-from intellect_protocol.shared.tiny_model import greedy_accuracy, held_out  # noqa: E402
+from intellect_protocol.shared.tiny_model import greedy_accuracy  # noqa: E402
 from intellect_protocol.shared.torch_backend import TorchBackend  # noqa: E402
 from intellect_protocol.trainer.data import Batch, add_submission  # noqa: E402
 from intellect_protocol.trainer.distributed import placement  # noqa: E402
@@ -170,7 +171,7 @@ def agreed(results: list[dict]) -> list[Snapshot]:
 def curve(snapshots: list[Snapshot], evals: int) -> list[tuple[float, int, float]]:
     """(seconds, policy step, held-out accuracy) for an even sample of the snapshots, the last included."""
     model, tokenizer = load_model(DEFAULT_MODEL)
-    problems = held_out()
+    problems = held_out_problems()
     pick = sorted({round(i * (len(snapshots) - 1) / max(1, evals - 1)) for i in range(evals)})
     out = []
     for i in pick:

@@ -55,10 +55,11 @@ from intellect_protocol.coordinator.db import make_engine
 from intellect_protocol.coordinator.models import Submission, Task
 from intellect_protocol.devnet.network import start_network
 from intellect_protocol.shared import cpu_ledger
+from intellect_protocol.shared.environments.arithmetic import held_out_problems
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.shardcast.origin import step_dir
 from intellect_protocol.shared.states import SubmissionStatus
-from intellect_protocol.shared.tiny_model import greedy_accuracy, held_out
+from intellect_protocol.shared.tiny_model import greedy_accuracy
 from intellect_protocol.trainer.settings import TrainerSettings
 
 RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", "64"]
@@ -286,7 +287,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    problems = held_out(args.held_out)
+    problems = held_out_problems(args.held_out)
     figures: list[dict[str, float]] = []
     for repeat in range(1, args.repeats + 1):
         print(f"== repeat {repeat} of {args.repeats}", flush=True)

@@ -110,8 +110,13 @@ class Anchorer:
                     registry.functions.slash(ban.address, 2**256 - 1, ban.evidence),
                     self.settings.chain.confirmations,
                 )
+                from web3.logs import DISCARD
+
+                # The slash's receipt also holds the token's Transfer log: not a Slashed event, and no cause for
+                # web3's MismatchedABI warning, which operators read as an error.
+                slashed = registry.events.Slashed().process_receipt(receipt, errors=DISCARD)
                 amount, tx_hash = (
-                    registry.events.Slashed().process_receipt(receipt)[0]["args"]["amount"],
+                    slashed[0]["args"]["amount"],
                     receipt["transactionHash"].to_0x_hex(),
                 )
             with self.sessions.begin() as session:

@@ -10,16 +10,19 @@ from intellect_protocol.devnet.network import Network
 
 
 class Accuracy(threading.Thread):
-    """Held-out greedy accuracy of each newly published policy step, measured beside the run and
-    posted to the coordinator as an operator's evaluation (the leaderboard charts it)."""
+    """Held-out accuracy (mean task reward of greedy completions) of each newly published policy step on the run's
+    own environment's held-out problems (:mod:`shared.evaluation`), measured beside the run and posted to the
+    coordinator as an operator's evaluation (the leaderboard charts it)."""
 
     def __init__(self, network: Network, stop: threading.Event, model: str) -> None:
         super().__init__(name="accuracy", daemon=True)
         self.network, self.stop_event, self.model = network, stop, model
         self.by_step: dict[int, float] = {}
+        self.measured_on = ""
+        """What it is measured on, in words (the environment and where its held-out problems come from)."""
 
     def run(self) -> None:
-        from intellect_protocol.shared.tiny_model import Stopped
+        from intellect_protocol.shared.evaluation import Stopped
 
         try:
             self._measure()
@@ -33,15 +36,19 @@ class Accuracy(threading.Thread):
         import torch
         import transformers
 
+        from intellect_protocol.shared.evaluation import HeldOutTask, held_out_score
         from intellect_protocol.shared.models import load_model
+        from intellect_protocol.shared.run_schemas import RunInfo
         from intellect_protocol.shared.shardcast.origin import step_dir
-        from intellect_protocol.shared.tiny_model import greedy_accuracy, held_out
 
         torch.set_num_threads(1)
         transformers.utils.logging.disable_progress_bar()  # its bars would tear the live dashboard
-        problems = held_out()
+        url = f"{self.network.coordinator.url}/v1/public/runs/{self.network.run_id}"
+        run = RunInfo.model_validate(self.network.http.get(url, timeout=10).json())
+        task = HeldOutTask.of_run(run.environment, run.environment_version, run.prompting, run.sampling.max_tokens)
+        self.measured_on = task.describe()
         base, tokenizer = load_model(self.model)
-        self._record(0, greedy_accuracy(base, tokenizer, problems, self.stop_event))
+        self._record(0, held_out_score(base, tokenizer, task, self.stop_event))
         while not self.stop_event.wait(2):
             url = f"{self.network.coordinator.url}/v1/manifests/{self.network.run_id}/latest"
             reply = self.network.http.get(url, timeout=10)
@@ -51,7 +58,7 @@ class Accuracy(threading.Thread):
                     model, _ = load_model(step_dir(self.network.workdir / "origin", self.network.run_id, step))
                 except OSError:
                     continue  # retired by the origin between the two reads; the next step comes soon
-                self._record(step, greedy_accuracy(model, tokenizer, problems, self.stop_event))
+                self._record(step, held_out_score(model, tokenizer, task, self.stop_event))
 
     def _record(self, step: int, accuracy: float) -> None:
         self.by_step[step] = accuracy

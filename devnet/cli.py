@@ -118,7 +118,8 @@ def main(
         str,
         typer.Option(
             help="The run's environment: a built-in one (arithmetic, math, code) or any installed plugin "
-            "(see examples/environments/). Held-out accuracy is always measured on arithmetic.",
+            "(see examples/environments/). Held-out accuracy is measured on its held-out problems (its own, or 5 % of "
+            "its problems, never handed out as tasks).",
         ),
     ] = "arithmetic",
     islands: Annotated[
@@ -249,7 +250,7 @@ def main(
                 measured = max(map(int, summary["accuracy_by_step"]))  # type: ignore[call-overload]
                 console.print(
                     f"Held-out accuracy {summary['accuracy_before']:.2f} at policy step 0 -> {summary['accuracy_after']:.2f} "
-                    f"at step {measured} (the run reached step {summary['policy_step']})."
+                    f"at step {measured} (the run reached step {summary['policy_step']}), on {summary['accuracy_measured_on']}."
                 )
     if early_stop:
         raise typer.Exit(130)
@@ -289,6 +290,7 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
         "rollout_files": progress["submissions"],
         "tokens_accepted": progress["submissions"]["accepted_tokens"],
         "accuracy_by_step": measured,
+        "accuracy_measured_on": accuracy.measured_on if accuracy else "",
     }
     if measured:
         out["accuracy_before"], out["accuracy_after"] = measured[min(measured)], measured[max(measured)]

@@ -41,6 +41,10 @@ def script(name: str) -> list[str]:
     return [found]
 
 
+WINDING_DOWN_S = 20.0
+"""How much longer than its stop deadline a role still writing its log is given before it is killed."""
+
+
 @dataclass
 class Process:
     name: str
@@ -59,18 +63,31 @@ class Process:
         except FileNotFoundError:
             return "(no log)"
 
-    def stop(self, timeout: float = 10) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code (0 for a clean stop on
-        our SIGTERM, even by a server that re-raises the signal once it has shut down)."""
+    def stop(self, timeout: float = 10, winding_down_s: float = WINDING_DOWN_S) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``, or later while it still writes its log (a validator finishing
+        the file in hand, a trainer its checkpoint), up to ``winding_down_s`` more; returns the exit code (0 for a
+        clean stop on our SIGTERM, even by a server that re-raises the signal once it has shut down)."""
         if self.popen.poll() is None:
             self.popen.terminate()
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-                return self.popen.returncode
+            deadline, cap = time.monotonic() + timeout, time.monotonic() + timeout + winding_down_s
+            while True:
+                try:
+                    self.popen.wait(max(0.0, deadline - time.monotonic()))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= cap or not self._writing():
+                        self.popen.kill()
+                        self.popen.wait()
+                        return self.popen.returncode
+                    deadline = min(cap, time.monotonic() + 1.0)
         return 0 if self.popen.returncode == -signal.SIGTERM else self.popen.returncode
+
+    def _writing(self, within_s: float = 2.0) -> bool:
+        """Whether its log grew in the last ``within_s`` seconds."""
+        try:
+            return time.time() - self.log_path.stat().st_mtime < within_s
+        except OSError:
+            return False
 
     def kill(self) -> None:
         self.popen.kill()

@@ -329,6 +329,9 @@ class CoordinatorClient:
                         method, path, content=content, params=params, headers=headers, auth=auth, timeout=timeout
                     )
             except httpx.TransportError as e:
+                if self.stop.is_set() or self.http.is_closed:
+                    # Closed under it by a stop (a long poll's socket goes with it: "Bad file descriptor"): no retry, no warning.
+                    raise Stopped(f"stopped while {method} {path} was on its way") from e
                 if (sentence := untrusted(e, self.base_url)) is not None:
                     raise Untrusted(sentence) from e
                 hung_up = isinstance(e, httpx.RemoteProtocolError | httpx.ReadError)  # it took the connection, then closed it

@@ -58,6 +58,9 @@ class NetworkStatus(BaseModel):
     """Relays seen recently."""
     work: WorkWait | None = None
     """Why nodes get no new work of the run now (waiting for validators, no trainer...); None: they do."""
+    learning_stalled: str | None = None
+    """One sentence when the run's accepted work has no reward spread for GRPO to learn from (work still goes
+    out, and teaches nothing): :attr:`~shared.run_schemas.LearningSignal.stalled`."""
     server_time: datetime
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import socket
 from collections import Counter
 from dataclasses import dataclass
@@ -105,6 +106,28 @@ def guarded_protocol(limits: HeaderLimits) -> type[HttpToolsProtocol]:
                 self.transport.close()
 
     return Guarded
+
+
+class _ShutdownNotice(logging.Filter):
+    """uvicorn says "Cancel N running task(s), timeout graceful shutdown exceeded" at ERROR whenever connections
+    outlive the 5 s a stop allows, even when N is 0: nothing was cut then, so the line is dropped; otherwise it is
+    said for what it is (long polls and uploads cut by a stop, which their clients send again)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Cancel ") or "timeout graceful shutdown exceeded" not in message:
+            return True
+        if message.startswith("Cancel 0 "):
+            return False
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg, record.args = (
+            f"{message.split(',')[0]} still open 5 s into the stop (long polls or uploads; clients retry)",
+            (),
+        )
+        return True
+
+
+logging.getLogger("uvicorn.error").addFilter(_ShutdownNotice())
 
 
 def server_config(

@@ -37,11 +37,10 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
-    StoppingCriteria,
-    StoppingCriteriaList,
 )
 
-from intellect_protocol.shared.environments.arithmetic import make_problem, reward, scratchpad
+from intellect_protocol.shared.environments.arithmetic import held_out_problems, make_problem, reward, scratchpad
+from intellect_protocol.shared.evaluation import greedy_decode
 from intellect_protocol.shared.models import encode_prompt
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
@@ -149,56 +148,13 @@ def _batch(tokenizer: PreTrainedTokenizerFast, rng: random.Random, size: int) ->
     return ids, labels
 
 
-HELD_OUT_SEED = 2024
-
-
-def held_out(n: int = 200) -> list[tuple[str, int]]:
-    """The held-out problems every figure of held-out accuracy is measured on (``training.json``,
-    the devnet, tests and benchmarks), so the numbers they print compare."""
-    rng = random.Random(HELD_OUT_SEED)
-    return [make_problem(rng) for _ in range(n)]
-
-
-class Stopped(Exception):
-    """An evaluation given up because its ``stop`` event was set."""
-
-
-class _UntilSet(StoppingCriteria):
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
-
-    def __call__(self, input_ids: torch.Tensor, _scores: torch.Tensor, **_: object) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.stop.is_set(), dtype=torch.bool)
-
-
-@torch.inference_mode()
 def greedy_completions(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], stop: threading.Event | None = None
 ) -> list[str]:
-    """Each prompt's greedy completion (as :func:`prompt_ids` renders it), decoded as one batch with a
-    KV cache: ten times faster than re-reading the prefix at every token. Prompts of unequal length
-    are padded on the left, where a causal model never reads them. Raises :class:`Stopped` when
-    ``stop`` is set meanwhile: a caller that is shutting down waits at most one decoding step."""
+    """Each prompt's greedy completion (as :func:`prompt_ids` renders it) within the model's context
+    (:func:`shared.evaluation.greedy_decode`)."""
     heads = [prompt_ids(tokenizer, p) for p in prompts]
-    width = max(map(len, heads))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ids = torch.full((len(heads), width), pad)  # [prompts, width]
-    mask = torch.zeros_like(ids)
-    for row, head in enumerate(heads):
-        ids[row, width - len(head) :] = torch.tensor(head)
-        mask[row, width - len(head) :] = 1
-    out = model.generate(  # type: ignore[operator]  # transformers' GenerationMixin, untyped for mypy
-        ids,
-        attention_mask=mask,
-        max_new_tokens=max(MAX_LEN - width, 8),
-        do_sample=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=pad,
-        stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]) if stop is not None else None,
-    )
-    if stop is not None and stop.is_set():
-        raise Stopped
-    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return greedy_decode(model, tokenizer, heads, max(MAX_LEN - max(map(len, heads)), 8), stop)
 
 
 def greedy_accuracy(
@@ -227,7 +183,7 @@ def train(
     torch.manual_seed(seed)
     rng = random.Random(seed)
     held_rng = random.Random(seed + 1)
-    stopping_set = [make_problem(held_rng) for _ in range(128)]  # decides when training stops; held_out() reports
+    stopping_set = [make_problem(held_rng) for _ in range(128)]  # decides when training stops; held_out_problems() reports
 
     if family is None:
         tokenizer = build_tokenizer()
@@ -269,7 +225,7 @@ def train(
         "seed": seed,
         "steps": step,
         "batch_size": batch_size,
-        "held_out_greedy_accuracy": greedy_accuracy(model, tokenizer, held_out()),
+        "held_out_greedy_accuracy": greedy_accuracy(model, tokenizer, held_out_problems()),
         "stopped_at_accuracy": accuracy,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": round(time.monotonic() - start, 1),

@@ -76,11 +76,13 @@ def test_devnet_learns_and_stops_by_itself(devnet: Devnet) -> None:
     assert set(islands) == {"island-0", "island-1"}
     assert all(i["consumed"] > 0 and i["pending"] == 0 and i["excluded_steps"] == 0 for i in islands.values()), islands
     assert summary["policy_step"] >= STEPS and summary["rollout_files"]["accepted"] >= 10 and summary["tokens_accepted"] > 0
-    # Held-out greedy accuracy, measured by the devnet on each published step, rose over the run: on
-    # average over the steps after the first, since one step's figure can move several points either way
-    # from the next (0.67 at step 0, then 0.725, 0.755, 0.71 and 0.665 in one run).
+    # Held-out accuracy, measured by the devnet on each published step on the run's own task (the plugin's
+    # held-out problems, scored by its partial-credit reward), rose over the run: on average over the steps
+    # after the first, since one step's figure can move either way from the next (0.798 at step 0, then 0.813,
+    # 0.822, 0.827, 0.842 and 0.840 in one run; partial credit leaves less room than arithmetic's 0/1 did).
+    assert summary["accuracy_measured_on"] == "column-credit: 100 problems declared by the environment"
     later = [accuracy for step, accuracy in summary["accuracy_by_step"].items() if int(step) > 0]
-    assert later and sum(later) / len(later) >= summary["accuracy_before"] + 0.03, summary["accuracy_by_step"]
+    assert later and sum(later) / len(later) >= summary["accuracy_before"] + 0.015, summary["accuracy_by_step"]
     # Every server presented a certificate of the devnet's authority, and every client verified it.
     assert "Leaderboard: https://127.0.0.1:" in devnet.stdout and "TLS: every role verifies" in devnet.stdout
     assert re.search(r"^Stopped\. Logs, ledger and summary\.json are in ", devnet.stdout, re.MULTILINE), devnet.stdout[-2000:]

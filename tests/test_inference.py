@@ -10,12 +10,13 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from intellect_protocol.shared.environments.arithmetic import make_problem, reward
+from intellect_protocol.shared.environments.arithmetic import held_out_problems, make_problem, reward
+from intellect_protocol.shared.evaluation import Stopped
 from intellect_protocol.shared.inference import prefill
 from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
 from intellect_protocol.shared.sampling import replay
 from intellect_protocol.shared.schemas import SamplingParams
-from intellect_protocol.shared.tiny_model import MAX_LEN, Stopped, greedy_accuracy, greedy_completions, held_out, prompt_ids
+from intellect_protocol.shared.tiny_model import MAX_LEN, greedy_accuracy, greedy_completions, prompt_ids
 from intellect_protocol.shared.toploc import build_proofs, rollout_passes, verify_proofs
 from intellect_protocol.shared.torch_backend import TorchBackend
 
@@ -134,7 +135,7 @@ def test_the_kv_cache_is_passed_by_the_installed_transformers_own_name(tiny) -> 
 
 def test_held_out_accuracy_decodes_as_argmax_without_a_cache_and_gives_up_when_stopped(tiny) -> None:
     model, tokenizer, _ = tiny
-    problems = held_out()[:40]
+    problems = held_out_problems()[:40]
     ids = torch.tensor([prompt_ids(tokenizer, p) for p, _ in problems])
     width = ids.shape[1]
     with torch.inference_mode():  # the reference: the whole prefix re-read for every token

@@ -98,3 +98,5 @@ def test_a_run_whose_model_never_earns_a_reward_says_it_cannot_learn(sqlite_url:
         stalled = progress().learning.stalled
         assert stalled is not None and stalled.startswith(f"No learning signal: {MIN_GROUPS} groups accepted since policy step 0")
         assert "mean task reward 0.00" in stalled and "partial credit" in stalled and "--steps 0" in stalled
+        # The network's status says it too, beside its work status: work still goes out, and teaches nothing.
+        assert httpx.get(f"{served.url}/v1/public/network").json()["learning_stalled"] == stalled

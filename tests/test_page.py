@@ -80,3 +80,18 @@ def test_a_run_that_cannot_learn_says_so_above_its_charts(coordinator: Served) -
         expect(alert).to_contain_text(f"No learning signal: {MIN_GROUPS} groups accepted since policy step 0")
         expect(alert).to_contain_text("partial credit")
         browser.close()
+
+
+def test_without_scripts_the_page_still_shows_the_run_its_figures_and_its_nodes(coordinator: Served) -> None:
+    make_run(coordinator, name="plain")
+    node = joined(coordinator)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        page = browser.new_context(java_script_enabled=False).new_page()  # a text browser, a headless screenshot
+        page.goto(f"{coordinator.url}/")
+        expect(page.locator("#run-name")).to_have_text("Run plain · arithmetic · tiny-arith")
+        expect(page.locator("#stat-policy-step")).to_have_text("0")
+        expect(page.locator("#stat-work")).to_have_text("handed out")
+        row = page.locator(f'#leaderboard tr[data-address="{node.address}"]')
+        expect(row.locator("td").nth(2)).to_have_text("0.00")
+        browser.close()

@@ -96,18 +96,20 @@ class Validator:
             pass
         return self.checked
 
-    def _claim(self) -> list[Claim]:
-        """The reviews drawn for us; the request waits at the coordinator for some to arrive."""
-        return self.api.claim(ClaimRequest(address=self.account.address, limit=self.batch, wait_s=CLAIM_WAIT_S))
+    def _claim(self, most: int | None = None) -> list[Claim]:
+        """The reviews drawn for us (a batch, or ``most`` if fewer); the request waits at the coordinator for some to arrive."""
+        limit = self.batch if most is None else min(self.batch, most)
+        return self.api.claim(ClaimRequest(address=self.account.address, limit=limit, wait_s=CLAIM_WAIT_S))
 
     def _check_batch(self, left: int | None) -> None:
         """Check one batch (``left``: at most this many more, None: no limit)."""
         upcoming, self._upcoming = self._upcoming, None
-        claims = upcoming.result() if upcoming is not None else self._claim()
+        claims = upcoming.result() if upcoming is not None else self._claim(left)
         for i, claim in enumerate(claims):
             if i == len(claims) - 1 and (left is None or len(claims) < left):
-                # The next batch is drawn while this one's last file is checked: no round trip between batches.
-                self._upcoming = self._prefetch.submit(self._claim)
+                # The next batch is drawn while this one's last file is checked: no round trip between batches. With
+                # a number of submissions to stop at, never more than it leaves: nothing is claimed and left unchecked.
+                self._upcoming = self._prefetch.submit(self._claim, None if left is None else left - len(claims))
             if claim.claim_expires_at <= datetime.now(UTC):
                 # Checking it now would be wasted work: it is back in the queue for whoever claims next.
                 self.console.print(f"[yellow]{claim.submission_id[:16]}…: claim expired before its turn; skipped.[/yellow]")

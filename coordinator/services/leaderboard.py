@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.models import ContributionEntry, Node, Run, Submission
 from intellect_protocol.coordinator.services import admission, nodes, shardcast
+from intellect_protocol.coordinator.services.learning_signal import learning_signal
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.public_schemas import Credit, LeaderboardRow, NetworkStatus, PublicNode, ThroughputBucket
 from intellect_protocol.shared.run_schemas import RunInfo
@@ -115,6 +116,7 @@ def network(session: Session, settings: CoordinatorSettings, now: datetime) -> N
         rejection_rate=sum(by_status.get(s, 0) for s in REJECTED) / verdicts if verdicts else None,
         relays=len(shardcast.live_relays(session, now, settings.relay_ttl_s)),
         work=admission.work_wait(session, latest, settings, now) if latest else admission.NO_RUN,
+        learning_stalled=learning_signal(session, run, now).stalled if run else None,
         server_time=now,
     )
 

@@ -20,6 +20,7 @@ from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Evaluation, Node, Run, Submission, Task
 from intellect_protocol.coordinator.services import admission, nodes
 from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.shared.environments.held_out import training
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, Problem, get_environment, plugin
 from intellect_protocol.shared.money import tokens
@@ -33,9 +34,10 @@ from intellect_protocol.shared.tolerances import Tolerance
 
 @cache
 def problems(environment: str, version: str) -> dict[str, Problem]:
-    """The run's problems by id, from exactly the plugin version it pins (503 when this coordinator has another)."""
+    """The problems the run's tasks are drawn from, by id: all but its held-out ones (:mod:`shared.environments.held_out`),
+    from exactly the plugin version it pins (503 when this coordinator has another)."""
     try:
-        return {p.id: p for p in get_environment(environment, version).problems()}
+        return {p.id: p for p in training(get_environment(environment, version))}
     except EnvironmentUnavailable as e:
         raise ApiError(ErrorCode.environment_unavailable, f"This coordinator cannot serve the run's tasks: {e}.") from None
 

@@ -37,6 +37,16 @@ def scratchpad(prompt: str) -> str:
     return ";".join(steps) + f";={int(a) + int(b)}"
 
 
+HELD_OUT_SEED = 2024
+
+
+def held_out_problems(n: int = 200) -> list[tuple[str, int]]:
+    """The held-out problems every figure of held-out accuracy on arithmetic is measured on (``training.json`` of
+    the shipped model, the devnet, tests and benchmarks), so the numbers they print compare."""
+    rng = random.Random(HELD_OUT_SEED)
+    return [make_problem(rng) for _ in range(n)]
+
+
 def reward(completion: str, answer: int) -> float:
     """1.0 when the completion ends with ``=<answer>``, else 0.0."""
     match = ANSWER.search(completion.strip())

@@ -30,6 +30,10 @@ class Arithmetic:
     def problems(self) -> list[Problem]:
         return self._problems
 
+    def held_out(self) -> list[Problem]:
+        """The set the shipped model's held-out accuracy was measured on (drawn with a seed of its own)."""
+        return [Problem(id=f"h{i}", prompt=p, answer=str(a)) for i, (p, a) in enumerate(arithmetic.held_out_problems())]
+
     def task_reward(self, completion: str, problem: Problem) -> float:
         return arithmetic.reward(completion, int(problem.answer or 0))
 

@@ -1,0 +1,108 @@
+"""Held-out evaluation of a policy step on the run's own environment: greedy completions of its held-out problems
+(:mod:`shared.environments.held_out`), rendered as nodes render prompts, scored by its own reward.
+
+The figure is the mean task reward over those problems (for a 0/1 reward such as arithmetic's, the share solved:
+held-out accuracy). It is the operator's measurement (the devnet's, ``bench/``), posted to the coordinator as an
+evaluation and charted on the page.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
+
+from intellect_protocol.shared.environments.bounded import BoundedRewards
+from intellect_protocol.shared.environments.held_out import held_out
+from intellect_protocol.shared.environments.registry import Problem, get_environment
+from intellect_protocol.shared.models import encode_prompt
+from intellect_protocol.shared.prompting import Prompting
+
+
+class Stopped(Exception):
+    """An evaluation given up because its ``stop`` event was set."""
+
+
+class _UntilSet(StoppingCriteria):
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def __call__(self, input_ids: torch.Tensor, _scores: torch.Tensor, **_: object) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.stop.is_set(), dtype=torch.bool)
+
+
+@torch.inference_mode()
+def greedy_decode(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    heads: list[list[int]],
+    max_new_tokens: int,
+    stop: threading.Event | None = None,
+) -> list[str]:
+    """Each prompt's (token ids') greedy completion, decoded as one batch with a KV cache: ten times faster than
+    re-reading the prefix at every token. Prompts of unequal length are padded on the left, where a causal model
+    never reads them. Raises :class:`Stopped` when ``stop`` is set meanwhile: a caller that is shutting down
+    waits at most one decoding step."""
+    width = max(map(len, heads))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.full((len(heads), width), pad)  # [prompts, width]
+    mask = torch.zeros_like(ids)
+    for row, head in enumerate(heads):
+        ids[row, width - len(head) :] = torch.tensor(head)
+        mask[row, width - len(head) :] = 1
+    out = model.generate(  # type: ignore[operator]  # transformers' GenerationMixin, untyped for mypy
+        ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad,
+        stopping_criteria=StoppingCriteriaList([_UntilSet(stop)]) if stop is not None else None,
+    )
+    if stop is not None and stop.is_set():
+        raise Stopped
+    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+
+
+@dataclass(frozen=True)
+class HeldOutTask:
+    """What a run's held-out score is measured on: its environment's held-out problems, its prompting and length."""
+
+    environment: str
+    pin: str
+    problems: list[Problem]
+    source: str
+    """Where the problems come from, in words (:attr:`~shared.environments.held_out.HeldOut.source`)."""
+    prompting: Prompting | None
+    max_new_tokens: int
+
+    @classmethod
+    def of_run(cls, environment: str, pin: str, prompting: Prompting | None, max_new_tokens: int) -> HeldOutTask:
+        found = held_out(get_environment(environment, pin))
+        return cls(environment, pin, found.problems, found.source, prompting, max_new_tokens)
+
+    def describe(self) -> str:
+        return f"{self.environment}: {self.source}"
+
+
+def held_out_score(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: HeldOutTask,
+    stop: threading.Event | None = None,
+    batch: int = 64,
+) -> float:
+    """Mean task reward of ``model``'s greedy completions of ``task``'s problems (its reward in a bounded process)."""
+    rewards = BoundedRewards(task.environment, task.pin)
+    try:
+        total = 0.0
+        for start in range(0, len(task.problems), batch):
+            chunk = task.problems[start : start + batch]
+            heads = [encode_prompt(tokenizer, p.prompt, task.prompting) for p in chunk]
+            texts = greedy_decode(model, tokenizer, heads, task.max_new_tokens, stop)
+            total += sum(rewards.task_reward(text, p) for text, p in zip(texts, chunk, strict=True))
+        return total / len(task.problems)
+    finally:
+        rewards.close()
