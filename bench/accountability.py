@@ -60,6 +60,17 @@ def raw_post(d: Deployment, account: LocalAccount, path: str, body: dict) -> htt
     return httpx.post(d.url + path, content=raw, headers=headers, timeout=60)
 
 
+def decided(d: Deployment, node: LocalAccount, files: int, pause_s: float = 0.1) -> list[str]:
+    """``files`` submissions of ``node``, ``pause_s`` apart, once every one of them is decided."""
+    ids = []
+    for _ in range(files):
+        ids.append(d.submit(node))
+        time.sleep(pause_s)
+    while any(httpx.get(f"{d.url}/v1/public/submissions/{i}", timeout=30).json()["status"] == "pending" for i in ids):
+        time.sleep(0.2)
+    return ids
+
+
 def decided_in(d: Deployment, ids: list[str]) -> list[float]:
     """Seconds from upload to decision of each of ``ids`` (all decided)."""
     out = []
@@ -100,12 +111,7 @@ def appeal_flood(workdir: Path, wallets: int, honest_files: int) -> tuple[list[f
         threads = [threading.Thread(target=work, args=(v,), daemon=True) for v in validators]
         for t in threads:
             t.start()
-        ids = []
-        for _ in range(honest_files):
-            ids.append(d.submit(honest))
-            time.sleep(0.1)
-        while any(httpx.get(f"{d.url}/v1/public/submissions/{i}", timeout=30).json()["status"] == "pending" for i in ids):
-            time.sleep(0.2)
+        ids = decided(d, honest, honest_files)
         stop.set()
         for t in threads:
             t.join()
@@ -195,18 +201,11 @@ def sybil_flood(workdir: Path, sybils: int, honest_files: int) -> tuple[list[flo
 
         # The honest node is an established one, as most honest work is: three files accepted before the clock starts.
         honest = d.node()
-        warm = [d.submit(honest) for _ in range(3)]
-        while any(httpx.get(f"{d.url}/v1/public/submissions/{i}", timeout=30).json()["status"] == "pending" for i in warm):
-            time.sleep(0.2)
+        decided(d, honest, 3, pause_s=0)
         with ThreadPoolExecutor(16) as pool:
             for item in forged:
                 pool.submit(attack, *item)
-            ids = []
-            for _ in range(honest_files):
-                ids.append(d.submit(honest))
-                time.sleep(0.1)
-            while any(httpx.get(f"{d.url}/v1/public/submissions/{i}", timeout=30).json()["status"] == "pending" for i in ids):
-                time.sleep(0.2)
+            ids = decided(d, honest, honest_files)
         for v in validators:
             v.stop.set()
         for t in threads:

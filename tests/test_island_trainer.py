@@ -166,6 +166,7 @@ def test_two_islands_train_on_their_own_shares_and_publish_agreed_steps(sqlite_u
 
 
 @pytest.mark.integration
+@pytest.mark.early  # a minute, half of it waiting out an island lease: started first, the rest runs beside it
 def test_an_island_killed_mid_run_rejoins_from_its_peer_and_no_share_is_lost(sqlite_url: str, tmp_path: Path) -> None:
     steps = 6
     # Every group is trained on (no online filter), two a task, four an island's outer step; the submissions are

