@@ -41,6 +41,8 @@ def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:
         assert 0.6 <= bottom < 0.67 < top <= 0.75, (bottom, top)  # not 0.17..1.17 around one value
         expect(page.locator("#stat-work")).to_have_text("handed out")
         expect(page.locator("figure", has_text="Held-out accuracy").locator("figcaption")).to_have_text("Held-out accuracy")
+        note = page.locator("figure", has_text="Held-out accuracy").locator(".chart-note")
+        expect(note).to_have_text("Mean reward on arithmetic's held-out problems, greedy")
 
         # The trainer moves on while step 0 is still the last one evaluated: the chart says so.
         with make_sessionmaker(coordinator.engine).begin() as session:
@@ -79,6 +81,8 @@ def test_a_run_that_cannot_learn_says_so_above_its_charts(coordinator: Served) -
         alert = page.locator("#learning-stalled")
         expect(alert).to_contain_text(f"No learning signal: {MIN_GROUPS} groups accepted since policy step 0")
         expect(alert).to_contain_text("partial credit")
+        # The throughput chart starts at the run's first upload, not at a bucket of nothing before it.
+        expect(page.locator("figure", has_text="Throughput").locator("svg.chart")).to_have_attribute("data-points", "1")
         browser.close()
 
 

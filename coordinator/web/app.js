@@ -96,7 +96,7 @@ const timeAxis = { name: "time", format: (x) => new Date(x).toLocaleTimeString([
 const PHASES = [["node_s", "node (lease to upload)"], ["upload_s", "upload"], ["validation_s", "validation"],
   ["trainer_wait_s", "trainer waiting"], ["training_s", "training"]];
 
-function charts(progress, throughput, timing) {
+function charts(progress, throughput, timing, environment) {
   const first = throughput.findIndex((b) => b.rollouts > 0);
   throughput = first > 0 ? throughput.slice(first) : throughput; // from the first upload: a bucket before it is from before the run
   const series = (rows, key) => rows.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
@@ -105,7 +105,7 @@ function charts(progress, throughput, timing) {
       { name: "reward", points: series(progress.steps, "reward") },
       { name: "task reward", points: series(progress.steps, "task_reward") },
     ], stepAxis),
-    accuracyChart(progress, series(progress.evaluations, "heldout_accuracy")),
+    accuracyChart(progress, series(progress.evaluations, "heldout_accuracy"), environment),
     lineChart("Throughput", [
       { name: "rollouts / min", points: throughput.map((b) => [Date.parse(b.start), b.rollouts]) },
     ], timeAxis),
@@ -114,11 +114,14 @@ function charts(progress, throughput, timing) {
 }
 
 // Evaluated beside the run, which moves on meanwhile: the caption says how far behind the last point is.
-function accuracyChart(progress, points) {
+function accuracyChart(progress, points, environment) {
   const reached = progress.steps.length ? progress.steps[progress.steps.length - 1].step : 0;
   const last = points.length ? points[points.length - 1][0] : null;
   const title = last === null || last === reached ? "Held-out accuracy" : `Held-out accuracy (last measured at step ${last}; the run is at ${reached})`;
-  return lineChart(title, [{ name: "held-out accuracy", points }], stepAxis);
+  const figure = lineChart(title, [{ name: "held-out accuracy", points }], stepAxis);
+  // What it measures: the run's own task, never a fixed one (the devnet scores each step so).
+  if (environment) figure.append(h("p", { class: "muted chart-note" }, `Mean reward on ${environment}'s held-out problems, greedy`));
+  return figure;
 }
 
 // ---- the leaderboard view ---------------------------------------------------------------------
@@ -291,7 +294,7 @@ async function showLeaderboard(view) {
     h("section", { "aria-labelledby": "status-title" }, h("h2", { id: "status-title" }, "Network status"), statusPanel(net)),
     h("section", { "aria-labelledby": "charts-title" }, h("h2", { id: "charts-title" }, "Training"),
       progress.learning?.stalled ? h("p", { class: "alert", id: "learning-stalled", role: "alert" }, progress.learning.stalled) : "",
-      charts(progress, throughput, timing)),
+      charts(progress, throughput, timing, net.run?.environment)),
     islands.length ? islandsSection(islands) : "",
     h("section", { "aria-labelledby": "board-title" },
       h("h2", { id: "board-title" }, "Leaderboard"),
