@@ -205,6 +205,9 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         expect(page.locator("figure", has_text="Seconds per policy step").locator(".legend")).to_contain_text("trainer waiting")
         # The two trainer islands, each with the shares it trained on, as the API has them.
         expect(page.locator("#islands tbody tr")).to_have_count(2)
+        expect(page.locator("#islands caption")).to_contain_text("so it reads one behind the run's")
+        note = page.locator("figure", has_text="Held-out accuracy").locator(".chart-note")
+        expect(note).to_have_text("Mean reward on column-credit's held-out problems, greedy")
         run_id = httpx.get(f"{page_url}v1/public/runs").json()[0]["id"]
         for island in httpx.get(f"{page_url}v1/public/runs/{run_id}/islands").json():
             row = page.locator(f'#islands tr[data-island="{island["name"]}"]')
