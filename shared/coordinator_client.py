@@ -29,18 +29,10 @@ import httpx
 from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
+from intellect_protocol.shared import island_schemas
 from intellect_protocol.shared.committee import AppealInfo, AppealRequest, PublicReceipt
 from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.bounded import RewardLimits
-from intellect_protocol.shared.island_schemas import (
-    IslandClaim,
-    IslandHealCheck,
-    IslandJoin,
-    IslandReport,
-    IslandSettle,
-    IslandStatus,
-    IslandVouch,
-)
 from intellect_protocol.shared.plugin_schemas import PluginFailureAnswer, PluginFailureReport
 from intellect_protocol.shared.public_schemas import Credit, PublicNode
 from intellect_protocol.shared.relay_schemas import RelayInfo, RelayRegister, RelayReportRequest
@@ -211,7 +203,7 @@ class CoordinatorClient:
         return SubmissionReceipt.model_validate(reply.json())
 
     def plugin_failure(self, body: PluginFailureReport) -> PluginFailureAnswer:
-        """Report that the run's reward failed on a completion; the coordinator runs it again (within its time bound)."""
+        # The coordinator runs the reward again before it answers: wait as long as a reward may take.
         reply = self._send("POST", "/v1/tasks/plugin-failure", body=body, read_s=RewardLimits().timeout_s + 30)
         return PluginFailureAnswer.model_validate(reply.json())
 
@@ -240,29 +232,30 @@ class CoordinatorClient:
     def accepted_file(self, submission_id: str) -> bytes:
         return self._send("GET", f"/v1/trainer/submissions/{submission_id}/file", signed=True).content
 
-    def island_join(self, body: IslandJoin) -> int:
+    def island_join(self, body: island_schemas.IslandJoin) -> int:
         """Returns the claims released (those the island held but never reported)."""
         return int(self._send("POST", "/v1/trainer/islands/join", body=body).json()["released"])
 
-    def island_claim(self, body: IslandClaim) -> list[AcceptedRollouts]:
+    def island_claim(self, body: island_schemas.IslandClaim) -> list[AcceptedRollouts]:
         return [AcceptedRollouts.model_validate(e) for e in self._send("POST", "/v1/trainer/islands/claim", body=body).json()]
 
-    def island_report(self, body: IslandReport) -> None:
+    def island_report(self, body: island_schemas.IslandReport) -> None:
         self._send("POST", "/v1/trainer/islands/report", body=body)
 
-    def island_vouch(self, body: IslandVouch) -> None:
+    def island_vouch(self, body: island_schemas.IslandVouch) -> None:
         self._send("POST", "/v1/trainer/islands/vouch", body=body)
 
-    def island_heal_check(self, body: IslandHealCheck) -> None:
-        """Raises :class:`Refused` (409) unless a peer's state this island received is the run's agreed state."""
+    def island_heal_check(self, body: island_schemas.IslandHealCheck) -> None:  # Refused (409): not the run's agreed state
         self._send("POST", "/v1/trainer/islands/heal-check", body=body)
 
-    def island_settle(self, body: IslandSettle) -> int:
+    def island_settle(self, body: island_schemas.IslandSettle) -> int:
         """Returns the claims consumed."""
         return int(self._send("POST", "/v1/trainer/islands/settle", body=body).json()["consumed"])
 
-    def islands(self, run_id: str) -> list[IslandStatus]:
-        return [IslandStatus.model_validate(i) for i in self._send("GET", f"/v1/public/runs/{run_id}/islands").json()]
+    def islands(self, run_id: str) -> list[island_schemas.IslandStatus]:
+        return [
+            island_schemas.IslandStatus.model_validate(i) for i in self._send("GET", f"/v1/public/runs/{run_id}/islands").json()
+        ]
 
     def trainer_metrics(self, body: TrainerMetricsRequest) -> None:
         self._send("POST", "/v1/trainer/metrics", body=body)

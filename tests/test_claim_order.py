@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
-from intellect_protocol.coordinator.services.committee import NEWCOMER_WAIT_S
+from intellect_protocol.coordinator.services.review_order import NEWCOMER_WAIT_S
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.run_schemas import AuditPolicy

@@ -39,13 +39,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, case, exists, func, or_, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import bindparam, func, or_, select
+from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.models import Appeal, ContributionEntry, Review, Role, Run, Submission, Task
 from intellect_protocol.coordinator.services import accountability, consequences, roles
 from intellect_protocol.coordinator.services.decisions import Decision, appeal_result, decision, majority, outvoted
 from intellect_protocol.coordinator.services.independence import linked
+from intellect_protocol.coordinator.services.review_order import URGENT_FIRST, order_params
 from intellect_protocol.coordinator.services.staleness import expire, expire_stale, stale
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.committee import Outcome, Purpose
@@ -55,30 +56,6 @@ from intellect_protocol.shared.states import AppealStatus, EntryKind, Submission
 
 ASSIGN_SCAN = 256
 """Most waiting reviews drawn for at each claim: bounds one claim's work whatever the backlog."""
-
-NEWCOMER_WAIT_S = 30.0
-"""How long a file of an address with no accepted file yet waits behind proven nodes' work at most."""
-
-_proven = aliased(Submission)
-_NEWCOMER = case(
-    (
-        or_(
-            Review.opened_at <= bindparam("newcomers_before"),
-            exists().where(_proven.address == Submission.address, _proven.status == SubmissionStatus.accepted),
-        ),
-        0,
-    ),
-    else_=1,
-)
-URGENT_FIRST = (case((Review.purpose == "appeal", 1), else_=0), _NEWCOMER, Task.policy_step, Review.opened_at, Review.id)
-"""Review order (with Submission and Task joined): appeals after all other work; then work of addresses with an
-accepted file before a newcomer's, for :data:`NEWCOMER_WAIT_S` (a flood of fresh wallets' files does not hold
-up proven nodes' work, and cannot starve a new honest node either); then the oldest policy first (it goes
-stale first). Its statements take ``newcomers_before`` (:func:`order_params`)."""
-
-
-def order_params(now: datetime) -> dict[str, datetime]:
-    return {"newcomers_before": now - timedelta(seconds=NEWCOMER_WAIT_S)}
 
 
 def open_review(

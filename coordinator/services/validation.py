@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Review, Run, Submission, Task
-from intellect_protocol.coordinator.services import committee, consequences, credit, roles
+from intellect_protocol.coordinator.services import committee, consequences, credit, review_order, roles
 from intellect_protocol.coordinator.services.independence import linked
 from intellect_protocol.coordinator.services.runs import require_stake, spec
 from intellect_protocol.coordinator.settings import CoordinatorSettings
@@ -62,7 +62,7 @@ _DRAWN = (
         Review.claimed_at.is_(None),
         Review.expires_at > bindparam("now"),
     )
-    .order_by(*committee.URGENT_FIRST)
+    .order_by(*review_order.URGENT_FIRST)
     .limit(bindparam("limit"))
 )
 
@@ -72,7 +72,7 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
     checked the signer's role and stake. A validator whose role is revoked meanwhile is drawn no new
     work, and can neither fetch what it was drawn before nor judge it (both check the role)."""
     committee.assign(session, settings, now)
-    drawn = list(session.scalars(_DRAWN, {"signer": signer, "now": now, "limit": limit, **committee.order_params(now)}))
+    drawn = list(session.scalars(_DRAWN, {"signer": signer, "now": now, "limit": limit, **review_order.order_params(now)}))
     # Appeals come last and one at a time: a validator never sits on a batch of them while honest
     # work waits, so an appeal delays honest work by one check at most.
     others = [r for r in drawn if r.purpose != "appeal"]
