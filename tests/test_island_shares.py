@@ -191,7 +191,7 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         assert status["b"].excluded_steps == 1 and "not finite" in (status["b"].last_exclusion or "")
         assert len(b.island_claim(body(IslandClaim, b_key, "b", limit=100))) == 2  # back in the pool, and b's again
 
-        # 250 fresh wallets, each calling every island route (1,250 calls) with a body naming itself: all refused
+        # 250 fresh wallets, each calling every island route (1,500 calls) with a body naming itself: all refused
         # (no trainer role), and the ledger does not change.
         before = served.snapshot()
         for _ in range(250):
@@ -202,6 +202,7 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
                 ("report", body(IslandReport, fresh, "a", outer_step=2, attempt=attempt, cursors=[mine[0].cursor])),
                 ("settle", body(IslandSettle, fresh, "a", outer_step=0, included=[])),
                 ("vouch", body(IslandVouch, fresh, "a", step=3, content="0" * 64, publisher="a", record=NOBODY_LEFT_OUT)),
+                ("heal-check", body(IslandHealCheck, fresh, "a", step=2, content="0" * 64)),
             ):
                 reply = signed_post(
                     served.url, f"/v1/trainer/islands/{path}", fresh, served.audience, payload.model_dump(mode="json")
