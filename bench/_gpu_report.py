@@ -72,10 +72,11 @@ def table(report: Report, title: str) -> str:
                 f"{figures['rejected_rows']:.0f}/{figures['rows']:.0f}, {figures['tokens_per_s']:.0f}",
             )
         row("TOPLOC build, us per committed position (node CPU)", f"{totals['proof_build_us_per_position']:.1f}")
+    by_batch = throughput.get("by_node_batch", {})
     if "proof_verify_us_per_position" in throughput:
         row("TOPLOC verify, us per committed position (validator CPU)", f"{throughput['proof_verify_us_per_position']:.1f}")
-        row("validator prefill tokens/s", f"{throughput['prefill_tokens_per_s']:.0f}")
-        row("node generation tokens/s (largest batch)", f"{throughput['generation_tokens_per_s']:.0f}")
+        for batch, figures in by_batch.items():
+            row(f"validator prefill tokens/s, on node batch {batch}'s rows", f"{figures['prefill_tokens_per_s']:.0f}")
         row("validator whole check tokens/s", f"{totals.get('check_tokens_per_s', 0):.0f}")
     for name, figures in forged.items():
         if isinstance(figures, dict):
@@ -86,10 +87,10 @@ def table(report: Report, title: str) -> str:
         row(f"GRPO step, {grpo['rows']} rows (fp32 AdamW), s", f"{grpo['step_s']:.3f}")
     errors = [f"{name}: {figures['error']}" for name, figures in p.items() if "error" in figures]
     lines += [f"error in {e}" for e in errors]
-    if "prefill_over_generation" in throughput:
+    for batch, figures in by_batch.items():
         row(
-            "validator prefill / node generation, tokens/s",
-            f"{throughput['prefill_over_generation']:.1f}x",
+            f"validator prefill / node generation, tokens/s, batch {batch}",
+            f"{figures['prefill_over_generation']:.1f}x",
             f">= {GOAL_PREFILL_OVER_GENERATION:.0f}x",
         )
     return "\n".join(lines)

@@ -4,13 +4,13 @@ On a random Qwen3-0.6B-shaped model (28 layers, hidden 1,024, Qwen's 151,936-tok
 tokenizer trained here, weights scaled so a token's distribution is peaked as a trained model's is) computing
 in bf16, with the project's own code for every role:
 
-- honest rows: the node's torch backend generates at batch sizes 1, 8 and 64 (16-row files, the devnet's task
-  size); the real validator checks each file at another prefill batch size and attention kernel (sdpa, eager),
+- honest rows: the node's torch backend generates at batch sizes 1, 8, 64 and 256 (16-row files, the devnet's
+  task size); the real validator checks each file at another prefill batch size and attention kernel (sdpa, eager),
   by the tolerances a run calibrates on this model first. Goal: 0 of at least 5,000 rows rejected.
 - forgeries: every kind of bench/verification.py. Goal: no forged row reaches training.
 - TOPLOC: building and verifying proofs, microseconds per committed position (CPU work of node and validator).
-- throughput: the validator's prefill tokens/s over the node's generation tokens/s at its largest batch (goal
-  at least 25x), and the validator's whole check's (prefill, proofs, sampling check, rewards).
+- throughput: the validator's prefill tokens/s over the node's generation tokens/s on the same rows, at node
+  batches 64 and 256 (goal at least 25x), and the validator's whole check's (prefill, proofs, sampling check, rewards).
 - one GRPO step (fp32 weights, AdamW) on 64 rows.
 - the seeded sampler's noise: the same bits on the GPU as on the CPU.
 
@@ -78,6 +78,8 @@ from intellect_protocol.validator.checks import CheckSettings, Context, Verdict,
 TEMPERATURES = (0.7, 1.0)
 VALIDATORS = [(batch, kernel) for batch in (16, 4, 1, 8, 2) for kernel in ("sdpa", "eager")]
 """(prefill batch, attention kernel) a validator checks with, in turn; never the node's own batch size."""
+MEASURED_BATCH = 64
+"""Prefill is compared with generation on one call's rows at this node batch and larger; GRPO trains on them."""
 
 
 def synchronize(device: torch.device) -> None:
@@ -152,8 +154,8 @@ def calibrate_part(report: Report, roles: Roles, plan: Plan) -> None:
 class Honest:
     """What the honest part keeps for the parts after it."""
 
-    files: list[tuple[Generated, bytes, list[bytes]]] = dataclasses.field(default_factory=list)
-    """Batch-64 files: the generation, the file, its proofs."""
+    files: dict[int, list[tuple[Generated, bytes, list[bytes]]]] = dataclasses.field(default_factory=dict)
+    """By node batch of at least :data:`MEASURED_BATCH`, one call's files: the generation, the file, its proofs."""
     generation_tokens_per_s: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
@@ -200,8 +202,9 @@ def honest_part(report: Report, roles: Roles, plan: Plan, until: float) -> Hones
                     totals["rejected_rows"] += rejected
                     totals["untrained_rows"] += len(verdict.untrained_rows)
                     rows += len(generated.rows)
-                    if node_batch == max(plan.honest_rows) and len(kept.files) < 8:
-                        kept.files.append((generated, data, proofs))
+                    kept_files = kept.files.setdefault(node_batch, []) if node_batch >= MEASURED_BATCH else []
+                    if len(kept_files) < per_call:
+                        kept_files.append((generated, data, proofs))
             print(f"    node batch {node_batch}: {rows} rows, {by_node[node_batch]['rejected_rows']:.0f} rejected", flush=True)
         for node_batch, figures in by_node.items():
             figures["tokens_per_s"] = figures["tokens"] / max(figures["generate_s"], 1e-9)
@@ -221,36 +224,38 @@ def _turns(turn: int) -> list[tuple[int, str]]:
 
 
 def throughput_part(report: Report, roles: Roles, honest: Honest) -> None:
-    """The validator's prefill against generation on the same rows, and TOPLOC's verification."""
+    """The validator's prefill against generation on the same rows, by node batch, and TOPLOC's verification."""
     with report.part("throughput") as f:
         if not honest.files:
-            raise RuntimeError("no honest files of the largest batch to measure on")
-        rollouts = [r for _, data, _ in honest.files[:4] for r in read_rollouts(data)]
+            raise RuntimeError(f"no honest files of node batch {MEASURED_BATCH} or more to measure on")
         model = in_dtype(roles.validators["sdpa"], "bfloat16")
-        prompts, completions = [r.prompt_tokens for r in rollouts], [r.completion_tokens for r in rollouts]
-        times = []
-        for _ in range(4):  # the first warms the kernels up
-            synchronize(roles.device)
-            begun = time.perf_counter()
-            prefill_batch(model, prompts, completions)
-            synchronize(roles.device)
-            times.append(time.perf_counter() - begun)
-        tokens = sum(map(len, completions))
-        prefill = tokens / statistics.median(times[1:])
-        generation = honest.generation_tokens_per_s[max(honest.generation_tokens_per_s)]
-        f |= {"rows": len(rollouts), "prefill_tokens_per_s": prefill, "generation_tokens_per_s": generation}
-        f["prefill_over_generation"] = prefill / generation
-        hiddens = [c.hidden for g, _, _ in honest.files for c in g.completions]
-        proofs = [p for _, _, file_proofs in honest.files for p in file_proofs]
+        by_batch = f["by_node_batch"] = {}
+        for node_batch, files in sorted(honest.files.items()):
+            rollouts = [r for _, data, _ in files for r in read_rollouts(data)]
+            prompts, completions = [r.prompt_tokens for r in rollouts], [r.completion_tokens for r in rollouts]
+            times = []
+            for _ in range(4):  # the first warms the kernels up
+                synchronize(roles.device)
+                begun = time.perf_counter()
+                prefill_batch(model, prompts, completions)
+                synchronize(roles.device)
+                times.append(time.perf_counter() - begun)
+            prefill = sum(map(len, completions)) / statistics.median(times[1:])
+            generation = honest.generation_tokens_per_s[node_batch]
+            by_batch[node_batch] = {"rows": len(rollouts), "prefill_tokens_per_s": prefill, "generation_tokens_per_s": generation}
+            by_batch[node_batch]["prefill_over_generation"] = prefill / generation
+        kept = [file for files in honest.files.values() for file in files]
+        hiddens = [c.hidden for g, _, _ in kept for c in g.completions]
+        proofs = [p for _, _, file_proofs in kept for p in file_proofs]
         begun = time.perf_counter()
         results = verify_proofs_batch(hiddens, proofs)
         f["proof_verify_us_per_position"] = 1e6 * (time.perf_counter() - begun) / sum(len(h) for h in hiddens)
-        f["proofs_verified"] = sum(all(c.ok for c in row) for row in results)
+        f |= {"proofs": len(proofs), "proofs_verified": sum(all(c.ok for c in row) for row in results)}
 
 
 def grpo_part(report: Report, roles: Roles, honest: Honest) -> None:
     with report.part("grpo") as f:
-        rollouts = [r for _, data, _ in honest.files[:4] for r in read_rollouts(data)]
+        rollouts = [r for _, data, _ in honest.files[MEASURED_BATCH][: MEASURED_BATCH // FILE_ROWS] for r in read_rollouts(data)]
         groups: dict[tuple[str, str], list[Rollout]] = defaultdict(list)
         for r in rollouts:
             groups[(r.task_id, r.prompt_id)].append(r)
@@ -291,28 +296,29 @@ def forgeries_part(report: Report, roles: Roles, plan: Plan, until: float) -> No
         "cherry-pick (every near-tie steered)": lambda g: cherry_pick(g, model, eos, every=True, tries=2, objective=steered)[0],
     }
     with report.part("forgeries") as f:
-        for n, (name, forge) in enumerate(forgers.items()):
-            figures = f[name] = {"files": 0, "accepted": 0, "forged_rows_trained": 0}
-            for i in range(plan.forged_files):
-                if report.left(until) <= 0:
-                    figures["cut_short"] = True
-                    break
-                generated = roles.generate([roles.task(90_000 + 100 * n + i, 1, FORGED_ROWS, 1.0, plan.max_tokens)], FORGED_ROWS)[
-                    0
-                ]
-                honest_data = write_rollouts(
-                    score(generated, build_proofs_batch([c.hidden for c in generated.completions])), generated.numerics
-                )
-                data = forge(generated)
-                changed = _changed_rows(data, honest_data, logprobs=name.startswith("logprob"))
-                if not changed:
-                    continue  # nothing to forge in this file (no near-tie moved the objective)
-                batch, kernel = VALIDATORS[i % len(VALIDATORS)]
-                verdict = roles.check(data, generated.task, batch, kernel)
-                figures["files"] += 1
-                figures["accepted"] += verdict.accepted
-                figures["forged_rows_trained"] += len(changed - set(verdict.untrained_rows)) if verdict.accepted else 0
-            print(f"    {name}: {figures}", flush=True)
+        figures = {name: {"files": 0, "accepted": 0, "forged_rows_trained": 0} for name in forgers}
+        f |= figures
+        # Every kind's first file before any kind's second, should time run out; the honest files in one call.
+        turns = [(i, n, name) for i in range(plan.forged_files) for n, name in enumerate(forgers)]
+        tasks = [roles.task(90_000 + 100 * n + i, 1, FORGED_ROWS, 1.0, plan.max_tokens) for i, n, _ in turns]
+        for (i, _, name), generated in zip(turns, roles.generate(tasks, len(tasks) * FORGED_ROWS)):
+            if report.left(until) <= 0:
+                figures[name]["cut_short"] = True
+                continue
+            honest_data = write_rollouts(
+                score(generated, build_proofs_batch([c.hidden for c in generated.completions])), generated.numerics
+            )
+            data = forgers[name](generated)
+            changed = _changed_rows(data, honest_data, logprobs=name.startswith("logprob"))
+            if not changed:
+                continue  # nothing to forge in this file (no near-tie moved the objective)
+            batch, kernel = VALIDATORS[i % len(VALIDATORS)]
+            verdict = roles.check(data, generated.task, batch, kernel)
+            figures[name]["files"] += 1
+            figures[name]["accepted"] += verdict.accepted
+            figures[name]["forged_rows_trained"] += len(changed - set(verdict.untrained_rows)) if verdict.accepted else 0
+        for name, kind in figures.items():
+            print(f"    {name}: {kind}", flush=True)
 
 
 def _changed_rows(data: bytes, honest: bytes, logprobs: bool) -> set[int]:

@@ -41,11 +41,15 @@ class Buggy:
 """
 
 
-@pytest.fixture
-def buggy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BoundedRewards:
+def bounded_buggy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_bytes: int) -> BoundedRewards:
     install_distribution(tmp_path, "intellect-hangs", "0.3.0", {"buggy": "intellect_hangs:Buggy"}, BUGGY)
     monkeypatch.syspath_prepend(str(tmp_path))  # the reward process starts with this process's path
-    rewards = BoundedRewards("buggy", plugin("buggy").pin, RewardLimits(timeout_s=3, memory_bytes=1 << 30))
+    return BoundedRewards("buggy", plugin("buggy").pin, RewardLimits(timeout_s=3, memory_bytes=memory_bytes))
+
+
+@pytest.fixture
+def buggy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BoundedRewards:
+    rewards = bounded_buggy(tmp_path, monkeypatch, 1 << 30)
     yield rewards
     rewards.close()
 
@@ -60,7 +64,7 @@ def test_each_way_a_reward_fails_is_one_sentence_and_the_next_call_works(buggy: 
         "text": "returned 'yes', not a finite number",
         "nan": "returned nan, not a finite number",
         "hang": "did not return within 3 s",
-        "hog": "raised MemoryError (past its 1024 MiB)",
+        "hog": "raised MemoryError (past the 1024 MiB it may add)",
     }
     for completion, what in expected.items():
         started = time.monotonic()
@@ -72,6 +76,23 @@ def test_each_way_a_reward_fails_is_one_sentence_and_the_next_call_works(buggy: 
         assert (failed.value.problem_id, failed.value.completion) == ("b3", completion)
         assert time.monotonic() - started < 30
         assert buggy.task_reward("3", problem) == 1.0  # a hung or dead reward process is replaced
+
+
+def test_the_memory_bound_counts_from_what_the_reward_process_holds_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child already holds the interpreter and the caller's main module when it starts (on a CUDA machine, torch:
+    several GiB); a bound smaller than that must still leave the plugin its allowance, not fail every reward."""
+    from intellect_protocol.shared.environments.registry import Problem
+
+    rewards = bounded_buggy(tmp_path, monkeypatch, 32 << 20)  # less than a Python process with pydantic holds
+    try:
+        problem = Problem(id="b3", prompt="3:", answer="3")
+        assert rewards.task_reward("3", problem) == 1.0
+        with pytest.raises(PluginFailure, match=r"raised MemoryError \(past the 32 MiB it may add\)"):
+            rewards.task_reward("hog", problem)
+    finally:
+        rewards.close()
 
 
 def test_a_failure_crosses_processes_whole() -> None:

@@ -3,7 +3,7 @@
 A plugin's ``task_reward`` is someone else's code: it may raise, hang, allocate without end or return
 something that is not a number. None of that may take down the node, validator or coordinator calling it.
 :class:`BoundedRewards` runs the reward in a child process (started on first use, spawned: no torch, no
-model in it) under a soft address-space limit, answers each call within ``timeout_s`` or kills the child
+model in it) under a soft limit on the address space it adds once started, answers each call within ``timeout_s`` or kills the child
 (the next call starts another), and turns every way a reward can fail into :class:`PluginFailure`: one
 sentence naming the plugin's ``package==version``, the problem and what went wrong.
 """
@@ -26,7 +26,9 @@ class RewardLimits:
     timeout_s: float = 60.0
     """Longest one reward call may take (the code environment runs up to a few sandboxed tests of 5 s each)."""
     memory_bytes: int = 2 << 30
-    """Address space the reward process may hold (a soft limit: bounds a bug, not a plugin that lifts it)."""
+    """Address space the reward process may add to what it holds once started (a soft limit: bounds a bug, not a
+    plugin that lifts it). Counted from the start, not from zero: a spawned child first imports the caller's main
+    module, and where that imports a CUDA build of torch it already holds several GiB of mapped libraries."""
 
 
 class PluginFailure(Exception):
@@ -100,7 +102,8 @@ class BoundedRewards:
 def _serve(conn: Connection, name: str, pin: str | None, memory_bytes: int) -> None:
     """The child: load the environment, then answer ``(completion, problem)`` with ``("ok", reward)`` or ``("error", why)``."""
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard), hard))
+    soft = _address_space() + memory_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
     try:
         environment: Any = get_environment(name, pin)
     except Exception as e:
@@ -110,14 +113,20 @@ def _serve(conn: Connection, name: str, pin: str | None, memory_bytes: int) -> N
             completion, problem = conn.recv()
         except EOFError:
             return
-        conn.send(_call(environment, completion, problem) if environment is not None else ("error", load_error))
+        conn.send(_call(environment, completion, problem, memory_bytes) if environment is not None else ("error", load_error))
 
 
-def _call(environment: Any, completion: str, problem: dict[str, Any]) -> tuple[str, object]:
+def _address_space() -> int:
+    """Bytes of address space this process holds now (Linux's /proc/self/statm: its first figure, in pages)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * resource.getpagesize()
+
+
+def _call(environment: Any, completion: str, problem: dict[str, Any], memory_bytes: int) -> tuple[str, object]:
     try:
         value = environment.task_reward(completion, Problem(**problem))
     except MemoryError:
-        return "error", f"MemoryError (past its {resource.getrlimit(resource.RLIMIT_AS)[0] >> 20} MiB)"
+        return "error", f"MemoryError (past the {memory_bytes >> 20} MiB it may add)"
     except Exception as e:
         return "error", f"{type(e).__name__}: {e}"[:500]
     if not isinstance(value, (int, float)) or not math.isfinite(value):
