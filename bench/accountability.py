@@ -45,6 +45,7 @@ from eth_account.signers.local import LocalAccount
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import transformers  # noqa: E402
 from committee import Deployment, deployment, judge  # noqa: E402
 from rich.console import Console  # noqa: E402
 
@@ -253,6 +254,7 @@ def main() -> None:
     parser.add_argument("--sybils", type=int, default=200, help="Wallets uploading a forged file and appealing in part 3.")
     parser.add_argument("--parts", default="1,2,3", help="Which parts to run, comma-separated.")
     args = parser.parse_args()
+    transformers.utils.logging.disable_progress_bar()  # one bar per forged file's model load otherwise
     parts, ratios = {int(p) for p in args.parts.split(",")}, []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
