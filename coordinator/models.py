@@ -160,6 +160,15 @@ class Run(Base):
         return case((cls.policy_step > cls.async_level, cls.policy_step - cls.async_level), else_=0)
 
 
+class PluginFailureReporter(Base):
+    """A node whose report of the run's reward failing was reproduced here, since the run last ran."""
+
+    __tablename__ = "plugin_failure_reporters"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    address: Mapped[str] = mapped_column(String(42), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer)
+
+
 class Task(Base):
     __tablename__ = "tasks"
     __table_args__ = (Index("ix_tasks_run_status", "run_id", "status"),)

@@ -166,6 +166,10 @@ class CoordinatorSettings(RoleSettings):
     """Reward failures of a run's environment, reported by nodes and reproduced here, after which the coordinator
     pauses the run (saying why on its status) until an operator resumes it."""
 
+    plugin_failure_reporters_to_pause: int = Field(3, ge=1)
+    """Nodes the failures that pause a run must come from (every node not banned, where fewer are registered): one
+    node feeding the reward a text it crashes on, lease after lease, cannot pause a run alone."""
+
     island_lease_s: float = Field(300.0, gt=0)
     """A trainer island silent this long loses the accepted submissions it claimed but has not reported
     for an outer step: another island takes them."""

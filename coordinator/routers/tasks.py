@@ -81,8 +81,7 @@ async def plugin_failure(
     try:
         value = await asyncio.to_thread(ctx.rewards_of(environment, pin).task_reward, body.completion, problem)
     except PluginFailure as e:
-        to_pause = settings.plugin_failures_to_pause
-        return await ledger.run(plugin_failures.record, signed.address, body, e.message, to_pause, ledger.now())
+        return await ledger.run(plugin_failures.record, signed.address, body, e.message, settings, ledger.now())
     raise ApiError(
         ErrorCode.plugin_works_here,
         f"The run's reward scores this completion {value:g} on the coordinator: the failure is this node's own "

@@ -13,11 +13,11 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.errors import ApiError
-from intellect_protocol.coordinator.models import Evaluation, Node, Run, Submission, Task
+from intellect_protocol.coordinator.models import Evaluation, Node, PluginFailureReporter, Run, Submission, Task
 from intellect_protocol.coordinator.services import admission, nodes
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.environments.held_out import training
@@ -290,6 +290,7 @@ def set_status(session: Session, run_id: str, status: RunStatus) -> Run:
     run.status = status
     if status == RunStatus.active:
         run.paused_reason, run.plugin_failures = None, 0
+        session.execute(delete(PluginFailureReporter).where(PluginFailureReporter.run_id == run.id))
     return run
 
 
