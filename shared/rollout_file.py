@@ -1,15 +1,23 @@
 """The rollout file: what a node uploads for one task, as Parquet with an explicit schema.
 
 One row per sample. The schema is versioned (``intellect.schema`` in the file metadata) and
-read strictly: a file whose columns, types or values fall outside :data:`SCHEMA` and
+read strictly: a file whose columns, types or values fall outside its version's schema and
 :class:`ReadLimits` is refused with :class:`RolloutFileError`, whose message says what is
 wrong. Token ids, never text.
+
+Two versions. ``rollout-v1`` (:data:`SCHEMA`): every completion token was sampled by the model. ``rollout-v2``
+(:data:`SCHEMA_V2`) adds ``sampled``, one flag per completion token: False where the environment wrote the token
+(a tool's result, a reply in a multi-turn episode). The completion is then the whole episode after the prompt, the
+model's turns and the environment's in order; a turn is a run of tokens from one side. An environment's token
+carries a logprob of exactly 0 (it was not drawn), and the first token is always the model's. A file is written
+as v1 whenever every token was sampled, so single-turn work is byte for byte what it was.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import pyarrow as pa
@@ -21,6 +29,7 @@ from intellect_protocol.shared.numerics import METADATA_KEY, Numerics
 from intellect_protocol.shared.parquet_pages import PageHeaderError, column_pages
 
 VERSION = "rollout-v1"
+VERSION_V2 = "rollout-v2"
 FINISH_REASONS = ("stop", "length")
 
 SCHEMA = pa.schema(
@@ -42,6 +51,7 @@ SCHEMA = pa.schema(
     ],
     metadata={"intellect.schema": VERSION},
 )
+SCHEMA_V2 = SCHEMA.append(pa.field("sampled", pa.list_(pa.bool_()))).with_metadata({"intellect.schema": VERSION_V2})
 
 
 @dataclass
@@ -60,6 +70,17 @@ class Rollout:
     target_length: int
     seed: int
     proofs: bytes
+    sampled: list[bool] | None = None
+    """Per completion token, whether the model sampled it (False: the environment wrote it); None: every one was."""
+
+    def sampled_tokens(self) -> int:
+        """Completion tokens the model sampled: the ones a trainer learns from."""
+        return len(self.completion_tokens) if self.sampled is None else sum(self.sampled)
+
+    def environment_turns(self) -> int:
+        """Runs of the environment's tokens in the completion."""
+        flags = self.sampled or []
+        return sum(1 for i, s in enumerate(flags) if not s and (i == 0 or flags[i - 1]))
 
 
 PROOF_BYTES_PER_CHUNK = 258
@@ -78,20 +99,31 @@ class ReadLimits:
     """Longest prompt."""
     vocab_size: int = 1 << 20
     """Token ids must be below this (the run's model's vocabulary)."""
+    max_environment_tokens: int = 0
+    """Most tokens of a completion the environment may have written (0: a single-turn run's, where none may)."""
+    max_environment_turns: int = 0
+    """Most environment turns in one completion."""
     max_decoded_bytes: int = 512 << 20
     """Largest size the file may decode to, declared or actual (a few compressed KB can claim gigabytes)."""
 
     @classmethod
-    def for_task(cls, rows: int, max_tokens: int) -> ReadLimits:
-        """Exactly ``rows`` rows of completions of at most ``max_tokens``: the tightest bound for one task's file."""
+    def for_task(cls, rows: int, max_tokens: int, environment_tokens: int = 0, environment_turns: int = 0) -> ReadLimits:
+        """Exactly ``rows`` rows of completions of at most ``max_tokens``, of which the environment may have written
+        ``environment_tokens`` in ``environment_turns`` turns: the tightest bound for one task's file."""
+        most = worst_case_bytes(rows, max_tokens, multi_turn=environment_tokens > 0)
         return cls(
-            max_rows=rows, max_tokens=max_tokens, max_decoded_bytes=min(cls.max_decoded_bytes, worst_case_bytes(rows, max_tokens))
+            max_rows=rows,
+            max_tokens=max_tokens,
+            max_decoded_bytes=min(cls.max_decoded_bytes, most),
+            max_environment_tokens=environment_tokens,
+            max_environment_turns=environment_turns,
         )
 
 
-def worst_case_bytes(rows: int, max_tokens: int) -> int:
+def worst_case_bytes(rows: int, max_tokens: int, multi_turn: bool = False) -> int:
     """Decoded size of the largest valid file of ``rows`` rows (values, offsets and levels)."""
-    tokens = ReadLimits.max_prompt_tokens + 2 * max_tokens  # prompt and completion ids, one logprob per completion token
+    # Prompt and completion ids, one logprob per completion token, and in v2 one flag per completion token.
+    tokens = ReadLimits.max_prompt_tokens + (3 if multi_turn else 2) * max_tokens
     per_row = 8 * tokens + proof_bytes(max_tokens) + 4 * ID_CHARS + 256
     return rows * per_row
 
@@ -121,9 +153,16 @@ class RolloutFileError(ValueError):
 
 @spent("file writing")
 def write_rollouts(rollouts: list[Rollout], numerics: Numerics | None = None) -> bytes:
-    """The file for ``rollouts``, declaring how they were computed (default ``torch/float32``)."""
+    """The file for ``rollouts``, declaring how they were computed (default ``torch/float32``); v1 when every
+    completion token was sampled, else v2."""
     columns = {f.name: [getattr(r, f.name) for r in rollouts] for f in fields(Rollout)}
-    schema = SCHEMA.with_metadata({**SCHEMA.metadata, METADATA_KEY.encode(): str(numerics or Numerics()).encode()})
+    multi_turn = any(r.sampled is not None and not all(r.sampled) for r in rollouts)
+    if multi_turn:
+        columns["sampled"] = [r.sampled if r.sampled is not None else [True] * len(r.completion_tokens) for r in rollouts]
+    else:
+        del columns["sampled"]
+    base = SCHEMA_V2 if multi_turn else SCHEMA
+    schema = base.with_metadata({**base.metadata, METADATA_KEY.encode(): str(numerics or Numerics()).encode()})
     buffer = io.BytesIO()
     pq.write_table(pa.Table.from_pydict(columns, schema=schema), buffer, compression="zstd")
     return buffer.getvalue()
@@ -150,10 +189,15 @@ def read_rollouts(data: bytes, limits: ReadLimits | None = None) -> list[Rollout
     try:
         parquet = pq.ParquetFile(io.BytesIO(data))
         schema = parquet.schema_arrow
-        if (schema.metadata or {}).get(b"intellect.schema") != VERSION.encode():
-            raise RolloutFileError(f"not a {VERSION} file (metadata intellect.schema missing or different)")
-        if not schema.remove_metadata().equals(SCHEMA.remove_metadata()):
-            raise RolloutFileError(f"columns or types differ from {VERSION}: got {schema.remove_metadata().to_string()}")
+        version = (schema.metadata or {}).get(b"intellect.schema")
+        expected = {VERSION.encode(): SCHEMA, VERSION_V2.encode(): SCHEMA_V2}.get(version or b"")
+        if expected is None:
+            raise RolloutFileError(f"not a {VERSION} or {VERSION_V2} file (metadata intellect.schema missing or different)")
+        if not schema.remove_metadata().equals(expected.remove_metadata()):
+            raise RolloutFileError(
+                f"columns or types differ from {version.decode(errors='replace') if version else ''}: "
+                f"got {schema.remove_metadata().to_string()}"
+            )
         if parquet.metadata.num_rows > limits.max_rows:
             raise RolloutFileError(f"{parquet.metadata.num_rows} rows, at most {limits.max_rows} allowed")
         _check_declared(data, parquet.metadata, limits)
@@ -162,12 +206,12 @@ def read_rollouts(data: bytes, limits: ReadLimits | None = None) -> list[Rollout
         parquet = pq.ParquetFile(io.BytesIO(data), read_dictionary=list(TEXT_COLUMNS))
         batches, decoded = [], 0
         for batch in parquet.iter_batches(batch_size=64):
-            batch = _expanded(batch, limits)
+            batch = _expanded(batch, expected, limits)
             decoded += batch.nbytes
             if decoded > limits.max_decoded_bytes:
                 raise RolloutFileError(f"decompresses to over {limits.max_decoded_bytes} bytes")
             batches.append(batch)
-        table = pa.Table.from_batches(batches, schema=SCHEMA)
+        table = pa.Table.from_batches(batches, schema=expected)
     except RolloutFileError:
         raise
     except Exception as e:  # pyarrow raises many types for corrupt files
@@ -194,7 +238,12 @@ def _check_declared(data: bytes, metadata: pq.FileMetaData, limits: ReadLimits) 
     except PageHeaderError as e:
         raise RolloutFileError(f"unreadable page headers: {e}") from None
     rows = metadata.num_rows
-    per_row = {"prompt_tokens": limits.max_prompt_tokens, "completion_tokens": limits.max_tokens, "logprobs": limits.max_tokens}
+    per_row = {
+        "prompt_tokens": limits.max_prompt_tokens,
+        "completion_tokens": limits.max_tokens,
+        "logprobs": limits.max_tokens,
+        "sampled": limits.max_tokens,
+    }
     declared = 0
     for column in columns:
         name = column.path.split(".", 1)[0]
@@ -207,11 +256,11 @@ def _check_declared(data: bytes, metadata: pq.FileMetaData, limits: ReadLimits) 
         raise RolloutFileError(f"declares over {limits.max_decoded_bytes} decoded bytes")
 
 
-def _expanded(batch: pa.RecordBatch, limits: ReadLimits) -> pa.RecordBatch:
+def _expanded(batch: pa.RecordBatch, schema: pa.Schema, limits: ReadLimits) -> pa.RecordBatch:
     """``batch`` with its dictionary-encoded text columns expanded, once no entry is too long."""
     longest = dict.fromkeys(TEXT_COLUMNS, ID_CHARS) | {"proofs": proof_bytes(limits.max_tokens)}
     columns = []
-    for name in SCHEMA.names:
+    for name in schema.names:
         column = batch.column(name)
         if name in TEXT_COLUMNS:
             lengths = pc.binary_length(column.dictionary)
@@ -219,7 +268,7 @@ def _expanded(batch: pa.RecordBatch, limits: ReadLimits) -> pa.RecordBatch:
                 raise RolloutFileError(f"column {name} holds a value over {longest[name]} bytes")
             column = column.dictionary_decode()
         columns.append(column)
-    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _check(r: Rollout, row: int, limits: ReadLimits) -> None:
@@ -236,6 +285,8 @@ def _check(r: Rollout, row: int, limits: ReadLimits) -> None:
             raise fail(f"{name} has a token id outside 0..{limits.vocab_size - 1}")
     if len(r.logprobs) != len(r.completion_tokens):
         raise fail(f"{len(r.logprobs)} logprobs for {len(r.completion_tokens)} completion tokens")
+    if r.sampled is not None:
+        _check_turns(r, fail, limits)
     if not all(math.isfinite(x) and x <= 0 for x in r.logprobs):
         raise fail("logprobs must be finite and <= 0")
     if r.finish_reason not in FINISH_REASONS:
@@ -251,3 +302,19 @@ def _check(r: Rollout, row: int, limits: ReadLimits) -> None:
         raise fail(f"proofs are {len(r.proofs)} bytes, not a whole number of chunks for this completion")
     if not (r.task_id and r.run_id and r.prompt_id) or max(len(r.task_id), len(r.run_id), len(r.prompt_id)) > ID_CHARS:
         raise fail("task_id, run_id and prompt_id must be 1..128 characters")
+
+
+def _check_turns(r: Rollout, fail: Callable[[str], RolloutFileError], limits: ReadLimits) -> None:
+    """A v2 row's flags: one a token, the model's first, the environment's tokens within the limits and unscored."""
+    flags = r.sampled or []
+    if len(flags) != len(r.completion_tokens):
+        raise fail(f"{len(flags)} sampled flags for {len(r.completion_tokens)} completion tokens")
+    if not flags[0]:
+        raise fail("the completion starts with the environment's token; the model's turn comes first")
+    written = flags.count(False)
+    if written > limits.max_environment_tokens:
+        raise fail(f"{written} tokens written by the environment; this run allows at most {limits.max_environment_tokens}")
+    if r.environment_turns() > limits.max_environment_turns:
+        raise fail(f"{r.environment_turns()} environment turns; this run allows at most {limits.max_environment_turns}")
+    if any(lp != 0.0 for lp, s in zip(r.logprobs, flags) if not s):
+        raise fail("a token the environment wrote carries a logprob; only sampled tokens have one")

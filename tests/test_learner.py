@@ -98,3 +98,30 @@ def test_a_stop_between_micro_batches_gives_the_step_up_unchanged() -> None:
         learner.step(_batch(), 0, stop)
     assert learner.optimizer_steps == 0
     assert all(torch.equal(a, b) for a, b in zip(before.parameters(), model.parameters()))
+
+
+def test_the_environments_tokens_are_context_never_trained_on() -> None:
+    """In a multi-turn episode the environment's tokens (a tool's output) shape what the model reads next but were
+    never its choices: whatever is recorded for them, the step is the same."""
+
+    def with_tool_output(recorded: float) -> Batch:
+        batch = _batch()
+        for group in batch.groups:
+            for r in group.rollouts:
+                flags = [i % 4 not in (1, 2) for i in range(len(r.completion_tokens))]  # every fourth pair: the tool's
+                r.sampled = flags
+                r.logprobs = [lp if s else recorded for lp, s in zip(r.logprobs, flags)]
+        return batch
+
+    weights = []
+    for recorded in (0.0, -9.0):
+        model, _ = load_model()
+        Learner(model, TrainerSettings(micro_batch=4), 1.0, placement()).step(with_tool_output(recorded), 0)
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(weights[0], weights[1])
+    # Recorded logprobs of sampled tokens do move the step: the test can tell a masked token from a trained one.
+    model, _ = load_model()
+    batch = with_tool_output(0.0)
+    batch.groups[0].rollouts[0].logprobs[0] -= 3.0
+    Learner(model, TrainerSettings(micro_batch=4), 1.0, placement()).step(batch, 0)
+    assert not torch.equal(weights[0], torch.cat([p.detach().flatten() for p in model.parameters()]))

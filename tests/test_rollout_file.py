@@ -253,3 +253,56 @@ def test_impossible_task_shapes_are_named() -> None:
     assert "at most 4096" in (shape_error(rows=1024 * 256, max_tokens=128) or "")
     assert "exceed" in (shape_error(rows=8, max_tokens=1 << 18) or "")
     assert "MiB" in (shape_error(rows=4096, max_tokens=1 << 16) or "")
+
+
+def episode(**changes: object) -> Rollout:
+    """A multi-turn row: the model's call, the tool's result, the model's answer."""
+    turns: dict[str, object] = {
+        "completion_tokens": [7, 8, 30, 31, 9, 2],
+        "logprobs": [-0.1, -0.2, 0.0, 0.0, -0.3, -0.1],
+        "sampled": [True, True, False, False, True, True],
+    }
+    return rollout(**(turns | changes))
+
+
+EPISODE_LIMITS = ReadLimits(max_environment_tokens=2, max_environment_turns=1)
+
+
+def test_a_multi_turn_file_is_version_2_and_says_who_wrote_each_token() -> None:
+    data = write_rollouts([episode(), rollout(prompt_id="a18")])
+    assert pq.ParquetFile(io.BytesIO(data)).schema_arrow.metadata[b"intellect.schema"] == b"rollout-v2"
+    first, second = read_rollouts(data, EPISODE_LIMITS)
+    assert first.sampled == [True, True, False, False, True, True] and first.environment_turns() == 1
+    assert second.sampled == [True] * 3  # a single-turn row of a v2 file: every token the model's
+    # Every token sampled: the file is version 1, as single-turn work always was.
+    single = write_rollouts([rollout(sampled=[True, True, True])])
+    assert pq.ParquetFile(io.BytesIO(single)).schema_arrow.metadata[b"intellect.schema"] == b"rollout-v1"
+    assert read_rollouts(single)[0].sampled is None
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (episode(sampled=[True, False]), "2 sampled flags for 6 completion tokens"),
+        (episode(sampled=[False, True, False, False, True, True]), "starts with the environment's token"),
+        (
+            episode(sampled=[True, False, False, False, True, True]),
+            "3 tokens written by the environment; this run allows at most 2",
+        ),
+        (episode(sampled=[True, False, True, False, True, True]), "2 environment turns; this run allows at most 1"),
+        (episode(logprobs=[-0.1, -0.2, -1.5, 0.0, -0.3, -0.1]), "a token the environment wrote carries a logprob"),
+    ],
+)
+def test_bad_turns_are_refused(bad: Rollout, message: str) -> None:
+    with pytest.raises(RolloutFileError, match=message):
+        read_rollouts(write_rollouts([bad]), EPISODE_LIMITS)
+
+
+def test_a_single_turn_task_refuses_tokens_labelled_as_the_environments() -> None:
+    """A node relabelling its own sampled tokens as the environment's (to dodge the sampling check) is refused
+    where the run has no environment turns: the default limits, and every single-turn task's."""
+    data = write_rollouts([episode()])
+    for limits in (ReadLimits(), ReadLimits.for_task(1, 64)):
+        with pytest.raises(RolloutFileError, match="2 tokens written by the environment; this run allows at most 0"):
+            read_rollouts(data, limits)
+    assert read_rollouts(data, ReadLimits.for_task(1, 64, environment_tokens=2, environment_turns=1))[0].sampled

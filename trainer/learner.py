@@ -60,7 +60,7 @@ class Learner:
         rollouts, advantages = everything[rank::world], all_advantages[rank::world]
         # As many micro-batches on every rank (each backward is a collective under FSDP).
         parts = torch.arange(len(rollouts)).tensor_split(max(1, math.ceil(len(everything) // world / self.settings.micro_batch)))
-        share = (float(sum(len(r.completion_tokens) for r in everything)), world)
+        share = (float(sum(r.sampled_tokens() for r in everything)), world)
         may_abandon = stop if world == 1 else None
         metrics: dict[str, float] = {}
         skipped = 0
@@ -80,6 +80,8 @@ class Learner:
                     behaviour = torch.zeros_like(logp)  # [micro, T]
                     for i, r in enumerate(chosen):
                         behaviour[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
+                        if r.sampled is not None:  # the environment's tokens are context the model read, not actions
+                            mask[i, : len(r.sampled)] &= torch.tensor(r.sampled, device=mask.device)
                     loss, stats = grpo_loss(
                         logp, behaviour, advantages[part].to(logp.device), mask, self.settings.loss, entropy=entropy, share=share
                     )
