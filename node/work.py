@@ -15,6 +15,8 @@ from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.bounded import BoundedRewards
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.environments.registry import Problem, completion_text, get_environment, reward
+from intellect_protocol.shared.environments.turns import rules_of
+from intellect_protocol.shared.episodes import run_episodes
 from intellect_protocol.shared.inference import Completion, InferenceBackend
 from intellect_protocol.shared.models import load_model, load_tokenizer, resolve_model
 from intellect_protocol.shared.numerics import Numerics, torch_dtype
@@ -71,6 +73,8 @@ class Generated:
     budget: LengthBudget
     generate_s: float
     numerics: Numerics
+    sampled: list[list[bool]] | None = None
+    """Per row, which completion tokens the model sampled (a multi-turn episode's); None: every one."""
 
 
 def run_task(task: TaskSpec, backend: BackendKind = "torch") -> TaskResult:
@@ -85,10 +89,27 @@ def generate(task: TaskSpec, backend_kind: BackendKind = "torch", dtype: Dtype =
 def generate_with(backend: InferenceBackend, tokenizer: PreTrainedTokenizerBase, task: TaskSpec) -> Generated:
     """``task``'s completions from ``backend`` (whatever weights it holds, whatever ``task.model`` says)."""
     rows = assigned_rows(task, problems_for(task.environment, task.environment_version), tokenizer)
+    rules = rules_of(get_environment(task.environment, task.environment_version), task.sampling.max_tokens)
     start = time.perf_counter()
+    sampled = None
     with spent("generation"):
-        completions = backend.generate([r.prompt_tokens for r in rows], [r.seed for r in rows], task.sampling)
-    return Generated(task, rows, completions, budget_of(task), time.perf_counter() - start, backend.numerics)
+        if rules is None:
+            completions = backend.generate([r.prompt_tokens for r in rows], [r.seed for r in rows], task.sampling)
+        else:
+            if not isinstance(backend, TorchBackend):
+                raise ValueError(f"environment {task.environment!r} is multi-turn: only the torch backend runs its episodes yet")
+            replies = rewards_for(task.environment, task.environment_version)
+            episodes = run_episodes(
+                backend,
+                tokenizer,
+                replies,
+                [(r.prompt_tokens, r.seed, r.problem) for r in rows],
+                task.sampling,
+                rules,
+                backend.model.config.hidden_size,
+            )
+            completions, sampled = [c for c, _ in episodes], [s for _, s in episodes]
+    return Generated(task, rows, completions, budget_of(task), time.perf_counter() - start, backend.numerics, sampled)
 
 
 def finish(generated: Generated) -> TaskResult:
@@ -109,7 +130,8 @@ def score(generated: Generated, proofs: list[bytes]) -> list[Rollout]:
     tokenizer = load_tokenizer(task.model)
     rewards = rewards_for(task.environment, task.environment_version)
     rollouts = []
-    for row, completion, proof in zip(generated.rows, generated.completions, proofs, strict=True):
+    flags: list[list[bool] | None] = [None] * len(generated.rows) if generated.sampled is None else list(generated.sampled)
+    for row, completion, proof, sampled in zip(generated.rows, generated.completions, proofs, flags, strict=True):
         text = completion_text(tokenizer, completion.tokens)
         task_reward = rewards.task_reward(text, row.problem)  # PluginFailure: the task goes back, said so
         final, penalty = reward(task_reward, len(completion.tokens), budget)
@@ -129,6 +151,7 @@ def score(generated: Generated, proofs: list[bytes]) -> list[Rollout]:
                 target_length=task.target_length if budget.alpha else 0,
                 seed=row.seed,
                 proofs=proof,
+                sampled=sampled,
             )
         )
     return rollouts

@@ -9,7 +9,7 @@ stopped. :func:`prefill` is that validator pass.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol, cast
 
@@ -28,7 +28,8 @@ class Completion:
     logprobs: list[float]
     hidden: torch.Tensor
     """``[len(tokens) - 1, hidden_size]`` bf16: the states the TOPLOC proofs commit to."""
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "turn"]
+    """``turn``: a model turn of a multi-turn episode ended where its :class:`Turn` said (a tool call)."""
 
     def __getstate__(self) -> dict[str, object]:
         # Sent to another process as plain bf16 bits: torch's own reducer would give every
@@ -37,6 +38,22 @@ class Completion:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state, hidden=torch.from_numpy(state["hidden"]).view(torch.bfloat16))
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A model turn of a multi-turn episode: each row's prompt is the episode so far (the task's prompt and the
+    completion up to here), and the turn's tokens continue the completion."""
+
+    offsets: list[int]
+    """Each row's completion position of the turn's first token: the seeded draw goes on counting from there."""
+    carried: list[int]
+    """Trailing prompt positions per row whose hidden states come back first (the completion's tokens no earlier
+    call computed a state for), so a completion's states cover every position but its last."""
+    limits: list[int]
+    """Tokens each row may generate in this turn (what is left of the task's limit)."""
+    ended: Callable[[int, list[int]], bool]
+    """Whether row ``i``'s turn ends after these tokens of it (a tool call's closing text)."""
 
 
 class InferenceBackend(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from intellect_protocol.shared.inference import Completion
+from intellect_protocol.shared.inference import Completion, Turn
 from intellect_protocol.shared.models import cache_keyword, final_norm_outputs
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.sampling import sample
@@ -33,7 +33,10 @@ class TorchBackend:
         self.cache_keyword = cache_keyword(model)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int], params: SamplingParams, turn: Turn | None = None
+    ) -> list[Completion]:
+        """Each prompt's completion; with ``turn``, one model turn of a multi-turn episode (see :class:`Turn`)."""
         if len(prompts) != len(seeds):
             raise ValueError("one seed per prompt")
         if any(not p for p in prompts):
@@ -46,6 +49,8 @@ class TorchBackend:
             mask[row, longest - len(prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         seed_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
+        offsets = torch.tensor(turn.offsets if turn else [0] * batch, dtype=torch.int64, device=self.device)
+        limits = turn.limits if turn else [params.max_tokens] * batch
 
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
@@ -64,9 +69,16 @@ class TorchBackend:
                 use_cache=True,
                 logits_to_keep=1,
             ).logits[:, -1]
+            if turn is not None:
+                for row, carried in enumerate(turn.carried):
+                    hidden[row] += list(captured[-1][row, longest - carried :].to(torch.bfloat16).cpu()) if carried else []
+            for row, limit in enumerate(limits):
+                finish[row] = "length" if limit <= 0 else None
             next_position = positions[:, -1] + 1
-            for step in range(params.max_tokens):
-                chosen, chosen_logprobs = sample(logits, seed_t, torch.full_like(seed_t, step), params.temperature, params.top_p)
+            for step in range(max(limits, default=0)):
+                if all(finish):
+                    break
+                chosen, chosen_logprobs = sample(logits, seed_t, offsets + step, params.temperature, params.top_p)
                 # One copy to the host a step, not one a row: on a GPU each is a wait for the device.
                 step_tokens, step_logprobs = chosen.tolist(), chosen_logprobs.tolist()
                 for row in range(batch):
@@ -76,8 +88,10 @@ class TorchBackend:
                         logprobs[row].append(step_logprobs[row])
                         if params.stop_on_eos and token == self.eos:
                             finish[row] = "stop"
-                        elif len(tokens[row]) == params.max_tokens:
+                        elif len(tokens[row]) == limits[row]:
                             finish[row] = "length"
+                        elif turn is not None and turn.ended(row, tokens[row]):
+                            finish[row] = "turn"
                 if all(finish):
                     break
                 live_rows = [f is None for f in finish]

@@ -55,6 +55,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 import torch
 from pydantic import BaseModel, Field
@@ -62,9 +63,11 @@ from transformers import PreTrainedTokenizerBase
 
 from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.registry import Problem, Rewards, completion_text, reward
+from intellect_protocol.shared.environments.turns import Rules
+from intellect_protocol.shared.episodes import Replies, replay_failures
 from intellect_protocol.shared.inference import prefill_batch
 from intellect_protocol.shared.numerics import Numerics, torch_dtype
-from intellect_protocol.shared.rollout_file import Rollout, RolloutFileError, read_numerics, read_rollouts
+from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_numerics, read_rollouts
 from intellect_protocol.shared.schemas import CHECKS, CheckName, CheckOutcome, Judgement, TaskSpec
 from intellect_protocol.shared.tasks import assigned_rows, budget_of
 from intellect_protocol.shared.tolerances import TOLERANCES, tolerance_for
@@ -112,6 +115,8 @@ class Context:
     """Recomputes rewards: the run's environment, in a bounded process (a plugin's failure raises
     :class:`~shared.environments.bounded.PluginFailure`, which is no verdict on the node)."""
     problems: dict[str, Problem]
+    rules: Rules | None = None
+    """A multi-turn environment's episode rules (its ``environment`` then replays its replies); None: single-turn."""
 
 
 def validate(data: bytes, ctx: Context, settings: CheckSettings | None = None) -> Verdict:
@@ -132,14 +137,22 @@ def validate(data: bytes, ctx: Context, settings: CheckSettings | None = None) -
         ok = record("integrity", ["the file's sha256 differs from the one stored at upload"], "")
     else:
         try:
-            rollouts, numerics = read_rollouts(data), read_numerics(data)
+            rules = ctx.rules
+            limits = (
+                ReadLimits(max_environment_tokens=rules.environment_tokens, max_environment_turns=rules.max_turns)
+                if rules
+                else None
+            )
+            rollouts, numerics = read_rollouts(data, limits), read_numerics(data)
             ok = record("integrity", [], f"{len(rollouts)} rows parse under the rollout schema; computed as {numerics}")
         except RolloutFileError as e:
             ok = record("integrity", [str(e)], "")
     ok = ok and record("assignment", _assignment(rollouts, ctx, numerics), "rows, prompts, seeds and policy step as assigned")
     ok = ok and record("termination", _termination(rollouts, ctx), "every completion ends with EOS or at the token limit")
     untrained: list[int] = []
-    if ok:
+    if ok and (replayed := _replay(rollouts, ctx)):
+        ok = record("sampling", replayed, "")
+    elif ok:
         prefill = _prefill_checks(rollouts, ctx, settings, numerics)
         ok = record("toploc", prefill.toploc, "every proof chunk verifies")
         if prefill.forged:
@@ -201,6 +214,8 @@ def _termination(rollouts: list[Rollout], ctx: Context) -> list[str]:
         tokens = r.completion_tokens
         if not 1 <= len(tokens) <= params.max_tokens:
             failures.append(f"row {i}: {len(tokens)} tokens, limit {params.max_tokens}")
+        elif ctx.rules is not None:
+            continue  # an episode ends as its replay says (:func:`_replay`)
         elif params.stop_on_eos and eos in tokens[:-1]:
             failures.append(f"row {i}: goes on after EOS")
         elif r.finish_reason == "stop" and not (params.stop_on_eos and tokens[-1] == eos):
@@ -302,6 +317,31 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
             f" ({deviations} near-ties decided by numerics, {expected:.2f} expected; rows {deviating_rows[:8]} not trained)"
         )
     return PrefillFindings([toploc[i] for i in sorted(toploc)], forged, too_many, deviating_rows, summary)
+
+
+@spent("episode replay")
+def _replay(rollouts: list[Rollout], ctx: Context) -> list[str]:
+    """A multi-turn file's rows whose environment tokens are not the environment's replay, or whose turns do not end
+    where the node had to end them (:func:`shared.episodes.replay_failures`): forged tool output, a node's own
+    tokens labelled as the environment's, or the reverse."""
+    if ctx.rules is None:
+        return []
+    failures = []
+    for i, r in enumerate(rollouts):
+        why = replay_failures(
+            r.completion_tokens,
+            r.sampled,
+            r.finish_reason,
+            tokenizer=ctx.tokenizer,
+            environment=cast(Replies, ctx.environment),
+            problem=ctx.problems[r.prompt_id],
+            seed=r.seed,
+            rules=ctx.rules,
+            eos=ctx.tokenizer.eos_token_id if ctx.task.sampling.stop_on_eos else None,
+        )
+        if why:
+            failures.append(f"row {i}: {why}")
+    return failures
 
 
 @spent("reward check")

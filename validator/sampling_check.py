@@ -198,11 +198,15 @@ def row_sampling(
 def judge_row(r: Rollout, scores: PositionScores, temperature: float, tolerance: Tolerance) -> RowSampling:
     """:func:`row_sampling` from the row's scores, made by :func:`row_scores` or :func:`rows_scores`."""
     gap, runner_up, logprob = scores.gap, scores.runner_up, scores.logprob
+    claimed, where = torch.tensor(r.logprobs), torch.arange(len(r.logprobs))
+    if r.sampled is not None:  # the environment's tokens were written, not drawn: its replay checked them
+        drawn = torch.tensor(r.sampled)
+        gap, runner_up, logprob, claimed, where = gap[drawn], runner_up[drawn], logprob[drawn], claimed[drawn], where[drawn]
     beyond = gap > tolerance.max_gap
     if int(beyond.sum()) > tolerance.outliers:
         t = int(beyond.nonzero()[0])
         return RowSampling(
-            f"token {t} is not the seeded draw ({float(gap[t]):.3g} of the logit scale below it; numerics explain {tolerance.max_gap:g})",
+            f"token {int(where[t])} is not the seeded draw ({float(gap[t]):.3g} of the logit scale below it; numerics explain {tolerance.max_gap:g})",
             0,
             0.0,
             torch.zeros(0),
@@ -210,7 +214,7 @@ def judge_row(r: Rollout, scores: PositionScores, temperature: float, tolerance:
 
     # Where the logits themselves disagree beyond rounding (an allowed outlier), so may their logprobs.
     recomputed = logprob[~beyond]
-    error = torch.tensor(r.logprobs)[~beyond] - recomputed
+    error = claimed[~beyond] - recomputed
     # Logits are divided by T before the softmax: below T = 1 their rounding grows with 1 / T.
     bound = tolerance.logprob_abs / min(1.0, temperature or 1.0) + tolerance.logprob_rel * recomputed.abs()
     if (off := error.abs() > bound).any():

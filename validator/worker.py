@@ -25,6 +25,7 @@ from intellect_protocol.shared.committee import PublicReceipt
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused, Stopped
 from intellect_protocol.shared.environments.bounded import BoundedRewards, PluginFailure
 from intellect_protocol.shared.environments.registry import Problem, get_environment
+from intellect_protocol.shared.environments.turns import rules_of
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.schemas import Claim, ClaimRequest, VerdictRequest
 from intellect_protocol.shared.shardcast.client import DownloadError
@@ -147,7 +148,8 @@ class Validator:
         task = claim.task.model_copy(update={"model": self.weights.model_for(claim.task)})
         model, tokenizer = _model(task.model)
         environment, problems = _environment(task.environment, task.environment_version)
-        ctx = Context(task, claim.sha256, claim.oldest_step, claim.newest_step, model, tokenizer, environment, problems)
+        rules = rules_of(get_environment(task.environment, task.environment_version), task.sampling.max_tokens)
+        ctx = Context(task, claim.sha256, claim.oldest_step, claim.newest_step, model, tokenizer, environment, problems, rules)
         verdict = validate(data, ctx, self.settings)
         checks = verdict.checks
         signature = sign_verdict(self.account, self.audience, claim.submission_id, claim.sha256, checks, verdict.untrained_rows)

@@ -23,6 +23,7 @@ from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.environments.held_out import training
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, Problem, get_environment, plugin
+from intellect_protocol.shared.environments.turns import Rules, rules_of
 from intellect_protocol.shared.money import tokens
 from intellect_protocol.shared.prompting import Prompting
 from intellect_protocol.shared.rollout_file import shape_error
@@ -30,6 +31,12 @@ from intellect_protocol.shared.run_schemas import RunSpec
 from intellect_protocol.shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec, WorkWait
 from intellect_protocol.shared.states import RunStatus, TaskStatus
 from intellect_protocol.shared.tolerances import Tolerance
+
+
+def episode_rules(run: Run, max_tokens: int) -> Rules | None:
+    """The run's episode rules (:mod:`shared.environments.turns`) for tasks of ``max_tokens``; None: single-turn."""
+    problems(run.environment, run.environment_version)  # 503, said plainly, where this coordinator lacks the plugin
+    return rules_of(get_environment(run.environment, run.environment_version), max_tokens)
 
 
 @cache

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Node, Nonce, Run, Submission, Task
 from intellect_protocol.coordinator.services import committee, learning_signal, nodes, staleness
-from intellect_protocol.coordinator.services.runs import params_of
+from intellect_protocol.coordinator.services.runs import episode_rules, params_of
 from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_rollouts
 from intellect_protocol.shared.schemas import ErrorCode, NodeStatus, SubmissionReceipt, checksum_address, sequence_seed
 from intellect_protocol.shared.states import SubmissionStatus, TaskStatus
@@ -96,7 +96,13 @@ def expected_file(session: Session, signer: str, task_id: str, digest: str, now:
     samples = params["samples_per_prompt"]
     prompts = [pid for pid in task.prompt_ids["ids"] for _ in range(samples)]
     rows = [(pid, task.id, task.run_id, task.policy_step, sequence_seed(task.seed, i)) for i, pid in enumerate(prompts)]
-    limits = ReadLimits.for_task(len(rows), params["sampling"]["max_tokens"])
+    rules = episode_rules(session.get_one(Run, task.run_id), params["sampling"]["max_tokens"])
+    limits = ReadLimits.for_task(
+        len(rows),
+        params["sampling"]["max_tokens"],
+        rules.environment_tokens if rules else 0,
+        rules.max_turns if rules else 0,
+    )
     return ExpectedFile(limits, f"{task.run_id}/{task.id}/{digest}.parquet", rows, samples)
 
 

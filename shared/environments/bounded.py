@@ -54,21 +54,33 @@ class BoundedRewards:
 
     def task_reward(self, completion: str, problem: Problem) -> float:
         """The reward of ``completion`` for ``problem``; raises :class:`PluginFailure` instead of anything else."""
+        return float(self._ask("reward", problem, completion, (completion,)))  # type: ignore[arg-type]
+
+    def reply(self, problem: Problem, seed: int, turns: list[str]) -> str | None:
+        """A multi-turn environment's answer to the model's ``turns`` (:mod:`shared.environments.turns`), or None when
+        the episode is over; raises :class:`PluginFailure` instead of anything else."""
+        answer = self._ask("reply", problem, turns[-1] if turns else "", (seed, turns))
+        return None if answer is None else str(answer)
+
+    def _ask(self, method: str, problem: Problem, completion: str, args: tuple[object, ...]) -> object:
         with self._lock:
             conn = self._connection()
-            conn.send((completion, problem.model_dump()))
+            conn.send((method, problem.model_dump(), args))
             if not conn.poll(self.limits.timeout_s):
                 self.close()
-                raise self._failure(problem, completion, f"did not return within {self.limits.timeout_s:g} s")
+                raise self._failure(problem, completion, f"did not return within {self.limits.timeout_s:g} s", method)
             try:
                 kind, value = conn.recv()
             except (EOFError, OSError):
                 code = self._child.exitcode if self._child else None
                 self.close()
-                raise self._failure(problem, completion, f"ended the reward process (exit code {code}; out of memory?)") from None
+                raise self._failure(
+                    problem, completion, f"ended the reward process (exit code {code}; out of memory?)", method
+                ) from None
         if kind == "error":
-            raise self._failure(problem, completion, value if value.startswith(("returned", "could not")) else f"raised {value}")
-        return float(value)
+            what = value if value.startswith(("returned", "could not")) else f"raised {value}"
+            raise self._failure(problem, completion, what, method)
+        return value
 
     def close(self) -> None:
         """Stop the child process, if any (the next call starts a new one)."""
@@ -94,8 +106,8 @@ class BoundedRewards:
             self._child, self._conn = process, parent
         return self._conn
 
-    def _failure(self, problem: Problem, completion: str, what: str) -> PluginFailure:
-        message = f"environment {self.name!r} ({self.requirement}) failed on problem {problem.id!r}: its reward {what}"
+    def _failure(self, problem: Problem, completion: str, what: str, method: str = "reward") -> PluginFailure:
+        message = f"environment {self.name!r} ({self.requirement}) failed on problem {problem.id!r}: its {method} {what}"
         return PluginFailure(message, problem.id, completion)
 
 
@@ -110,10 +122,14 @@ def _serve(conn: Connection, name: str, pin: str | None, memory_bytes: int) -> N
         environment, load_error = None, f"could not be loaded: {type(e).__name__}: {e}"[:500]
     while True:
         try:
-            completion, problem = conn.recv()
+            method, problem, args = conn.recv()
         except EOFError:
             return
-        conn.send(_call(environment, completion, problem, memory_bytes) if environment is not None else ("error", load_error))
+        conn.send(
+            _call(environment, method, Problem(**problem), args, memory_bytes)
+            if environment is not None
+            else ("error", load_error)
+        )
 
 
 def _address_space() -> int:
@@ -122,13 +138,17 @@ def _address_space() -> int:
         return int(statm.read().split()[0]) * resource.getpagesize()
 
 
-def _call(environment: Any, completion: str, problem: dict[str, Any], memory_bytes: int) -> tuple[str, object]:
+def _call(environment: Any, method: str, problem: Problem, args: tuple[Any, ...], memory_bytes: int) -> tuple[str, object]:
     try:
-        value = environment.task_reward(completion, Problem(**problem))
+        value = environment.task_reward(args[0], problem) if method == "reward" else environment.reply(problem, *args)
     except MemoryError:
         return "error", f"MemoryError (past the {memory_bytes >> 20} MiB it may add)"
     except Exception as e:
         return "error", f"{type(e).__name__}: {e}"[:500]
+    if method == "reply":
+        return (
+            ("ok", value) if value is None or isinstance(value, str) else ("error", f"returned {value!r:.80}, not text or None")
+        )
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         return "error", f"returned {value!r:.80}, not a finite number"
     return "ok", float(value)

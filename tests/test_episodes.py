@@ -1,0 +1,173 @@
+"""Multi-turn episodes end to end on the shipped model: the node runs them (its turns end at the environment's stop,
+the environment's replies are appended, the seeded draw goes on), the validator replays them and accepts honest
+work, and every way of lying about who wrote which token is refused hard, with its reason."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.environments.registry import Environment, get_environment, plugin
+from intellect_protocol.shared.environments.turns import rules_of
+from intellect_protocol.shared.inference import prefill_batch
+from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, read_rollouts, write_rollouts
+from intellect_protocol.shared.schemas import TaskSpec
+from intellect_protocol.shared.toploc import rollout_passes, verify_proofs_batch
+from intellect_protocol.validator.checks import Context, Verdict, validate
+from tests.helpers import install_distribution
+from tests.support.adversary import tiny
+from tests.support.checks import failed, make_task
+
+torch.set_num_threads(1)
+
+# The shipped model writes a column's sum and ";" before the next column: here ";" hands the word to the
+# environment, which answers "c" or "cc" by the row's seed and the turn (at most two replies an episode, of
+# at most three tokens each).
+ECHO = """
+from intellect_protocol.shared.environments.builtin import Arithmetic
+
+
+class Echo(Arithmetic):
+    name = "echo"
+    tools = []
+    stops = (";",)
+    max_turns = 2
+    max_reply_tokens = 3
+
+    def reply(self, problem, seed, turns):
+        return "c" * (1 + (seed + len(turns)) % 2)
+"""
+
+
+@pytest.fixture(scope="module")
+def echo(tmp_path_factory: pytest.TempPathFactory) -> Environment:
+    site = tmp_path_factory.mktemp("site")
+    install_distribution(site, "intellect-echo", "0.1.0", {"echo": "intellect_echo:Echo"}, ECHO)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(site))  # the node's reward process starts with this process's path
+        yield get_environment("echo", plugin("echo").pin)
+
+
+@pytest.fixture(scope="module")
+def episodes(echo: Environment) -> tuple[TaskSpec, bytes]:
+    base = make_task(4_000, prompts=4, samples=4, temperature=1.0, max_tokens=48)
+    task = base.model_copy(update={"environment": "echo", "environment_version": plugin("echo").pin})
+    return task, finish(generate(task)).data
+
+
+def rules_limits(environment: Environment, task: TaskSpec) -> ReadLimits:
+    rules = rules_of(environment, task.sampling.max_tokens)
+    assert rules is not None
+    return ReadLimits(max_environment_tokens=rules.environment_tokens, max_environment_turns=rules.max_turns)
+
+
+def check(data: bytes, task: TaskSpec, environment: Environment) -> Verdict:
+    problems = {p.id: p for p in environment.problems()}
+    rules = rules_of(environment, task.sampling.max_tokens)
+    ctx = Context(task, hashlib.sha256(data).hexdigest(), 0, 0, *tiny(), environment, problems, rules)  # type: ignore[arg-type]
+    return validate(data, ctx)
+
+
+def test_the_node_runs_episodes_and_the_validator_replays_them(episodes: tuple[TaskSpec, bytes], echo: Environment) -> None:
+    task, data = episodes
+    rows = read_rollouts(data, rules_limits(echo, task))
+    replied = [r for r in rows if r.sampled is not None and not all(r.sampled)]
+    assert len(replied) >= 8, [r.sampled for r in rows]  # the model writes ";" in most rows: the environment answers
+    _, tokenizer = tiny()
+    for r in replied:
+        text = tokenizer.decode(r.completion_tokens)
+        written = [t for t, s in zip(r.completion_tokens, r.sampled or []) if not s]
+        assert set(tokenizer.decode(written)) == {"c"} and ";c" in text
+        assert all(lp == 0.0 for lp, s in zip(r.logprobs, r.sampled or []) if not s)
+        assert 1 <= r.environment_turns() <= 2
+    # The proofs cover the whole episode, the environment's tokens included: one prefill reproduces them.
+    model, _ = tiny()
+    prefilled = prefill_batch(model, [r.prompt_tokens for r in replied], [r.completion_tokens for r in replied])
+    assert all(rollout_passes(c) for c in verify_proofs_batch([p.hidden for p in prefilled], [r.proofs for r in replied]))
+    verdict = check(data, task, echo)
+    assert verdict.accepted, verdict.reason
+
+
+def first_reply(r: Rollout) -> int:
+    """Position of the row's first environment token."""
+    return (r.sampled or []).index(False)
+
+
+def forge(data: bytes, task: TaskSpec, environment: Environment, change: Callable[[Rollout], None]) -> bytes:
+    rows = read_rollouts(data, rules_limits(environment, task))
+    change(next(r for r in rows if r.sampled is not None and not all(r.sampled)))
+    return write_rollouts(rows)
+
+
+def forged_tool_output(r: Rollout) -> None:
+    r.completion_tokens[first_reply(r)] = tiny()[1].convert_tokens_to_ids("7")
+
+
+def sampled_labelled_as_the_environments(r: Rollout) -> None:
+    assert r.sampled is not None
+    at = first_reply(r) - 1  # the ";" the model drew, now said to be the environment's
+    r.sampled[at], r.logprobs[at] = False, 0.0
+
+
+def environments_labelled_as_sampled(r: Rollout) -> None:
+    assert r.sampled is not None
+    at = first_reply(r)
+    r.sampled[at], r.logprobs[at] = True, -0.5
+
+
+def longer_tool_output(r: Rollout) -> None:
+    assert r.sampled is not None
+    at = first_reply(r)
+    r.completion_tokens.insert(at, r.completion_tokens[at])
+    r.logprobs.insert(at, 0.0)
+    r.sampled.insert(at, False)
+    for extra in (r.completion_tokens, r.logprobs, r.sampled):
+        del extra[-2]  # the row keeps its length and its last token
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (forged_tool_output, "is not what the environment gives"),
+        (sampled_labelled_as_the_environments, "without EOS, a tool call or the token limit"),
+        (environments_labelled_as_sampled, "some labelled as sampled"),
+        (longer_tool_output, "is not what the environment gives"),
+    ],
+)
+def test_lies_about_who_wrote_a_token_are_refused_hard(
+    episodes: tuple[TaskSpec, bytes], echo: Environment, change: Callable[[Rollout], None], reason: str
+) -> None:
+    task, data = episodes
+    verdict = check(forge(data, task, echo, change), task, echo)
+    assert not verdict.accepted and verdict.hard, verdict.reason
+    assert reason in failed(verdict).get("sampling", ""), failed(verdict)
+
+
+def test_more_environment_turns_than_the_environment_allows_are_refused(
+    episodes: tuple[TaskSpec, bytes], echo: Environment
+) -> None:
+    task, data = episodes
+
+    def three_turns(r: Rollout) -> None:
+        r.sampled = [at not in (1, 3, 5) for at in range(len(r.completion_tokens))]  # three one-token replies
+        r.logprobs = [0.0 if not s else min(lp, -0.5) for lp, s in zip(r.logprobs, r.sampled)]
+
+    verdict = check(forge(data, task, echo, three_turns), task, echo)
+    assert not verdict.accepted and verdict.hard
+    assert "environment turns; this run allows at most 2" in failed(verdict)["integrity"]
+
+
+def test_a_single_turn_run_refuses_a_file_with_the_environments_tokens(
+    episodes: tuple[TaskSpec, bytes], echo: Environment
+) -> None:
+    task, data = episodes
+    arithmetic = get_environment("arithmetic")
+    single = task.model_copy(update={"environment": "arithmetic", "environment_version": plugin("arithmetic").pin})
+    problems = {p.id: p for p in arithmetic.problems()}
+    ctx = Context(single, hashlib.sha256(data).hexdigest(), 0, 0, *tiny(), arithmetic, problems)
+    verdict = validate(data, ctx)
+    assert not verdict.accepted and "this run allows at most 0" in failed(verdict)["integrity"]
