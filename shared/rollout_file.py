@@ -120,6 +120,11 @@ class ReadLimits:
         )
 
 
+ADMITTED = ReadLimits(max_environment_tokens=ReadLimits.max_tokens, max_environment_turns=ReadLimits.max_tokens)
+"""Limits for a file its run's rules admitted already (an accepted file, as the trainer reads it): whatever episode
+bounds the run's environment set, the coordinator and the validators held the file to them."""
+
+
 def worst_case_bytes(rows: int, max_tokens: int, multi_turn: bool = False) -> int:
     """Decoded size of the largest valid file of ``rows`` rows (values, offsets and levels)."""
     # Prompt and completion ids, one logprob per completion token, and in v2 one flag per completion token.

@@ -5,22 +5,34 @@ work, and every way of lying about who wrote which token is refused hard, with i
 from __future__ import annotations
 
 import hashlib
+import io
 from collections.abc import Callable
+from pathlib import Path
 
+import httpx
 import pytest
 import torch
+from eth_account import Account
+from rich.console import Console
 
+from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
 from intellect_protocol.shared.environments.registry import Environment, get_environment, plugin
 from intellect_protocol.shared.environments.turns import rules_of
 from intellect_protocol.shared.inference import prefill_batch
 from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, read_rollouts, write_rollouts
-from intellect_protocol.shared.schemas import TaskSpec
+from intellect_protocol.shared.run_schemas import AuditPolicy
+from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
 from intellect_protocol.shared.toploc import rollout_passes, verify_proofs_batch
+from intellect_protocol.trainer.data import fetch_accepted
 from intellect_protocol.validator.checks import Context, Verdict, validate
-from tests.helpers import install_distribution
+from intellect_protocol.validator.worker import Validator
+from tests.conftest import admin_token, serve
+from tests.helpers import install_distribution, make_run
 from tests.support.adversary import tiny
 from tests.support.checks import failed, make_task
+from tests.support.protocol import grant, joined, lease, upload
 
 torch.set_num_threads(1)
 
@@ -159,6 +171,38 @@ def test_more_environment_turns_than_the_environment_allows_are_refused(
     verdict = check(forge(data, task, echo, three_turns), task, echo)
     assert not verdict.accepted and verdict.hard
     assert "environment turns; this run allows at most 2" in failed(verdict)["integrity"]
+
+
+def test_an_episode_goes_from_node_to_trainer_through_the_network(echo: Environment, sqlite_url: str, tmp_path: Path) -> None:
+    """Real coordinator, real validator, real HTTP: the upload is read within the environment's bounds, the
+    validator's replay accepts it, and the trainer reads who wrote each token."""
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+    )
+    with serve(settings) as served:
+        run_id = make_run(
+            served,
+            environment="echo",
+            sampling=SamplingParams(max_tokens=48),
+            samples=4,
+            audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0),
+        )
+        validator, trainer = Account.create(), Account.create()
+        grant(served, admin_token(served), validator.address, "validator")
+        grant(served, admin_token(served), trainer.address, "trainer")
+        node = joined(served)
+        task = lease(served, node)
+        submission = upload(served, node, task, finish(generate(task)).data)
+        checker = Validator(served.url, validator, tmp_path / "validator", Console(file=io.StringIO()))
+        try:
+            assert checker.run(max_submissions=1) == 1
+        finally:
+            checker.close()
+        receipt = httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()
+        assert receipt["status"] == "accepted", receipt
+        with CoordinatorClient(served.url, trainer) as api:
+            [(_, rows)] = fetch_accepted(api, run_id, 0, 0)
+        assert rows is not None and any(r.sampled is not None and not all(r.sampled) for r in rows)
 
 
 def test_a_single_turn_run_refuses_a_file_with_the_environments_tokens(

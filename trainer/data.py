@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from intellect_protocol.shared.rollout_file import Rollout, read_rollouts
+from intellect_protocol.shared.rollout_file import ADMITTED, Rollout, read_rollouts
 from intellect_protocol.shared.schemas import AcceptedRollouts
 
 if TYPE_CHECKING:  # the learner reads batches without the client's signing stack
@@ -73,7 +73,7 @@ def fetch_files(
         if entry.policy_step < oldest_step:
             out.append((entry, None))
         else:
-            rollouts = read_rollouts(api.accepted_file(entry.submission_id))
+            rollouts = read_rollouts(api.accepted_file(entry.submission_id), ADMITTED)
             out.append((entry, [r for i, r in enumerate(rollouts) if i not in set(entry.untrained_rows)]))
     return out
 
