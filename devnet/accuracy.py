@@ -18,6 +18,8 @@ class Accuracy(threading.Thread):
         super().__init__(name="accuracy", daemon=True)
         self.network, self.stop_event, self.model = network, stop, model
         self.by_step: dict[int, float] = {}
+        self.tool_calls_by_step: dict[int, float] = {}
+        """A multi-turn environment's share of held-out episodes with a correct tool call, by step (else empty)."""
         self.measured_on = ""
         """What it is measured on, in words (the environment and where its held-out problems come from)."""
 
@@ -36,7 +38,7 @@ class Accuracy(threading.Thread):
         import torch
         import transformers
 
-        from intellect_protocol.shared.evaluation import HeldOutTask, held_out_score
+        from intellect_protocol.shared.evaluation import HeldOutTask, held_out_metrics
         from intellect_protocol.shared.models import load_model
         from intellect_protocol.shared.run_schemas import RunInfo
         from intellect_protocol.shared.shardcast.origin import step_dir
@@ -48,7 +50,7 @@ class Accuracy(threading.Thread):
         task = HeldOutTask.of_run(run.environment, run.environment_version, run.prompting, run.sampling.max_tokens)
         self.measured_on = task.describe()
         base, tokenizer = load_model(self.model)
-        self._record(0, held_out_score(base, tokenizer, task, self.stop_event))
+        self._record(0, held_out_metrics(base, tokenizer, task, self.stop_event))
         while not self.stop_event.wait(2):
             url = f"{self.network.coordinator.url}/v1/manifests/{self.network.run_id}/latest"
             reply = self.network.http.get(url, timeout=10)
@@ -58,13 +60,15 @@ class Accuracy(threading.Thread):
                     model, _ = load_model(step_dir(self.network.workdir / "origin", self.network.run_id, step))
                 except OSError:
                     continue  # retired by the origin between the two reads; the next step comes soon
-                self._record(step, held_out_score(model, tokenizer, task, self.stop_event))
+                self._record(step, held_out_metrics(model, tokenizer, task, self.stop_event))
 
-    def _record(self, step: int, accuracy: float) -> None:
-        self.by_step[step] = accuracy
+    def _record(self, step: int, metrics: dict[str, float]) -> None:
+        self.by_step[step] = metrics["heldout_accuracy"]
+        if "heldout_tool_calls" in metrics:
+            self.tool_calls_by_step[step] = metrics["heldout_tool_calls"]
         self.network.http.post(
             f"{self.network.coordinator.url}/v1/admin/runs/{self.network.run_id}/evaluations",
-            json={"step": step, "metrics": {"heldout_accuracy": accuracy}},
+            json={"step": step, "metrics": metrics},
             headers={"authorization": f"Bearer {self.network.token}"},
             timeout=10,
         ).raise_for_status()

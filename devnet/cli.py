@@ -159,6 +159,7 @@ def main(
             settlement = start_chain(workdir)
             console.print(f"Chain: anvil at {settlement.anvil.url}, contracts in {workdir / 'chain.json'}")
         run_options = [*RUN, "--environment", environment]
+        model = model or shipped_model(environment)
         if model is not None:
             run_options += ["--model", str(model)]
             calibration = calibration or calibrated(model, f"{backend.value}/float32", MAX_TOKENS, workdir, console)
@@ -277,6 +278,18 @@ def _progress(network: Network) -> dict[str, Any]:
     return progress
 
 
+def shipped_model(environment: str) -> Path | None:
+    """The shipped model an environment names for itself (``tiny-calc`` for the calculator), if any."""
+    from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment
+    from intellect_protocol.shared.models import resolve_model
+
+    try:
+        named = getattr(get_environment(environment), "model", None)
+    except EnvironmentUnavailable:
+        return None  # creating the run says so, plainly
+    return Path(resolve_model(named)) if isinstance(named, str) else None
+
+
 def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, object]:
     try:
         progress = _progress(network)
@@ -292,6 +305,8 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
         "accuracy_by_step": measured,
         "accuracy_measured_on": accuracy.measured_on if accuracy else "",
     }
+    if accuracy and accuracy.tool_calls_by_step:
+        out["tool_calls_by_step"] = dict(sorted(accuracy.tool_calls_by_step.items()))
     if measured:
         out["accuracy_before"], out["accuracy_after"] = measured[min(measured)], measured[max(measured)]
     if any(p.name.startswith("island-") for p in network.processes):

@@ -16,9 +16,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCrite
 
 from intellect_protocol.shared.environments.bounded import BoundedRewards
 from intellect_protocol.shared.environments.held_out import held_out
-from intellect_protocol.shared.environments.registry import Problem, get_environment
+from intellect_protocol.shared.environments.registry import Problem, completion_text, get_environment
+from intellect_protocol.shared.environments.turns import rules_of, template_tools
+from intellect_protocol.shared.episodes import run_episodes
 from intellect_protocol.shared.models import encode_prompt
 from intellect_protocol.shared.prompting import Prompting
+from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.torch_backend import TorchBackend
 
 
 class Stopped(Exception):
@@ -95,14 +99,58 @@ def held_out_score(
     batch: int = 64,
 ) -> float:
     """Mean task reward of ``model``'s greedy completions of ``task``'s problems (its reward in a bounded process)."""
+    return held_out_metrics(model, tokenizer, task, stop, batch)["heldout_accuracy"]
+
+
+def held_out_metrics(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: HeldOutTask,
+    stop: threading.Event | None = None,
+    batch: int = 64,
+) -> dict[str, float]:
+    """``heldout_accuracy``: the mean task reward of ``model``'s greedy completions of ``task``'s problems; for a
+    multi-turn environment (greedy episodes, the environment answering) also ``heldout_tool_calls``: the share of
+    episodes with a correct call, where the environment says which calls are (``call_correct``)."""
+    environment = get_environment(task.environment, task.pin)
+    rules = rules_of(environment, task.max_new_tokens)
+    tools = template_tools(environment)
     rewards = BoundedRewards(task.environment, task.pin)
     try:
-        total = 0.0
+        total, called = 0.0, 0
         for start in range(0, len(task.problems), batch):
+            if stop is not None and stop.is_set():
+                raise Stopped
             chunk = task.problems[start : start + batch]
-            heads = [encode_prompt(tokenizer, p.prompt, task.prompting) for p in chunk]
-            texts = greedy_decode(model, tokenizer, heads, task.max_new_tokens, stop)
+            heads = [encode_prompt(tokenizer, p.prompt, task.prompting, tools) for p in chunk]
+            if rules is None:
+                texts = greedy_decode(model, tokenizer, heads, task.max_new_tokens, stop)
+            else:
+                backend = TorchBackend(model, tokenizer.eos_token_id, tokenizer.pad_token_id, threads=None)
+                rows = [(head, i, p) for i, (head, p) in enumerate(zip(heads, chunk))]
+                greedy = SamplingParams(temperature=0, max_tokens=task.max_new_tokens)
+                episodes = run_episodes(backend, tokenizer, rewards, rows, greedy, rules, model.config.hidden_size)
+                texts = [completion_text(tokenizer, c.tokens) for c, _ in episodes]
+                called += sum(_called_right(environment, tokenizer, p, c.tokens, flags) for p, (c, flags) in zip(chunk, episodes))
             total += sum(rewards.task_reward(text, p) for text, p in zip(texts, chunk, strict=True))
-        return total / len(task.problems)
+        metrics = {"heldout_accuracy": total / len(task.problems)}
+        if rules is not None and hasattr(environment, "call_correct"):
+            metrics["heldout_tool_calls"] = called / len(task.problems)
+        return metrics
     finally:
         rewards.close()
+
+
+def _called_right(
+    environment: object, tokenizer: PreTrainedTokenizerBase, problem: Problem, tokens: list[int], flags: list[bool]
+) -> bool:
+    """Whether one of the episode's environment replies (its runs of unsampled tokens) answered a correct call."""
+    judge = getattr(environment, "call_correct", None)
+    replies: list[list[int]] = []
+    for i, (token, sampled) in enumerate(zip(tokens, flags)):
+        if not sampled:
+            if i and not flags[i - 1]:
+                replies[-1].append(token)
+            else:
+                replies.append([token])
+    return judge is not None and any(judge(problem, completion_text(tokenizer, r)) for r in replies)

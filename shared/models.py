@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
@@ -24,6 +25,9 @@ from intellect_protocol.shared.schemas import DEFAULT_MODEL
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
 """The embedded default: a tiny Llama trained by ``python -m intellect_protocol.shared.tiny_model`` and shipped."""
+SHIPPED_MODELS = {DEFAULT_MODEL: TINY_MODEL_DIR, "tiny-calc": TINY_MODEL_DIR.parent / "tiny-calc"}
+"""Models that ship with the package, by name: ``tiny-calc`` calls the calculator environment's tool
+(``python -m intellect_protocol.shared.tiny_calc``)."""
 
 
 @spent("model loading")
@@ -42,8 +46,8 @@ def load_model(
 
 
 def resolve_model(name_or_path: str | Path) -> str:
-    """A local directory or hub id for ``name_or_path``, with ``tiny-arith`` naming the shipped model."""
-    return str(TINY_MODEL_DIR if str(name_or_path) == DEFAULT_MODEL else name_or_path)
+    """A local directory or hub id for ``name_or_path``, with ``tiny-arith`` and ``tiny-calc`` naming the shipped models."""
+    return str(SHIPPED_MODELS.get(str(name_or_path), name_or_path))
 
 
 class TokenizerMissing(ValueError):
@@ -105,17 +109,30 @@ def final_norm_outputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, prompting: Prompting | None = None) -> list[int]:
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase, text: str, prompting: Prompting | None = None, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """How every role turns a prompt into token ids. With a chat template (an instruction-tuned
     model), the run's system turn (if any) and the user's turn as the template renders them, up to
     where the assistant's answer begins, with the run's thinking switch; without one, BOS (when the
-    model has one), then the system prompt and a blank line (if any), then the text."""
+    model has one), then the system prompt and a blank line (if any), then the text.
+
+    ``tools`` (a multi-turn environment's, as chat templates take them: ``{"type": "function", "function": ...}``)
+    go through the template where it renders tools; otherwise they are written before the text, one line each."""
     prompting = prompting or Prompting()
+    if tools and not (tokenizer.chat_template and "tools" in tokenizer.chat_template):
+        text = f"{tools_text(tools)}\n\n{text}"
+        tools = None
     if tokenizer.chat_template:
         system = [{"role": "system", "content": prompting.system_prompt}] if prompting.system_prompt is not None else []
         switch: dict[str, Any] = {"enable_thinking": prompting.enable_thinking} if prompting.enable_thinking is not None else {}
+        rendered_tools: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
         rendered = tokenizer.apply_chat_template(
-            [*system, {"role": "user", "content": text}], add_generation_prompt=True, tokenize=False, **switch
+            [*system, {"role": "user", "content": text}],
+            add_generation_prompt=True,
+            tokenize=False,
+            tools=rendered_tools,
+            **switch,
         )
         ids: list[int] = tokenizer.encode(rendered, add_special_tokens=False)  # the template writes its own special tokens
         return ids
@@ -124,3 +141,13 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, prompting: Prom
     ids = tokenizer.encode(text, add_special_tokens=False)
     bos = tokenizer.bos_token_id
     return [bos, *ids] if bos is not None else ids
+
+
+def tools_text(tools: list[dict[str, Any]]) -> str:
+    """Tools written as plain text, for a model whose chat template renders none: one line each."""
+    lines = []
+    for tool in tools:
+        function = tool["function"]
+        arguments = json.dumps(function["parameters"], sort_keys=True)
+        lines.append(f"Tool {function['name']}: {function['description']} Arguments: {arguments}")
+    return "\n".join(lines)

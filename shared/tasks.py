@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from intellect_protocol.shared.environments.length import LengthBudget, with_target
-from intellect_protocol.shared.environments.registry import Problem
+from intellect_protocol.shared.environments.registry import Problem, get_environment
+from intellect_protocol.shared.environments.turns import template_tools
 from intellect_protocol.shared.models import encode_prompt
 from intellect_protocol.shared.schemas import TaskSpec, sequence_seed
 
@@ -28,9 +29,10 @@ def budget_of(task: TaskSpec) -> LengthBudget:
 def assigned_rows(task: TaskSpec, problems: dict[str, Problem], tokenizer: PreTrainedTokenizerBase) -> list[AssignedRow]:
     """The task's rows; ``KeyError`` when it names a problem the environment lacks."""
     budget = budget_of(task)
+    tools = template_tools(get_environment(task.environment, task.environment_version))
     prompts = {
         pid: encode_prompt(
-            tokenizer, with_target(problems[pid].prompt, budget) if budget.alpha else problems[pid].prompt, task.prompting
+            tokenizer, with_target(problems[pid].prompt, budget) if budget.alpha else problems[pid].prompt, task.prompting, tools
         )
         for pid in task.prompt_ids
     }

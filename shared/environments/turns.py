@@ -4,7 +4,7 @@ A multi-turn environment is an :class:`~shared.environments.registry.Environment
 
 - ``tools``: what the model may call (name, description, JSON schema of the arguments), rendered into the prompt
   through the model's chat template where the template takes tools, as plain text before the problem otherwise
-  (:func:`tools_text`); a model trained on the call syntax needs none (``[]``).
+  (:func:`shared.models.encode_prompt`); a model trained on the call syntax needs none (``[]``).
 - ``stops``: the texts that end a model turn and hand the word to the environment (a tool call's closing text).
 - ``max_turns`` and ``max_reply_tokens``: bounds on what the environment writes into one episode.
 - ``reply(problem, seed, turns)``: given the model's turns so far (their text, in order; the last one ended with a
@@ -15,11 +15,13 @@ row's own seed) draws, and any budget counted in units that do not depend on the
 validator that replays the episode on another machine gets the same text, and so the same tokens.
 ``task_reward`` then scores the whole episode's text (the model's turns and the environment's, in order).
 Single-turn environments are unchanged: an environment without ``reply`` is one.
+
+Optionally, ``call_correct(problem, reply)`` says whether a reply answered a correct call (the operator's held-out
+evaluation charts the share of episodes with one, beside accuracy).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -67,11 +69,6 @@ def turn_ends(text: str, stops: tuple[str, ...]) -> bool:
     return any(text.endswith(stop) for stop in stops)
 
 
-def tools_text(tools: list[Tool]) -> str:
-    """The plain rendering of ``tools`` for models whose chat template takes none: one line each."""
-    return "\n".join(f"Tool {t.name}: {t.description} Arguments: {json.dumps(t.parameters, sort_keys=True)}" for t in tools)
-
-
 @dataclass(frozen=True)
 class Rules:
     """What bounds an episode: the environment's declarations and the task's token limit."""
@@ -92,3 +89,9 @@ def rules_of(environment: object, max_tokens: int) -> Rules | None:
     if not isinstance(environment, MultiTurnEnvironment):
         return None
     return Rules(tuple(environment.stops), environment.max_turns, environment.max_reply_tokens, max_tokens)
+
+
+def template_tools(environment: object) -> list[dict[str, Any]] | None:
+    """``environment``'s tools as chat templates take them; None for none (a single-turn environment has none)."""
+    tools = getattr(environment, "tools", None) if is_multi_turn(environment) else None
+    return [t.as_template_tool() for t in tools] if tools else None
