@@ -160,17 +160,17 @@ def wait_for_text(path: Path, text: str, timeout: float) -> None:
     )
 
 
-EXAMPLE_ENVIRONMENT = Path(__file__).resolve().parent.parent / "examples" / "environments" / "column-credit"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "environments"
 
 
-def install_example_environment(where: Path) -> dict[str, str]:
-    """pip-install the example environment plugin into ``where`` (outside the test environment's site-packages,
+def install_example_environment(where: Path, example: str = "column-credit") -> dict[str, str]:
+    """pip-install an example environment plugin into ``where`` (outside the test environment's site-packages,
     so only processes started with the returned variables see it); returns those variables."""
     import subprocess
     import sys
 
     source = where / "source"
-    shutil.copytree(EXAMPLE_ENVIRONMENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    shutil.copytree(EXAMPLES / example, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = where / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(source)],

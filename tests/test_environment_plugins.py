@@ -70,6 +70,7 @@ def test_the_builtins_are_plugins_of_this_distribution() -> None:
         "arithmetic": OURS,
         "math": OURS,
         "code": OURS,
+        "calculator": OURS,
     }
     assert get_environment("arithmetic", OURS).problems()[0].prompt.endswith(":")
 
@@ -301,3 +302,60 @@ def test_a_changed_builtin_reward_is_another_pin_and_refused_where_the_run_pins_
     assert changed["pin"] != OURS and str(changed["pin"]).startswith("intellect-protocol sha256=")
     assert f"is {changed['pin']} here but the run pins {OURS}" in str(changed["refused"])
     assert "its code here differs from the run's" in str(changed["refused"])
+
+
+GUESS_PROBE = """
+import json
+from intellect_protocol.shared.environments.registry import get_environment, plugin
+from intellect_protocol.shared.environments.turns import rules_of, template_tools
+from intellect_protocol.shared.episodes import replay_failures
+from intellect_protocol.shared.models import encode_prompt
+from intellect_protocol.shared.tiny_model import bpe_tokenizer
+
+environment = get_environment("guess-number", plugin("guess-number").pin)
+tokenizer = bpe_tokenizer(300)
+problem = next(p for p in environment.problems() if p.answer != "50")  # not found at the first guess
+tokens, flags, turns, low, high = [], [], [], 1, 100
+while True:  # a binary search, the environment answering each guess
+    guess = (low + high) // 2
+    turns.append(f"<guess>{guess}</guess>")
+    ids = tokenizer.encode(turns[-1], add_special_tokens=False)
+    tokens, flags = tokens + ids, flags + [True] * len(ids)
+    answer = environment.reply(problem, 0, turns)
+    if answer is None:
+        break
+    ids = tokenizer.encode(answer, add_special_tokens=False)
+    tokens, flags = tokens + ids, flags + [False] * len(ids)
+    low, high = (guess + 1, high) if answer == "higher" else (low, guess - 1)
+rules = rules_of(environment, 512)
+replay = dict(tokenizer=tokenizer, environment=environment, problem=problem, seed=0, rules=rules, eos=tokenizer.eos_token_id)
+first = flags.index(False)
+swapped = {"higher": "lower", "lower": "higher"}[tokenizer.decode(tokens[first:first + flags[first:].index(True)])]
+forged = tokenizer.encode(swapped, add_special_tokens=False)
+end = first + flags[first:].index(True)
+text = tokenizer.decode(tokens)
+print(json.dumps({
+    "guesses": len(turns),
+    "reward": environment.task_reward(text, problem),
+    "honest": replay_failures(tokens, flags, "stop", **replay),
+    "forged": replay_failures(tokens[:first] + forged + tokens[end:], flags[:first] + [False] * len(forged) + flags[end:], "stop", **replay),
+    "prompt": tokenizer.decode(encode_prompt(tokenizer, problem.prompt, tools=template_tools(environment))),
+}))
+"""
+
+
+@pytest.mark.integration
+def test_the_multi_turn_example_plugin_installs_and_its_episodes_replay(tmp_path: Path) -> None:
+    """The guess-number example installs as column-credit does; a binary search played against it replays exactly,
+    and a reply forged the other way is found."""
+    import json
+
+    where = install_example_environment(tmp_path, "guess-number")
+    out = subprocess.run(
+        [sys.executable, "-c", GUESS_PROBE], capture_output=True, text=True, env={**os.environ, **where}, check=True
+    )
+    played = json.loads(out.stdout)
+    assert 1 <= played["guesses"] <= 7 and played["reward"] == pytest.approx(1.0 - 0.1 * (played["guesses"] - 1))
+    assert played["honest"] is None
+    assert "is not what the environment gives" in played["forged"]
+    assert "Tool guess: Guess the number" in played["prompt"]  # its template renders no tools: written before the problem
