@@ -117,7 +117,7 @@ def main(
     environment: Annotated[
         str,
         typer.Option(
-            help="The run's environment: a built-in one (arithmetic, math, code) or any installed plugin "
+            help="The run's environment: a built-in one (arithmetic, math, code, calculator) or any installed plugin "
             "(see examples/environments/). Held-out accuracy is measured on its held-out problems (its own, or 5 % of "
             "its problems, never handed out as tasks).",
         ),

@@ -14,7 +14,13 @@ from intellect_protocol.node.settings import BackendKind, Dtype
 from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.bounded import BoundedRewards
 from intellect_protocol.shared.environments.length import LengthBudget
-from intellect_protocol.shared.environments.registry import Problem, completion_text, get_environment, reward
+from intellect_protocol.shared.environments.registry import (
+    EnvironmentUnavailable,
+    Problem,
+    completion_text,
+    get_environment,
+    reward,
+)
 from intellect_protocol.shared.environments.turns import rules_of
 from intellect_protocol.shared.episodes import run_episodes
 from intellect_protocol.shared.inference import Completion, InferenceBackend
@@ -97,7 +103,10 @@ def generate_with(backend: InferenceBackend, tokenizer: PreTrainedTokenizerBase,
             completions = backend.generate([r.prompt_tokens for r in rows], [r.seed for r in rows], task.sampling)
         else:
             if not isinstance(backend, TorchBackend):
-                raise ValueError(f"environment {task.environment!r} is multi-turn: only the torch backend runs its episodes yet")
+                raise EnvironmentUnavailable(
+                    f"environment {task.environment!r} is multi-turn, and only the torch backend runs episodes yet: "
+                    "join with --backend torch"
+                )
             replies = rewards_for(task.environment, task.environment_version)
             episodes = run_episodes(
                 backend,
