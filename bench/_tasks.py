@@ -21,12 +21,27 @@ def arithmetic_task(
 ) -> TaskSpec:
     """Task ``seed``: ``prompts`` arithmetic problems (the seed picks which, in turn), ``samples`` each, on ``model``;
     ``stop_on_eos=False`` generates every completion to ``max_tokens`` (for timings)."""
-    ids = sorted(p.id for p in get_environment("arithmetic").problems())
+    return environment_task("arithmetic", seed, model, temperature, max_tokens, prompts, samples, tolerances, stop_on_eos)
+
+
+def environment_task(
+    environment: str,
+    seed: int,
+    model: str,
+    temperature: float,
+    max_tokens: int,
+    prompts: int = 4,
+    samples: int = 4,
+    tolerances: Calibration | None = None,
+    stop_on_eos: bool = True,
+) -> TaskSpec:
+    """:func:`arithmetic_task` on any installed environment."""
+    ids = sorted(p.id for p in get_environment(environment).problems())
     return TaskSpec(
         task_id=f"task-{seed}",
         run_id="run-bench",
-        environment="arithmetic",
-        environment_version=plugin("arithmetic").pin,
+        environment=environment,
+        environment_version=plugin(environment).pin,
         model=model,
         tolerances=tolerances,
         prompt_ids=[ids[(seed * prompts + i) % len(ids)] for i in range(prompts)],

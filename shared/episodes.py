@@ -22,8 +22,9 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from intellect_protocol.shared.environments.bounded import PluginFailure
 from intellect_protocol.shared.environments.registry import Problem, completion_text
-from intellect_protocol.shared.environments.turns import Rules, turn_ends
+from intellect_protocol.shared.environments.turns import Rules, turn_ended
 from intellect_protocol.shared.inference import Completion, Turn
 from intellect_protocol.shared.schemas import SamplingParams
 
@@ -55,6 +56,28 @@ class Episode:
         return Completion(self.tokens, self.logprobs, hidden, "stop" if self.finish == "stop" else "length")
 
 
+class Twice:
+    """An environment asked each reply twice: one that answers the same turns differently cannot be replayed by
+    anyone, and is refused with one sentence naming it (:class:`~shared.environments.bounded.PluginFailure`)."""
+
+    def __init__(self, environment: Replies) -> None:
+        self.environment = environment
+        named = getattr(environment, "name", "?")
+        requirement = getattr(environment, "requirement", None)
+        self.described = f"environment {named!r}" + (f" ({requirement})" if requirement else "")
+
+    def reply(self, problem: Problem, seed: int, turns: list[str]) -> str | None:
+        first, second = (self.environment.reply(problem, seed, list(turns)) for _ in range(2))
+        if first != second:
+            raise PluginFailure(
+                f"{self.described} failed on problem {problem.id!r}: its reply is not a function of the turns (asked "
+                f"twice, it answered {first!r:.40} and {second!r:.40}), so no validator can replay its episodes",
+                problem.id,
+                turns[-1] if turns else "",
+            )
+        return first
+
+
 def reply_tokens(tokenizer: PreTrainedTokenizerBase, text: str, rules: Rules, room: int) -> list[int]:
     """The environment's reply as tokens, cut to its bound and to the ``room`` the task's limit leaves."""
     ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
@@ -78,7 +101,7 @@ def run_episodes(
             offsets=[len(episodes[i].tokens) for i in live],
             carried=[len(episodes[i].tokens) - len(episodes[i].hidden) for i in live],
             limits=[rules.max_tokens - len(episodes[i].tokens) for i in live],
-            ended=lambda _row, tokens: turn_ends(completion_text(tokenizer, tokens), rules.stops),
+            ended=lambda _row, tokens: turn_ended(tokenizer, tokens, rules.stops),
         )
         prompts = [rows[i][0] + episodes[i].tokens for i in live]
         made = backend.generate(prompts, [rows[i][1] for i in live], params, turn)
@@ -160,7 +183,7 @@ def replay_failures(
                 why = "stop"
             elif position == rules.max_tokens:
                 why = "length"
-            elif turn_ends(completion_text(tokenizer, tokens[start:position]), rules.stops):
+            elif turn_ended(tokenizer, tokens[start:position], rules.stops):
                 why = "turn"
         turns.append(completion_text(tokenizer, tokens[start:position]))
         if why != "turn":

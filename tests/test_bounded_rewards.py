@@ -38,6 +38,16 @@ class Buggy:
         if completion == "nan":
             return float("nan")
         return float(completion == problem.answer)
+
+    def reply(self, problem, seed, turns):
+        if turns[-1] == "loop":
+            while True:
+                pass
+        if turns[-1] == "hog":
+            return self.task_reward("hog", problem)
+        if turns[-1] == "number":
+            return 7
+        return f"{problem.id}/{seed}/{len(turns)}" if turns[-1] != "done" else None
 """
 
 
@@ -93,6 +103,25 @@ def test_the_memory_bound_counts_from_what_the_reward_process_holds_at_start(
             rewards.task_reward("hog", problem)
     finally:
         rewards.close()
+
+
+def test_a_reply_that_loops_allocates_or_is_no_text_is_one_sentence_and_the_next_works(buggy: BoundedRewards) -> None:
+    """A multi-turn environment's reply runs bounded as its reward does: a tool call that loops or allocates without
+    end gives the same sentence on every machine, and stalls nobody past the bound."""
+    from intellect_protocol.shared.environments.registry import Problem
+
+    problem = Problem(id="b3", prompt="3:", answer="3")
+    assert buggy.reply(problem, 11, ["a", "fine"]) == "b3/11/2" and buggy.reply(problem, 11, ["done"]) is None
+    expected = {
+        "loop": "did not return within 3 s",
+        "hog": "raised MemoryError (past the 1024 MiB it may add)",
+        "number": "returned 7, not text or None",
+    }
+    for turn, what in expected.items():
+        with pytest.raises(PluginFailure) as failed:
+            buggy.reply(problem, 11, [turn])
+        assert str(failed.value) == f"environment 'buggy' (intellect-hangs==0.3.0) failed on problem 'b3': its reply {what}", turn
+        assert buggy.reply(problem, 12, ["fine"]) == "b3/12/1"
 
 
 def test_a_failure_crosses_processes_whole() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from rich.console import Console
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.coordinator_client import CoordinatorClient
-from intellect_protocol.shared.environments.registry import Environment, get_environment, plugin
+from intellect_protocol.shared.environments.bounded import PluginFailure
+from intellect_protocol.shared.environments.registry import Environment, Problem, get_environment, plugin
 from intellect_protocol.shared.environments.turns import rules_of
 from intellect_protocol.shared.inference import prefill_batch
 from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, read_rollouts, write_rollouts
@@ -203,6 +205,31 @@ def test_an_episode_goes_from_node_to_trainer_through_the_network(echo: Environm
         with CoordinatorClient(served.url, trainer) as api:
             [(_, rows)] = fetch_accepted(api, run_id, 0, 0)
         assert rows is not None and any(r.sampled is not None and not all(r.sampled) for r in rows)
+
+
+def test_an_environment_whose_reply_is_not_a_function_of_the_turns_is_refused_by_name(
+    episodes: tuple[TaskSpec, bytes], echo: Environment
+) -> None:
+    """A plugin that answers the same turns differently (a clock, a random draw of its own) cannot be replayed: the
+    validator finds it on the file's first row and says so, naming it, as a plugin failure: no verdict on the node."""
+    task, data = episodes
+    calls = itertools.count()
+
+    class Drifting:
+        name = "echo"
+        requirement = "intellect-echo==0.1.0"
+
+        def reply(self, problem: Problem, seed: int, turns: list[str]) -> str:  # noqa: ARG002
+            return "c" * (1 + next(calls) % 2)
+
+    problems = {p.id: p for p in echo.problems()}
+    rules = rules_of(echo, task.sampling.max_tokens)
+    ctx = Context(task, hashlib.sha256(data).hexdigest(), 0, 0, *tiny(), Drifting(), problems, rules)  # type: ignore[arg-type]
+    with pytest.raises(
+        PluginFailure,
+        match=r"environment 'echo' \(intellect-echo==0\.1\.0\) failed on problem .*: its reply is not a function of the turns",
+    ):
+        validate(data, ctx)
 
 
 def test_a_single_turn_run_refuses_a_file_with_the_environments_tokens(

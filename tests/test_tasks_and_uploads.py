@@ -184,7 +184,10 @@ def test_run_create_cli(sqlite_url: str) -> None:
         capture_output=True,
         text=True,
     )
-    assert bad.returncode == 2 and "environment 'poetry' is not installed; installed: arithmetic, code, math" in bad.stderr
+    assert (
+        bad.returncode == 2
+        and "environment 'poetry' is not installed; installed: arithmetic, calculator, code, math" in bad.stderr
+    )
 
 
 def test_a_node_holds_at_most_three_tasks(coordinator) -> None:

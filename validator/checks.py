@@ -64,7 +64,7 @@ from transformers import PreTrainedTokenizerBase
 from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.registry import Problem, Rewards, completion_text, reward
 from intellect_protocol.shared.environments.turns import Rules
-from intellect_protocol.shared.episodes import Replies, replay_failures
+from intellect_protocol.shared.episodes import Replies, Twice, replay_failures
 from intellect_protocol.shared.inference import prefill_batch
 from intellect_protocol.shared.numerics import Numerics, torch_dtype
 from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_numerics, read_rollouts
@@ -327,13 +327,16 @@ def _replay(rollouts: list[Rollout], ctx: Context) -> list[str]:
     if ctx.rules is None:
         return []
     failures = []
+    environment = cast(Replies, ctx.environment)
     for i, r in enumerate(rollouts):
         why = replay_failures(
             r.completion_tokens,
             r.sampled,
             r.finish_reason,
             tokenizer=ctx.tokenizer,
-            environment=cast(Replies, ctx.environment),
+            # Every file's first row is replayed twice: a plugin whose replies are not a function of the turns is
+            # found (PluginFailure: no verdict on the node) before any node is judged by its word.
+            environment=Twice(environment) if i == 0 else environment,
             problem=ctx.problems[r.prompt_id],
             seed=r.seed,
             rules=ctx.rules,

@@ -23,11 +23,14 @@ evaluation charts the share of episodes with one, beside accuracy).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-from intellect_protocol.shared.environments.registry import Problem
+from intellect_protocol.shared.environments.registry import Problem, completion_text
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class Tool(BaseModel):
@@ -64,8 +67,14 @@ def is_multi_turn(environment: object) -> bool:
     return isinstance(environment, MultiTurnEnvironment)
 
 
-def turn_ends(text: str, stops: tuple[str, ...]) -> bool:
-    """Whether a model turn whose text is ``text`` ends here: it ends with a stop."""
+def turn_ended(tokenizer: PreTrainedTokenizerBase, tokens: list[int], stops: tuple[str, ...]) -> bool:
+    """Whether a model turn of ``tokens`` ends at its last token. The turn is decoded whole only when that token
+    could complete a stop (its own text holds a stop's last character, or is part of a character split across
+    tokens), so checking after every token costs one short decode, not a growing one."""
+    last = completion_text(tokenizer, tokens[-1:])
+    if "\ufffd" not in last and not any(stop[-1] in last for stop in stops):
+        return False
+    text = completion_text(tokenizer, tokens)
     return any(text.endswith(stop) for stop in stops)
 
 

@@ -1,0 +1,213 @@
+"""Multi-turn episodes under verification: honest ones pass, forged ones are caught, and what checking them costs.
+
+On the shipped tool-using model (``tiny-calc``) and the calculator environment, with the node's and the validator's
+own code (the environment in its bounded process on both sides, as the roles run it):
+
+- honest rows rejected: at least ``--rows`` rows of episodes in fp32 and in bf16 (torch nodes; vLLM nodes run no
+  episodes yet), each file checked by a validator holding the model in fp32. Goal: 0.
+- forged episodes caught: every kind of lie about who wrote which token, a reply of another plugin's format, and an
+  episode drawn under another seed. Goal: all.
+- the validator's time per episode over the node's (generation, proofs and the file, replay included), against the
+  same ratio for single-turn work on the same-sized ``tiny-arith`` (measured before and after, in this run; a
+  baseline whose two measurements differ by more than half is refused). Goal: at most the single-turn ratio + 10 %.
+- the environment's reply per turn, on the node (a round trip to its bounded process).
+
+    python bench/multiturn.py [--rows 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tasks import environment_task  # noqa: E402
+
+from intellect_protocol.node.work import finish, generate_with, torch_backend_for  # noqa: E402
+from intellect_protocol.shared.environments.bounded import BoundedRewards  # noqa: E402
+from intellect_protocol.shared.environments.registry import get_environment, plugin  # noqa: E402
+from intellect_protocol.shared.environments.turns import rules_of  # noqa: E402
+from intellect_protocol.shared.models import load_model  # noqa: E402
+from intellect_protocol.shared.rollout_file import ADMITTED, Rollout, read_numerics, read_rollouts, write_rollouts  # noqa: E402
+from intellect_protocol.shared.schemas import TaskSpec  # noqa: E402
+from intellect_protocol.validator.checks import Context, Verdict, validate  # noqa: E402
+
+PROMPTS, SAMPLES, MAX_TOKENS = 16, 8, 32
+GOAL_MARGIN = 1.10
+
+
+class Roles:
+    """A node (its model in ``dtype``) and a validator (fp32) on ``model`` and ``environment``."""
+
+    def __init__(self, environment: str, model: str, dtype: str) -> None:
+        self.environment, self.model, self.dtype = environment, model, dtype
+        self.node, self.tokenizer = torch_backend_for(model, dtype)
+        self.checker, _ = load_model(model)
+        found = get_environment(environment)
+        self.problems = {p.id: p for p in found.problems()}
+        self.rules = rules_of(found, MAX_TOKENS)
+        self.replies = BoundedRewards(environment, plugin(environment).pin)
+
+    def honest(self, seed: int) -> tuple[TaskSpec, bytes, float]:
+        task = environment_task(self.environment, seed, self.model, 1.0, MAX_TOKENS, PROMPTS, SAMPLES)
+        begun = time.perf_counter()
+        data = finish(generate_with(self.node, self.tokenizer, task)).data
+        return task, data, time.perf_counter() - begun
+
+    def check(self, task: TaskSpec, data: bytes) -> tuple[Verdict, float]:
+        sha = hashlib.sha256(data).hexdigest()
+        ctx = Context(task, sha, 0, 0, self.checker, self.tokenizer, self.replies, self.problems, self.rules)
+        begun = time.perf_counter()
+        verdict = validate(data, ctx)
+        return verdict, time.perf_counter() - begun
+
+
+def honest_part(roles: Roles, rows: int, first_seed: int) -> dict[str, float]:
+    """Rows rejected and seconds per episode, node and validator, over at least ``rows`` honest rows."""
+    made = rejected = untrained = 0
+    node_s = check_s = 0.0
+    task, data, _ = roles.honest(first_seed - 1)  # not timed: the first file starts both sides' reward processes
+    roles.check(task, data)
+    seed = first_seed
+    while made < rows:
+        task, data, spent = roles.honest(seed)
+        verdict, checked = roles.check(task, data)
+        n = PROMPTS * SAMPLES
+        made, node_s, check_s = made + n, node_s + spent, check_s + checked
+        rejected += 0 if verdict.accepted else n
+        untrained += len(verdict.untrained_rows)
+        if not verdict.accepted:
+            print(f"    rejected ({roles.dtype}, seed {seed}): {verdict.reason[:300]}", flush=True)
+        seed += 1
+    return {"rows": made, "rejected": rejected, "untrained": untrained, "node_s": node_s / made, "check_s": check_s / made}
+
+
+def _replied(rows: list[Rollout]) -> Rollout:
+    return next(r for r in rows if r.sampled is not None and not all(r.sampled))
+
+
+def _first_reply(r: Rollout) -> int:
+    return (r.sampled or []).index(False)
+
+
+def forgers(roles: Roles) -> dict[str, Callable[[list[Rollout]], None]]:
+    digit = roles.tokenizer.convert_tokens_to_ids("7")
+    zero = roles.tokenizer.convert_tokens_to_ids("0")
+
+    def forged_tool_output(rows: list[Rollout]) -> None:
+        r = _replied(rows)
+        r.completion_tokens[_first_reply(r)] = digit if r.completion_tokens[_first_reply(r)] != digit else zero
+
+    def sampled_as_environments(rows: list[Rollout]) -> None:
+        r = _replied(rows)
+        at = _first_reply(r) - 1
+        r.sampled[at], r.logprobs[at] = False, 0.0
+
+    def environments_as_sampled(rows: list[Rollout]) -> None:
+        r = _replied(rows)
+        at = _first_reply(r)
+        r.sampled[at], r.logprobs[at] = True, -0.5
+
+    def other_plugin_format(rows: list[Rollout]) -> None:
+        r = _replied(rows)  # a tool answering 09716 for 9716: another release's format
+        at = _first_reply(r)
+        r.completion_tokens.insert(at, zero)
+        r.logprobs.insert(at, 0.0)
+        r.sampled.insert(at, False)
+        for column in (r.completion_tokens, r.logprobs, r.sampled):
+            del column[-2]
+
+    def too_many_turns(rows: list[Rollout]) -> None:
+        r = _replied(rows)
+        r.sampled = [i % 2 == 0 for i in range(len(r.completion_tokens))]
+        r.logprobs = [lp if s else 0.0 for lp, s in zip(r.logprobs, r.sampled)]
+
+    return {
+        "forged tool output": forged_tool_output,
+        "sampled tokens labelled the environment's": sampled_as_environments,
+        "environment's tokens labelled sampled": environments_as_sampled,
+        "another plugin release's reply": other_plugin_format,
+        "more environment turns than allowed": too_many_turns,
+    }
+
+
+def forgeries_part(roles: Roles, files: int) -> dict[str, tuple[int, int]]:
+    """Per kind of forgery: (files caught, files forged)."""
+    found: dict[str, tuple[int, int]] = {}
+    for n, (name, forge) in enumerate(forgers(roles).items()):
+        caught = 0
+        for i in range(files):
+            task, data, _ = roles.honest(50_000 + 100 * n + i)
+            rows = read_rollouts(data, ADMITTED)
+            forge(rows)
+            verdict, _ = roles.check(task, write_rollouts(rows, read_numerics(data)))
+            caught += not verdict.accepted and verdict.hard
+        found[name] = (caught, files)
+    caught = 0
+    for i in range(files):  # drawn under other seeds, labelled with the assigned ones
+        task, data, _ = roles.honest(60_000 + i)
+        other = task.model_copy(update={"seed": task.seed + 7})
+        drawn = read_rollouts(finish(generate_with(roles.node, roles.tokenizer, other)).data, ADMITTED)
+        for r, assigned in zip(drawn, read_rollouts(data, ADMITTED)):
+            r.task_id, r.seed = assigned.task_id, assigned.seed
+        verdict, _ = roles.check(task, write_rollouts(drawn, read_numerics(data)))
+        caught += not verdict.accepted and verdict.hard
+    found["an episode drawn under another seed"] = (caught, files)
+    return found
+
+
+def reply_ms(roles: Roles, calls: int = 200) -> float:
+    problem = next(iter(roles.problems.values()))
+    begun = time.perf_counter()
+    for _ in range(calls):
+        roles.replies.reply(problem, 0, [problem.prompt.replace(":", "").join("[]")])
+    return 1e3 * (time.perf_counter() - begun) / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=2000, help="Honest rows per dtype (at least).")
+    parser.add_argument("--forged-files", type=int, default=4, help="Files per kind of forgery.")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    single = Roles("arithmetic", "tiny-arith", "float32")
+    before = honest_part(single, args.rows // 4, 1)
+    results = {dtype: honest_part(Roles("calculator", "tiny-calc", dtype), args.rows, 1) for dtype in ("float32", "bfloat16")}
+    roles = Roles("calculator", "tiny-calc", "float32")
+    forged = forgeries_part(roles, args.forged_files)
+    per_turn = reply_ms(roles)
+    after = honest_part(single, args.rows // 4, 10_000)
+    print(f"bench/multiturn.py: tiny-calc on calculator, {PROMPTS} prompts x {SAMPLES} samples a file, torch nodes")
+    for dtype, figures in results.items():
+        print(
+            f"  {dtype}: {figures['rejected']:.0f} of {figures['rows']:.0f} honest rows rejected (goal 0), "
+            f"{figures['untrained']:.0f} kept out of training; node {1e3 * figures['node_s']:.2f} ms, "
+            f"validator {1e3 * figures['check_s']:.2f} ms an episode"
+        )
+    print("  vLLM nodes: not measured (they run no episodes yet)")
+    for name, (caught, files) in forged.items():
+        print(f"  forged, {name}: {caught} of {files} files caught (goal all)")
+    print(f"  environment reply, node side: {per_turn:.2f} ms a turn (a round trip to its bounded process)")
+    ratios = [b["check_s"] / b["node_s"] for b in (before, after)]
+    print(f"  single-turn baseline (tiny-arith on arithmetic): validator / node {ratios[0]:.3f} before, {ratios[1]:.3f} after")
+    if max(ratios) > 1.5 * min(ratios):
+        raise SystemExit(
+            "the single-turn baseline moved by more than half between its two measurements (a busy machine?): no ratio"
+        )
+    multi = results["float32"]["check_s"] / results["float32"]["node_s"]
+    baseline = statistics.mean(ratios)
+    print(
+        f"validator / node time per episode, multi-turn {multi:.3f} against single-turn {baseline:.3f}: "
+        f"x{multi / baseline:.2f} (goal: at most x{GOAL_MARGIN:.2f})"
+    )
+
+
+if __name__ == "__main__":
+    main()
