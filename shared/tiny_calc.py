@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from intellect_protocol.shared.environments.calculator import Calculator, evaluate, make_problem
 from intellect_protocol.shared.environments.registry import Problem, completion_text
@@ -31,7 +30,7 @@ from intellect_protocol.shared.environments.turns import Rules
 from intellect_protocol.shared.episodes import run_episodes
 from intellect_protocol.shared.models import encode_prompt
 from intellect_protocol.shared.schemas import SamplingParams
-from intellect_protocol.shared.tiny_model import SPECIALS, build_model
+from intellect_protocol.shared.tiny_model import build_model, build_tokenizer, save_trained, supervised_step
 from intellect_protocol.shared.torch_backend import TorchBackend
 
 CHARS = list("0123456789+*=:[]abcdefghijklmnopqrstuvwxyz")
@@ -41,14 +40,6 @@ TOOL_SHARE = {True: 0.9, False: 0.2}
 """Share of supervised traces that call the tool, for products whose first factor is below 500 and for the rest: a
 greedy model calls for the first kind and guesses the second, while sampling still calls for the second now and
 then, which is what reinforcement learning needs to learn from."""
-
-
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate(SPECIALS + CHARS)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
 
 
 def trace(rng: random.Random, prompt: str) -> list[tuple[str, bool]]:
@@ -97,10 +88,12 @@ def train(out: Path, seed: int, steps: int, batch_size: int, lr: float) -> dict[
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(CHARS)
     model = build_model(tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    held_out = Calculator().problems()[-200:]  # the environment's last problems: none of a trace's (drawn with rng)
+    # Traces are drawn afresh, so a few may be of these problems too: what is learned is the call and the copy, not
+    # the products.
+    held_out = Calculator().problems()[-200:]
     start = time.monotonic()
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()
@@ -108,18 +101,10 @@ def train(out: Path, seed: int, steps: int, batch_size: int, lr: float) -> dict[
         task = progress.add_task("training", total=steps)
         for _ in range(steps):
             model.train()
-            ids, labels = _batch(tokenizer, rng, batch_size, 8 + MAX_TOKENS)
-            loss = model(input_ids=ids, labels=labels).loss
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            progress.update(task, advance=1, description=f"training  loss {loss.item():.3f}")
+            loss = supervised_step(model, optimizer, *_batch(tokenizer, rng, batch_size, 8 + MAX_TOKENS))
+            progress.update(task, advance=1, description=f"training  loss {loss:.3f}")
     model.eval()
     accuracy, called = episode_accuracy(model, tokenizer, held_out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
     report = {
         "seed": seed,
         "steps": steps,
@@ -130,7 +115,7 @@ def train(out: Path, seed: int, steps: int, batch_size: int, lr: float) -> dict[
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": round(time.monotonic() - start, 1),
     }
-    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    save_trained(model, tokenizer, out, report)
     return report
 
 
@@ -138,7 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "assets" / "tiny-calc")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     args = parser.parse_args()

@@ -48,8 +48,9 @@ CHARS = list("0123456789+:=;c")
 MAX_LEN = 56
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate(SPECIALS + CHARS)}
+def build_tokenizer(chars: list[str] = CHARS) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer of ``chars`` after the special tokens."""
+    vocab = {token: i for i, token in enumerate(SPECIALS + chars)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
@@ -200,24 +201,16 @@ def train(
         task = progress.add_task("training", total=max_steps)
         for step in range(1, max_steps + 1):
             model.train()
-            ids, labels = _batch(tokenizer, rng, batch_size)
-            loss = model(input_ids=ids, labels=labels).loss
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            progress.update(task, advance=1, description=f"training  loss {loss.item():.3f}  held-out acc {accuracy:.2f}")
+            loss = supervised_step(model, optimizer, *_batch(tokenizer, rng, batch_size))
+            progress.update(task, advance=1, description=f"training  loss {loss:.3f}  held-out acc {accuracy:.2f}")
             # Accuracy jumps quickly once the carries click: look closely near the target.
             if step % (eval_every if accuracy < target / 2 else max(1, eval_every // 5)) == 0:
                 model.eval()
                 accuracy = greedy_accuracy(model, tokenizer, stopping_set)
-                progress.console.log(f"step {step}: loss {loss.item():.3f}, held-out greedy accuracy {accuracy:.3f}")
+                progress.console.log(f"step {step}: loss {loss:.3f}, held-out greedy accuracy {accuracy:.3f}")
                 if accuracy >= target:
                     break
     model.eval()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
     report = {
         "model_type": model.config.model_type,
         "tokenizer_size": len(tokenizer),
@@ -230,8 +223,26 @@ def train(
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": round(time.monotonic() - start, 1),
     }
-    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    save_trained(model, tokenizer, out, report)
     return report
+
+
+def supervised_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, ids: torch.Tensor, labels: torch.Tensor) -> float:
+    """One step on next-token loss where ``labels`` are not -100; the loss."""
+    loss = model(input_ids=ids, labels=labels).loss
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return float(loss.item())
+
+
+def save_trained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path, report: dict[str, Any]) -> None:
+    """The model and tokenizer in ``out``, loadable offline, with the training's figures in ``training.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
 def main() -> None:

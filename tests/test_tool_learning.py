@@ -25,7 +25,7 @@ from intellect_protocol.trainer.settings import TrainerSettings
 
 torch.set_num_threads(1)
 
-GROUPS, SAMPLES, STEPS = 16, 8, 12
+GROUPS, SAMPLES, STEPS = 8, 8, 12
 
 
 def test_grpo_on_episodes_teaches_the_model_to_call_its_tool() -> None:
