@@ -36,7 +36,7 @@ class Plan:
 
 
 FULL = Plan(28, 1024, 16, 8, 128, 3072, 151_936, 64, 128, {1: 16, 8: 64, 64: 2_048, 256: 8_192}, 2)
-SMALL = Plan(2, 64, 2, 1, 32, 128, 0, 16, 32, {1: 16, 8: 16, 64: 64, 256: 256}, 1)
+SMALL = Plan(2, 64, 2, 1, 32, 128, 0, 16, 32, {1: 16, 8: 16, 64: 64}, 1)
 
 FILE_ROWS = 16
 """Rows per honest file: the devnet's task size (4 prompts x 4 samples)."""
