@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 
 from intellect_protocol.shared.environments.registry import get_environment, plugin
 from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
 from intellect_protocol.shared.tolerances import Calibration
-
-
-def arithmetic_task(
-    seed: int,
-    model: str,
-    temperature: float,
-    max_tokens: int,
-    prompts: int = 4,
-    samples: int = 4,
-    tolerances: Calibration | None = None,
-    stop_on_eos: bool = True,
-) -> TaskSpec:
-    """Task ``seed``: ``prompts`` arithmetic problems (the seed picks which, in turn), ``samples`` each, on ``model``;
-    ``stop_on_eos=False`` generates every completion to ``max_tokens`` (for timings)."""
-    return environment_task("arithmetic", seed, model, temperature, max_tokens, prompts, samples, tolerances, stop_on_eos)
 
 
 def environment_task(
@@ -35,7 +21,8 @@ def environment_task(
     tolerances: Calibration | None = None,
     stop_on_eos: bool = True,
 ) -> TaskSpec:
-    """:func:`arithmetic_task` on any installed environment."""
+    """Task ``seed``: ``prompts`` of ``environment``'s problems (the seed picks which, in turn), ``samples`` each, on
+    ``model``; ``stop_on_eos=False`` generates every completion to ``max_tokens`` (for timings)."""
     ids = sorted(p.id for p in get_environment(environment).problems())
     return TaskSpec(
         task_id=f"task-{seed}",
@@ -54,3 +41,7 @@ def environment_task(
         length_over_only=False,
         lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
     )
+
+
+arithmetic_task = functools.partial(environment_task, "arithmetic")
+"""An arithmetic task (:func:`environment_task`), as most benchmarks lease them."""

@@ -101,7 +101,7 @@ def run_episodes(
             offsets=[len(episodes[i].tokens) for i in live],
             carried=[len(episodes[i].tokens) - len(episodes[i].hidden) for i in live],
             limits=[rules.max_tokens - len(episodes[i].tokens) for i in live],
-            ended=lambda _row, tokens: turn_ended(tokenizer, tokens, rules.stops),
+            ended=lambda tokens: turn_ended(tokenizer, tokens, rules.stops),
         )
         prompts = [rows[i][0] + episodes[i].tokens for i in live]
         made = backend.generate(prompts, [rows[i][1] for i in live], params, turn)
@@ -123,7 +123,7 @@ def run_episodes(
             offsets=[len(episodes[i].tokens) for i in short],
             carried=[len(episodes[i].tokens) - 1 - len(episodes[i].hidden) for i in short],
             limits=[0] * len(short),
-            ended=lambda _row, _tokens: False,
+            ended=lambda _tokens: False,
         )
         prompts = [rows[i][0] + episodes[i].tokens[:-1] for i in short]
         for i, completion in zip(short, backend.generate(prompts, [rows[i][1] for i in short], params, turn), strict=True):

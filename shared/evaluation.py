@@ -91,17 +91,6 @@ class HeldOutTask:
         return f"{self.environment}: {self.source}"
 
 
-def held_out_score(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    task: HeldOutTask,
-    stop: threading.Event | None = None,
-    batch: int = 64,
-) -> float:
-    """Mean task reward of ``model``'s greedy completions of ``task``'s problems (its reward in a bounded process)."""
-    return held_out_metrics(model, tokenizer, task, stop, batch)["heldout_accuracy"]
-
-
 def held_out_metrics(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,

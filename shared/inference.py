@@ -52,8 +52,8 @@ class Turn:
     call computed a state for), so a completion's states cover every position but its last."""
     limits: list[int]
     """Tokens each row may generate in this turn (what is left of the task's limit)."""
-    ended: Callable[[int, list[int]], bool]
-    """Whether row ``i``'s turn ends after these tokens of it (a tool call's closing text)."""
+    ended: Callable[[list[int]], bool]
+    """Whether a row's turn ends after these tokens of it (a tool call's closing text)."""
 
 
 class InferenceBackend(Protocol):

@@ -90,7 +90,7 @@ class TorchBackend:
                             finish[row] = "stop"
                         elif len(tokens[row]) == limits[row]:
                             finish[row] = "length"
-                        elif turn is not None and turn.ended(row, tokens[row]):
+                        elif turn is not None and turn.ended(tokens[row]):
                             finish[row] = "turn"
                 if all(finish):
                     break

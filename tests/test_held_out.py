@@ -12,7 +12,7 @@ from intellect_protocol.coordinator.services.runs import problems as task_proble
 from intellect_protocol.shared.environments.arithmetic import held_out_problems
 from intellect_protocol.shared.environments.held_out import MOST, SHARE, held_out
 from intellect_protocol.shared.environments.registry import get_environment, plugin
-from intellect_protocol.shared.evaluation import HeldOutTask, greedy_decode, held_out_score
+from intellect_protocol.shared.evaluation import HeldOutTask, greedy_decode, held_out_metrics
 from intellect_protocol.shared.models import TINY_MODEL_DIR, encode_prompt, load_model
 from intellect_protocol.shared.tiny_model import MAX_LEN, greedy_accuracy, prompt_ids
 from tests.helpers import install_distribution
@@ -78,11 +78,11 @@ def test_a_step_is_scored_on_its_environments_held_out_problems_by_its_own_rewar
     width = max(len(prompt_ids(tokenizer, p.prompt)) for p in problems)
     task = HeldOutTask("arithmetic", arithmetic.pin, problems, arithmetic.source, None, MAX_LEN - width)
     expected = greedy_accuracy(model, tokenizer, [(p.prompt, int(p.answer or 0)) for p in problems])
-    assert held_out_score(model, tokenizer, task) == expected
+    assert held_out_metrics(model, tokenizer, task)["heldout_accuracy"] == expected
     # A plugin's own split and reward.
     declared = HeldOutTask.of_run("declared", plugin("declared").pin, None, 6)
     assert declared.describe() == "declared: 10 problems declared by the environment"
     heads = [encode_prompt(tokenizer, p.prompt) for p in declared.problems]
     texts = greedy_decode(model, tokenizer, heads, 6)
     manual = sum(float(p.answer in t) for p, t in zip(declared.problems, texts, strict=True)) / 10
-    assert held_out_score(model, tokenizer, declared, batch=4) == manual
+    assert held_out_metrics(model, tokenizer, declared, batch=4)["heldout_accuracy"] == manual

@@ -82,3 +82,28 @@ def test_declared_length_lie_is_refused(sqlite_url: str) -> None:
             s.sendall(b"POST /v1/nodes/register HTTP/1.1\r\nhost: x\r\ncontent-length: 99999999\r\n\r\n")
             reply = s.recv(4096)
         assert reply.startswith(b"HTTP/1.1 413")
+
+
+def test_a_flood_of_the_leaderboard_page_gets_its_allowance_and_changes_nothing(sqlite_url: str) -> None:
+    """The page is rendered on the server from the ledger. A thousand reads from one address, each lying about where
+    it comes from (forwarded-for headers) and asking for what the page ignores (query strings), get the allowance
+    and then 429 with a reason: nothing changes and no read fails. Another address still has its own allowance."""
+    with serve(CoordinatorSettings(database_url=sqlite_url, rate_limit_per_s=0.01, rate_limit_burst=20)) as c:
+        before = c.snapshot()
+        flooder = httpx.Client(base_url=c.url, transport=httpx.HTTPTransport(local_address="127.0.0.3"))
+        replies = [
+            flooder.get(
+                f"/?run={'x' * (i % 200)}&view=../../etc/passwd",
+                headers={"x-forwarded-for": f"10.0.{i // 256}.{i % 256}", "x-real-ip": f"10.1.0.{i % 256}"},
+            )
+            for i in range(1000)
+        ]
+        codes = [r.status_code for r in replies]
+        assert codes.count(200) == 20 and codes.count(429) == 980, sorted(set(codes))
+        assert all(
+            r.json()["code"] == "rate_limited" and int(r.headers["retry-after"]) >= 1 for r in replies if r.status_code == 429
+        )
+        assert all("<html" in r.text.lower() for r in replies if r.status_code == 200)
+        assert c.snapshot() == before
+        reader = httpx.Client(base_url=c.url, transport=httpx.HTTPTransport(local_address="127.0.0.4"))
+        assert reader.get("/").status_code == 200

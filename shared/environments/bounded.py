@@ -16,7 +16,7 @@ import resource
 import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from intellect_protocol.shared.environments.registry import Problem, get_environment, plugin
 
@@ -54,7 +54,7 @@ class BoundedRewards:
 
     def task_reward(self, completion: str, problem: Problem) -> float:
         """The reward of ``completion`` for ``problem``; raises :class:`PluginFailure` instead of anything else."""
-        return float(self._ask("reward", problem, completion, (completion,)))  # type: ignore[arg-type]
+        return cast(float, self._ask("reward", problem, completion, (completion,)))  # the child checked it is one
 
     def reply(self, problem: Problem, seed: int, turns: list[str]) -> str | None:
         """A multi-turn environment's answer to the model's ``turns`` (:mod:`shared.environments.turns`), or None when
