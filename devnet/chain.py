@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 NODE_STAKE = 100 * TOKEN
 """What each devnet node stakes (the run asks for MIN_STAKE_TOKENS of it)."""
 MIN_STAKE_TOKENS = 50
-EPOCH_S = 10.0
-DISPUTE_WINDOW_S = 20.0
+EPOCH_S = 5.0
+DISPUTE_WINDOW_S = 10.0
 """Short enough that credit turns final, epochs anchor and a banned cheater is slashed within a devnet run."""
 
 

@@ -119,6 +119,11 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return _with_fresh_audience(_new_database(request.param, request, tmp_path, template))
 
 
+ON_POSTGRES_ONLY = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+"""For a long scenario whose queries shorter tests already run on both kinds: PostgreSQL alone, the ledger
+of production and the stricter of the two (CI's 15 minutes)."""
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path, migrated_sqlite: str) -> str:
     shutil.copyfile(migrated_sqlite, tmp_path / "ledger.db")

@@ -7,7 +7,7 @@ import subprocess
 import httpx
 from eth_account import Account
 
-from tests.conftest import admin_token
+from tests.conftest import ON_POSTGRES_ONLY, admin_token
 from tests.helpers import heartbeat_body, register_body, signed_post
 
 
@@ -96,6 +96,7 @@ def test_list_filter_detail_ban_unban(coordinator) -> None:
     ]
 
 
+@ON_POSTGRES_ONLY
 def test_token_cli_create_list_revoke(coordinator) -> None:
     url = coordinator.settings.database_url
     created = subprocess.run(

@@ -27,7 +27,7 @@ from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.rollout_file import SCHEMA
 from intellect_protocol.shared.schemas import CHECKS
 from intellect_protocol.shared.signing import sign_request
-from tests.conftest import Served, admin_token, serve
+from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token, serve
 from tests.helpers import heartbeat_body, make_run, register_body, signed_post, verdict_body
 from tests.test_hostile import joined
 from tests.test_tasks_and_uploads import lease, rollout_file, upload
@@ -183,6 +183,7 @@ def token_bomb(task: dict, tokens: int) -> bytes:
     return buffer.getvalue()
 
 
+@ON_POSTGRES_ONLY
 def test_a_token_bomb_is_refused_at_once_without_stalling_other_nodes(coordinator: Served) -> None:
     make_run(coordinator)
     node, other = joined(coordinator), joined(coordinator)

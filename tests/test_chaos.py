@@ -25,8 +25,10 @@ def test_the_network_recovers_from_kills_and_loses_nothing(tmp_path: Path) -> No
     # bench/chaos.py also runs the slow relay and the lost blob store, each about a policy step of the e2e
     # stage's time; the nearest cases in CI are the S3 outage test and the shardcast tests (a relay killed
     # mid-download, the picker preferring fast relays).
-    faults = ["trainer-step", "relay-broadcast", "node-generation", "validator-batch", "clock-skew", "coordinator"]
-    target = 4
+    # The relay's fault waits for a step to broadcast and the trainer's for one to kill and one more to recover:
+    # in this order they share a step, and the run is done at step 3.
+    faults = ["relay-broadcast", "trainer-step", "node-generation", "validator-batch", "clock-skew", "coordinator"]
+    target = 3
     # The trainer trains until stopped: a run whose trainer is done hands out no more work (nothing
     # would read it), and the faults after it need work flowing.
     net = start_network(tmp_path, nodes=1, run_options=RUN, steps=0, coordinator_env=CHAOS_COORDINATOR_ENV)

@@ -31,7 +31,7 @@ from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.verdicts import verdict_signer
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import Served, admin_token, serve
+from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
 from tests.support.protocol import check_ledger, forge, grant, joined, lease, upload
 
@@ -110,6 +110,7 @@ def undecided(served: Served, ids: set[str]) -> set[str]:
     return {r.submission_id for r in receipts if r.status == "pending" or (r.appeal is not None and r.appeal.status == "open")}
 
 
+@ON_POSTGRES_ONLY
 def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_when_all_its_verdicts_are_audited(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -162,6 +163,7 @@ def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_whe
         check_ledger(served)
 
 
+@ON_POSTGRES_ONLY
 def test_unaudited_approvals_are_caught_at_the_configured_rate(database_url: str, tmp_path: Path) -> None:
     share, n = 0.3, 120
     settings = CoordinatorSettings(

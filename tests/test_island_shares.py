@@ -29,7 +29,7 @@ from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.shardcast.manifest import SignedManifest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import ON_POSTGRES_ONLY, admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.support.clock import MovableClock
 from tests.support.protocol import grant, joined, lease, upload
@@ -105,6 +105,7 @@ def publish(
     client.publish_manifest(signed)
 
 
+@ON_POSTGRES_ONLY
 def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp_path: Path) -> None:
     clock = MovableClock()
     with serve(islands_settings(database_url, tmp_path), clock=clock) as served:

@@ -15,11 +15,12 @@ from intellect_protocol.coordinator.models import Run, Submission, TrainerMetric
 from intellect_protocol.coordinator.services.learning_signal import MIN_GROUPS, PATIENCE_S
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.states import SubmissionStatus
-from tests.conftest import Served, admin_token
+from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token
 from tests.helpers import chromium, make_run
 from tests.support.protocol import joined, lease, upload
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-a")]
+# What the page reads is the public API, whose queries run on both kinds of ledger in the integration stage.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-a"), ON_POSTGRES_ONLY]
 
 
 def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:

@@ -29,7 +29,7 @@ from intellect_protocol.devnet.processes import StartError, free_port
 from intellect_protocol.node.cli import app as node_cli
 from intellect_protocol.shared.chain import Settlement, connect
 from intellect_protocol.shared.money import CREDIT_PER_UNIT, TOKEN
-from tests.conftest import Served, admin_token, serve
+from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
 
 PASSWORD = "test-password"  # conftest's INTELLECT_WALLET_PASSWORD
@@ -161,6 +161,7 @@ def node(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@ON_POSTGRES_ONLY
 def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root(database_url, tmp_path, anvil, chain) -> None:
     settlement, _, keystore = chain
     (alice, alice_wallet), (bob, bob_wallet) = wallet(tmp_path, anvil), wallet(tmp_path, anvil)
