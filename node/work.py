@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from intellect_protocol.node.settings import BackendKind, Dtype
 from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.bounded import BoundedRewards
-from intellect_protocol.shared.environments.length import LengthBudget
+from intellect_protocol.shared.environments.length import LengthBudget, model_length
 from intellect_protocol.shared.environments.registry import (
     EnvironmentUnavailable,
     Problem,
@@ -143,7 +143,7 @@ def score(generated: Generated, proofs: list[bytes]) -> list[Rollout]:
     for row, completion, proof, sampled in zip(generated.rows, generated.completions, proofs, flags, strict=True):
         text = completion_text(tokenizer, completion.tokens)
         task_reward = rewards.task_reward(text, row.problem)  # PluginFailure: the task goes back, said so
-        final, penalty = reward(task_reward, len(completion.tokens), budget)
+        final, penalty = reward(task_reward, model_length(completion.tokens, sampled), budget)
         rollouts.append(
             Rollout(
                 task_id=task.task_id,

@@ -17,11 +17,13 @@ from eth_account import Account
 from rich.console import Console
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
+from intellect_protocol.node import work
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.coordinator_client import CoordinatorClient
 from intellect_protocol.shared.environments.bounded import PluginFailure
 from intellect_protocol.shared.environments.registry import Environment, Problem, get_environment, plugin
 from intellect_protocol.shared.environments.turns import rules_of
+from intellect_protocol.shared.episodes import Replies
 from intellect_protocol.shared.inference import prefill_batch
 from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, read_rollouts, write_rollouts
 from intellect_protocol.shared.run_schemas import AuditPolicy
@@ -173,6 +175,53 @@ def test_more_environment_turns_than_the_environment_allows_are_refused(
     verdict = check(forge(data, task, echo, three_turns), task, echo)
     assert not verdict.accepted and verdict.hard
     assert "environment turns; this run allows at most 2" in failed(verdict)["integrity"]
+
+
+class NextVersion:
+    """intellect-echo 0.2.0 as a node might run it against a run that pins 0.1.0: the same stops, "c" and "cc" swapped."""
+
+    def __init__(self, pinned: Replies) -> None:
+        self.pinned = pinned
+
+    def reply(self, problem: Problem, seed: int, turns: list[str]) -> str:  # noqa: ARG002
+        return "c" * (2 - (seed + len(turns)) % 2)
+
+    def task_reward(self, text: str, problem: Problem) -> float:
+        return self.pinned.task_reward(text, problem)  # type: ignore[attr-defined]
+
+
+def test_an_episode_run_under_another_plugin_version_is_refused(echo: Environment, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = make_task(4_002, prompts=2, samples=4, temperature=1.0, max_tokens=48)
+    task = base.model_copy(update={"environment": "echo", "environment_version": plugin("echo").pin})
+    pinned = work.rewards_for(task.environment, task.environment_version)
+    monkeypatch.setattr(work, "rewards_for", lambda *_: NextVersion(pinned))
+    data = finish(generate(task)).data
+    assert any(r.sampled is not None and not all(r.sampled) for r in read_rollouts(data, rules_limits(echo, task)))
+    verdict = check(data, task, echo)
+    assert not verdict.accepted and verdict.hard, verdict.reason
+    assert "is not what the environment gives" in failed(verdict).get("sampling", ""), failed(verdict)
+
+
+def test_a_thinking_budget_counts_the_models_tokens_not_the_environments(echo: Environment) -> None:
+    base = make_task(4_001, prompts=2, samples=4, temperature=1.0, max_tokens=48)
+    update = {"environment": "echo", "environment_version": plugin("echo").pin, "length_alpha": 0.01, "target_length": 20}
+    task = base.model_copy(update=update)
+    data = finish(generate(task)).data
+    rows = read_rollouts(data, rules_limits(echo, task))
+    assert any(r.sampled is not None and not all(r.sampled) for r in rows)
+    for r in rows:
+        sampled = len(r.completion_tokens) if r.sampled is None else sum(r.sampled)
+        assert r.length_penalty == pytest.approx(0.01 * abs(sampled - 20)), (r.sampled, r.length_penalty)
+    assert check(data, task, echo).accepted
+    # A node that counts the environment's tokens against the model is refused by the reward check.
+    counted = forge(data, task, echo, lambda r: _penalise_every_token(r, 0.01, 20))
+    verdict = check(counted, task, echo)
+    assert not verdict.accepted and "length_penalty" in failed(verdict).get("rewards", ""), failed(verdict)
+
+
+def _penalise_every_token(r: Rollout, alpha: float, target: int) -> None:
+    r.length_penalty = alpha * abs(len(r.completion_tokens) - target)
+    r.reward = r.task_reward - r.length_penalty
 
 
 def test_an_episode_goes_from_node_to_trainer_through_the_network(echo: Environment, sqlite_url: str, tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ from pydantic import BaseModel, Field
 from transformers import PreTrainedTokenizerBase
 
 from intellect_protocol.shared.cpu_ledger import spent
+from intellect_protocol.shared.environments.length import model_length
 from intellect_protocol.shared.environments.registry import Problem, Rewards, completion_text, reward
 from intellect_protocol.shared.environments.turns import Rules
 from intellect_protocol.shared.episodes import Replies, Twice, replay_failures
@@ -357,7 +358,7 @@ def _rewards(rollouts: list[Rollout], ctx: Context, settings: CheckSettings) -> 
             continue
         text = completion_text(ctx.tokenizer, r.completion_tokens)
         task_reward = ctx.environment.task_reward(text, ctx.problems[r.prompt_id])
-        final, penalty = reward(task_reward, len(r.completion_tokens), budget)
+        final, penalty = reward(task_reward, model_length(r.completion_tokens, r.sampled), budget)
         for name, claimed, recomputed in (
             ("task_reward", r.task_reward, task_reward),
             ("length_penalty", r.length_penalty, penalty),

@@ -5,6 +5,8 @@ reward = task_reward - alpha * |target - length|        (or only (length - targe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, Field
 
 
@@ -22,6 +24,12 @@ class LengthBudget(BaseModel):
 def length_penalty(length: int, budget: LengthBudget) -> float:
     gap = length - budget.target_tokens
     return budget.alpha * (max(gap, 0) if budget.over_only else abs(gap))
+
+
+def model_length(tokens: Sequence[int], sampled: Sequence[bool] | None) -> int:
+    """The length a budget judges: the tokens the model sampled (all of a single-turn completion's). An
+    environment's replies are not the model's thinking: a tool that answers at length costs the model nothing."""
+    return len(tokens) if sampled is None else sum(sampled)
 
 
 def with_target(prompt: str, budget: LengthBudget) -> str:
