@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from intellect_protocol.shared.environments.registry import get_environment
 from intellect_protocol.shared.models import encode_prompt, load_model
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.tolerances import TOLERANCES
 from intellect_protocol.validator.calibration import flip_scale, measure
+from intellect_protocol.validator.cli import app
 
 pytestmark = pytest.mark.unit
 
@@ -61,7 +63,6 @@ def test_the_command_writes_what_it_measured(tmp_path: Path) -> None:
         # The run's tolerances: the floors, widened to what was measured wherever that is wider.
         bound, floor = written["tolerances"][f"torch/{d['dtype']}"], TOLERANCES[d["dtype"]]
         assert bound["max_gap"] == max(floor.max_gap, d["fitted"]["max_gap"]) and bound["outliers"] == floor.outliers
-    bad = subprocess.run(["intellect-validator", "calibrate", "--dtype", "int8"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "Unknown dtype int8" in bad.stderr
-    bad = subprocess.run(["intellect-validator", "calibrate", "--engine", "cuda"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "Unknown engine cuda" in bad.stderr
+    for args, said in ((["--dtype", "int8"], "Unknown dtype int8"), (["--engine", "cuda"], "Unknown engine cuda")):
+        bad = CliRunner().invoke(app, ["calibrate", *args])
+        assert bad.exit_code == 2 and said in bad.output, bad.output

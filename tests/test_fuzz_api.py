@@ -17,7 +17,7 @@ from intellect_protocol.shared.signing import sign_request
 from tests.conftest import Served, _new_database, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
 
-EXAMPLES = {"positive": 8, "negative": 8}
+EXAMPLES = {"positive": 6, "negative": 6}
 """Per operation, by mode (a malformed request is refused early: fewer find as much); `bench`-length runs raise
 INTELLECT_FUZZ_EXAMPLES."""
 

@@ -40,7 +40,7 @@ def _stopped(workdir: Path, log: str, says: str, send: Callable[[subprocess.Pope
 
 
 @pytest.mark.e2e
-@pytest.mark.xdist_group("e2e-b")
+@pytest.mark.xdist_group("e2e-a")
 @pytest.mark.timeout(400)
 def test_sigterm_while_the_devnet_starts_leaves_nothing_running(tmp_path: Path) -> None:
     workdir = tmp_path / "devnet"

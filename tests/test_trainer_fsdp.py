@@ -43,7 +43,7 @@ GROUPS = 2
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xdist_group("e2e-b")
+@pytest.mark.xdist_group("e2e-a")
 def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
         database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
@@ -134,7 +134,7 @@ def assert_same_update(sharded: dict[str, torch.Tensor], single: dict[str, torch
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xdist_group("e2e-b")
+@pytest.mark.xdist_group("e2e-a")
 def test_every_family_takes_the_single_process_step_under_fsdp(tmp_path: Path) -> None:
     """Llama, Qwen2, Qwen3, Mistral and Gemma 3 (tied and untied heads), each wrapped per decoder
     layer by the trainer's FSDP path on two Gloo ranks: the gathered weights are one process's step."""
