@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -52,6 +52,8 @@ torch.set_num_threads(1)
 ENV = {
     "INTELLECT_RATE_LIMIT_PER_S": "100000",
     "INTELLECT_RATE_LIMIT_BURST": "100000",
+    "INTELLECT_AGGREGATE_READS_PER_S": "100000",
+    "INTELLECT_AGGREGATE_READS_BURST": "100000",
     "INTELLECT_MAX_VALIDATION_BACKLOG": "100000",
     "INTELLECT_BACKLOG_FLOOR": "100000",
 }
@@ -63,17 +65,20 @@ class Deployment:
     audience: str
     token: str
     run_id: str
+    coordinator_pid: int = 0
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=60))
+    """One pooled client for every request (a client made per request costs the bench more CPU than the coordinator)."""
 
     def post(self, account: LocalAccount, path: str, body: dict | bytes, query: str = "") -> httpx.Response:
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         headers = {"content-type": "application/json", **sign_request(account, "POST", path, query, raw, self.audience)}
-        reply = httpx.post(self.url + path + (f"?{query}" if query else ""), content=raw, headers=headers, timeout=60)
+        reply = self.client.post(self.url + path + (f"?{query}" if query else ""), content=raw, headers=headers)
         if reply.status_code >= 400:
             raise RuntimeError(f"{path}: {reply.status_code} {reply.text}")
         return reply
 
     def admin(self, method: str, path: str, body: dict | None = None) -> dict | list:
-        reply = httpx.request(method, self.url + path, json=body, headers={"authorization": f"Bearer {self.token}"}, timeout=60)
+        reply = self.client.request(method, self.url + path, json=body, headers={"authorization": f"Bearer {self.token}"})
         reply.raise_for_status()
         return reply.json()
 
@@ -91,7 +96,7 @@ class Deployment:
         return self.post(node, "/v1/submissions", finish(generate(task)).data, f"task={task.task_id}").json()["submission_id"]
 
     def pending(self) -> int:
-        return int(httpx.get(f"{self.url}/v1/public/runs/{self.run_id}/progress", timeout=30).json()["submissions"]["pending"])
+        return int(self.client.get(f"{self.url}/v1/public/runs/{self.run_id}/progress").json()["submissions"]["pending"])
 
 
 @contextmanager
@@ -105,10 +110,11 @@ def deployment(workdir: Path, share: float | None, run: dict, env: dict[str, str
     try:
         assert process.url is not None
         audience = PublicStatus.model_validate(httpx.get(f"{process.url}/v1/public/status").json()).audience
-        d = Deployment(process.url, audience, token, "")
+        d = Deployment(process.url, audience, token, "", process.popen.pid)
         policy = None if share is None else {"share": share, "new_node_share": share, "suspect_share": share}
         d.run_id = d.admin("POST", "/v1/admin/runs", {"name": "bench", **({"audit": policy} if policy else {}), **run})["id"]
         yield d
+        d.client.close()
     finally:
         process.stop()
 
@@ -148,25 +154,29 @@ def cost(workdir: Path, share: float, validators: int, tasks: int) -> tuple[floa
             w.stop.set()
         for t in threads:
             t.join()
-        progress = httpx.get(f"{d.url}/v1/public/runs/{d.run_id}/progress").json()["submissions"]
+        progress = d.client.get(f"{d.url}/v1/public/runs/{d.run_id}/progress").json()["submissions"]
         rows = progress["accepted"] * 8
         return sum(w.cpu_s for w in workers) / max(rows, 1), sum(w.checked for w in workers), rows
 
 
 def judge(d: Deployment, validator: LocalAccount, say: Callable[[str], str], pause_s: float = 0.0) -> int:
-    claims = d.post(validator, "/v1/validation/claim", {"address": validator.address, "limit": 64}).json()
-    for c in claims:
-        time.sleep(pause_s)
-        verdict = made_up_checks(say(c["submission_id"]))
-        signature = sign_verdict(validator, d.audience, c["submission_id"], c["sha256"], verdict, [])
-        body = {
-            "address": validator.address,
-            "submission_id": c["submission_id"],
-            "checks": [v.model_dump() for v in verdict],
-            "signature": signature,
-        }
-        d.post(validator, "/v1/validation/verdicts", body)
-    return len(claims)
+    """Claim and judge what is drawn for ``validator`` until nothing is (a newcomer's file or an appeal comes alone
+    in a claim); how many."""
+    judged = 0
+    while claims := d.post(validator, "/v1/validation/claim", {"address": validator.address, "limit": 64}).json():
+        judged += len(claims)
+        for c in claims:
+            time.sleep(pause_s)
+            verdict = made_up_checks(say(c["submission_id"]))
+            signature = sign_verdict(validator, d.audience, c["submission_id"], c["sha256"], verdict, [])
+            body = {
+                "address": validator.address,
+                "submission_id": c["submission_id"],
+                "checks": [v.model_dump() for v in verdict],
+                "signature": signature,
+            }
+            d.post(validator, "/v1/validation/verdicts", body)
+    return judged
 
 
 @dataclass

@@ -30,8 +30,8 @@ from intellect_protocol.shared.schemas import SamplingParams
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
 from tests.support.clock import MovableClock
-from tests.support.protocol import forge, grant, joined, lease, upload
-from tests.test_committee import claim, judge_all, receipt, strikes_of, trainer_page
+from tests.support.protocol import claim_all, forge, grant, joined, lease, upload
+from tests.test_committee import judge_all, receipt, strikes_of, trainer_page
 
 FAST = {"rate_limit_per_s": 5000, "rate_limit_burst": 5000, "registrations_per_ip_per_hour": 1000}
 NEW_VALIDATORS_TRUSTED = AuditPolicy(share=0, new_node_share=0, suspect_share=1.0, new_validator_verdicts=0)
@@ -142,7 +142,7 @@ def test_a_split_on_a_thin_committee_is_held_and_the_forger_is_struck_once_a_thi
         # The held files go stale: a forger does not escape by outwaiting its committee.
         with make_sessionmaker(served.engine).begin() as session:
             session.execute(update(Run).where(Run.id == run_id).values(policy_step=50))
-        claim(served, honest)
+        claim_all(served, honest)
         assert all(receipt(served, sid).status == "pending" for sid in held)
 
         grant(served, token, third.address, "validator")
@@ -208,7 +208,7 @@ def test_a_caught_validators_unread_approvals_are_withheld_and_what_was_trained_
         grant(served, token, trainer.address, "trainer")
         forger = joined(served)
 
-        claim(served, rogue)  # the only live validator: it alone decides the forger's first four files
+        claim_all(served, rogue)  # the only live validator: it alone decides the forger's first four files
         waved = [upload(served, forger, (t := lease(served, forger)), forge(t)) for _ in range(4)]
         assert sorted(judge_all(served, rogue, lambda c: "accept")) == sorted(waved)
         assert all(receipt(served, sid).status == "accepted" for sid in waved)

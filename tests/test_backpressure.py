@@ -29,6 +29,7 @@ from intellect_protocol.node.work_loop import WorkLoop
 from intellect_protocol.shared.signing import SignedAuth
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import make_run, signed_post
+from tests.support.protocol import claim_all
 from tests.test_attacks import _verdict
 from tests.test_hostile import joined
 from tests.test_tasks_and_uploads import lease, rollout_file, upload
@@ -85,7 +86,7 @@ def test_a_node_is_told_why_no_work_comes(database_url: str, tmp_path: Path) -> 
 
         # A validator that asks, but decides nothing yet: waiting for its capacity, not for a validator.
         validator = _grant(served, "validator")
-        assert len(_claim(served, validator, limit=2)) == 2
+        assert len(claim_all(served, validator, limit=2)) == 2
         assert lease(served, node).headers["x-intellect-wait"] == "validation_capacity"
 
         # Paused by the operator: said so, to the node and on the public status.
@@ -189,7 +190,7 @@ def test_the_policy_closest_to_going_stale_is_judged_first(database_url: str, tm
         assert (older["policy_step"], newer["policy_step"]) == (0, 1)
         first = upload(served, fast, newer["task_id"], rollout_file(newer)).json()["submission_id"]
         second = upload(served, slow, older["task_id"], rollout_file(older)).json()["submission_id"]
-        assert [c["submission_id"] for c in _claim(served, validator, limit=2)] == [second, first]
+        assert [c["submission_id"] for c in claim_all(served, validator, limit=2)] == [second, first]
 
 
 def test_a_claim_waits_for_work_to_arrive(coordinator: Served) -> None:

@@ -1,6 +1,6 @@
 """Which review a validator is handed first: a flood of fresh wallets' files (round four's sybils) waits behind
-the work of nodes with an accepted file, for a bounded time, so it neither holds up honest work nor starves a
-new honest node."""
+the work of nodes with an accepted file, for a bounded time, and is handed out one file at a time, so it neither
+holds up honest work nor starves a new honest node."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 from eth_account import Account
+from rich.console import Console
 
 from intellect_protocol.coordinator.services.review_order import NEWCOMER_WAIT_S
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
+from intellect_protocol.shared.committee import PublicReceipt
 from intellect_protocol.shared.run_schemas import AuditPolicy
-from intellect_protocol.shared.schemas import SamplingParams
+from intellect_protocol.shared.schemas import Claim, SamplingParams
+from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
 from tests.support.clock import MovableClock
@@ -55,9 +58,48 @@ def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite
         newcomers = [submit(joined(served)) for _ in range(3)]
         clock.advance(1)
         honest = [submit(proven), submit(proven)]
-        # The newest files, yet first: their node has a record.
-        assert claim(3) == [*honest, newcomers[0]]
+        # The newest files, yet first: their node has a record. A newcomer's file comes alone, never in a batch
+        # that a validator sits on while proven nodes' work arrives.
+        assert claim(3) == honest
+        assert claim(3) == [newcomers[0]]
         clock.advance(NEWCOMER_WAIT_S)
         later = submit(proven)
         # Past the wait, the newcomers' files are drawn like anyone's, the oldest first.
         assert claim(4) == [*newcomers[1:], later]
+
+
+def test_a_validator_checking_a_newcomers_file_draws_nothing_ahead(sqlite_url: str, tmp_path: Path) -> None:
+    """A file drawn ahead while a newcomer's is checked would hold up a proven node's file that arrives meanwhile."""
+    settings = CoordinatorSettings(
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        heartbeat_interval_s=3600,
+    )
+    with serve(settings) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
+        key = Account.create()
+        grant(served, admin_token(served), key.address, "validator")
+        checker = Validator(served.url, key, tmp_path / "validator", Console(quiet=True), batch=4)
+
+        def submit(node) -> str:
+            task = lease(served, node)
+            return upload(served, node, task, finish(generate(task)).data)
+
+        proven = joined(served)
+        submit(proven)
+        assert checker.run(max_submissions=1) == 1  # accepted: the node has a record now
+        newcomers = [submit(joined(served)) for _ in range(2)]
+        checked, arrived = [], []
+        check = checker.check
+
+        def checking(claim: Claim) -> PublicReceipt:
+            if not checked:
+                arrived.append(submit(proven))
+            checked.append(claim.submission_id)
+            return check(claim)
+
+        checker.check = checking  # type: ignore[method-assign]
+        checker.run(max_submissions=checker.checked + 2)
+        assert checked == [newcomers[0], arrived[0]]

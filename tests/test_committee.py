@@ -33,23 +33,15 @@ from intellect_protocol.shared.verdicts import verdict_signer
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
-from tests.support.protocol import check_ledger, forge, grant, joined, lease, upload
+from tests.support.protocol import check_ledger, claim_all, forge, grant, joined, lease, upload
 
 NO_AUDIT = AuditPolicy(share=0, new_node_share=0, suspect_share=0)
-
-
-def claim(served: Served, validator: LocalAccount, limit: int = 64) -> list[dict]:
-    reply = signed_post(
-        served.url, "/v1/validation/claim", validator, served.audience, {"address": validator.address, "limit": limit}
-    )
-    assert reply.status_code == 200, reply.text
-    return reply.json()
 
 
 def judge_all(served: Served, validator: LocalAccount, say: Callable[[dict], str]) -> list[str]:
     """Claim what was drawn for ``validator`` and post ``say(claim)`` for each; the judged ids."""
     judged = []
-    for c in claim(served, validator):
+    for c in claim_all(served, validator):
         reply = signed_post(
             served.url,
             "/v1/validation/verdicts",
@@ -129,7 +121,7 @@ def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_whe
             grant(served, token, v.address, "validator")
         grant(served, token, trainer.address, "trainer")
         cheat, honest = joined(served), joined(served)
-        claim(served, rogue)  # only the rogue is live: it is drawn for every first look
+        claim_all(served, rogue)  # only the rogue is live: it is drawn for every first look
         forged = {upload(served, cheat, t, forge(t)) for t in (lease(served, cheat) for _ in range(3))}
         fine = {upload(served, honest, t, finish(generate(t)).data) for t in (lease(served, honest) for _ in range(2))}
         assert set(judge_all(served, rogue, lambda c: "accept")) == forged | fine
@@ -186,7 +178,7 @@ def test_unaudited_approvals_are_caught_at_the_configured_rate(database_url: str
             grant(served, token, v.address, "validator")
         grant(served, token, trainer.address, "trainer")
         cheat = joined(served)
-        claim(served, rogue)
+        claim_all(served, rogue)
         ids = set()
         for _ in range(n):
             ids.add(
@@ -231,7 +223,7 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
         rogues = [Account.create(), Account.create()]  # colluding: one looks first, the other gives the second opinion
         for v in rogues:
             grant(served, token, v.address, "validator")
-            claim(served, v)
+            claim_all(served, v)
         wallet = tmp_path / "node.json"
         create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N)
         node = load_wallet(wallet, "pw")
@@ -348,7 +340,7 @@ def test_appeals_are_rate_limited_and_one_validator_networks_say_what_they_waive
         make_run(served, sampling=SamplingParams(max_tokens=4), prompts=1, samples=1, audit=AuditPolicy(share=1.0))
         only = Account.create()
         grant(served, admin_token(served), only.address, "validator")
-        claim(served, only)
+        claim_all(served, only)
         node = joined(served)
         ids = [upload(served, node, (t := lease(served, node)), finish(generate(t)).data) for _ in range(3)]
         judge_all(served, only, lambda c: "hard" if c["submission_id"] in ids[:2] else "accept")
@@ -370,7 +362,7 @@ def test_appeals_are_rate_limited_and_one_validator_networks_say_what_they_waive
         second = signed_post(served.url, "/v1/appeals", node, served.audience, {"address": node.address, "submission_id": ids[1]})
         assert second.status_code == 429 and int(second.headers["retry-after"]) > 3600
         assert {k: v for k, v in served.snapshot().items() if k != "nonces"} == {k: v for k, v in before.items() if k != "nonces"}
-        assert claim(served, only) == []  # never decided by the validator that judged it
+        assert claim_all(served, only) == []  # never decided by the validator that judged it
 
         # The other validator agrees with the rejection: the appeal fails, and that costs the node a strike.
         strikes = lambda: strikes_of(served, node.address)  # noqa: E731
@@ -391,14 +383,14 @@ def test_work_drawn_for_a_validator_an_admin_revokes_goes_to_another_at_once(sql
         first, second, node = Account.create(), Account.create(), joined(served)
         for v in (first, second):
             grant(served, token, v.address, "validator")
-        assert claim(served, first) == []  # only the first is live: what comes is drawn for it
+        assert claim_all(served, first) == []  # only the first is live: what comes is drawn for it
         task = lease(served, node)
         submission = upload(served, node, task, finish(generate(task)).data)
-        assert [c["submission_id"] for c in claim(served, first)] == [submission]
+        assert [c["submission_id"] for c in claim_all(served, first)] == [submission]
 
         revoked = httpx.delete(
             f"{served.url}/v1/admin/roles/{first.address}/validator", headers={"authorization": f"Bearer {token}"}
         )
         assert revoked.status_code == 200, revoked.text
         # Not left with the revoked validator until its assignment lapses (validation_claim_s, minutes).
-        assert [c["submission_id"] for c in claim(served, second)] == [submission]
+        assert [c["submission_id"] for c in claim_all(served, second)] == [submission]

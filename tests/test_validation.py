@@ -36,7 +36,7 @@ from tests.conftest import admin_token, serve
 from tests.helpers import expire_assignments, heartbeat_body, make_run, register_body, signed_post, verdict_body
 from tests.support.adversary import ATTACKS
 from tests.support.clock import MovableClock
-from tests.support.protocol import check_ledger, forge, grant, joined, lease, upload
+from tests.support.protocol import check_ledger, claim_all, forge, grant, joined, lease, upload
 
 
 @pytest.fixture
@@ -174,8 +174,8 @@ def test_work_is_drawn_for_live_validators_who_cannot_choose_and_lapses_are_draw
     before = served.snapshot()
     assert claim(stranger).status_code == 403 and claim(stranger).json()["code"] == "role_required"
     assert served.snapshot() == before
-    a = {c["submission_id"] for c in claim(first).json()}
-    b = {c["submission_id"] for c in claim(second).json()}
+    a = {c["submission_id"] for c in claim_all(served, first)}
+    b = {c["submission_id"] for c in claim_all(served, second)}
     assert a.isdisjoint(b) and a | b == ids  # every one drawn for one of them, whoever asked first
     assert claim(first).json() == [] and claim(second).json() == []  # asking again chooses nothing
 
@@ -317,11 +317,7 @@ def test_a_validator_never_gets_work_of_its_own_or_linked_addresses(sqlite_url: 
             grant(served, token, validator.address, "validator")
 
         def claim(validator: LocalAccount) -> list[str]:
-            body = {"address": validator.address, "limit": 8}
-            return [
-                c["submission_id"]
-                for c in signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
-            ]
+            return [c["submission_id"] for c in claim_all(served, validator, 8)]
 
         def work_of(node: LocalAccount, **register: object) -> str:
             assert (

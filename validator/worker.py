@@ -107,9 +107,11 @@ class Validator:
         upcoming, self._upcoming = self._upcoming, None
         claims = upcoming.result() if upcoming is not None else self._claim(left)
         for i, claim in enumerate(claims):
-            if i == len(claims) - 1 and (left is None or len(claims) < left):
-                # The next batch is drawn while this one's last file is checked: no round trip between batches. With
-                # a number of submissions to stop at, never more than it leaves: nothing is claimed and left unchecked.
+            if i == len(claims) - 1 and len(claims) == self.batch and (left is None or len(claims) < left):
+                # A full batch says more work waits: the next is drawn while this one's last file is checked, no round
+                # trip between batches. Not after a short one (little waits, or a newcomer's file or an appeal, which
+                # come alone): a file drawn ahead then would hold up a proven node's file that arrives meanwhile.
+                # With a number of submissions to stop at, never more than it leaves: nothing claimed is left unchecked.
                 self._upcoming = self._prefetch.submit(self._claim, None if left is None else left - len(claims))
             if claim.claim_expires_at <= datetime.now(UTC):
                 # Checking it now would be wasted work: it is back in the queue for whoever claims next.

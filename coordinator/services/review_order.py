@@ -14,7 +14,7 @@ NEWCOMER_WAIT_S = 30.0
 """How long a file of an address with no accepted file yet waits behind proven nodes' work at most."""
 
 _proven = aliased(Submission)
-_NEWCOMER = case(
+NEWCOMER = case(
     (
         or_(
             Review.opened_at <= bindparam("newcomers_before"),
@@ -24,7 +24,8 @@ _NEWCOMER = case(
     ),
     else_=1,
 )
-URGENT_FIRST = (case((Review.purpose == "appeal", 1), else_=0), _NEWCOMER, Task.policy_step, Review.opened_at, Review.id)
+"""1 for a review of a newcomer's file still waiting behind proven nodes' work, else 0."""
+URGENT_FIRST = (case((Review.purpose == "appeal", 1), else_=0), NEWCOMER, Task.policy_step, Review.opened_at, Review.id)
 """Review order (with Submission and Task joined): appeals after all other work; then work of addresses with an
 accepted file before a newcomer's, for :data:`NEWCOMER_WAIT_S` (a flood of fresh wallets' files does not hold
 up proven nodes' work, and cannot starve a new honest node either); then the oldest policy first (it goes

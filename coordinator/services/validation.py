@@ -52,7 +52,7 @@ def claim(
 
 # Built once: a long-polling validator runs it at every look.
 _DRAWN = (
-    select(Review)
+    select(Review, review_order.NEWCOMER)
     .join(Submission, Submission.id == Review.submission_id)
     .join(Task, Task.id == Submission.task_id)
     .where(
@@ -72,12 +72,12 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
     checked the signer's role and stake. A validator whose role is revoked meanwhile is drawn no new
     work, and can neither fetch what it was drawn before nor judge it (both check the role)."""
     committee.assign(session, settings, now)
-    drawn = list(session.scalars(_DRAWN, {"signer": signer, "now": now, "limit": limit, **review_order.order_params(now)}))
-    # Appeals come last and one at a time: a validator never sits on a batch of them while honest
-    # work waits, so an appeal delays honest work by one check at most.
-    others = [r for r in drawn if r.purpose != "appeal"]
+    drawn = session.execute(_DRAWN, {"signer": signer, "now": now, "limit": limit, **review_order.order_params(now)}).all()
+    # Appeals and newcomers' files come last and one at a time: a validator never sits on a batch of
+    # them while a proven node's work waits, so a flood of them delays that work by one check at most.
+    proven = [review for review, newcomer in drawn if review.purpose != "appeal" and not newcomer]
     claims = []
-    for review in others or drawn[:1]:
+    for review in proven or [review for review, _ in drawn[:1]]:
         review.claimed_at = now
         submission = session.get_one(Submission, review.submission_id)
         task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)

@@ -75,3 +75,17 @@ def check_ledger(served: Served) -> None:
     for address, total in totals.items():
         shown = httpx.get(f"{served.url}/v1/public/nodes/{address}/credit").json()
         assert shown["pending"] + shown["final"] == total
+
+
+def claim_all(served: Served, validator: LocalAccount, limit: int = 64) -> list[dict]:
+    """Up to ``limit`` reviews drawn for ``validator``, claiming again while more come: a newcomer's file or an
+    appeal comes alone, so a batch of them takes one claim each."""
+    drawn: list[dict] = []
+    while len(drawn) < limit:
+        body = {"address": validator.address, "limit": limit - len(drawn)}
+        reply = signed_post(served.url, "/v1/validation/claim", validator, served.audience, body)
+        assert reply.status_code == 200, reply.text
+        if not reply.json():
+            break
+        drawn += reply.json()
+    return drawn
