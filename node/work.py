@@ -21,7 +21,7 @@ from intellect_protocol.shared.environments.registry import (
     get_environment,
     reward,
 )
-from intellect_protocol.shared.environments.turns import rules_of
+from intellect_protocol.shared.environments.tool_calls import episode_replies, episode_rules
 from intellect_protocol.shared.episodes import run_episodes
 from intellect_protocol.shared.inference import Completion, InferenceBackend
 from intellect_protocol.shared.models import load_model, load_tokenizer, resolve_model
@@ -95,7 +95,8 @@ def generate(task: TaskSpec, backend_kind: BackendKind = "torch", dtype: Dtype =
 def generate_with(backend: InferenceBackend, tokenizer: PreTrainedTokenizerBase, task: TaskSpec) -> Generated:
     """``task``'s completions from ``backend`` (whatever weights it holds, whatever ``task.model`` says)."""
     rows = assigned_rows(task, problems_for(task.environment, task.environment_version), tokenizer)
-    rules = rules_of(get_environment(task.environment, task.environment_version), task.sampling.max_tokens)
+    environment = get_environment(task.environment, task.environment_version)
+    rules = episode_rules(environment, tokenizer, task.sampling.max_tokens)
     start = time.perf_counter()
     sampled = None
     with spent("generation"):
@@ -107,7 +108,7 @@ def generate_with(backend: InferenceBackend, tokenizer: PreTrainedTokenizerBase,
                     f"environment {task.environment!r} is multi-turn, and only the torch backend runs episodes yet: "
                     "join with --backend torch"
                 )
-            replies = rewards_for(task.environment, task.environment_version)
+            replies = episode_replies(rewards_for(task.environment, task.environment_version), environment, tokenizer)
             episodes = run_episodes(
                 backend,
                 tokenizer,

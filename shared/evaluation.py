@@ -17,7 +17,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCrite
 from intellect_protocol.shared.environments.bounded import BoundedRewards
 from intellect_protocol.shared.environments.held_out import held_out
 from intellect_protocol.shared.environments.registry import Problem, completion_text, get_environment
-from intellect_protocol.shared.environments.turns import rules_of, template_tools
+from intellect_protocol.shared.environments.tool_calls import episode_replies, episode_rules
+from intellect_protocol.shared.environments.turns import template_tools
 from intellect_protocol.shared.episodes import run_episodes
 from intellect_protocol.shared.models import encode_prompt
 from intellect_protocol.shared.prompting import Prompting
@@ -102,7 +103,7 @@ def held_out_metrics(
     multi-turn environment (greedy episodes, the environment answering) also ``heldout_tool_calls``: the share of
     episodes with a correct call, where the environment says which calls are (``call_correct``)."""
     environment = get_environment(task.environment, task.pin)
-    rules = rules_of(environment, task.max_new_tokens)
+    rules = episode_rules(environment, tokenizer, task.max_new_tokens)
     tools = template_tools(environment)
     rewards = BoundedRewards(task.environment, task.pin)
     try:
@@ -118,7 +119,8 @@ def held_out_metrics(
                 backend = TorchBackend(model, tokenizer.eos_token_id, tokenizer.pad_token_id, threads=None)
                 rows = [(head, i, p) for i, (head, p) in enumerate(zip(heads, chunk))]
                 greedy = SamplingParams(temperature=0, max_tokens=task.max_new_tokens)
-                episodes = run_episodes(backend, tokenizer, rewards, rows, greedy, rules, model.config.hidden_size)
+                replies = episode_replies(rewards, environment, tokenizer)
+                episodes = run_episodes(backend, tokenizer, replies, rows, greedy, rules, model.config.hidden_size)
                 texts = [completion_text(tokenizer, c.tokens) for c, _ in episodes]
                 called += sum(_called_right(environment, tokenizer, p, c.tokens, flags) for p, (c, flags) in zip(chunk, episodes))
             total += sum(rewards.task_reward(text, p) for text, p in zip(texts, chunk, strict=True))

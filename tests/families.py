@@ -39,9 +39,9 @@ def tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
     return bpe_tokenizer(vocab_size)
 
 
-def build(family: str, directory: Path, seed: int = 0) -> Path:
-    """A randomly initialised small ``family`` model and the shared tokenizer, saved in ``directory``."""
-    tok = tokenizer()
+def build(family: str, directory: Path, seed: int = 0, tok: PreTrainedTokenizerFast | None = None) -> Path:
+    """A randomly initialised small ``family`` model and the shared tokenizer (or ``tok``), saved in ``directory``."""
+    tok = tok or tokenizer()
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
     config = AutoConfig.for_model(family, vocab_size=len(tok), **SHAPE, **FAMILIES[family], **ids)
     torch.manual_seed(seed)

@@ -48,6 +48,11 @@ class Buggy:
         if turns[-1] == "number":
             return 7
         return f"{problem.id}/{seed}/{len(turns)}" if turns[-1] != "done" else None
+
+    def call(self, problem, seed, name, arguments):
+        if name == "number":
+            return 7
+        return f"{problem.id}/{seed}/{name}/{arguments['x']}"
 """
 
 
@@ -122,6 +127,18 @@ def test_a_reply_that_loops_allocates_or_is_no_text_is_one_sentence_and_the_next
             buggy.reply(problem, 11, [turn])
         assert str(failed.value) == f"environment 'buggy' (intellect-hangs==0.3.0) failed on problem 'b3': its reply {what}", turn
         assert buggy.reply(problem, 12, ["fine"]) == "b3/12/1"
+
+
+def test_a_tool_call_runs_bounded_and_a_result_that_is_no_text_is_one_sentence(buggy: BoundedRewards) -> None:
+    from intellect_protocol.shared.environments.registry import Problem
+
+    problem = Problem(id="b3", prompt="3:", answer="3")
+    assert buggy.call(problem, 11, "calc", {"x": 2}) == "b3/11/calc/2"
+    for name, arguments, what in (("number", {}, "returned 7, not text"), ("calc", {}, "raised KeyError: 'x'")):
+        with pytest.raises(PluginFailure) as failed:
+            buggy.call(problem, 11, name, arguments)
+        assert str(failed.value) == f"environment 'buggy' (intellect-hangs==0.3.0) failed on problem 'b3': its call {what}"
+    assert buggy.call(problem, 12, "calc", {"x": 5}) == "b3/12/calc/5"
 
 
 def test_a_failure_crosses_processes_whole() -> None:

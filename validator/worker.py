@@ -25,7 +25,7 @@ from intellect_protocol.shared.committee import PublicReceipt
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused, Stopped
 from intellect_protocol.shared.environments.bounded import BoundedRewards, PluginFailure
 from intellect_protocol.shared.environments.registry import Problem, get_environment
-from intellect_protocol.shared.environments.turns import rules_of
+from intellect_protocol.shared.environments.tool_calls import episode_replies, episode_rules
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.schemas import Claim, ClaimRequest, VerdictRequest
 from intellect_protocol.shared.shardcast.client import DownloadError
@@ -149,8 +149,10 @@ class Validator:
             data = self.api.claimed_file(claim.submission_id)
         task = claim.task.model_copy(update={"model": self.weights.model_for(claim.task)})
         model, tokenizer = _model(task.model)
-        environment, problems = _environment(task.environment, task.environment_version)
-        rules = rules_of(get_environment(task.environment, task.environment_version), task.sampling.max_tokens)
+        answers, problems = _environment(task.environment, task.environment_version)
+        declared = get_environment(task.environment, task.environment_version)
+        rules = episode_rules(declared, tokenizer, task.sampling.max_tokens)
+        environment = episode_replies(answers, declared, tokenizer)
         ctx = Context(task, claim.sha256, claim.oldest_step, claim.newest_step, model, tokenizer, environment, problems, rules)
         verdict = validate(data, ctx, self.settings)
         checks = verdict.checks

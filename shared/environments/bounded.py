@@ -62,6 +62,11 @@ class BoundedRewards:
         answer = self._ask("reply", problem, turns[-1] if turns else "", (seed, turns))
         return None if answer is None else str(answer)
 
+    def call(self, problem: Problem, seed: int, name: str, arguments: dict[str, Any]) -> str:
+        """A tool environment's result of one call (:mod:`shared.environments.tool_calls`); raises
+        :class:`PluginFailure` instead of anything else."""
+        return str(self._ask("call", problem, f"{name}({arguments})", (seed, name, arguments)))
+
     def _ask(self, method: str, problem: Problem, completion: str, args: tuple[object, ...]) -> object:
         with self._lock:
             conn = self._connection()
@@ -140,7 +145,7 @@ def _address_space() -> int:
 
 def _call(environment: Any, method: str, problem: Problem, args: tuple[Any, ...], memory_bytes: int) -> tuple[str, object]:
     try:
-        value = environment.task_reward(args[0], problem) if method == "reward" else environment.reply(problem, *args)
+        value = environment.task_reward(args[0], problem) if method == "reward" else getattr(environment, method)(problem, *args)
     except MemoryError:
         return "error", f"MemoryError (past the {memory_bytes >> 20} MiB it may add)"
     except Exception as e:
@@ -149,6 +154,8 @@ def _call(environment: Any, method: str, problem: Problem, args: tuple[Any, ...]
         return (
             ("ok", value) if value is None or isinstance(value, str) else ("error", f"returned {value!r:.80}, not text or None")
         )
+    if method == "call":
+        return ("ok", value) if isinstance(value, str) else ("error", f"returned {value!r:.80}, not text")
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         return "error", f"returned {value!r:.80}, not a finite number"
     return "ok", float(value)

@@ -102,5 +102,6 @@ def rules_of(environment: object, max_tokens: int) -> Rules | None:
 
 def template_tools(environment: object) -> list[dict[str, Any]] | None:
     """``environment``'s tools as chat templates take them; None for none (a single-turn environment has none)."""
-    tools = getattr(environment, "tools", None) if is_multi_turn(environment) else None
+    answers = is_multi_turn(environment) or callable(getattr(environment, "call", None))  # a tool environment too
+    tools = getattr(environment, "tools", None) if answers else None
     return [t.as_template_tool() for t in tools] if tools else None
