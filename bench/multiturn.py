@@ -7,9 +7,11 @@ own code (the environment in its bounded process on both sides, as the roles run
   episodes yet), each file checked by a validator holding the model in fp32. Goal: 0.
 - forged episodes caught: every kind of lie about who wrote which token, a reply of another plugin's format, and an
   episode drawn under another seed. Goal: all.
-- the validator's time per episode over the node's (generation, proofs and the file, replay included), against the
-  same ratio for single-turn work on the same-sized ``tiny-arith`` (measured before and after, in this run; a
-  baseline whose two measurements differ by more than half is refused). Goal: at most the single-turn ratio + 10 %.
+- the validator's CPU time per file over the node's (generation, proofs and the file, the environment's replies in
+  its bounded process included), against the same ratio for single-turn work on the same-sized ``tiny-arith``: one
+  single-turn file after each fp32 multi-turn file, in this run, each ratio the median of its files' (CPU time, not
+  wall time: this machine is shared; a baseline whose two halves' medians differ by more than half is refused).
+  Goal: at most the single-turn ratio + 10 %.
 - the environment's reply per turn, on the node (a round trip to its bounded process).
 
     python bench/multiturn.py [--rows 2000]
@@ -24,7 +26,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
+import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,36 +61,58 @@ class Roles:
 
     def honest(self, seed: int) -> tuple[TaskSpec, bytes, float]:
         task = environment_task(self.environment, seed, self.model, 1.0, MAX_TOKENS, PROMPTS, SAMPLES)
-        begun = time.perf_counter()
+        begun = cpu_s()
         data = finish(generate_with(self.node, self.tokenizer, task)).data
-        return task, data, time.perf_counter() - begun
+        return task, data, cpu_s() - begun
 
     def check(self, task: TaskSpec, data: bytes) -> tuple[Verdict, float]:
         sha = hashlib.sha256(data).hexdigest()
         ctx = Context(task, sha, 0, 0, self.checker, self.tokenizer, self.replies, self.problems, self.rules)
-        begun = time.perf_counter()
+        begun = cpu_s()
         verdict = validate(data, ctx)
-        return verdict, time.perf_counter() - begun
+        return verdict, cpu_s() - begun
+
+    def file(self, seed: int) -> tuple[Verdict, float, float]:
+        """One honest file made and checked: the verdict, and the node's and the validator's CPU seconds."""
+        task, data, made = self.honest(seed)
+        verdict, checked = self.check(task, data)
+        if not verdict.accepted:
+            print(f"    rejected ({self.dtype}, seed {seed}): {verdict.reason[:300]}", flush=True)
+        return verdict, made, checked
 
 
-def honest_part(roles: Roles, rows: int, first_seed: int) -> dict[str, float]:
-    """Rows rejected and seconds per episode, node and validator, over at least ``rows`` honest rows."""
+def cpu_s() -> float:
+    """CPU seconds of this process and its children (the environments' bounded processes) so far."""
+    me = psutil.Process()
+    return sum(t.user + t.system for t in (p.cpu_times() for p in (me, *me.children(recursive=True))))
+
+
+def honest_part(roles: Roles, rows: int, first_seed: int, baseline: Roles | None = None) -> dict[str, object]:
+    """Rows rejected, and each file's (node, validator) CPU seconds, over at least ``rows`` honest rows; with
+    ``baseline``, one of its files after each (their seconds under ``baseline``)."""
     made = rejected = untrained = 0
-    node_s = check_s = 0.0
-    task, data, _ = roles.honest(first_seed - 1)  # not timed: the first file starts both sides' reward processes
-    roles.check(task, data)
+    files: list[tuple[float, float]] = []
+    single: list[tuple[float, float]] = []
+    for warm in (roles, baseline):  # not measured: a first file starts both sides' reward processes
+        if warm is not None:
+            warm.file(first_seed - 1)
     seed = first_seed
     while made < rows:
-        task, data, spent = roles.honest(seed)
-        verdict, checked = roles.check(task, data)
+        verdict, node_s, check_s = roles.file(seed)
         n = PROMPTS * SAMPLES
-        made, node_s, check_s = made + n, node_s + spent, check_s + checked
+        made, files = made + n, [*files, (node_s, check_s)]
         rejected += 0 if verdict.accepted else n
         untrained += len(verdict.untrained_rows)
-        if not verdict.accepted:
-            print(f"    rejected ({roles.dtype}, seed {seed}): {verdict.reason[:300]}", flush=True)
+        if baseline is not None:
+            single.append(baseline.file(10_000 + seed)[1:])
         seed += 1
-    return {"rows": made, "rejected": rejected, "untrained": untrained, "node_s": node_s / made, "check_s": check_s / made}
+    return {"rows": made, "rejected": rejected, "untrained": untrained, "files": files, "baseline": single}
+
+
+def ms(files: list[tuple[float, float]]) -> str:
+    """Median node and validator CPU milliseconds a file."""
+    node, check = (statistics.median(1e3 * f[side] for f in files) for side in (0, 1))
+    return f"node {node:.0f} ms, validator {check:.0f} ms a file"
 
 
 def _replied(rows: list[Rollout]) -> Rollout:
@@ -178,34 +204,40 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     single = Roles("arithmetic", "tiny-arith", "float32")
-    before = honest_part(single, args.rows // 4, 1)
-    results = {dtype: honest_part(Roles("calculator", "tiny-calc", dtype), args.rows, 1) for dtype in ("float32", "bfloat16")}
+    results = {
+        dtype: honest_part(Roles("calculator", "tiny-calc", dtype), args.rows, 1, single if dtype == "float32" else None)
+        for dtype in ("float32", "bfloat16")
+    }
     roles = Roles("calculator", "tiny-calc", "float32")
     forged = forgeries_part(roles, args.forged_files)
     per_turn = reply_ms(roles)
-    after = honest_part(single, args.rows // 4, 10_000)
     print(f"bench/multiturn.py: tiny-calc on calculator, {PROMPTS} prompts x {SAMPLES} samples a file, torch nodes")
     for dtype, figures in results.items():
         print(
-            f"  {dtype}: {figures['rejected']:.0f} of {figures['rows']:.0f} honest rows rejected (goal 0), "
-            f"{figures['untrained']:.0f} kept out of training; node {1e3 * figures['node_s']:.2f} ms, "
-            f"validator {1e3 * figures['check_s']:.2f} ms an episode"
+            f"  {dtype}: {figures['rejected']} of {figures['rows']} honest rows rejected (goal 0), "
+            f"{figures['untrained']} kept out of training"
         )
     print("  vLLM nodes: not measured (they run no episodes yet)")
     for name, (caught, files) in forged.items():
         print(f"  forged, {name}: {caught} of {files} files caught (goal all)")
     print(f"  environment reply, node side: {per_turn:.2f} ms a turn (a round trip to its bounded process)")
-    ratios = [b["check_s"] / b["node_s"] for b in (before, after)]
-    print(f"  single-turn baseline (tiny-arith on arithmetic): validator / node {ratios[0]:.3f} before, {ratios[1]:.3f} after")
-    if max(ratios) > 1.5 * min(ratios):
-        raise SystemExit(
-            "the single-turn baseline moved by more than half between its two measurements (a busy machine?): no ratio"
-        )
-    multi = results["float32"]["check_s"] / results["float32"]["node_s"]
-    baseline = statistics.mean(ratios)
+    fp32 = results["float32"]
+    files, baseline = cast(list[tuple[float, float]], fp32["files"]), cast(list[tuple[float, float]], fp32["baseline"])
+    multi, single = ([check / node for node, check in f] for f in (files, baseline))
+    half = len(single) // 2
+    halves = [statistics.median(single[:half]), statistics.median(single[half:])]
     print(
-        f"validator / node time per episode, multi-turn {multi:.3f} against single-turn {baseline:.3f}: "
-        f"x{multi / baseline:.2f} (goal: at most x{GOAL_MARGIN:.2f})"
+        f"  CPU, median of {len(files)} files each: multi-turn {ms(files)}; single-turn (tiny-arith, interleaved) {ms(baseline)}"
+    )
+    print(
+        f"  validator / node CPU per file: multi-turn {statistics.median(multi):.3f}, single-turn {statistics.median(single):.3f} "
+        f"({halves[0]:.3f} in its first half, {halves[1]:.3f} in its second)"
+    )
+    if max(halves) > 1.5 * min(halves):
+        raise SystemExit("the single-turn baseline moved by more than half between its two halves (a busy machine?): no ratio")
+    print(
+        f"validator / node CPU per episode, multi-turn against single-turn: "
+        f"x{statistics.median(multi) / statistics.median(single):.2f} (goal: at most x{GOAL_MARGIN:.2f})"
     )
 
 

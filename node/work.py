@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from intellect_protocol.node.settings import BackendKind, Dtype
 from intellect_protocol.shared.cpu_ledger import spent
-from intellect_protocol.shared.environments.bounded import BoundedRewards
+from intellect_protocol.shared.environments.bounded import BoundedRewards, task_rewards
 from intellect_protocol.shared.environments.length import LengthBudget, model_length
 from intellect_protocol.shared.environments.registry import (
     EnvironmentUnavailable,
@@ -138,12 +138,14 @@ def score(generated: Generated, proofs: list[bytes]) -> list[Rollout]:
     """The task's rollouts: each completion with its environment reward, length penalty and proof."""
     task, budget = generated.task, generated.budget
     tokenizer = load_tokenizer(task.model)
-    rewards = rewards_for(task.environment, task.environment_version)
+    texts = [(completion_text(tokenizer, c.tokens), row.problem) for row, c in zip(generated.rows, generated.completions)]
+    # PluginFailure: the task goes back, said so.
+    rewards = task_rewards(rewards_for(task.environment, task.environment_version), texts)
     rollouts = []
     flags: list[list[bool] | None] = [None] * len(generated.rows) if generated.sampled is None else list(generated.sampled)
-    for row, completion, proof, sampled in zip(generated.rows, generated.completions, proofs, flags, strict=True):
-        text = completion_text(tokenizer, completion.tokens)
-        task_reward = rewards.task_reward(text, row.problem)  # PluginFailure: the task goes back, said so
+    for row, completion, proof, sampled, task_reward in zip(
+        generated.rows, generated.completions, proofs, flags, rewards, strict=True
+    ):
         final, penalty = reward(task_reward, model_length(completion.tokens, sampled), budget)
         rollouts.append(
             Rollout(

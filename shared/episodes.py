@@ -16,8 +16,9 @@ cover the whole episode's prefill.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -113,8 +114,12 @@ def run_episodes(
             e.sampled += [True] * len(completion.tokens)
             e.turns.append(completion_text(tokenizer, completion.tokens))
             e.finish = completion.finish_reason if completion.finish_reason != "turn" else None
-            if e.finish is None:
-                _answer(e, tokenizer, environment, rows[i][2], rows[i][1], rules)
+            if e.finish is None and e.replies == rules.max_turns:
+                e.finish = "stop"  # a stop past the environment's last turn ends the episode
+        asking = [i for i in live if episodes[i].finish is None]
+        answers = replies_to(environment, [(rows[i][2], rows[i][1], list(episodes[i].turns)) for i in asking])
+        for i, text in zip(asking, answers, strict=True):
+            _answer(episodes[i], tokenizer, text, rules)
         live = [i for i in live if episodes[i].finish is None]
     # An episode that ended on the environment's tokens has no state yet for them: one pass over them, nothing drawn.
     short = [i for i, e in enumerate(episodes) if len(e.hidden) < len(e.tokens) - 1]
@@ -131,14 +136,8 @@ def run_episodes(
     return [(e.completion(width), e.sampled) for e in episodes]
 
 
-def _answer(
-    e: Episode, tokenizer: PreTrainedTokenizerBase, environment: Replies, problem: Problem, seed: int, rules: Rules
-) -> None:
+def _answer(e: Episode, tokenizer: PreTrainedTokenizerBase, text: str | None, rules: Rules) -> None:
     """The environment's turn after a model turn that ended at a stop: its reply appended, or the episode's end."""
-    if e.replies == rules.max_turns:
-        e.finish = "stop"
-        return
-    text = environment.reply(problem, seed, list(e.turns))
     if text is None:
         e.finish = "stop"
         return
@@ -163,10 +162,36 @@ def replay_failures(
     rules: Rules,
     eos: int | None,
 ) -> str | None:
-    """Why this completion is not the episode its model turns make with the environment's replies, or None.
+    """Why this completion is not the episode its model turns make with the environment's replies, or None
+    (:func:`replay_walk`, each reply asked of ``environment`` as the walk needs it)."""
+    walk = replay_walk(tokens, sampled, finish_reason, tokenizer=tokenizer, rules=rules, eos=eos)
+    try:
+        turns = next(walk)
+        while True:
+            turns = walk.send(environment.reply(problem, seed, turns))
+    except StopIteration as done:
+        return cast(str | None, done.value)
 
-    It walks the completion as the node built it: each model turn ends at the first of EOS, the token limit and a
-    stop, exactly where the node would have ended it; after a stop, the environment's tokens must be its replay."""
+
+def replies_to(environment: Replies, asked: list[tuple[Problem, int, list[str]]]) -> list[str | None]:
+    """``environment``'s reply to each ``(problem, seed, turns)``: in one exchange where it is a bounded process."""
+    batch = getattr(environment, "replies", None)
+    return batch(asked) if batch is not None else [environment.reply(*a) for a in asked]
+
+
+def replay_walk(
+    tokens: list[int],
+    sampled: list[bool] | None,
+    finish_reason: str,
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    rules: Rules,
+    eos: int | None,
+) -> Generator[list[str], str | None, str | None]:
+    """Walks the completion as the node built it: each model turn ends at the first of EOS, the token limit and a
+    stop, exactly where the node would have ended it; after a stop, the environment's tokens must be its replay.
+    It yields the model's turns so far whenever the environment must answer and is sent the answer; it returns why
+    this completion is not the episode its model turns make with the environment's replies, or None."""
     flags = sampled if sampled is not None else [True] * len(tokens)
     turns: list[str] = []
     position = replies = 0
@@ -188,7 +213,7 @@ def replay_failures(
         turns.append(completion_text(tokenizer, tokens[start:position]))
         if why != "turn":
             return _ends_here(position, tokens, finish_reason, why, f"the model's turn {len(turns) - 1}")
-        answer = environment.reply(problem, seed, list(turns)) if replies < rules.max_turns else None
+        answer = (yield list(turns)) if replies < rules.max_turns else None
         if answer is None:
             return _ends_here(position, tokens, finish_reason, "stop", "the environment")
         expected = reply_tokens(tokenizer, answer, rules, rules.max_tokens - position)

@@ -141,6 +141,19 @@ def test_a_tool_call_runs_bounded_and_a_result_that_is_no_text_is_one_sentence(b
     assert buggy.call(problem, 12, "calc", {"x": 5}) == "b3/12/calc/5"
 
 
+def test_one_exchange_answers_each_item_and_stops_at_the_first_failure(buggy: BoundedRewards) -> None:
+    """Rewards and replies go to the child in one message; its answers come back one by one, so a failure names its
+    own problem, and nothing of the rest of that exchange is left to be read as the next call's answer."""
+    from intellect_protocol.shared.environments.registry import Problem
+
+    problems = [Problem(id=f"b{i}", prompt=f"{i}:", answer=str(i)) for i in range(3)]
+    assert buggy.task_rewards([("0", problems[0]), ("5", problems[1]), ("2", problems[2])]) == [1.0, 0.0, 1.0]
+    with pytest.raises(PluginFailure) as failed:
+        buggy.task_rewards([("0", problems[0]), ("raise", problems[1]), ("2", problems[2])])
+    assert "failed on problem 'b1': its reward raised KeyError" in str(failed.value)
+    assert buggy.replies([(problems[2], 4, ["a"]), (problems[0], 5, ["a", "b"])]) == ["b2/4/1", "b0/5/2"]
+
+
 def test_a_failure_crosses_processes_whole() -> None:
     import pickle
 

@@ -62,10 +62,11 @@ from pydantic import BaseModel, Field
 from transformers import PreTrainedTokenizerBase
 
 from intellect_protocol.shared.cpu_ledger import spent
+from intellect_protocol.shared.environments.bounded import task_rewards
 from intellect_protocol.shared.environments.length import model_length
 from intellect_protocol.shared.environments.registry import Problem, Rewards, completion_text, reward
 from intellect_protocol.shared.environments.turns import Rules
-from intellect_protocol.shared.episodes import Replies, Twice, replay_failures
+from intellect_protocol.shared.episodes import Replies, Twice, replay_walk, replies_to
 from intellect_protocol.shared.inference import prefill_batch
 from intellect_protocol.shared.numerics import Numerics, torch_dtype
 from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, RolloutFileError, read_numerics, read_rollouts
@@ -323,29 +324,40 @@ def _prefill_checks(rollouts: list[Rollout], ctx: Context, settings: CheckSettin
 @spent("episode replay")
 def _replay(rollouts: list[Rollout], ctx: Context) -> list[str]:
     """A multi-turn file's rows whose environment tokens are not the environment's replay, or whose turns do not end
-    where the node had to end them (:func:`shared.episodes.replay_failures`): forged tool output, a node's own
-    tokens labelled as the environment's, or the reverse."""
+    where the node had to end them (:func:`shared.episodes.replay_walk`): forged tool output, a node's own tokens
+    labelled as the environment's, or the reverse. All rows are walked in step, each step's replies asked at once."""
     if ctx.rules is None:
         return []
-    failures = []
     environment = cast(Replies, ctx.environment)
-    for i, r in enumerate(rollouts):
-        why = replay_failures(
-            r.completion_tokens,
-            r.sampled,
-            r.finish_reason,
-            tokenizer=ctx.tokenizer,
-            # Every file's first row is replayed twice: a plugin whose replies are not a function of the turns is
-            # found (PluginFailure: no verdict on the node) before any node is judged by its word.
-            environment=Twice(environment) if i == 0 else environment,
-            problem=ctx.problems[r.prompt_id],
-            seed=r.seed,
-            rules=ctx.rules,
-            eos=ctx.tokenizer.eos_token_id if ctx.task.sampling.stop_on_eos else None,
-        )
-        if why:
-            failures.append(f"row {i}: {why}")
-    return failures
+    eos = ctx.tokenizer.eos_token_id if ctx.task.sampling.stop_on_eos else None
+    walks = {
+        i: replay_walk(r.completion_tokens, r.sampled, r.finish_reason, tokenizer=ctx.tokenizer, rules=ctx.rules, eos=eos)
+        for i, r in enumerate(rollouts)
+    }
+    why: dict[int, str | None] = {}
+    asked: dict[int, list[str]] = {}
+
+    def step(i: int, answer: str | None, first: bool = False) -> None:
+        try:
+            asked[i] = next(walks[i]) if first else walks[i].send(answer)
+        except StopIteration as done:
+            why[i] = done.value
+
+    for i in walks:
+        step(i, None, first=True)
+    # Every file's first row is replayed twice: a plugin whose replies are not a function of the turns is found
+    # (PluginFailure: no verdict on the node) before any node is judged by its word.
+    twice = Twice(environment)
+    while asked:
+        now, asked = asked, {}
+        others = [i for i in now if i != 0]
+        answers = replies_to(environment, [(ctx.problems[rollouts[i].prompt_id], rollouts[i].seed, now[i]) for i in others])
+        replied = dict(zip(others, answers, strict=True))
+        if 0 in now:
+            replied[0] = twice.reply(ctx.problems[rollouts[0].prompt_id], rollouts[0].seed, now[0])
+        for i, answer in replied.items():
+            step(i, answer)
+    return [f"row {i}: {why[i]}" for i in sorted(why) if why[i]]
 
 
 @spent("reward check")
@@ -353,11 +365,12 @@ def _rewards(rollouts: list[Rollout], ctx: Context, settings: CheckSettings) -> 
     budget = budget_of(ctx.task)
     failures = []
     picker = random.Random(ctx.sha256)
-    for i, r in enumerate(rollouts):
-        if settings.reward_fraction < 1 and picker.random() >= settings.reward_fraction:
-            continue
-        text = completion_text(ctx.tokenizer, r.completion_tokens)
-        task_reward = ctx.environment.task_reward(text, ctx.problems[r.prompt_id])
+    checked = [i for i in range(len(rollouts)) if settings.reward_fraction >= 1 or picker.random() < settings.reward_fraction]
+    texts = [
+        (completion_text(ctx.tokenizer, rollouts[i].completion_tokens), ctx.problems[rollouts[i].prompt_id]) for i in checked
+    ]
+    for i, task_reward in zip(checked, task_rewards(ctx.environment, texts), strict=True):
+        r = rollouts[i]
         final, penalty = reward(task_reward, model_length(r.completion_tokens, r.sampled), budget)
         for name, claimed, recomputed in (
             ("task_reward", r.task_reward, task_reward),

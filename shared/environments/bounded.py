@@ -14,6 +14,7 @@ import math
 import multiprocessing
 import resource
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, cast
@@ -54,38 +55,54 @@ class BoundedRewards:
 
     def task_reward(self, completion: str, problem: Problem) -> float:
         """The reward of ``completion`` for ``problem``; raises :class:`PluginFailure` instead of anything else."""
-        return cast(float, self._ask("reward", problem, completion, (completion,)))  # the child checked it is one
+        return self.task_rewards([(completion, problem)])[0]
+
+    def task_rewards(self, scored: list[tuple[str, Problem]]) -> list[float]:
+        """:meth:`task_reward` of each ``(completion, problem)``, in one exchange with the child: it answers each
+        as it is computed (each within the time limit), and stops at the first failure, which is raised."""
+        asked = [(problem, completion, (completion,)) for completion, problem in scored]
+        return [cast(float, v) for v in self._ask("reward", asked)]  # the child checked each is one
 
     def reply(self, problem: Problem, seed: int, turns: list[str]) -> str | None:
         """A multi-turn environment's answer to the model's ``turns`` (:mod:`shared.environments.turns`), or None when
         the episode is over; raises :class:`PluginFailure` instead of anything else."""
-        answer = self._ask("reply", problem, turns[-1] if turns else "", (seed, turns))
-        return None if answer is None else str(answer)
+        return self.replies([(problem, seed, turns)])[0]
+
+    def replies(self, asked: list[tuple[Problem, int, list[str]]]) -> list[str | None]:
+        """:meth:`reply` to each ``(problem, seed, turns)``, in one exchange with the child (as :meth:`task_rewards`)."""
+        answers = self._ask("reply", [(problem, turns[-1] if turns else "", (seed, turns)) for problem, seed, turns in asked])
+        return [None if a is None else str(a) for a in answers]
 
     def call(self, problem: Problem, seed: int, name: str, arguments: dict[str, Any]) -> str:
         """A tool environment's result of one call (:mod:`shared.environments.tool_calls`); raises
         :class:`PluginFailure` instead of anything else."""
-        return str(self._ask("call", problem, f"{name}({arguments})", (seed, name, arguments)))
+        return str(self._ask("call", [(problem, f"{name}({arguments})", (seed, name, arguments))])[0])
 
-    def _ask(self, method: str, problem: Problem, completion: str, args: tuple[object, ...]) -> object:
+    def _ask(self, method: str, asked: Sequence[tuple[Problem, str, tuple[object, ...]]]) -> list[object]:
+        """``method`` on each ``(problem, completion, args)``: one message out, one answer back per item."""
+        answers: list[object] = []
+        if not asked:
+            return answers
         with self._lock:
             conn = self._connection()
-            conn.send((method, problem.model_dump(), args))
-            if not conn.poll(self.limits.timeout_s):
-                self.close()
-                raise self._failure(problem, completion, f"did not return within {self.limits.timeout_s:g} s", method)
-            try:
-                kind, value = conn.recv()
-            except (EOFError, OSError):
-                code = self._child.exitcode if self._child else None
-                self.close()
-                raise self._failure(
-                    problem, completion, f"ended the reward process (exit code {code}; out of memory?)", method
-                ) from None
-        if kind == "error":
-            what = value if value.startswith(("returned", "could not")) else f"raised {value}"
-            raise self._failure(problem, completion, what, method)
-        return value
+            conn.send((method, [(problem.model_dump(), args) for problem, _, args in asked]))
+            for problem, completion, _ in asked:
+                if not conn.poll(self.limits.timeout_s):
+                    self.close()
+                    raise self._failure(problem, completion, f"did not return within {self.limits.timeout_s:g} s", method)
+                try:
+                    kind, value = conn.recv()
+                except (EOFError, OSError):
+                    code = self._child.exitcode if self._child else None
+                    self.close()
+                    raise self._failure(
+                        problem, completion, f"ended the reward process (exit code {code}; out of memory?)", method
+                    ) from None
+                if kind == "error":  # the child stops at it: nothing is left on the pipe
+                    what = value if value.startswith(("returned", "could not")) else f"raised {value}"
+                    raise self._failure(problem, completion, what, method)
+                answers.append(value)
+        return answers
 
     def close(self) -> None:
         """Stop the child process, if any (the next call starts a new one)."""
@@ -116,8 +133,16 @@ class BoundedRewards:
         return PluginFailure(message, problem.id, completion)
 
 
+def task_rewards(rewards: Any, scored: list[tuple[str, Problem]]) -> list[float]:
+    """Each ``(completion, problem)``'s reward from ``rewards``: in one exchange where it is a bounded process, one call
+    each where it is an environment itself."""
+    batch = getattr(rewards, "task_rewards", None)
+    return batch(scored) if batch is not None else [float(rewards.task_reward(c, p)) for c, p in scored]
+
+
 def _serve(conn: Connection, name: str, pin: str | None, memory_bytes: int) -> None:
-    """The child: load the environment, then answer ``(completion, problem)`` with ``("ok", reward)`` or ``("error", why)``."""
+    """The child: load the environment, then answer each item of a request with ``("ok", value)``, or ``("error", why)``
+    and nothing more of that request."""
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     soft = _address_space() + memory_bytes
     resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
@@ -127,14 +152,18 @@ def _serve(conn: Connection, name: str, pin: str | None, memory_bytes: int) -> N
         environment, load_error = None, f"could not be loaded: {type(e).__name__}: {e}"[:500]
     while True:
         try:
-            method, problem, args = conn.recv()
+            method, asked = conn.recv()
         except EOFError:
             return
-        conn.send(
-            _call(environment, method, Problem(**problem), args, memory_bytes)
-            if environment is not None
-            else ("error", load_error)
-        )
+        for problem, args in asked:
+            answer = (
+                _call(environment, method, Problem(**problem), args, memory_bytes)
+                if environment is not None
+                else ("error", load_error)
+            )
+            conn.send(answer)
+            if answer[0] == "error":
+                break
 
 
 def _address_space() -> int:

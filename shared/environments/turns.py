@@ -23,6 +23,7 @@ evaluation charts the share of episodes with one, beside accuracy).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -71,11 +72,18 @@ def turn_ended(tokenizer: PreTrainedTokenizerBase, tokens: list[int], stops: tup
     """Whether a model turn of ``tokens`` ends at its last token. The turn is decoded whole only when that token
     could complete a stop (its own text holds a stop's last character, or is part of a character split across
     tokens), so checking after every token costs one short decode, not a growing one."""
-    last = completion_text(tokenizer, tokens[-1:])
-    if "\ufffd" not in last and not any(stop[-1] in last for stop in stops):
+    if not _may_end(tokenizer, stops, tokens[-1]):
         return False
     text = completion_text(tokenizer, tokens)
     return any(text.endswith(stop) for stop in stops)
+
+
+@lru_cache(maxsize=1 << 16)
+def _may_end(tokenizer: PreTrainedTokenizerBase, stops: tuple[str, ...], token: int) -> bool:
+    """Whether ``token`` could complete one of ``stops``, by its own text: asked at every position of every turn, by
+    the node as it generates and the validator as it replays, so each token's answer is kept."""
+    last = completion_text(tokenizer, [token])
+    return "\ufffd" in last or any(stop[-1] in last for stop in stops)
 
 
 @dataclass(frozen=True)
