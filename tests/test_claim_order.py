@@ -25,15 +25,19 @@ from tests.support.protocol import grant, joined, lease, upload
 pytestmark = pytest.mark.integration
 
 
-def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite_url: str, tmp_path: Path) -> None:
-    clock = MovableClock()
-    settings = CoordinatorSettings(
+def _settings(sqlite_url: str, tmp_path: Path) -> CoordinatorSettings:
+    return CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
         rate_limit_burst=1000,
         heartbeat_interval_s=3600,
     )
+
+
+def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite_url: str, tmp_path: Path) -> None:
+    clock = MovableClock()
+    settings = _settings(sqlite_url, tmp_path)
     with serve(settings, clock=clock) as served:
         make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
         validator = Account.create()
@@ -70,13 +74,7 @@ def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite
 
 def test_a_validator_checking_a_newcomers_file_draws_nothing_ahead(sqlite_url: str, tmp_path: Path) -> None:
     """A file drawn ahead while a newcomer's is checked would hold up a proven node's file that arrives meanwhile."""
-    settings = CoordinatorSettings(
-        database_url=sqlite_url,
-        blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        heartbeat_interval_s=3600,
-    )
+    settings = _settings(sqlite_url, tmp_path)
     with serve(settings) as served:
         make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
         key = Account.create()
