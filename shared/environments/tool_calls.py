@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
+from intellect_protocol.shared.environments.bounded import task_rewards
 from intellect_protocol.shared.environments.registry import Problem
 from intellect_protocol.shared.environments.turns import Rules, Tool, rules_of
 
@@ -141,6 +142,9 @@ class ToolCalling:
 
     def task_reward(self, completion: str, problem: Problem) -> float:
         return float(self.answers.task_reward(completion, problem))
+
+    def task_rewards(self, scored: list[tuple[str, Problem]]) -> list[float]:
+        return task_rewards(self.answers, scored)
 
 
 def episode_rules(environment: object, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> Rules | None:
