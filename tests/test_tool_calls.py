@@ -96,8 +96,9 @@ def test_the_tools_reach_the_prompt_through_the_template_or_as_text() -> None:
         ('<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>', "error: no tool named 'shell'"),
         ('<tool_call>{"name": "calc", "arguments": {"expression": "2**99"}}</tool_call>', "error"),
         ("<tool_call>" + "[" * 100_000 + "</tool_call>", "error: not a tool call"),
+        ("<tool_call>x" * 20_000 + "</tool_call>", "error: not a tool call"),
     ],
-    ids=["prose", "broken-json", "wrong-keys", "undeclared-tool", "tool-refuses", "nested-past-the-parser"],
+    ids=["prose", "broken-json", "wrong-keys", "undeclared-tool", "tool-refuses", "nested-past-the-parser", "many-tags"],
 )
 def test_a_turn_that_is_no_call_of_a_declared_tool_gets_a_one_line_error(turn: str, answer: str) -> None:
     tokenizer = tokenizer_for("qwen3")

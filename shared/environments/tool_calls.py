@@ -23,7 +23,6 @@ call of a declared tool gets a one-line error as its result, so the model can le
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
@@ -38,7 +37,7 @@ if TYPE_CHECKING:
 _CALL, _RESULT = "CALL-1b7e", "RESULT-1b7e"
 """Placeholders the template renders around, to find its text between a call and the next assistant turn."""
 PLAIN_FRAME = f"\n<tool_response>\n{_RESULT}\n</tool_response>\n"
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>$", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
 
 @runtime_checkable
@@ -74,9 +73,9 @@ class ToolSyntax:
         if self.name == "llama-json":
             start = turn.find("{")
             text, key = (turn[start:] if start >= 0 else ""), "parameters"
-        else:
-            match = _HERMES.search(turn)
-            text, key = (match.group(1) if match else ""), "arguments"
+        else:  # the turn ended at the closing tag: its call opens at the last opening tag (found in linear time)
+            start, end = turn.rfind(_OPEN), len(turn) - len(_CLOSE)
+            text, key = (turn[start + len(_OPEN) : end] if start >= 0 and turn.endswith(_CLOSE) else ""), "arguments"
         try:
             call = json.loads(text)
         except (json.JSONDecodeError, RecursionError):  # the turn is the node's: nested deeper than the parser goes
@@ -94,7 +93,7 @@ def tool_syntax(tokenizer: PreTrainedTokenizerBase) -> ToolSyntax:
     return (
         _syntax(tokenizer.chat_template)
         if isinstance(tokenizer.chat_template, str)
-        else ToolSyntax("plain", ("</tool_call>",), PLAIN_FRAME)
+        else ToolSyntax("plain", (_CLOSE,), PLAIN_FRAME)
     )
 
 
@@ -118,7 +117,7 @@ def _syntax(template: str) -> ToolSyntax:
             frame = after
     if "ipython" in template:
         return ToolSyntax("llama-json", ("}}",), frame)
-    return ToolSyntax("hermes" if "<tool_call>" in template else "plain", ("</tool_call>",), frame)
+    return ToolSyntax("hermes" if _OPEN in template else "plain", (_CLOSE,), frame)
 
 
 class ToolCalling:
