@@ -160,22 +160,27 @@ def cost(workdir: Path, share: float, validators: int, tasks: int) -> tuple[floa
 
 
 def judge(d: Deployment, validator: LocalAccount, say: Callable[[str], str], pause_s: float = 0.0) -> int:
-    """Claim and judge what is drawn for ``validator`` until nothing is (a newcomer's file or an appeal comes alone
-    in a claim); how many."""
+    """Claim once and judge what comes (a newcomer's file or an appeal comes alone); how many."""
+    claims = d.post(validator, "/v1/validation/claim", {"address": validator.address, "limit": 64}).json()
+    for c in claims:
+        time.sleep(pause_s)
+        verdict = made_up_checks(say(c["submission_id"]))
+        signature = sign_verdict(validator, d.audience, c["submission_id"], c["sha256"], verdict, [])
+        body = {
+            "address": validator.address,
+            "submission_id": c["submission_id"],
+            "checks": [v.model_dump() for v in verdict],
+            "signature": signature,
+        }
+        d.post(validator, "/v1/validation/verdicts", body)
+    return len(claims)
+
+
+def judge_all(d: Deployment, validator: LocalAccount, say: Callable[[str], str]) -> int:
+    """:func:`judge` until nothing more is drawn for ``validator``; how many."""
     judged = 0
-    while claims := d.post(validator, "/v1/validation/claim", {"address": validator.address, "limit": 64}).json():
-        judged += len(claims)
-        for c in claims:
-            time.sleep(pause_s)
-            verdict = made_up_checks(say(c["submission_id"]))
-            signature = sign_verdict(validator, d.audience, c["submission_id"], c["sha256"], verdict, [])
-            body = {
-                "address": validator.address,
-                "submission_id": c["submission_id"],
-                "checks": [v.model_dump() for v in verdict],
-                "signature": signature,
-            }
-            d.post(validator, "/v1/validation/verdicts", body)
+    while claimed := judge(d, validator, say):
+        judged += claimed
     return judged
 
 
@@ -213,7 +218,7 @@ def detection(workdir: Path, share: float, verdicts: int, max_strikes: int) -> D
                     d.submit(honest)
             time.sleep(1.1)  # the honest validators fall out of the draw: the rogue looks first at all of it
             try:
-                given += judge(d, rogue, lambda _: "accept")
+                given += judge_all(d, rogue, lambda _: "accept")
             except RuntimeError as e:
                 if "role_required" not in str(e):
                     raise
