@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from eth_account.signers.local import LocalAccount
 
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.services.runs import create_run
+from intellect_protocol.shared.environments.registry import Environment, get_environment, plugin
 from intellect_protocol.shared.island_schemas import OuterSettings
 from intellect_protocol.shared.run_schemas import AuditPolicy, RunSpec
 from intellect_protocol.shared.schemas import DEFAULT_MODEL, CheckOutcome, SamplingParams
@@ -199,3 +202,13 @@ def install_distribution(root: Path, package: str, release: str, entries: dict[s
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {release}\n")
     lines = "".join(f"{name} = {target}\n" for name, target in entries.items())
     (info / "entry_points.txt").write_text(f"[intellect_protocol.environments]\n{lines}")
+
+
+@contextmanager
+def installed_environment(site: Path, package: str, name: str, target: str, module: str) -> Iterator[Environment]:
+    """``module`` installed in ``site`` as ``package`` 0.1.0, with the environment ``name`` at ``target``, importable while
+    the block runs (the roles' reward processes start with this process's path): the environment."""
+    install_distribution(site, package, "0.1.0", {name: target}, module)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(site))
+        yield get_environment(name, plugin(name).pin)

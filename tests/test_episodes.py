@@ -33,7 +33,7 @@ from intellect_protocol.trainer.data import fetch_accepted
 from intellect_protocol.validator.checks import Context, Verdict, validate
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
-from tests.helpers import install_distribution, make_run
+from tests.helpers import installed_environment, make_run
 from tests.support.adversary import tiny
 from tests.support.checks import failed, make_task
 from tests.support.protocol import grant, joined, lease, upload
@@ -61,11 +61,8 @@ class Echo(Arithmetic):
 
 @pytest.fixture(scope="module")
 def echo(tmp_path_factory: pytest.TempPathFactory) -> Environment:
-    site = tmp_path_factory.mktemp("site")
-    install_distribution(site, "intellect-echo", "0.1.0", {"echo": "intellect_echo:Echo"}, ECHO)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(site))  # the node's reward process starts with this process's path
-        yield get_environment("echo", plugin("echo").pin)
+    with installed_environment(tmp_path_factory.mktemp("site"), "intellect-echo", "echo", "intellect_echo:Echo", ECHO) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")

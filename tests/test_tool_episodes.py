@@ -12,14 +12,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from intellect_protocol.node.work import finish, generate
-from intellect_protocol.shared.environments.registry import Environment, get_environment, plugin
+from intellect_protocol.shared.environments.registry import Environment, plugin
 from intellect_protocol.shared.environments.tool_calls import episode_replies, episode_rules, tool_syntax
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, read_rollouts, write_rollouts
 from intellect_protocol.shared.schemas import TaskSpec
 from intellect_protocol.validator.checks import Context, Verdict, validate
 from tests.families import arithmetic_task, build, tokenizer
-from tests.helpers import install_distribution
+from tests.helpers import installed_environment
 from tests.support.checks import failed
 from tests.support.tool_templates import CALL_TAGS, SPECIALS, TEMPLATES
 
@@ -47,10 +47,8 @@ CALL_ENDS = {"qwen3": "</tool_call>", "llama": "}}", "gemma3_text": "</tool_call
 @pytest.fixture(scope="module")
 def calc_tools(tmp_path_factory: pytest.TempPathFactory) -> Environment:
     site = tmp_path_factory.mktemp("site")
-    install_distribution(site, "intellect-calc-tools", "0.1.0", {"calc-tools": "intellect_calc_tools:CalcTools"}, CALC_TOOLS)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(site))  # the node's reward process starts with this process's path
-        yield get_environment("calc-tools", plugin("calc-tools").pin)
+    with installed_environment(site, "intellect-calc-tools", "calc-tools", "intellect_calc_tools:CalcTools", CALC_TOOLS) as found:
+        yield found
 
 
 @pytest.fixture(scope="module", params=list(TEMPLATES))
