@@ -337,14 +337,14 @@ def _replay(rollouts: list[Rollout], ctx: Context) -> list[str]:
     why: dict[int, str | None] = {}
     asked: dict[int, list[str]] = {}
 
-    def step(i: int, answer: str | None, first: bool = False) -> None:
+    def step(i: int, answer: str | None) -> None:
         try:
-            asked[i] = next(walks[i]) if first else walks[i].send(answer)
+            asked[i] = walks[i].send(answer)  # None starts a walk
         except StopIteration as done:
             why[i] = done.value
 
     for i in walks:
-        step(i, None, first=True)
+        step(i, None)
     # Every file's first row is replayed twice: a plugin whose replies are not a function of the turns is found
     # (PluginFailure: no verdict on the node) before any node is judged by its word.
     twice = Twice(environment)
