@@ -151,43 +151,58 @@ def _why_nothing(api: Any, address: str, epoch: int) -> str:
     return f": {address} has no credit left in this coordinator's ledger, after clawbacks."
 
 
+CLAIM_ATTEMPTS = 3
+"""Epochs a claim follows: the contract pays only against the newest root, and one may land while a claim is
+being built and sent (the devnet anchors every few seconds)."""
+
+
 def claim(
     wallet_file: Wallet, coordinator: CoordinatorUrl = "http://127.0.0.1:8000", ca_file: CaFileOption = None, rpc: Rpc = None
 ) -> None:
     """Claim the reward tokens for this wallet's final credit, as of the newest root on chain."""
 
+    from intellect_protocol.shared.chain import ChainError
+
+    with _settlement("claim", coordinator, rpc, wallet_file) as (api, chain, account):
+        for attempt in range(1, CLAIM_ATTEMPTS + 1):
+            epoch = chain.latest_epoch()
+            try:
+                _claim_at(api, chain, account, epoch)
+                return
+            except ChainError:
+                if attempt == CLAIM_ATTEMPTS or chain.latest_epoch() == epoch:
+                    raise
+                console.print(f"A newer root landed on chain while claiming against epoch {epoch}; claiming again.")
+
+
+def _claim_at(api: Any, chain: Any, account: Any, epoch: int) -> None:
+    """Claim against the root of ``epoch``, the newest on chain when read (a ChainError if it no longer is)."""
     from intellect_protocol.shared.coordinator_client import Refused
     from intellect_protocol.shared.merkle import root_of
 
-    with _settlement("claim", coordinator, rpc, wallet_file) as (api, chain, account):
-        epoch = chain.latest_epoch()
-        if epoch == 0:
-            console.print("Nothing to claim: no epoch has been anchored on chain yet.")
-            return
-        try:
-            found = api.epoch_proof(epoch, account.address)
-        except Refused as e:
-            if e.status != 404:
-                raise
-            console.print(f"Nothing to claim{_why_nothing(api, account.address, epoch)}")
-            return
-        cumulative, proof = int(found.cumulative), [bytes.fromhex(p.removeprefix("0x")) for p in found.proof]
-        if root_of(account.address, cumulative, proof) != chain.root_at(epoch):
-            raise fail(
-                f"The coordinator's proof for epoch {epoch} does not reach the root on chain; run `intellect-node verify-epoch {epoch}`.",
-                6,
-            )
-        already = chain.claimed(account.address)
-        if cumulative <= already:
-            console.print(
-                f"Nothing to claim: {tokens(already)} claimed already, {tokens(cumulative)} earned up to epoch {epoch}."
-            )
-            return
-        with console.status(f"Claiming {tokens(cumulative - already)} (epoch {epoch})…"):
-            receipt = chain.transact(account, chain.distributor.functions.claim(account.address, cumulative, proof))
-        console.print(
-            f"Claimed {tokens(cumulative - already)} for {account.address} (tx {receipt['transactionHash'].to_0x_hex()})."
+    if epoch == 0:
+        console.print("Nothing to claim: no epoch has been anchored on chain yet.")
+        return
+    try:
+        found = api.epoch_proof(epoch, account.address)
+    except Refused as e:
+        if e.status != 404:
+            raise
+        console.print(f"Nothing to claim{_why_nothing(api, account.address, epoch)}")
+        return
+    cumulative, proof = int(found.cumulative), [bytes.fromhex(p.removeprefix("0x")) for p in found.proof]
+    if root_of(account.address, cumulative, proof) != chain.root_at(epoch):
+        raise fail(
+            f"The coordinator's proof for epoch {epoch} does not reach the root on chain; run `intellect-node verify-epoch {epoch}`.",
+            6,
         )
+    already = chain.claimed(account.address)
+    if cumulative <= already:
+        console.print(f"Nothing to claim: {tokens(already)} claimed already, {tokens(cumulative)} earned up to epoch {epoch}.")
+        return
+    with console.status(f"Claiming {tokens(cumulative - already)} (epoch {epoch})…"):
+        receipt = chain.transact(account, chain.distributor.functions.claim(account.address, cumulative, proof))
+    console.print(f"Claimed {tokens(cumulative - already)} for {account.address} (tx {receipt['transactionHash'].to_0x_hex()}).")
 
 
 def verify_epoch(

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -223,6 +227,53 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
         assert httpx.get(f"{served.url}/v1/public/epochs/2/proofs/{bob.address}").status_code == 404
         assert httpx.get(f"{served.url}/v1/public/epochs/0/proofs/{bob.address}").status_code == 422
         assert httpx.get(f"{served.url}/v1/public/epochs/1/proofs/not-an-address").status_code == 422
+
+
+@contextmanager
+def forwarding(target: str, before_proof: Callable[[], None]) -> Iterator[str]:
+    """A loopback HTTP server in front of ``target`` that calls ``before_proof`` once, before it forwards the first
+    request for a claim proof: the point where a real claim may be overtaken by a new root."""
+    pending = [before_proof]
+
+    class Forward(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if "/proofs/" in self.path and pending:
+                pending.pop()()
+            reply = httpx.get(target + self.path)
+            self.send_response(reply.status_code)
+            self.send_header("content-type", reply.headers.get("content-type", "application/json"))
+            self.send_header("content-length", str(len(reply.content)))
+            self.end_headers()
+            self.wfile.write(reply.content)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        assert not pending, "no claim proof was asked for"
+
+
+def test_a_claim_overtaken_by_a_new_root_claims_again_against_it(sqlite_url, tmp_path, anvil, chain) -> None:
+    settlement, _, keystore = chain
+    alice, alice_wallet = wallet(tmp_path, anvil)
+    with serve(settled(sqlite_url, tmp_path, anvil, settlement, keystore)) as served:
+        run_id = make_run(served)
+        lay_credit(served, run_id, alice.address, "3.5")
+        anchored(served, 1)
+
+        def new_root() -> None:
+            lay_credit(served, run_id, alice.address, "1.25")
+            anchored(served, 2)
+
+        with forwarding(served.url, new_root) as url:
+            code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", url)
+        assert code == 0 and "A newer root landed on chain while claiming against epoch 1" in out and "Claimed 4.75" in out, out
+        assert settlement.token.functions.balanceOf(alice.address).call() == 19 * TOKEN // 4
 
 
 def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(sqlite_url, tmp_path, anvil, chain) -> None:
