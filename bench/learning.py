@@ -1,5 +1,8 @@
 """How much learning speed and compute the protocol costs: the whole network against one trainer
-process with the same cores, for the same wall clock, in the same run, ``--repeats`` times.
+process with the same cores, for the same wall clock, in the same run, ``--repeats`` times, on a
+``--workload`` (:data:`WORKLOADS`): ``tiny`` (the shipped arithmetic model, 40-token answers) or
+``reasoning`` (``tiny-reason`` on long sums, 170 to 370 tokens of thinking: generation dominates, as in
+real RL).
 
 Configurations, one after the other on the same cores, each for ``--seconds``:
 
@@ -24,11 +27,11 @@ time (``bench/_cpu.py``), and the protocol tax (everything but generation and th
 each configuration's area under accuracy-against-time (the mean accuracy over the horizon); the
 time to +10, +15 and +20 points over the shipped model and to the highest accuracy all reach, read
 where a centred mean of five evaluations first crosses it. Last, over the repeats, the median and
-range of every ratio: network async / single process at each threshold (goal <= 1.3) and in area
-(goal >= 0.85), sync / async (goal >= 2.5) beside the overlap gain (sync's step interval / async's),
-the protocol tax (goal <= 25 %).
+range of every ratio beside the workload's goal: network async / single process at each threshold and
+in area, sync / async beside the overlap gain (sync's step interval / async's), the protocol tax, and
+the share of the single process's CPU spent generating.
 
-    python bench/learning.py [--seconds 180] [--repeats 3] [--held-out 500]
+    python bench/learning.py [--workload reasoning] [--seconds 180] [--repeats 3] [--held-out 200]
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -50,19 +53,61 @@ import httpx
 import torch
 from _single_process import learn
 from sqlalchemy import Engine, func, select
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from intellect_protocol.coordinator.db import make_engine
 from intellect_protocol.coordinator.models import Submission, Task
 from intellect_protocol.devnet.network import start_network
 from intellect_protocol.shared import cpu_ledger
-from intellect_protocol.shared.environments.arithmetic import held_out_problems
-from intellect_protocol.shared.models import load_model
+from intellect_protocol.shared.environments.long_sum import MAX_TOKENS
+from intellect_protocol.shared.environments.registry import plugin
+from intellect_protocol.shared.evaluation import HeldOutTask, held_out_metrics
+from intellect_protocol.shared.models import load_model, resolve_model
 from intellect_protocol.shared.shardcast.origin import step_dir
 from intellect_protocol.shared.states import SubmissionStatus
-from intellect_protocol.shared.tiny_model import greedy_accuracy
 from intellect_protocol.trainer.settings import TrainerSettings
 
-RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", "64"]
+
+@dataclass(frozen=True)
+class Workload:
+    """What every configuration learns: a shipped model on an environment, with a task's completion limit."""
+
+    model: str
+    environment: str
+    max_tokens: int
+    goals: dict[str, str]
+    """Each ratio's goal, by a part of its name."""
+
+    @property
+    def run_options(self) -> list[str]:
+        return [
+            *("--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", str(self.max_tokens)),
+            *("--environment", self.environment, "--model", resolve_model(self.model)),
+        ]
+
+
+WORKLOADS = {
+    "tiny": Workload(
+        "tiny-arith",
+        "arithmetic",
+        64,
+        {"network async / single process, time": "<= 1.3", "sync / async": ">= 2.5", "area": ">= 0.85", "tax": "<= 25 %"},
+    ),
+    "reasoning": Workload(
+        "tiny-reason",
+        "long-sum",
+        MAX_TOKENS,
+        {
+            "network async / single process, time": "<= 1.2",
+            "sync / async": ">= 2.0",
+            "area": ">= 0.85",
+            "tax": "<= 15 %",
+            "generation": ">= 75 %",
+        },
+    ),
+}
+"""``tiny``: column addition in about 40 tokens, where the update costs what generation does; ``reasoning``: long
+sums thought out in 170 to 370 tokens, where generation dominates as in real RL."""
 DEVNET_COORDINATOR = {"INTELLECT_HEARTBEAT_INTERVAL_S": "2"}
 """As ``intellect-devnet`` runs its coordinator."""
 FILTER_COUNTS = ("dropped_off_range", "dropped_flat", "dropped_stale")
@@ -104,35 +149,42 @@ def schedule(times: dict[int, float], dense: float, sparse: float) -> list[int]:
 
 
 @cache
-def _shipped() -> tuple[torch.nn.Module, object]:
-    return load_model("tiny-arith")
+def _shipped(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    return load_model(model)
 
 
-def _accuracy(weights: str | dict[str, torch.Tensor], problems: list[tuple[str, int]]) -> float:
+def held_out_task(workload: Workload, count: int) -> HeldOutTask:
+    """The first ``count`` of the workload's held-out problems, answered greedily within its completion limit."""
+    found = HeldOutTask.of_run(workload.environment, plugin(workload.environment).pin, None, workload.max_tokens)
+    return replace(found, problems=found.problems[:count])
+
+
+def _accuracy(weights: str | dict[str, torch.Tensor], workload: Workload, count: int) -> float:
     torch.set_num_threads(1)
-    model, tokenizer = _shipped()
+    model, tokenizer = _shipped(workload.model)
     if isinstance(weights, str):
         model, _ = load_model(weights)
     else:
         model.load_state_dict(weights)
-    return greedy_accuracy(model, tokenizer, problems)
+    return held_out_metrics(model, tokenizer, held_out_task(workload, count))["heldout_accuracy"]
 
 
 def evaluate(
-    jobs: list[tuple[float, int, str | dict[str, torch.Tensor]]], problems: list[tuple[str, int]]
+    jobs: list[tuple[float, int, str | dict[str, torch.Tensor]]], args: argparse.Namespace
 ) -> list[tuple[float, int, float]]:
     """Held-out accuracy of each (time, step, weights), on every core."""
+    workload = WORKLOADS[args.workload]
     with ProcessPoolExecutor(os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        accuracies = pool.map(_accuracy, [w for _, _, w in jobs], [problems] * len(jobs))
+        accuracies = pool.map(_accuracy, [w for _, _, w in jobs], [workload] * len(jobs), [args.held_out] * len(jobs))
         return [(t, step, a) for (t, step, _), a in zip(jobs, accuracies, strict=True)]
 
 
-def network(args: argparse.Namespace, problems: list[tuple[str, int]], async_level: int, online_filter: bool = True) -> Curve:
+def network(args: argparse.Namespace, async_level: int, online_filter: bool = True) -> Curve:
     """The devnet's network, timed from its first lease (every role spawned, the node ready to generate)."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir, ledgers = Path(tmp), Path(tmp) / "cpu"
         trainer_env = {"INTELLECT_TRAINER_ONLINE_FILTER": str(online_filter).lower()}
-        options = [*RUN, "--async-level", str(async_level)]
+        options = [*WORKLOADS[args.workload].run_options, "--async-level", str(async_level)]
         os.environ[cpu_ledger.LEDGER_ENV] = str(ledgers)  # every role inherits it
         try:
             net = start_network(
@@ -165,9 +217,10 @@ def network(args: argparse.Namespace, problems: list[tuple[str, int]], async_lev
             ledger.dispose()
         published = {s: t for s, t in published.items() if t <= args.seconds}
         chosen = schedule(published, args.dense, args.sparse)
-        jobs = [(0.0, 0, "tiny-arith")] + [(published[s], s, str(step_dir(workdir / "origin", run, s))) for s in chosen]
+        shipped = resolve_model(WORKLOADS[args.workload].model)
+        jobs = [(0.0, 0, shipped)] + [(published[s], s, str(step_dir(workdir / "origin", run, s))) for s in chosen]
         steps = [m for m in progress["steps"] if m["step"] in published]
-        return Curve(args.seconds, evaluate(jobs, problems), steps, breakdown, cpu, rollouts)
+        return Curve(args.seconds, evaluate(jobs, args), steps, breakdown, cpu, rollouts)
 
 
 def _first_lease(ledger: Engine, timeout: float = 300) -> float:
@@ -195,18 +248,19 @@ def _manifests(url: str, run: str) -> list[dict]:
     return [httpx.get(f"{url}/v1/manifests/{run}/{step}", timeout=30).json() for step in range(1, latest + 1)]
 
 
-def single_process(args: argparse.Namespace, problems: list[tuple[str, int]]) -> Curve:
+def single_process(args: argparse.Namespace) -> Curve:
     with tempfile.TemporaryDirectory() as tmp:
         cpu_ledger.record(Path(tmp) / "cpu", time.process_time)  # one flow of work, on torch's threads
         before = cpu_ledger.snapshot()
-        snapshots, steps, rollouts = learn(Path(tmp), RUN, args.seconds, args.threads, TrainerSettings())
+        run_options = WORKLOADS[args.workload].run_options
+        snapshots, steps, rollouts = learn(Path(tmp), run_options, args.seconds, args.threads, TrainerSettings())
         after = cpu_ledger.snapshot()
     activities = {a: s - before.activities.get(a, 0.0) for a, s in after.activities.items()}
     spent = {"single process": {**activities, _cpu.TOTAL: after.cpu_s - before.cpu_s}}
     times = {step: t for t, step, _ in snapshots[1:]}
     chosen = set(schedule(times, args.dense, args.sparse)) | {0}
     jobs = [(t, step, weights) for t, step, weights in snapshots if step in chosen]
-    return Curve(args.seconds, evaluate(jobs, problems), steps, [], _cpu.difference(spent, {}), rollouts)
+    return Curve(args.seconds, evaluate(jobs, args), steps, [], _cpu.difference(spent, {}), rollouts)
 
 
 def smoothed(points: list[tuple[float, int, float]]) -> list[tuple[float, float]]:
@@ -268,6 +322,8 @@ def ratios(curves: dict[str, Curve]) -> dict[str, float]:
     out["overlap gain (sync step interval / async step interval)"] = synchronous.step_interval / asynchronous.step_interval
     for name in ("network async", "network sync"):
         out[f"{name}: protocol tax (share of CPU)"] = _cpu.tax(curves[name].ledger)
+    alone = single.ledger["single process"]
+    out["single process: generation (share of its CPU)"] = alone.get("generation", 0.0) / alone[_cpu.TOTAL]
     return out
 
 
@@ -277,7 +333,8 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=1, help="runs of every configuration; ratios are given as median and range"
     )
-    parser.add_argument("--held-out", type=int, default=500, help="held-out problems each evaluation answers")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="tiny", help="what is learned (see WORKLOADS)")
+    parser.add_argument("--held-out", type=int, default=200, help="held-out problems each evaluation answers (at most 200)")
     parser.add_argument("--dense", type=float, default=60, help="seconds from the start in which every policy step is evaluated")
     parser.add_argument("--sparse", type=float, default=10, help="seconds between evaluations after --dense")
     parser.add_argument("--async-level", type=int, default=2, help="the async network's level (the run default: 2)")
@@ -287,26 +344,25 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    problems = held_out_problems(args.held_out)
     figures: list[dict[str, float]] = []
     for repeat in range(1, args.repeats + 1):
         print(f"== repeat {repeat} of {args.repeats}", flush=True)
         curves = {
-            "single process": single_process(args, problems),
-            "network async": network(args, problems, async_level=args.async_level),
-            "network sync": network(args, problems, async_level=0),
+            "single process": single_process(args),
+            "network async": network(args, async_level=args.async_level),
+            "network sync": network(args, async_level=0),
         }
         if args.unfiltered:
-            curves["network async, no online filter"] = network(args, problems, async_level=args.async_level, online_filter=False)
+            curves["network async, no online filter"] = network(args, async_level=args.async_level, online_filter=False)
         for name, curve in curves.items():
             show(name, curve)
         figures.append(ratios(curves))
     print(f"== over {args.repeats} repeat(s): median (min-max)")
-    goals = {"network async / single process, time": "<= 1.3", "sync / async": ">= 2.5", "area": ">= 0.85", "tax": "<= 25 %"}
+    goals = WORKLOADS[args.workload].goals
     for key in figures[0]:
         values = sorted(f[key] for f in figures if key in f)
         goal = next((f" (goal {g})" for k, g in goals.items() if k in key), "")
-        scale, unit = (100, " %") if "tax" in key else (1, "")
+        scale, unit = (100, " %") if "share" in key else (1, "")
         median, low, high = (scale * v for v in (statistics.median(values), values[0], values[-1]))
         print(f"  {key}: {median:.2f}{unit} ({low:.2f}-{high:.2f}){goal}")
 

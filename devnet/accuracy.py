@@ -20,6 +20,8 @@ class Accuracy(threading.Thread):
         self.by_step: dict[int, float] = {}
         self.tool_calls_by_step: dict[int, float] = {}
         """A multi-turn environment's share of held-out episodes with a correct tool call, by step (else empty)."""
+        self.within_budget_by_step: dict[int, float] = {}
+        """Under a thinking budget, the share of held-out completions within it, by step (else empty)."""
         self.measured_on = ""
         """What it is measured on, in words (the environment and where its held-out problems come from)."""
 
@@ -38,6 +40,7 @@ class Accuracy(threading.Thread):
         import torch
         import transformers
 
+        from intellect_protocol.shared.environments.length import LengthBudget
         from intellect_protocol.shared.evaluation import HeldOutTask, held_out_metrics
         from intellect_protocol.shared.models import load_model
         from intellect_protocol.shared.run_schemas import RunInfo
@@ -47,7 +50,8 @@ class Accuracy(threading.Thread):
         transformers.utils.logging.disable_progress_bar()  # its bars would tear the live dashboard
         url = f"{self.network.coordinator.url}/v1/public/runs/{self.network.run_id}"
         run = RunInfo.model_validate(self.network.http.get(url, timeout=10).json())
-        task = HeldOutTask.of_run(run.environment, run.environment_version, run.prompting, run.sampling.max_tokens)
+        budget = LengthBudget.model_validate(run.length_budget)
+        task = HeldOutTask.of_run(run.environment, run.environment_version, run.prompting, run.sampling.max_tokens, budget)
         self.measured_on = task.describe()
         base, tokenizer = load_model(self.model)
         self._record(0, held_out_metrics(base, tokenizer, task, self.stop_event))
@@ -66,6 +70,8 @@ class Accuracy(threading.Thread):
         self.by_step[step] = metrics["heldout_accuracy"]
         if "heldout_tool_calls" in metrics:
             self.tool_calls_by_step[step] = metrics["heldout_tool_calls"]
+        if "heldout_within_budget" in metrics:
+            self.within_budget_by_step[step] = metrics["heldout_within_budget"]
         self.network.http.post(
             f"{self.network.coordinator.url}/v1/admin/runs/{self.network.run_id}/evaluations",
             json={"step": step, "metrics": metrics},

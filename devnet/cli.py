@@ -41,7 +41,10 @@ class Backend(StrEnum):
 
 
 MAX_TOKENS = 64
-RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", str(MAX_TOKENS)]
+"""A task's completion limit, where the environment sets none of its own (``max_tokens``)."""
+RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8"]
+BUDGET_ALPHA = 0.002
+"""The devnet's thinking-budget penalty a token: long-sum's two scratchpads, about 180 tokens apart, differ by 0.36."""
 ISLAND_SYNC_EVERY = 1
 """Inner steps between the devnet islands' outer steps. With each island's inner step on half a lone trainer's
 groups, a policy step learns from as many groups as a lone trainer's, and the short devnet learns as it
@@ -122,6 +125,16 @@ def main(
             "its problems, never handed out as tasks).",
         ),
     ] = "arithmetic",
+    budget: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=1 << 16,
+            help="A thinking budget of this many tokens, as INTELLECT-2's: stated in every prompt, rewarded by "
+            f"{BUDGET_ALPHA} a token off target; the page and summary.json show the share of held-out answers within it "
+            "(try long-sum with 180 and 360: its model answers in about 180 tokens, or 355 when it checks itself).",
+        ),
+    ] = None,
     islands: Annotated[
         int,
         typer.Option(
@@ -158,11 +171,14 @@ def main(
 
             settlement = start_chain(workdir)
             console.print(f"Chain: anvil at {settlement.anvil.url}, contracts in {workdir / 'chain.json'}")
-        run_options = [*RUN, "--environment", environment]
-        model = model or shipped_model(environment)
+        named_model, max_tokens = environment_defaults(environment)
+        run_options = [*RUN, "--max-tokens", str(max_tokens), "--environment", environment]
+        if budget is not None:
+            run_options += ["--target-length", str(budget), "--length-alpha", str(BUDGET_ALPHA)]
+        model = model or named_model
         if model is not None:
             run_options += ["--model", str(model)]
-            calibration = calibration or calibrated(model, f"{backend.value}/float32", MAX_TOKENS, workdir, console)
+            calibration = calibration or calibrated(model, f"{backend.value}/float32", max_tokens, workdir, console)
         if calibration is not None:
             run_options += ["--calibration", str(calibration)]
         if islands:
@@ -278,16 +294,18 @@ def _progress(network: Network) -> dict[str, Any]:
     return progress
 
 
-def shipped_model(environment: str) -> Path | None:
-    """The shipped model an environment names for itself (``tiny-calc`` for the calculator), if any."""
+def environment_defaults(environment: str) -> tuple[Path | None, int]:
+    """The shipped model an environment names for itself (``tiny-calc`` for the calculator) if any, and its tasks'
+    completion limit (its ``max_tokens``, else :data:`MAX_TOKENS`)."""
     from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment
     from intellect_protocol.shared.models import resolve_model
 
     try:
-        named = getattr(get_environment(environment), "model", None)
+        found = get_environment(environment)
     except EnvironmentUnavailable:
-        return None  # creating the run says so, plainly
-    return Path(resolve_model(named)) if isinstance(named, str) else None
+        return None, MAX_TOKENS  # creating the run says so, plainly
+    named, max_tokens = getattr(found, "model", None), getattr(found, "max_tokens", MAX_TOKENS)
+    return (Path(resolve_model(named)) if isinstance(named, str) else None), int(max_tokens)
 
 
 def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, object]:
@@ -307,6 +325,8 @@ def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, 
     }
     if accuracy and accuracy.tool_calls_by_step:
         out["tool_calls_by_step"] = dict(sorted(accuracy.tool_calls_by_step.items()))
+    if accuracy and accuracy.within_budget_by_step:
+        out["within_budget_by_step"] = dict(sorted(accuracy.within_budget_by_step.items()))
     if measured:
         out["accuracy_before"], out["accuracy_after"] = measured[min(measured)], measured[max(measured)]
     if any(p.name.startswith("island-") for p in network.processes):

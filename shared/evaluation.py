@@ -9,13 +9,14 @@ evaluation and charted on the page.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
 from intellect_protocol.shared.environments.bounded import BoundedRewards
 from intellect_protocol.shared.environments.held_out import held_out
+from intellect_protocol.shared.environments.length import LengthBudget, model_length, with_target, within_budget
 from intellect_protocol.shared.environments.registry import Problem, completion_text, get_environment
 from intellect_protocol.shared.environments.tool_calls import episode_replies, episode_rules
 from intellect_protocol.shared.environments.turns import template_tools
@@ -38,7 +39,6 @@ class _UntilSet(StoppingCriteria):
         return torch.full((input_ids.shape[0],), self.stop.is_set(), dtype=torch.bool)
 
 
-@torch.inference_mode()
 def greedy_decode(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -46,10 +46,22 @@ def greedy_decode(
     max_new_tokens: int,
     stop: threading.Event | None = None,
 ) -> list[str]:
-    """Each prompt's (token ids') greedy completion, decoded as one batch with a KV cache: ten times faster than
-    re-reading the prefix at every token. Prompts of unequal length are padded on the left, where a causal model
-    never reads them. Raises :class:`Stopped` when ``stop`` is set meanwhile: a caller that is shutting down
-    waits at most one decoding step."""
+    """Each prompt's greedy completion as text (:func:`greedy_tokens`)."""
+    return tokenizer.batch_decode(greedy_tokens(model, tokenizer, heads, max_new_tokens, stop), skip_special_tokens=True)
+
+
+@torch.inference_mode()
+def greedy_tokens(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    heads: list[list[int]],
+    max_new_tokens: int,
+    stop: threading.Event | None = None,
+) -> list[list[int]]:
+    """Each prompt's (token ids') greedy completion, up to its EOS and with it, generated as one batch with a KV
+    cache: ten times faster than re-reading the prefix at every token. Prompts of unequal length are padded on the
+    left, where a causal model never reads them. Raises :class:`Stopped` when ``stop`` is set meanwhile: a caller
+    that is shutting down waits at most one decoding step."""
     width = max(map(len, heads))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids = torch.full((len(heads), width), pad)  # [prompts, width]
@@ -68,7 +80,11 @@ def greedy_decode(
     )
     if stop is not None and stop.is_set():
         raise Stopped
-    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    completions = []
+    for row in out[:, width:].tolist():
+        end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+        completions.append(row[:end])
+    return completions
 
 
 @dataclass(frozen=True)
@@ -82,11 +98,15 @@ class HeldOutTask:
     """Where the problems come from, in words (:attr:`~shared.environments.held_out.HeldOut.source`)."""
     prompting: Prompting | None
     max_new_tokens: int
+    budget: LengthBudget = field(default_factory=LengthBudget)
+    """The run's thinking budget, stated in every prompt as nodes state it (when it is on)."""
 
     @classmethod
-    def of_run(cls, environment: str, pin: str, prompting: Prompting | None, max_new_tokens: int) -> HeldOutTask:
+    def of_run(
+        cls, environment: str, pin: str, prompting: Prompting | None, max_new_tokens: int, budget: LengthBudget | None = None
+    ) -> HeldOutTask:
         found = held_out(get_environment(environment, pin))
-        return cls(environment, pin, found.problems, found.source, prompting, max_new_tokens)
+        return cls(environment, pin, found.problems, found.source, prompting, max_new_tokens, budget or LengthBudget())
 
     def describe(self) -> str:
         return f"{self.environment}: {self.source}"
@@ -101,20 +121,25 @@ def held_out_metrics(
 ) -> dict[str, float]:
     """``heldout_accuracy``: the mean task reward of ``model``'s greedy completions of ``task``'s problems; for a
     multi-turn environment (greedy episodes, the environment answering) also ``heldout_tool_calls``: the share of
-    episodes with a correct call, where the environment says which calls are (``call_correct``)."""
+    episodes with a correct call, where the environment says which calls are (``call_correct``); under a thinking
+    budget also ``heldout_within_budget``: the share of completions whose model tokens meet it (:func:`within_budget`)."""
     environment = get_environment(task.environment, task.pin)
     rules = episode_rules(environment, tokenizer, task.max_new_tokens)
     tools = template_tools(environment)
     rewards = BoundedRewards(task.environment, task.pin)
     try:
-        total, called = 0.0, 0
+        total, called, within = 0.0, 0, 0
         for start in range(0, len(task.problems), batch):
             if stop is not None and stop.is_set():
                 raise Stopped
             chunk = task.problems[start : start + batch]
-            heads = [encode_prompt(tokenizer, p.prompt, task.prompting, tools) for p in chunk]
+            heads = [
+                encode_prompt(tokenizer, with_target(p.prompt, task.budget, environment), task.prompting, tools) for p in chunk
+            ]
             if rules is None:
-                texts = greedy_decode(model, tokenizer, heads, task.max_new_tokens, stop)
+                completions = greedy_tokens(model, tokenizer, heads, task.max_new_tokens, stop)
+                texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+                lengths = [len(c) for c in completions]
             else:
                 backend = TorchBackend(model, tokenizer.eos_token_id, tokenizer.pad_token_id, threads=None)
                 rows = [(head, i, p) for i, (head, p) in enumerate(zip(heads, chunk))]
@@ -123,10 +148,14 @@ def held_out_metrics(
                 episodes = run_episodes(backend, tokenizer, replies, rows, greedy, rules, model.config.hidden_size)
                 texts = [completion_text(tokenizer, c.tokens) for c, _ in episodes]
                 called += sum(_called_right(environment, tokenizer, p, c.tokens, flags) for p, (c, flags) in zip(chunk, episodes))
+                lengths = [model_length(c.tokens, flags) for c, flags in episodes]
             total += sum(rewards.task_reward(text, p) for text, p in zip(texts, chunk, strict=True))
+            within += sum(within_budget(length, task.budget) for length in lengths)
         metrics = {"heldout_accuracy": total / len(task.problems)}
         if rules is not None and hasattr(environment, "call_correct"):
             metrics["heldout_tool_calls"] = called / len(task.problems)
+        if task.budget.alpha:
+            metrics["heldout_within_budget"] = within / len(task.problems)
         return metrics
     finally:
         rewards.close()

@@ -25,9 +25,14 @@ from intellect_protocol.shared.schemas import DEFAULT_MODEL
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
 """The embedded default: a tiny Llama trained by ``python -m intellect_protocol.shared.tiny_model`` and shipped."""
-SHIPPED_MODELS = {DEFAULT_MODEL: TINY_MODEL_DIR, "tiny-calc": TINY_MODEL_DIR.parent / "tiny-calc"}
+SHIPPED_MODELS = {
+    DEFAULT_MODEL: TINY_MODEL_DIR,
+    "tiny-calc": TINY_MODEL_DIR.parent / "tiny-calc",
+    "tiny-reason": TINY_MODEL_DIR.parent / "tiny-reason",
+}
 """Models that ship with the package, by name: ``tiny-calc`` calls the calculator environment's tool
-(``python -m intellect_protocol.shared.tiny_calc``)."""
+(``python -m intellect_protocol.shared.tiny_calc``), ``tiny-reason`` thinks at length on long sums
+(``python -m intellect_protocol.shared.tiny_reason``)."""
 
 
 @spent("model loading")
@@ -46,7 +51,7 @@ def load_model(
 
 
 def resolve_model(name_or_path: str | Path) -> str:
-    """A local directory or hub id for ``name_or_path``, with ``tiny-arith`` and ``tiny-calc`` naming the shipped models."""
+    """A local directory or hub id for ``name_or_path``, a shipped model (:data:`SHIPPED_MODELS`) by its name."""
     return str(SHIPPED_MODELS.get(str(name_or_path), name_or_path))
 
 

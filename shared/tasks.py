@@ -29,11 +29,10 @@ def budget_of(task: TaskSpec) -> LengthBudget:
 def assigned_rows(task: TaskSpec, problems: dict[str, Problem], tokenizer: PreTrainedTokenizerBase) -> list[AssignedRow]:
     """The task's rows; ``KeyError`` when it names a problem the environment lacks."""
     budget = budget_of(task)
-    tools = template_tools(get_environment(task.environment, task.environment_version))
+    environment = get_environment(task.environment, task.environment_version)
+    tools = template_tools(environment)
     prompts = {
-        pid: encode_prompt(
-            tokenizer, with_target(problems[pid].prompt, budget) if budget.alpha else problems[pid].prompt, task.prompting, tools
-        )
+        pid: encode_prompt(tokenizer, with_target(problems[pid].prompt, budget, environment), task.prompting, tools)
         for pid in task.prompt_ids
     }
     ids = [pid for pid in task.prompt_ids for _ in range(task.samples_per_prompt)]

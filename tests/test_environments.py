@@ -19,7 +19,8 @@ from intellect_protocol.shared.environments.builtin import Arithmetic, Code
 from intellect_protocol.shared.environments.code import UnsupportedTest, parse_test
 from intellect_protocol.shared.environments.code import reward as code_reward
 from intellect_protocol.shared.environments.datasets import DatasetError, load_rows
-from intellect_protocol.shared.environments.length import LengthBudget, length_penalty, with_target
+from intellect_protocol.shared.environments.length import LengthBudget, length_penalty, with_target, within_budget
+from intellect_protocol.shared.environments.long_sum import LongSum
 from intellect_protocol.shared.environments.math import MathVerifier
 from intellect_protocol.shared.environments.registry import Problem, get_environment, reward
 from intellect_protocol.shared.environments.sandbox import (
@@ -267,7 +268,11 @@ def test_length_budget() -> None:
     over = budget.model_copy(update={"over_only": True})
     assert length_penalty(50, over) == 0 and length_penalty(150, over) == pytest.approx(0.05)
     assert reward(1.0, 150, budget) == (pytest.approx(0.95), pytest.approx(0.05))
-    assert "100 tokens" in with_target("Solve x.", budget)
+    assert "100 tokens" in with_target("Solve x.", budget, Arithmetic(count=1))
+    assert with_target("Solve x.", budget.model_copy(update={"alpha": 0.0}), Arithmetic(count=1)) == "Solve x."
+    assert within_budget(125, budget) and within_budget(75, budget) and not within_budget(126, budget)
+    assert within_budget(10, over) and not within_budget(126, over)
+    assert with_target("a7b2:", budget, LongSum(count=1)) == "100|a7b2:"  # in the environment's own characters
 
 
 def test_datasets_load_and_refuse_bad_files(tmp_path: Path) -> None:

@@ -11,8 +11,10 @@ import pytest
 from intellect_protocol.coordinator.services.runs import problems as task_problems
 from intellect_protocol.shared.environments.arithmetic import held_out_problems
 from intellect_protocol.shared.environments.held_out import MOST, SHARE, held_out
+from intellect_protocol.shared.environments.length import LengthBudget, within_budget
+from intellect_protocol.shared.environments.long_sum import MAX_TOKENS, reward
 from intellect_protocol.shared.environments.registry import get_environment, plugin
-from intellect_protocol.shared.evaluation import HeldOutTask, greedy_decode, held_out_metrics
+from intellect_protocol.shared.evaluation import HeldOutTask, greedy_decode, greedy_tokens, held_out_metrics
 from intellect_protocol.shared.models import TINY_MODEL_DIR, encode_prompt, load_model
 from intellect_protocol.shared.tiny_model import MAX_LEN, greedy_accuracy, prompt_ids
 from tests.helpers import install_distribution
@@ -86,3 +88,22 @@ def test_a_step_is_scored_on_its_environments_held_out_problems_by_its_own_rewar
     texts = greedy_decode(model, tokenizer, heads, 6)
     manual = sum(float(p.answer in t) for p, t in zip(declared.problems, texts, strict=True)) / 10
     assert held_out_metrics(model, tokenizer, declared, batch=4)["heldout_accuracy"] == manual
+
+
+@pytest.mark.integration
+def test_a_thinking_budget_is_stated_in_every_prompt_and_the_share_kept_to_is_counted() -> None:
+    model, tokenizer = load_model("tiny-reason")
+    pin = plugin("long-sum").pin
+    problems = HeldOutTask.of_run("long-sum", pin, None, MAX_TOKENS).problems[:16]
+    unbudgeted = HeldOutTask("long-sum", pin, problems, "", None, MAX_TOKENS)
+    assert "heldout_within_budget" not in held_out_metrics(model, tokenizer, unbudgeted)
+    for target in (180, 360):
+        budget = LengthBudget(alpha=0.002, target_tokens=target)
+        task = HeldOutTask("long-sum", pin, problems, "", None, MAX_TOKENS, budget)
+        heads = [encode_prompt(tokenizer, f"{target}|{p.prompt}") for p in problems]  # as nodes state it
+        completions = greedy_tokens(model, tokenizer, heads, MAX_TOKENS)
+        lengths = [len(c) for c in completions]
+        texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+        metrics = held_out_metrics(model, tokenizer, task, batch=8)
+        assert metrics["heldout_within_budget"] == sum(within_budget(n, budget) for n in lengths) / len(problems)
+        assert metrics["heldout_accuracy"] == sum(reward(t, int(p.answer or 0)) for t, p in zip(texts, problems)) / len(problems)

@@ -105,7 +105,10 @@ function charts(progress, throughput, timing, environment) {
       { name: "reward", points: series(progress.steps, "reward") },
       { name: "task reward", points: series(progress.steps, "task_reward") },
     ], stepAxis),
-    accuracyChart(progress, series(progress.evaluations, "heldout_accuracy"), series(progress.evaluations, "heldout_tool_calls"), environment),
+    accuracyChart(progress, series(progress.evaluations, "heldout_accuracy"), [
+      ["correct tool calls", series(progress.evaluations, "heldout_tool_calls")],
+      ["within the thinking budget", series(progress.evaluations, "heldout_within_budget")],
+    ], environment),
     lineChart("Throughput", [
       { name: "rollouts / min", points: throughput.map((b) => [Date.parse(b.start), b.rollouts]) },
     ], timeAxis),
@@ -114,12 +117,13 @@ function charts(progress, throughput, timing, environment) {
 }
 
 // Evaluated beside the run, which moves on meanwhile: the caption says how far behind the last point is.
-function accuracyChart(progress, points, toolCalls, environment) {
+function accuracyChart(progress, points, shares, environment) {
   const reached = progress.steps.length ? progress.steps[progress.steps.length - 1].step : 0;
   const last = points.length ? points[points.length - 1][0] : null;
   const title = last === null || last === reached ? "Held-out accuracy" : `Held-out accuracy (last measured at step ${last}; the run is at ${reached})`;
-  // A tool-using environment's evaluations also say how many episodes made a correct tool call.
-  const lines = [{ name: "held-out accuracy", points }, ...(toolCalls.length ? [{ name: "correct tool calls", points: toolCalls }] : [])];
+  // A tool-using environment's evaluations also say how many episodes made a correct tool call; a run under a
+  // thinking budget's, how many completions kept to it.
+  const lines = [{ name: "held-out accuracy", points }, ...shares.filter(([, p]) => p.length).map(([name, p]) => ({ name, points: p }))];
   const figure = lineChart(title, lines, stepAxis);
   // What it measures: the run's own task, never a fixed one (the devnet scores each step so).
   if (environment) figure.append(h("p", { class: "muted chart-note" }, `Mean reward on ${environment}'s held-out problems, greedy`));

@@ -32,6 +32,25 @@ def model_length(tokens: Sequence[int], sampled: Sequence[bool] | None) -> int:
     return len(tokens) if sampled is None else sum(sampled)
 
 
-def with_target(prompt: str, budget: LengthBudget) -> str:
-    """The prompt with its budget stated, for text environments (the arithmetic one has no room for it)."""
+WITHIN = 0.25
+"""How far from its target a length still counts as within budget, as a share of the target."""
+
+
+def within_budget(length: int, budget: LengthBudget) -> bool:
+    """Whether ``length`` meets the budget: within :data:`WITHIN` of the target, or below it when only overshoot is
+    penalised. What the page and the benches count; the reward itself is :func:`length_penalty`'s."""
+    gap = length - budget.target_tokens
+    return (gap if budget.over_only else abs(gap)) <= WITHIN * budget.target_tokens
+
+
+def with_target(prompt: str, budget: LengthBudget, environment: object) -> str:
+    """The prompt with its budget stated (as it is, when the budget is off): by the environment's own
+    ``budget_prompt(prompt, target_tokens)`` where it has one (for a model whose vocabulary cannot spell
+    English), else in words."""
+    if not budget.alpha:
+        return prompt
+    own = getattr(environment, "budget_prompt", None)
+    if own is not None:
+        stated: str = own(prompt, budget.target_tokens)
+        return stated
     return f"{prompt}\n\nThink for about {budget.target_tokens} tokens before giving your final answer."
