@@ -71,6 +71,7 @@ def test_the_builtins_are_plugins_of_this_distribution() -> None:
         "math": OURS,
         "code": OURS,
         "calculator": OURS,
+        "long-sum": OURS,
     }
     assert get_environment("arithmetic", OURS).problems()[0].prompt.endswith(":")
 
