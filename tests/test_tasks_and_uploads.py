@@ -186,7 +186,7 @@ def test_run_create_cli(sqlite_url: str) -> None:
     )
     assert (
         bad.returncode == 2
-        and "environment 'poetry' is not installed; installed: arithmetic, calculator, code, math" in bad.stderr
+        and "environment 'poetry' is not installed; installed: arithmetic, calculator, code, long-sum, math" in bad.stderr
     )
 
 
