@@ -29,6 +29,7 @@ from intellect_protocol.devnet.accuracy import Accuracy
 from intellect_protocol.devnet.calibration import CALIBRATION_ROWS, calibrated
 from intellect_protocol.devnet.network import Network, start_network
 from intellect_protocol.devnet.processes import StartError, spawn
+from intellect_protocol.devnet.run_options import BUDGET_ALPHA, RUN, environment_defaults
 from intellect_protocol.shared.schemas import DEFAULT_MODEL
 
 app = typer.Typer(help=__doc__, no_args_is_help=False, add_completion=False)
@@ -40,11 +41,6 @@ class Backend(StrEnum):
     vllm = "vllm"
 
 
-MAX_TOKENS = 64
-"""A task's completion limit, where the environment sets none of its own (``max_tokens``)."""
-RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8"]
-BUDGET_ALPHA = 0.002
-"""The devnet's thinking-budget penalty a token: long-sum's two scratchpads, about 180 tokens apart, differ by 0.36."""
 ISLAND_SYNC_EVERY = 1
 """Inner steps between the devnet islands' outer steps. With each island's inner step on half a lone trainer's
 groups, a policy step learns from as many groups as a lone trainer's, and the short devnet learns as it
@@ -292,20 +288,6 @@ def _progress(network: Network) -> dict[str, Any]:
         f"{network.coordinator.url}/v1/public/runs/{network.run_id}/progress", timeout=10
     ).json()
     return progress
-
-
-def environment_defaults(environment: str) -> tuple[Path | None, int]:
-    """The shipped model an environment names for itself (``tiny-calc`` for the calculator) if any, and its tasks'
-    completion limit (its ``max_tokens``, else :data:`MAX_TOKENS`)."""
-    from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, get_environment
-    from intellect_protocol.shared.models import resolve_model
-
-    try:
-        found = get_environment(environment)
-    except EnvironmentUnavailable:
-        return None, MAX_TOKENS  # creating the run says so, plainly
-    named, max_tokens = getattr(found, "model", None), getattr(found, "max_tokens", MAX_TOKENS)
-    return (Path(resolve_model(named)) if isinstance(named, str) else None), int(max_tokens)
 
 
 def _progress_summary(network: Network, accuracy: Accuracy | None) -> dict[str, object]:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from intellect_protocol.shared.environments.calculator import Calculator, evaluate, make_problem
@@ -30,7 +29,7 @@ from intellect_protocol.shared.environments.turns import Rules
 from intellect_protocol.shared.episodes import run_episodes
 from intellect_protocol.shared.models import encode_prompt
 from intellect_protocol.shared.schemas import SamplingParams
-from intellect_protocol.shared.tiny_model import build_model, build_tokenizer, save_trained, supervised_step
+from intellect_protocol.shared.tiny_model import build_model, build_tokenizer, save_trained, supervised_step, training_bar
 from intellect_protocol.shared.torch_backend import TorchBackend
 
 CHARS = list("0123456789+*=:[]abcdefghijklmnopqrstuvwxyz")
@@ -95,9 +94,7 @@ def train(out: Path, seed: int, steps: int, batch_size: int, lr: float) -> dict[
     # the products.
     held_out = Calculator().problems()[-200:]
     start = time.monotonic()
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()
-    ) as progress:
+    with training_bar() as progress:
         task = progress.add_task("training", total=steps)
         for _ in range(steps):
             model.train()

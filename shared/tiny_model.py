@@ -195,9 +195,7 @@ def train(
         model = family_model(model_type, tokenizer, layers, hidden, vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     start, accuracy, step = time.monotonic(), 0.0, 0
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()
-    ) as progress:
+    with training_bar() as progress:
         task = progress.add_task("training", total=max_steps)
         for step in range(1, max_steps + 1):
             model.train()
@@ -225,6 +223,13 @@ def train(
     }
     save_trained(model, tokenizer, out, report)
     return report
+
+
+def training_bar() -> Progress:
+    """The progress bar the training scripts show: what is said, a bar, steps done of all, time spent."""
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()
+    )
 
 
 def supervised_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, ids: torch.Tensor, labels: torch.Tensor) -> float:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from intellect_protocol.shared.environments.long_sum import (
@@ -37,9 +36,9 @@ from intellect_protocol.shared.environments.long_sum import (
     reward,
     scratchpad,
 )
-from intellect_protocol.shared.evaluation import greedy_decode
+from intellect_protocol.shared.evaluation import greedy_tokens
 from intellect_protocol.shared.models import encode_prompt
-from intellect_protocol.shared.tiny_model import build_model, build_tokenizer, save_trained, supervised_step
+from intellect_protocol.shared.tiny_model import build_model, build_tokenizer, save_trained, supervised_step, training_bar
 
 CHARS = sorted(set("0123456789=;:|" + CHECK + LABELS))
 TRAIN_ITEMS = (4, ITEMS[1])
@@ -74,8 +73,9 @@ def held_out_figures(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[str, int]]
 ) -> dict[str, float]:
     """Greedy accuracy on ``problems``, the share of completions that check themselves, and their mean length."""
-    texts = greedy_decode(model, tokenizer, [encode_prompt(tokenizer, p) for p, _ in problems], MAX_TOKENS)
-    lengths = [len(tokenizer.encode(t, add_special_tokens=False)) + 1 for t in texts]
+    completions = greedy_tokens(model, tokenizer, [encode_prompt(tokenizer, p) for p, _ in problems], MAX_TOKENS)
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    lengths = [len(c) for c in completions]
     return {
         "accuracy": sum(reward(t, a) for t, (_, a) in zip(texts, problems)) / len(problems),
         "checked": sum(CHECK in t for t in texts) / len(problems),
@@ -97,9 +97,7 @@ def train(
     # Long lookups need a small final step size: a cosine from lr to a tenth of it over max_steps.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 0.55 + 0.45 * math.cos(math.pi * min(i / max_steps, 1.0)))
     start, accuracy, step = time.monotonic(), 0.0, 0
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()
-    ) as progress:
+    with training_bar() as progress:
         task = progress.add_task("training", total=max_steps)
         for step in range(1, max_steps + 1):
             model.train()

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from intellect_protocol.devnet.cli import MAX_TOKENS as DEVNET_MAX_TOKENS
-from intellect_protocol.devnet.cli import environment_defaults
+from intellect_protocol.devnet.run_options import MAX_TOKENS as DEVNET_MAX_TOKENS
+from intellect_protocol.devnet.run_options import environment_defaults
 from intellect_protocol.shared.environments.long_sum import ITEMS, MAX_TOKENS, LongSum, digits_of, make_problem, scratchpad
 from intellect_protocol.shared.environments.registry import get_environment
 from intellect_protocol.shared.models import SHIPPED_MODELS
