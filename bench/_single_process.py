@@ -17,13 +17,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from _cpu import TOTAL
 from sqlalchemy import select
 
 from intellect_protocol.coordinator.db import make_engine, make_sessionmaker
 from intellect_protocol.coordinator.models import Run, Task
 from intellect_protocol.coordinator.services.runs import problem_ids, spec, task_params
 from intellect_protocol.devnet.processes import create_run, migrate
-from intellect_protocol.node.work import generate_with, score
+from intellect_protocol.node.work import generate_with, rewards_for, score
+from intellect_protocol.shared import cpu_ledger
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.schemas import TaskSpec
 from intellect_protocol.shared.torch_backend import TorchBackend
@@ -65,15 +67,17 @@ def tasks(workdir: Path, run_options: list[str]) -> Iterator[TaskSpec]:
 
 def learn(
     workdir: Path, run_options: list[str], seconds: float, threads: int, settings: TrainerSettings
-) -> tuple[list[Snapshot], list[Metrics], int]:
+) -> tuple[list[Snapshot], list[Metrics], int, dict[str, float]]:
     """Generate, score and train in turn for ``seconds``; the weights after every policy step, its
-    metrics, and how many rollouts were generated."""
+    metrics, how many rollouts were generated, and the :mod:`shared.cpu_ledger` seconds spent in those
+    ``seconds`` by activity, with the process's whole time as ``total`` (when recording)."""
     source = tasks(workdir, run_options)
     first = next(source)
     model, tokenizer = load_model(first.model)
     backend = TorchBackend(model, tokenizer.eos_token_id, tokenizer.pad_token_id, threads=threads)
     learner = Learner(model, settings, first.sampling.temperature, placement())
-    started = time.perf_counter()
+    rewards_for(first.environment, first.environment_version).start()  # as a network's node is ready before its clock
+    before, started = cpu_ledger.snapshot(), time.perf_counter()
     snapshots: list[Snapshot] = [(0.0, 0, _copy(model))]
     metrics: list[Metrics] = []
     step = generated = 0
@@ -89,7 +93,9 @@ def learn(
         model.eval()
         step += 1
         snapshots.append((time.perf_counter() - started, step, _copy(model)))
-    return snapshots, metrics, generated
+    after = cpu_ledger.snapshot()
+    spent = {a: s - before.activities.get(a, 0.0) for a, s in after.activities.items()}
+    return snapshots, metrics, generated, spent | {TOTAL: after.cpu_s - before.cpu_s}
 
 
 def _copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:

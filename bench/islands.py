@@ -214,7 +214,7 @@ def main() -> int:
         results = run_islands(args, out)
         print(f"one trainer: {args.islands} threads, {args.groups} groups a policy step")
         (out / "single").mkdir()
-        single, _, _ = learn(out / "single", RUN, args.seconds, args.islands, TrainerSettings(groups_per_step=args.groups))
+        single, _, _, _ = learn(out / "single", RUN, args.seconds, args.islands, TrainerSettings(groups_per_step=args.groups))
         island_curve, single_curve = curve(agreed(results), args.evals), curve(single, args.evals)
 
     for name, points in (("one trainer", single_curve), ("islands", island_curve)):

@@ -251,16 +251,12 @@ def _manifests(url: str, run: str) -> list[dict]:
 def single_process(args: argparse.Namespace) -> Curve:
     with tempfile.TemporaryDirectory() as tmp:
         cpu_ledger.record(Path(tmp) / "cpu", time.process_time)  # one flow of work, on torch's threads
-        before = cpu_ledger.snapshot()
         run_options = WORKLOADS[args.workload].run_options
-        snapshots, steps, rollouts = learn(Path(tmp), run_options, args.seconds, args.threads, TrainerSettings())
-        after = cpu_ledger.snapshot()
-    activities = {a: s - before.activities.get(a, 0.0) for a, s in after.activities.items()}
-    spent = {"single process": {**activities, _cpu.TOTAL: after.cpu_s - before.cpu_s}}
+        snapshots, steps, rollouts, spent = learn(Path(tmp), run_options, args.seconds, args.threads, TrainerSettings())
     times = {step: t for t, step, _ in snapshots[1:]}
     chosen = set(schedule(times, args.dense, args.sparse)) | {0}
     jobs = [(t, step, weights) for t, step, weights in snapshots if step in chosen]
-    return Curve(args.seconds, evaluate(jobs, args), steps, [], _cpu.difference(spent, {}), rollouts)
+    return Curve(args.seconds, evaluate(jobs, args), steps, [], _cpu.difference({"single process": spent}, {}), rollouts)
 
 
 def smoothed(points: list[tuple[float, int, float]]) -> list[tuple[float, float]]:

@@ -1,5 +1,5 @@
 """The learner's step on the shipped model: micro-batches add up to the whole batch's step, and a
-stop between them gives the step up before it changes a weight."""
+stop between them gives the step up before it changes a weight; a micro-batch holds rows of like length."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.rollout_file import Rollout
 from intellect_protocol.trainer.data import Batch, Group
 from intellect_protocol.trainer.distributed import placement
-from intellect_protocol.trainer.learner import Abandoned, Learner
+from intellect_protocol.trainer.learner import Abandoned, Learner, micro_batches
 from intellect_protocol.trainer.settings import TrainerSettings
 
 pytestmark = pytest.mark.unit
@@ -75,6 +75,15 @@ def test_micro_batches_take_the_whole_batch_step() -> None:
     for key, value in whole_metrics.items():
         assert part_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     assert whole.optimizer_steps == parts.optimizer_steps == TrainerSettings().optimizer_steps
+
+
+def test_micro_batches_hold_sequences_of_like_length_and_every_one_once() -> None:
+    lengths = [200, 30, 390, 35, 210, 380, 32, 205, 400]
+    parts = [p.tolist() for p in micro_batches(lengths, 3)]
+    assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
+    assert [sorted(lengths[i] for i in p) for p in parts] == [[30, 32, 35], [200, 205, 210], [380, 390, 400]]
+    # Padded to each one's longest: 35 + 210 + 400 positions a row, against 400 a row in arrival order.
+    assert [max(lengths[i] for i in p) for p in parts] == [35, 210, 400]
 
 
 class _SetAfter(threading.Event):

@@ -22,6 +22,12 @@ from intellect_protocol.trainer.loss import group_advantages, grpo_loss
 from intellect_protocol.trainer.settings import TrainerSettings
 
 
+def micro_batches(lengths: list[int], count: int) -> tuple[torch.Tensor, ...]:
+    """``count`` micro-batches of the sequences of ``lengths`` (indices into them), each of sequences of like length:
+    a micro-batch is padded to its longest, and long reasoning varies from one to twice the shortest."""
+    return torch.tensor(sorted(range(len(lengths)), key=lengths.__getitem__), dtype=torch.long).tensor_split(count)
+
+
 class Abandoned(Exception):
     """A step given up between micro-batches because its ``stop`` was set."""
 
@@ -59,7 +65,10 @@ class Learner:
         rank, world = self.where.rank, self.where.world_size
         rollouts, advantages = everything[rank::world], all_advantages[rank::world]
         # As many micro-batches on every rank (each backward is a collective under FSDP).
-        parts = torch.arange(len(rollouts)).tensor_split(max(1, math.ceil(len(everything) // world / self.settings.micro_batch)))
+        parts = micro_batches(
+            [len(r.prompt_tokens) + len(r.completion_tokens) for r in rollouts],
+            max(1, math.ceil(len(everything) // world / self.settings.micro_batch)),
+        )
         share = (float(sum(r.sampled_tokens() for r in everything)), world)
         may_abandon = stop if world == 1 else None
         metrics: dict[str, float] = {}

@@ -104,6 +104,12 @@ class BoundedRewards:
                 answers.append(value)
         return answers
 
+    def start(self) -> None:
+        """Start the child process now instead of at the first call (spawning it imports the caller's main module:
+        seconds, where that imports torch)."""
+        with self._lock:
+            self._connection()
+
     def close(self) -> None:
         """Stop the child process, if any (the next call starts a new one)."""
         if self._child is not None:
