@@ -1,8 +1,9 @@
 """The protocol-tax ledger of ``bench/learning.py``: CPU seconds by role and activity over a window
 of a devnet's run, each from the process's own CPU time.
 
-A role's total is its process's user and system time (``/proc``), plus its helpers' (a node's
-finisher process); its activities come from the :mod:`shared.cpu_ledger` files every process
+A role's total is its process's user and system time (as its own ledger file last read it, so that it agrees
+with the activities written with it; from ``/proc`` where it writes none) and its reaped children's, plus its
+helpers' (a node's finisher process); its activities come from the :mod:`shared.cpu_ledger` files every process
 writes when ``INTELLECT_CPU_LEDGER`` is set, and "other" is what no activity covers."""
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ LEARNING = {("node", "generation"), ("trainer", "forward/backward"), ("trainer",
 """What is not tax: generating rollouts and the training update; everything else is."""
 
 
-def _process_cpu(pid: int) -> float:
-    """User and system seconds of ``pid`` and its reaped children."""
+def _process_cpu(pid: int, own_s: float | None = None) -> float:
+    """User and system seconds of ``pid`` and its reaped children; ``own_s``: the process's own, as its ledger read
+    them at the instant it wrote its activities (so the two agree, where /proc would be up to a flush later)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    ticks = [int(v) / os.sysconf("SC_CLK_TCK") for v in fields[11:15]]
+    return (sum(ticks[:2]) if own_s is None else own_s) + sum(ticks[2:])
 
 
 def _role(name: str) -> str:
@@ -43,7 +46,8 @@ def take(net: Network, directory: Path) -> Ledger:
     ledger: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
     for process in net.processes:
         role, pid = _role(process.name), process.popen.pid
-        ledger[role][TOTAL] += _process_cpu(pid)
+        own = next((s.cpu_s for s in snapshots if s.pid == pid), None)
+        ledger[role][TOTAL] += _process_cpu(pid, own)
         for s in snapshots:
             if s.parent == pid:  # a helper: not in the role's own /proc time until it exits
                 ledger[role][TOTAL] += s.cpu_s
