@@ -73,7 +73,11 @@ def test_each_way_a_reward_fails_is_one_sentence_and_the_next_call_works(buggy: 
     from intellect_protocol.shared.environments.registry import Problem
 
     problem = Problem(id="b3", prompt="3:", answer="3")
+    buggy.start()  # as a benchmark starts it before its clock: the first call then finds it running
+    started_child = buggy._child
+    assert started_child is not None and started_child.is_alive()
     assert buggy.task_reward("3", problem) == 1.0 and buggy.task_reward("4", problem) == 0.0
+    assert buggy._child is started_child
     expected = {
         "raise": "raised KeyError: 'answer'",
         "text": "returned 'yes', not a finite number",
