@@ -60,15 +60,16 @@ MODEL_WORK = {
     ("trainer", "optimizer"),
 }
 """What grows with the model's size, a token at a time."""
-STEP_WORK = {"relay and origin", "trainer"} | {
-    (role, a) for role in ("node", "validators") for a in ("model loading", "weights download")
-}
-"""What comes once a policy step, with the weights' size (whole roles, or a role's activity)."""
+STEP_ROLES = {"relay and origin", "trainer"}
+"""Roles whose every other second comes once a policy step, with the weights' size (publishing, serving them)."""
+STEP_WORK = {(role, a) for role in ("node", "validators") for a in ("model loading", "weights download")}
+"""What else comes once a policy step."""
 WORKLOADS = {"tiny-arith": ("arithmetic", 64), "tiny-reason": ("long-sum", 400)}
 """Shipped model -> (environment, completion limit)."""
 PROJECTED = {"0.5 B": 0.5e9, "7 B": 7e9, "32 B": 32e9}
 """Parameters of the projected models."""
 FIRST_FILE_S = 300
+"""Longest a devnet may take to start and have its first file accepted."""
 
 
 def fixed_cost(model: str, seconds: float) -> tuple[float, int, dict[str, float]]:
@@ -101,7 +102,7 @@ def fixed_cost(model: str, seconds: float) -> tuple[float, int, dict[str, float]
     fixed = {
         f"{role} {a}": s
         for role, activities in used.items()
-        if role not in STEP_WORK
+        if role not in STEP_ROLES
         for a, s in activities.items()
         if a != _cpu.TOTAL and (role, a) not in MODEL_WORK | STEP_WORK
     }
