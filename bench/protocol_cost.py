@@ -7,7 +7,7 @@ Measured, on this machine:
   thread each) runs ``--seconds`` on ``tiny-arith`` (40-token answers) and on ``tiny-reason`` (about 270). Each
   role's CPU ledger (``bench/_cpu.py``) is split into what grows with the model (:data:`MODEL_WORK`: generation,
   proofs, prefill, the sampling check, the update), what comes once per policy step whatever the files
-  (:data:`STEP_WORK`: weights, loading, publishing) and the rest: the coordinator, signatures, writing, sending
+  (:data:`STEP_ROLES`, :data:`STEP_WORK`: weights, loading, publishing) and the rest: the coordinator, signatures, writing, sending
   and parsing the file, rewards. The rest is the fixed cost: part of it comes a file, part a second whatever the
   files (heartbeats, polls), and the two workloads, with their different file rates, give both.
 - **proportional cost**: the validator's every check (:func:`validator.checks.validate`: parse, assignment,
