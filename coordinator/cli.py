@@ -208,6 +208,9 @@ def run_create(
     target_length: Annotated[
         int, typer.Option(help="Thinking-budget target length, in tokens.")
     ] = RUN_DEFAULTS.length_budget.target_tokens,
+    length_over_only: Annotated[
+        bool, typer.Option(help="Penalise only tokens past the target (a ceiling), not short answers too.")
+    ] = RUN_DEFAULTS.length_budget.over_only,
     system_prompt: Annotated[
         str | None,
         typer.Option(help="A system turn before every problem (rendered by the model's chat template; without one, prepended)."),
@@ -287,7 +290,7 @@ def run_create(
             sampling=SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
             prompts_per_task=prompts_per_task,
             samples_per_prompt=samples_per_prompt,
-            length_budget=LengthBudget(alpha=length_alpha, target_tokens=target_length),
+            length_budget=LengthBudget(alpha=length_alpha, target_tokens=target_length, over_only=length_over_only),
             prompting=Prompting(system_prompt=system_prompt, enable_thinking=thinking),
             tolerances=_calibrated(calibration) if calibration else None,
             async_level=async_level,

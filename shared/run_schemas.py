@@ -100,6 +100,10 @@ class RunInfo(BaseModel):
     created_at: datetime
 
 
+BUDGET_FIELDS = {"length_alpha", "target_length", "length_over_only"}
+""":class:`RunSettings`' fields that are a run's one :class:`LengthBudget`."""
+
+
 class RunSettings(BaseModel):
     """A run's settings an operator may change while it runs; tasks made before a change keep the old ones."""
 
@@ -117,6 +121,8 @@ class RunSettings(BaseModel):
     """Thinking-budget penalty per token off target; 0 disables it."""
     target_length: int | None = Field(None, ge=1, le=1 << 20)
     """Thinking-budget target length, in tokens."""
+    length_over_only: bool | None = None
+    """Penalise only tokens past the target (a ceiling), not short answers too (a target)."""
     prompting: Prompting | None = None
     """A system prompt and the chat template's thinking switch (replaces both)."""
     tolerances: Calibration | None = None
@@ -197,8 +203,8 @@ class RunSpec(BaseModel):
     @classmethod
     def of(cls, create: RunCreate) -> RunSpec:
         """``create``'s settings, the defaults where it left one out."""
-        given = create.model_dump(exclude_none=True, exclude={"length_alpha", "target_length"})
-        budget = {"alpha": create.length_alpha, "target_tokens": create.target_length}
+        given = create.model_dump(exclude_none=True, exclude=BUDGET_FIELDS)
+        budget = {"alpha": create.length_alpha, "target_tokens": create.target_length, "over_only": create.length_over_only}
         return cls(**given, length_budget=LengthBudget(**{k: v for k, v in budget.items() if v is not None}))
 
 

@@ -131,9 +131,13 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
         assert old_task["samples_per_prompt"] == 2 and old_task["prompting"]["system_prompt"] == "Be brief."
         assert old_task["environment_version"] == run["environment_version"]
         update = {"samples_per_prompt": 3, "sampling": {"temperature": 0.7, "max_tokens": 8}, "length_alpha": 0.001}
-        update |= {"prompting": {"enable_thinking": False}}
+        update |= {"prompting": {"enable_thinking": False}, "length_over_only": True}
         updated = httpx.patch(f"{runs}/{run['id']}", json=update, headers=ops).json()
         assert updated["samples_per_prompt"] == 3 and updated["length_budget"]["alpha"] == 0.001
+        assert (
+            updated["length_budget"]["over_only"] is True
+            and updated["length_budget"]["target_tokens"] == run["length_budget"]["target_tokens"]
+        )
         assert httpx.patch(f"{runs}/{run['id']}", json={"name": "renamed"}, headers=ops).status_code == 422
         assert httpx.patch(f"{runs}/run-nope", json={"async_level": 1}, headers=ops).status_code == 404
 
@@ -144,6 +148,8 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
         new_task = lease(served, second).json()
         assert new_task["samples_per_prompt"] == 3 and new_task["sampling"]["temperature"] == 0.7
         assert new_task["prompting"] == {"system_prompt": None, "enable_thinking": False}
+        assert (new_task["length_alpha"], new_task["length_over_only"]) == (0.001, True)
+        assert old_task["length_over_only"] is False
 
         assert httpx.post(f"{runs}/{run['id']}/pause", headers=ops).json()["status"] == "paused"
         assert httpx.post(f"{runs}/{run['id']}/pause", headers=ops).status_code == 409

@@ -31,6 +31,7 @@ from intellect_protocol.shared.environments.sandbox import (
     confinement,
     run_python,
 )
+from intellect_protocol.shared.run_schemas import RUN_DEFAULTS, RunCreate, RunSpec
 
 pytestmark = pytest.mark.unit
 
@@ -273,6 +274,10 @@ def test_length_budget() -> None:
     assert within_budget(125, budget) and within_budget(75, budget) and not within_budget(126, budget)
     assert within_budget(10, over) and not within_budget(126, over)
     assert with_target("a7b2:", budget, LongSum(count=1)) == "100|a7b2:"  # in the environment's own characters
+    # A run asks for a ceiling as it asks for a target; what it leaves out keeps the default.
+    made = RunSpec.of(RunCreate(name="r", length_alpha=0.001, length_over_only=True)).length_budget
+    assert made == LengthBudget(alpha=0.001, target_tokens=RUN_DEFAULTS.length_budget.target_tokens, over_only=True)
+    assert not RunSpec.of(RunCreate(name="r", length_alpha=0.001)).length_budget.over_only
 
 
 def test_datasets_load_and_refuse_bad_files(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from intellect_protocol.coordinator.models import AdminToken, Run
 from intellect_protocol.coordinator.routers.admin.common import CONFLICT, NOT_FOUND, OperateToken, Reader, admin_router, audited
 from intellect_protocol.coordinator.services import admin_tokens, runs
 from intellect_protocol.shared.environments.length import LengthBudget
-from intellect_protocol.shared.run_schemas import EvaluationRequest, RunCreate, RunInfo, RunSettings, RunSpec
+from intellect_protocol.shared.run_schemas import BUDGET_FIELDS, EvaluationRequest, RunCreate, RunInfo, RunSettings, RunSpec
 from intellect_protocol.shared.schemas import INT32_MAX, ErrorBody, ErrorCode, SamplingParams
 from intellect_protocol.shared.states import RunStatus, TaskStatus
 from intellect_protocol.shared.tolerances import OPERATOR_CEILING, widening
@@ -63,14 +63,14 @@ def _stake_needs_a_chain(body: RunSettings, settings: Settings) -> None:
 
 def _changes(settings: RunSettings, run: Run | None) -> dict[str, Any]:
     """The set fields of ``settings`` as column values (the length budget is one JSON column)."""
-    given = settings.model_dump(exclude_unset=True, exclude={"length_alpha", "target_length"})
+    given = settings.model_dump(exclude_unset=True, exclude=BUDGET_FIELDS)
     if "sampling" in given:
         given["sampling"] = settings.sampling.model_dump() if settings.sampling else SamplingParams().model_dump()
     if settings.audit is not None:
         given["audit"] = settings.audit.model_dump()
     if settings.prompting is not None:
         given["prompting"] = settings.prompting.model_dump(exclude_none=True)
-    budget = {"alpha": settings.length_alpha, "target_tokens": settings.target_length}
+    budget = {"alpha": settings.length_alpha, "target_tokens": settings.target_length, "over_only": settings.length_over_only}
     if any(v is not None for v in budget.values()):
         current = run.length_budget if run is not None else LengthBudget().model_dump()
         given["length_budget"] = LengthBudget(**{**current, **{k: v for k, v in budget.items() if v is not None}}).model_dump()
