@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from intellect_protocol.devnet.certificates import ServerFiles
+from intellect_protocol.devnet.warm import WarmPopen, is_warm
 from intellect_protocol.shared.tls import client_context
 
 
@@ -48,7 +49,7 @@ WINDING_DOWN_S = 20.0
 @dataclass
 class Process:
     name: str
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | WarmPopen
     log_path: Path
     url: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
@@ -102,14 +103,16 @@ class Process:
 
 
 def spawn(name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> Process:
+    """Start ``args`` in a session of its own (Ctrl-C at the terminal reaches only the launcher, which stops every
+    role once, in order), its output appended to ``log_path``; a role that loads a model forks warm."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "ab")
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    # A session of its own: Ctrl-C at the terminal reaches only the launcher, which stops every role once, in order.
-    popen = subprocess.Popen(
-        args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, start_new_session=True
-    )
-    log.close()
+    if is_warm(args, full_env):
+        return Process(name, WarmPopen(args, log_path, full_env), log_path, env=dict(env or {}))
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, start_new_session=True
+        )
     return Process(name, popen, log_path, env=dict(env or {}))
 
 
@@ -160,13 +163,14 @@ def calibrate(model: Path, numerics: str, rows: int, max_tokens: int, out: Path,
     engine, _, dtype = numerics.partition("/")
     args = ["calibrate", "--model", str(model), "--engine", engine, "--dtype", dtype, "--rows", str(rows)]
     args += ["--max-tokens", str(max_tokens), "--out", str(out)]
-    result = subprocess.run([*script("intellect-validator"), *args], capture_output=True, text=True)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(result.stdout + result.stderr)
-    if result.returncode != 0:
-        raise StartError(
-            f"intellect-validator calibrate failed (log: {log_path}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
-        )
+    log_path.unlink(missing_ok=True)
+    process = spawn("calibrate", [*script("intellect-validator"), *args], log_path)
+    try:
+        code = process.popen.wait()
+    finally:  # Ctrl-C reaches only the launcher (the calibration has a session of its own): it stops it
+        process.stop()
+    if code != 0:
+        raise StartError(f"intellect-validator calibrate failed (log: {log_path}):\n{process.tail(40)}")
 
 
 def migrate(database_url: str, log_path: Path) -> None:
