@@ -53,6 +53,19 @@ def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:
         caption = page.locator("figure", has_text="Held-out accuracy").locator("figcaption")
         expect(caption).to_have_text("Held-out accuracy (last measured at step 0; the run is at 3)")
 
+        # Evaluations under a thinking budget also count the completions kept to it: a line of its own, drawn only then.
+        accuracy = page.locator("figure", has_text="Held-out accuracy")
+        assert "within the thinking budget" not in (accuracy.locator("svg.chart").get_attribute("aria-label") or "")
+        metrics = {"heldout_accuracy": 0.7, "heldout_within_budget": 0.25}
+        reply = httpx.post(
+            f"{coordinator.url}/v1/admin/runs/{run_id}/evaluations", json={"step": 3, "metrics": metrics}, headers=headers
+        )
+        assert reply.status_code == 201
+        page.reload()
+        expect(accuracy.locator(".legend")).to_contain_text("within the thinking budget")
+        label = accuracy.locator("svg.chart").get_attribute("aria-label") or ""
+        assert "within the thinking budget: 1 points, last 0.25" in label, label
+
         assert httpx.post(f"{coordinator.url}/v1/admin/runs/{run_id}/pause", headers=headers).status_code == 200
         page.reload()
         work = page.locator("#stat-work")
