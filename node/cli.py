@@ -135,6 +135,7 @@ def join(
     ] = None,
 ) -> None:
     """Register this machine with a coordinator and keep it working until Ctrl-C."""
+    from intellect_protocol.node.finishers import finisher_pool, stop_finishers
     from intellect_protocol.node.worker import join as run_join
 
     try:
@@ -156,6 +157,8 @@ def join(
     except ValidationError as e:
         raise fail(f"Invalid setting: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}.", 2) from None
 
+    # Now, while this process has no thread and no connection: the finisher forks (node.finishers).
+    finishers = finisher_pool()
     stop = threading.Event()
     signalled = threading.Event()
     """Set by Ctrl-C or SIGTERM only: ``stop`` is also set by the node itself as it winds down after an error."""
@@ -185,7 +188,7 @@ def join(
         signal.signal(sig, interrupt)
     _on_any_thread(begin_stop)
     try:
-        run_join(account, coordinator, settings, console, operator=link, stop=stop)
+        run_join(account, coordinator, settings, console, operator=link, stop=stop, finishers=finishers)
     except KeyboardInterrupt:
         _say_stopped()
     except NodeError as e:
@@ -200,6 +203,7 @@ def join(
         if signalled.is_set():  # the interrupt landed where a stop is handled as one (a wait on ``stop``)
             _say_stopped()
     finally:
+        stop_finishers(finishers)
         # Only a vLLM node has an engine to close; importing the module now would load torch while
         # the node's threads wind down (that segfaulted a node on SIGTERM).
         engines = sys.modules.get("intellect_protocol.shared.vllm_backend")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC
 from pathlib import Path
@@ -32,7 +33,6 @@ from intellect_protocol.node.client import (
     clock_skew_error,
     version_error,
 )
-from intellect_protocol.node.finishers import finisher_pool, stop_finishers
 from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.state import NodeSession, load_session, save_session
@@ -114,8 +114,10 @@ def join(
     *,
     operator: OperatorLink | None = None,
     stop: threading.Event,
+    finishers: ProcessPoolExecutor,
 ) -> None:
-    """Run until ``stop`` is set; raises :class:`NodeError` for what retrying cannot fix."""
+    """Run until ``stop`` is set, finishing tasks in ``finishers`` (:func:`node.finishers.finisher_pool`, the
+    caller's to stop); raises :class:`NodeError` for what retrying cannot fix."""
     client = NodeClient(coordinator, account, settings, on_retry=lambda m: console.print(f"[yellow]{m}[/yellow]"), stop=stop)
     state_dir = settings.state_dir / account.address.lower()
     beats: Heartbeats | None = None
@@ -152,7 +154,7 @@ def join(
         beats.weights = weights
         beats.start()
         if _wait_for_a_run(beats, stop, console):
-            _work(client, console, stop, settings, beats, weights, status.heartbeat_interval_s)
+            _work(client, console, stop, settings, beats, weights, status.heartbeat_interval_s, finishers)
     except Stopped:
         pass
     except Untrusted as e:
@@ -176,31 +178,28 @@ def _work(
     beats: Heartbeats,
     weights: Weights,
     idle_wait: float,
+    finishers: ProcessPoolExecutor,
 ) -> None:
-    """Work until ``stop``: one finisher pool for the node's life, and a work loop again after each re-registration."""
-    finishers = finisher_pool()  # starting while this process loads the model code (WorkLoop.run)
-    try:
-        with _live_progress(console) as on_done:
-            while not stop.is_set():  # again after the coordinator forgot this node and it registered anew
-                WorkLoop(
-                    client,
-                    console,
-                    stop,
-                    idle_wait=idle_wait,
-                    activity=beats,
-                    on_done=on_done,
-                    backend=settings.backend,
-                    dtype=settings.dtype,
-                    finishers=finishers,
-                    weights=weights,
-                ).run()
-    finally:
-        stop_finishers(finishers)
+    """Work until ``stop``: a work loop again after each re-registration, all with the node's one finisher."""
+    with _live_progress(console) as on_done:
+        while not stop.is_set():  # again after the coordinator forgot this node and it registered anew
+            WorkLoop(
+                client,
+                console,
+                stop,
+                idle_wait=idle_wait,
+                activity=beats,
+                on_done=on_done,
+                backend=settings.backend,
+                dtype=settings.dtype,
+                finishers=finishers,
+                weights=weights,
+            ).run()
 
 
 def _wait_for_a_run(beats: Heartbeats, stop: threading.Event, console: Console) -> bool:
     """Wait until the coordinator names an active run (True) or the node is stopped (False). A node with
-    nothing to do loads no model code: torch and the finisher process are seconds of CPU and hundreds of MiB."""
+    nothing to do loads no model code (its finisher loads none either): torch is seconds of CPU and hundreds of MiB."""
     if beats.runs.wait(1.0):
         return True
     if not stop.is_set():  # a ban in that second is said by its own sentence

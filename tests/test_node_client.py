@@ -13,6 +13,7 @@ from rich.console import Console
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.client import EXIT_CLOCK, EXIT_VERSION, NodeClient, NodeError
+from intellect_protocol.node.finishers import finisher_pool, stop_finishers
 from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.worker import join
@@ -34,14 +35,19 @@ def test_clock_skew_is_explained(coordinator, tmp_path: Path) -> None:
 def test_too_old_for_the_coordinator(sqlite_url: str, tmp_path: Path) -> None:
 
     with serve(CoordinatorSettings(database_url=sqlite_url, min_node_version="99.0.0")) as c:
-        with pytest.raises(NodeError) as refused:
-            join(
-                Account.create(),
-                c.url,
-                NodeSettings(state_dir=tmp_path),
-                Console(file=open("/dev/null", "w")),
-                stop=threading.Event(),
-            )
+        finishers = finisher_pool()
+        try:
+            with pytest.raises(NodeError) as refused:
+                join(
+                    Account.create(),
+                    c.url,
+                    NodeSettings(state_dir=tmp_path),
+                    Console(file=open("/dev/null", "w")),
+                    stop=threading.Event(),
+                    finishers=finishers,
+                )
+        finally:
+            stop_finishers(finishers)
         assert refused.value.exit_code == EXIT_VERSION
         assert "pip install -U intellect-protocol" in str(refused.value)
 
@@ -76,7 +82,6 @@ def _check(url: str, tmp_path: Path) -> None:
 def test_a_node_holds_as_many_tasks_as_the_coordinator_allows(sqlite_url: str, tmp_path: Path) -> None:
     import io
 
-    from intellect_protocol.node.finishers import finisher_pool, stop_finishers
     from intellect_protocol.node.work_loop import WorkLoop
     from intellect_protocol.shared.schemas import SamplingParams
     from tests.helpers import make_run
