@@ -192,6 +192,12 @@ def descendants(pid: int) -> set[int]:
     return children.union(*(descendants(c) for c in children))
 
 
+def private_mib(pid: int) -> int:
+    """Memory that process ``pid`` holds for itself, not shared with another (Linux), in MiB."""
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    return sum(int(line.split()[1]) for line in rollup if line.startswith("Private_")) // 1024
+
+
 def install_distribution(root: Path, package: str, release: str, entries: dict[str, str], module: str = "") -> None:
     """Install a distribution by hand, as pip lays one out: a module and a ``.dist-info`` with its entry points."""
     root.mkdir(parents=True, exist_ok=True)

@@ -26,12 +26,7 @@ from intellect_protocol.shared.sampling import replay
 from intellect_protocol.shared.toploc import rollout_passes, verify_proofs
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.conftest import FAST, serve
-from tests.helpers import descendants, make_run
-
-
-def _private_mib(pid: int) -> int:
-    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
-    return sum(int(line.split()[1]) for line in rollup if line.startswith("Private_")) // 1024
+from tests.helpers import descendants, make_run, private_mib
 
 
 def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> None:
@@ -46,7 +41,7 @@ def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> Non
             # finisher is forked and idle: loaded, it would hold 70 MiB of its own here (300 MiB spawned).
             wait_until(lambda: "No active run" in node.tail(), 60, "the node to wait for a run")
             (finisher,) = descendants(node.popen.pid)
-            assert _private_mib(finisher) < 16
+            assert private_mib(finisher) < 16
             with sessions.begin() as session:
                 create_run(session, RunSpec(name="arith", prompts_per_task=2), datetime.now(UTC))
             deadline = time.monotonic() + 120
