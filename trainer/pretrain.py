@@ -1,0 +1,153 @@
+"""Pretraining's inner step, and one process pretraining a model on a whole corpus (the baseline islands are
+measured against).
+
+    python -m intellect_protocol.trainer.pretrain --model DIR --corpus DIR --epochs 2 --out DIR
+
+An inner step is next-token loss on ``batch_rows`` rows of one shard (AdamW, gradients clipped), the rows of a
+shard in an order drawn from the seed; an epoch learns from every training shard of the corpus once, in the
+manifest's order. The model is evaluated (:mod:`shared.pretraining.evaluation`) before the first step, every
+``eval_every`` steps and after the last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from intellect_protocol.shared.pretraining.corpus import load_manifest, load_shard
+from intellect_protocol.shared.pretraining.evaluation import Evaluation, evaluate
+from intellect_protocol.shared.tiny_model import training_bar
+
+
+class PretrainSettings(BaseModel):
+    """How a model learns from shards."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_rows: int = Field(16, ge=1, le=4096)
+    """Rows of the corpus' ``seq_len`` tokens an inner step learns from."""
+    lr: float = Field(3e-3, gt=0, le=1)
+    """AdamW's learning rate, constant."""
+    weight_decay: float = Field(0.01, ge=0, le=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    seed: int = 0
+    """Orders each shard's rows."""
+
+
+def next_token_loss(model: PreTrainedModel, ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Mean loss on every token of ``ids`` (``[batch, seq]``) after the first that is not padding."""
+    labels = ids.masked_fill(ids == pad_id, -100)
+    loss: torch.Tensor = model(input_ids=ids, attention_mask=(ids != pad_id).long(), labels=labels).loss
+    return loss
+
+
+def learn_shard(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    rows: torch.Tensor,
+    pad_id: int,
+    settings: PretrainSettings,
+    after_step: Callable[[float, int], None] | None = None,
+) -> int:
+    """Inner steps over every row of one shard (``[rows, seq_len]``), ``batch_rows`` at a time; the tokens learnt
+    from. ``after_step`` gets each step's loss and tokens."""
+    model.train()
+    order = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(settings.seed))
+    learnt = 0
+    for start in range(0, rows.shape[0], settings.batch_rows):
+        ids = rows[order[start : start + settings.batch_rows]].long()  # [batch, seq]
+        loss = next_token_loss(model, ids, pad_id)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+        optimizer.step()
+        tokens = int((ids != pad_id).sum())
+        learnt += tokens
+        if after_step is not None:
+            after_step(float(loss.detach()), tokens)
+    return learnt
+
+
+def optimizer_for(model: PreTrainedModel, settings: PretrainSettings) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+
+
+def pretrain(
+    model_dir: Path, corpus_dir: Path, epochs: int, settings: PretrainSettings, eval_every: int = 0
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """Pretrain ``model_dir``'s model on ``corpus_dir`` for ``epochs`` in this process; the model and a report of
+    its evaluations by tokens trained."""
+    manifest = load_manifest(corpus_dir)
+    held_out = load_shard(corpus_dir, manifest.held_out, manifest)
+    ood = None if manifest.out_of_distribution is None else load_shard(corpus_dir, manifest.out_of_distribution, manifest)
+    torch.manual_seed(settings.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    optimizer = optimizer_for(model, settings)
+    curve: list[dict[str, Any]] = []
+    tokens = steps = 0
+
+    def judge() -> Evaluation:
+        result = evaluate(model, held_out, ood, manifest.pad_id)
+        curve.append({"step": steps, "tokens": tokens, **result.model_dump()})
+        return result
+
+    before, start = judge(), time.monotonic()
+    with training_bar() as progress:
+        bar = progress.add_task("pretraining", total=epochs * len(manifest.shards))
+
+        def after_step(loss: float, learnt: int) -> None:
+            nonlocal steps, tokens
+            steps, tokens = steps + 1, tokens + learnt
+            progress.update(bar, description=f"pretraining  loss {loss:.3f}  tokens {tokens}")
+            if eval_every and steps % eval_every == 0:
+                judge()
+
+        for _ in range(epochs):
+            for ref in manifest.shards:
+                learn_shard(model, optimizer, load_shard(corpus_dir, ref, manifest), manifest.pad_id, settings, after_step)
+                progress.update(bar, advance=1)
+    if curve[-1]["step"] != steps:
+        judge()
+    report = {
+        "corpus": manifest.name,
+        "epochs": epochs,
+        "steps": steps,
+        "tokens": tokens,
+        "seconds": round(time.monotonic() - start, 1),
+        "before": before.model_dump(),
+        "after": Evaluation.model_validate(curve[-1]).model_dump(),
+        "curve": curve,
+    }
+    return model, report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="model directory to start from (its weights and config)")
+    parser.add_argument("--corpus", type=Path, required=True, help="corpus directory (corpus.json and shards/)")
+    parser.add_argument("--epochs", type=int, default=1, help="passes over every training shard")
+    parser.add_argument("--eval-every", type=int, default=0, help="inner steps between evaluations (0: before and after only)")
+    parser.add_argument("--out", type=Path, help="save the pretrained model here (with pretraining.json)")
+    for name in ("batch_rows", "lr", "seed"):
+        default = PretrainSettings.model_fields[name].default
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    settings = PretrainSettings(batch_rows=args.batch_rows, lr=args.lr, seed=args.seed)
+    model, report = pretrain(args.model, args.corpus, args.epochs, settings, args.eval_every)
+    if args.out:
+        model.save_pretrained(args.out, safe_serialization=True)
+        (args.out / "pretraining.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "curve"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
