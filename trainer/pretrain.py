@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,26 @@ def next_token_loss(model: PreTrainedModel, ids: torch.Tensor, pad_id: int) -> t
     return loss
 
 
+def batches(rows: torch.Tensor, settings: PretrainSettings) -> Iterator[torch.Tensor]:
+    """A shard's rows (``[rows, seq_len]``), ``batch_rows`` at a time (``[batch, seq_len]``), in the seed's order."""
+    order = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(settings.seed))
+    for start in range(0, rows.shape[0], settings.batch_rows):
+        yield rows[order[start : start + settings.batch_rows]].long()
+
+
+def inner_step(
+    model: PreTrainedModel, optimizer: torch.optim.Optimizer, ids: torch.Tensor, pad_id: int, settings: PretrainSettings
+) -> tuple[float, int]:
+    """One optimizer step on ``ids`` (``[batch, seq]``); its loss and the tokens it learnt from."""
+    model.train()
+    loss = next_token_loss(model, ids, pad_id)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+    optimizer.step()
+    return float(loss.detach()), int((ids != pad_id).sum())
+
+
 def learn_shard(
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
@@ -57,22 +77,13 @@ def learn_shard(
     settings: PretrainSettings,
     after_step: Callable[[float, int], None] | None = None,
 ) -> int:
-    """Inner steps over every row of one shard (``[rows, seq_len]``), ``batch_rows`` at a time; the tokens learnt
-    from. ``after_step`` gets each step's loss and tokens."""
-    model.train()
-    order = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(settings.seed))
+    """Inner steps over every row of one shard; the tokens learnt from. ``after_step`` gets each step's loss and tokens."""
     learnt = 0
-    for start in range(0, rows.shape[0], settings.batch_rows):
-        ids = rows[order[start : start + settings.batch_rows]].long()  # [batch, seq]
-        loss = next_token_loss(model, ids, pad_id)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
-        optimizer.step()
-        tokens = int((ids != pad_id).sum())
+    for ids in batches(rows, settings):
+        loss, tokens = inner_step(model, optimizer, ids, pad_id, settings)
         learnt += tokens
         if after_step is not None:
-            after_step(float(loss.detach()), tokens)
+            after_step(loss, tokens)
     return learnt
 
 

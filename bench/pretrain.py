@@ -1,0 +1,265 @@
+"""Pretraining across trainer islands against one trainer process, on the shipped metagenomic example
+(:mod:`shared.pretraining.metagenome`, made here by its script), same cores, same wall clock:
+
+- **one trainer**: one process with one torch thread per island, inner steps of ``--batch-rows`` rows over every
+  shard in turn (:func:`trainer.pretrain.learn_shard`);
+- **islands**: ``--islands`` processes (one thread each) meeting through a real torchft lighthouse
+  (:class:`trainer.islands.OuterSync`, the robust outer step RL islands take): island ``i`` learns from shards
+  ``i, i + k, ...`` of every epoch, ``--batch-rows / islands`` rows an inner step, and they take an outer step
+  every ``--sync-every`` inner steps. The shards are split here as the coordinator would hand them out (each
+  to one island an epoch); the coordinator is not in the loop.
+
+Afterwards an even sample of each configuration's agreed weights is evaluated on the held-out reads. Printed,
+against issue #47's goals:
+
+(a) bytes sent between islands against the same islands all-reducing fp32 gradients at every inner step
+    (counted from the parameters and the steps taken, not sent): goal at least 100x fewer;
+(b) the time each configuration needed to reach the lowest held-out loss both reach, and the curves: goal
+    islands within 1.2x the one trainer's time.
+
+With ``--liar flip|noise|tiny`` (``--islands 3`` or more) it runs honest islands, then the same islands with the
+last one lying at every outer step, and prints the final held-out losses (goal: within 5 %).
+
+    python bench/pretrain.py [--seconds 180] [--islands 2] [--sync-every 100] [--batch-rows 16] [--outer-lr 1 --outer-momentum 0] [--liar flip]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from intellect_protocol.devnet.island_lies import lie  # noqa: E402
+from intellect_protocol.shared.island_schemas import OuterSettings  # noqa: E402
+from intellect_protocol.shared.pretraining.corpus import load_manifest, load_shard  # noqa: E402
+from intellect_protocol.shared.pretraining.evaluation import evaluate  # noqa: E402
+from intellect_protocol.shared.pretraining.metagenome import MetagenomeSpec, make  # noqa: E402
+from intellect_protocol.trainer.islands import OuterSync  # noqa: E402
+from intellect_protocol.trainer.pretrain import PretrainSettings, batches, inner_step, optimizer_for  # noqa: E402
+
+Snapshot = tuple[float, dict[str, torch.Tensor]]
+
+
+def _load(example: Path) -> PreTrainedModel:
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(example / "model", local_files_only=True)
+    return model
+
+
+def learner(example: Path, shards: list[int], batch_rows: int, seconds: float, start_at: float, every: int, sync: OuterSync | None = None, liar: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Inner steps over ``shards`` (indices into the corpus' training shards) in turn, epoch after epoch, for
+    ``seconds`` from ``start_at``; with ``sync``, an outer step every ``every`` inner steps (``liar``: lying at each).
+    The agreed weights after each outer step (every ``every`` steps without ``sync``), timed, and the steps taken."""
+    manifest = load_manifest(example / "corpus")
+    rows = [load_shard(example / "corpus", manifest.shards[i], manifest) for i in shards]
+    model = cast(PreTrainedModel, sync.model) if sync is not None else _load(example)
+    settings = PretrainSettings(batch_rows=batch_rows)
+    optimizer = optimizer_for(model, settings)
+    record: dict[str, Any] = {"snapshots": [(0.0, _copy(model))], "steps": 0, "sent_bytes": 0, "compute_s": 0.0, "sync_s": 0.0}
+    time.sleep(max(0.0, start_at - time.time()))  # one clock for every island: they stop after the same outer step
+    started = time.perf_counter() - (time.time() - start_at)
+    epoch = 0
+    while time.perf_counter() - started < seconds:
+        for shard in rows:
+            for ids in batches(shard, settings.model_copy(update={"seed": epoch})):
+                t0 = time.perf_counter()
+                inner_step(model, optimizer, ids, manifest.pad_id, settings)
+                record["steps"] += 1
+                record["compute_s"] += time.perf_counter() - t0
+                if sync is None and (record["steps"] % every == 0 or time.perf_counter() - started >= seconds):
+                    record["snapshots"].append((time.perf_counter() - started, _copy(model)))
+                    if time.perf_counter() - started >= seconds:
+                        return record
+                if sync is None or record["steps"] % every:
+                    continue
+                t1 = time.perf_counter()
+                if liar:
+                    lie(liar, model, sync.agreed)
+                outcome = sync.sync(uuid.uuid4().hex)
+                record["sync_s"] += time.perf_counter() - t1
+                record["sent_bytes"] += outcome.sent_bytes
+                if outcome.leader and outcome.committed:
+                    record["snapshots"].append((time.perf_counter() - started, _copy(model)))
+                if time.perf_counter() - started >= seconds:
+                    return record
+        epoch += 1
+    return record
+
+
+def _copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _outer(args: argparse.Namespace) -> OuterSettings:
+    given = {"outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum}
+    return OuterSettings(
+        sync_every=args.sync_every, min_islands=args.min_islands, **{k: v for k, v in given.items() if v is not None}
+    )
+
+
+def island(args: argparse.Namespace) -> None:
+    """One island (a child process): writes ``OUT/island-I.pt``."""
+    torch.set_num_threads(1)
+    shards = list(range(args.island_index, len(load_manifest(args.example / "corpus").shards), args.islands))
+    model = _load(args.example)
+    outer = _outer(args)
+    sync = OuterSync(model, f"island-{args.island_index}", args.lighthouse, outer, timeout_s=120)
+    liar = args.liar if args.island_index == args.islands - 1 else None
+    record = learner(
+        args.example, shards, args.batch_rows // args.islands, args.seconds, args.start_at, args.sync_every, sync, liar
+    )
+    sync.close()
+    record["parameters"] = sum(p.numel() for p in model.parameters())
+    torch.save(record, args.out / f"island-{args.island_index}.pt")
+
+
+def run_islands(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    from torchft._torchft import LighthouseServer
+
+    join_ms = 1000 if args.min_islands == 1 else 5000
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=join_ms, heartbeat_timeout_ms=1000)
+    address = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
+    common = ["--example", str(args.example), "--islands", str(args.islands), "--sync-every", str(args.sync_every)]
+    common += ["--batch-rows", str(args.batch_rows), "--seconds", str(args.seconds), "--start-at", str(time.time() + 20)]
+    common += ["--min-islands", str(args.min_islands), "--lighthouse", address, "--out", str(out)]
+    common += [f"--{k.replace('_', '-')}={v}" for k in ("outer_lr", "outer_momentum") if (v := getattr(args, k)) is not None]
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--island-index", str(i), *common, *(["--liar", args.liar] if args.liar else [])],
+            stderr=open(out / f"island-{i}.log", "wb"),  # noqa: SIM115  (the child owns it)
+        )
+        for i in range(args.islands)
+    ]
+    for i, child in enumerate(children):
+        if child.wait() != 0:
+            raise SystemExit(f"island {i} failed:\n" + (out / f"island-{i}.log").read_text()[-3000:])
+    lighthouse.shutdown()
+    return [torch.load(out / f"island-{i}.pt", weights_only=False) for i in range(args.islands)]
+
+
+def curve(example: Path, snapshots: list[Snapshot], evals: int) -> list[tuple[float, float]]:
+    """(seconds, held-out loss) for an even sample of ``snapshots``, the first and last included."""
+    manifest = load_manifest(example / "corpus")
+    held_out = load_shard(example / "corpus", manifest.held_out, manifest)
+    model = _load(example)
+    pick = sorted({round(i * (len(snapshots) - 1) / max(1, evals - 1)) for i in range(evals)})
+    points = []
+    for i in pick:
+        seconds, weights = snapshots[i]
+        model.load_state_dict(weights)
+        points.append((seconds, evaluate(model, held_out, None, manifest.pad_id).held_out_loss))
+    return points
+
+
+def agreed(results: list[dict[str, Any]]) -> list[Snapshot]:
+    """The agreed weights after every committed outer step, whichever island led it, in time order."""
+    return sorted((s for r in results for s in r["snapshots"]), key=lambda s: s[0])
+
+
+def reached(points: list[tuple[float, float]], loss: float) -> float | None:
+    return next((s for s, value in points if value <= loss), None)
+
+
+def _show(name: str, points: list[tuple[float, float]]) -> None:
+    print(f"{name:28s} " + "  ".join(f"{s:5.0f}s {loss:.3f}" for s, loss in points), flush=True)
+
+
+def liar_case(args: argparse.Namespace) -> int:
+    if args.islands < 3 or args.min_islands < 3:
+        raise SystemExit("--liar needs --islands 3 --min-islands 3 or more (see trainer.islands)")
+    lying, finals = args.liar, {}
+    for name, liar in (("honest islands", None), (f"one island lying ({lying})", lying)):
+        args.liar = liar
+        with tempfile.TemporaryDirectory() as tmp:
+            points = curve(args.example, agreed(run_islands(args, Path(tmp))), args.evals)
+        _show(name, points)
+        finals[name] = points[-1][1]
+    honest, lied = finals.values()
+    print(
+        f"held-out loss at the end: honest {honest:.3f}, one liar {lied:.3f}: {(lied / honest - 1) * 100:+.1f} % (goal: within 5 %)"
+    )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=180, help="training time of each configuration")
+    parser.add_argument("--islands", type=int, default=2)
+    parser.add_argument("--sync-every", type=int, default=100, help="H: inner steps between outer steps")
+    parser.add_argument("--batch-rows", type=int, default=16, help="rows an inner step of the one trainer learns from")
+    parser.add_argument("--evals", type=int, default=8, help="agreed weights evaluated per configuration")
+    parser.add_argument("--liar", choices=["flip", "noise", "tiny"], help="compare honest islands with the last one lying")
+    parser.add_argument("--min-islands", type=int, default=1, help="fewest islands whose pseudo-gradients an outer step judges")
+    parser.add_argument("--outer-lr", type=float, help="the outer step's learning rate (default: the run setting's, by H)")
+    parser.add_argument("--outer-momentum", type=float, help="the outer step's Nesterov momentum (default: by H)")
+    parser.add_argument("--example", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--island-index", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--lighthouse", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.island_index is not None:
+        island(args)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        args.example = Path(tmp) / "example"
+        torch.set_num_threads(1)
+        print("making the metagenomic example ...", flush=True)
+        make(args.example, MetagenomeSpec())
+        if args.liar:
+            return liar_case(args)
+        outer = _outer(args)
+        print(
+            f"islands: {args.islands} processes, H = {args.sync_every}, outer lr {outer.outer_lr} and momentum "
+            f"{outer.outer_momentum}, {args.batch_rows // args.islands} rows a step each",
+            flush=True,
+        )
+        results = run_islands(args, Path(tmp))
+        print(f"one trainer: {args.islands} threads, {args.batch_rows} rows a step", flush=True)
+        torch.set_num_threads(args.islands)
+        shards = list(range(len(load_manifest(args.example / "corpus").shards)))
+        single = learner(args.example, shards, args.batch_rows, args.seconds, time.time(), args.sync_every)
+        torch.set_num_threads(1)
+        island_curve, single_curve = (
+            curve(args.example, agreed(results), args.evals),
+            curve(args.example, single["snapshots"], args.evals),
+        )
+
+    _show("one trainer", single_curve)
+    _show("islands", island_curve)
+    single_rate = single["steps"] * args.batch_rows / args.seconds
+    islands_rate = sum(r["steps"] for r in results) * (args.batch_rows // args.islands) / args.seconds
+    print(f"rows learnt a second: one trainer {single_rate:.1f}, islands {islands_rate:.1f}")
+    if single_rate < islands_rate / 2:
+        raise SystemExit(
+            "the one trainer ran at under half the islands' rate: the machine was busy with something else; run again"
+        )
+    parameters, sent = results[0]["parameters"], sum(r["sent_bytes"] for r in results)
+    gradient_bytes = sum(4 * parameters * r["steps"] for r in results)
+    print(
+        f"(a) bytes between islands: {sent:,} (bf16 pseudo-gradients every {args.sync_every} inner steps) against "
+        f"{gradient_bytes:,} (fp32 gradients at every inner step): {gradient_bytes / sent:.0f}x fewer (goal >= 100x)"
+    )
+    compute = sum(r["compute_s"] for r in results)
+    waiting = sum(r["sync_s"] for r in results)
+    print(f"    island time computing: {compute / (compute + waiting):.1%} (outer steps not overlapped with compute yet)")
+    common = max(min(loss for _, loss in single_curve), min(loss for _, loss in island_curve))
+    t_single, t_islands = reached(single_curve, common), reached(island_curve, common)
+    assert t_single is not None and t_islands is not None
+    print(
+        f"(b) held-out loss {common:.3f} (the lowest both reach): one trainer at {t_single:.0f} s, islands at {t_islands:.0f} s"
+    )
+    print(f"islands / one trainer, time to {common:.3f} held-out loss: {t_islands / max(t_single, 1e-9):.2f}x (goal <= 1.2)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
