@@ -34,7 +34,6 @@ the last difference (goal: within 5 points).
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ import uuid
 from pathlib import Path
 
 import torch
+from _islands import run_island_processes
 from _single_process import Snapshot, learn, tasks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -117,29 +117,11 @@ def island(args: argparse.Namespace) -> None:
 
 
 def run_islands(args: argparse.Namespace, out: Path) -> list[dict]:
-    from torchft._torchft import LighthouseServer
-
-    # One island is a quorum: an island that stops first (the clocks' last milliseconds) leaves the other going.
-    # A run that steps only with several islands waits longer for them to join each meeting.
-    join_ms = 1000 if args.min_islands == 1 else 5000
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=join_ms, heartbeat_timeout_ms=1000)
-    address = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
-    children = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--island-index", str(i), "--lighthouse", address, "--out", str(out)]
-            + ["--islands", str(args.islands), "--sync-every", str(args.sync_every), "--groups", str(args.groups)]
-            + ["--seconds", str(args.seconds), "--start-at", str(time.time() + 20)]
-            + ["--min-islands", str(args.min_islands)]
-            + (["--liar", args.liar] if args.liar else []),
-            stderr=open(out / f"island-{i}.log", "wb"),  # noqa: SIM115  (the child owns it)
-        )
-        for i in range(args.islands)
-    ]
-    for i, child in enumerate(children):
-        if child.wait() != 0:
-            raise SystemExit(f"island {i} failed:\n" + (out / f"island-{i}.log").read_text()[-3000:])
-    lighthouse.shutdown()
-    return [torch.load(out / f"island-{i}.pt", weights_only=False) for i in range(args.islands)]
+    arguments = ["--islands", str(args.islands), "--sync-every", str(args.sync_every), "--groups", str(args.groups)]
+    arguments += ["--seconds", str(args.seconds), "--start-at", str(time.time() + 20), "--min-islands", str(args.min_islands)]
+    return run_island_processes(
+        __file__, args.islands, args.min_islands, arguments + (["--liar", args.liar] if args.liar else []), out
+    )
 
 
 def liar_case(args: argparse.Namespace) -> int:

@@ -26,7 +26,6 @@ last one lying at every outer step, and prints the final held-out losses (goal: 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from _islands import run_island_processes
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -122,27 +122,11 @@ def island(args: argparse.Namespace) -> None:
 
 
 def run_islands(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    from torchft._torchft import LighthouseServer
-
-    join_ms = 1000 if args.min_islands == 1 else 5000
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=join_ms, heartbeat_timeout_ms=1000)
-    address = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
-    common = ["--example", str(args.example), "--islands", str(args.islands), "--sync-every", str(args.sync_every)]
-    common += ["--batch-rows", str(args.batch_rows), "--seconds", str(args.seconds), "--start-at", str(time.time() + 20)]
-    common += ["--min-islands", str(args.min_islands), "--lighthouse", address, "--out", str(out)]
-    common += [f"--{k.replace('_', '-')}={v}" for k in ("outer_lr", "outer_momentum") if (v := getattr(args, k)) is not None]
-    children = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--island-index", str(i), *common, *(["--liar", args.liar] if args.liar else [])],
-            stderr=open(out / f"island-{i}.log", "wb"),  # noqa: SIM115  (the child owns it)
-        )
-        for i in range(args.islands)
-    ]
-    for i, child in enumerate(children):
-        if child.wait() != 0:
-            raise SystemExit(f"island {i} failed:\n" + (out / f"island-{i}.log").read_text()[-3000:])
-    lighthouse.shutdown()
-    return [torch.load(out / f"island-{i}.pt", weights_only=False) for i in range(args.islands)]
+    arguments = ["--example", str(args.example), "--islands", str(args.islands), "--sync-every", str(args.sync_every)]
+    arguments += ["--batch-rows", str(args.batch_rows), "--seconds", str(args.seconds), "--start-at", str(time.time() + 20)]
+    arguments += ["--min-islands", str(args.min_islands), *(["--liar", args.liar] if args.liar else [])]
+    arguments += [f"--{k.replace('_', '-')}={v}" for k in ("outer_lr", "outer_momentum") if (v := getattr(args, k)) is not None]
+    return run_island_processes(__file__, args.islands, args.min_islands, arguments, out)
 
 
 def curve(example: Path, snapshots: list[Snapshot], evals: int) -> list[tuple[float, float]]:
