@@ -8,6 +8,8 @@ import hashlib
 import itertools
 import json
 import random
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -139,3 +141,13 @@ def test_pretraining_lowers_the_held_out_loss_and_tells_unseen_species_apart(exa
     assert report["tokens"] == 4 * json.loads((example / "metagenome.json").read_text())["training_tokens"]
     assert after["held_out_loss"] < before["held_out_loss"] - 0.5, report["curve"]
     assert after["ood_auroc"] > max(0.7, before["ood_auroc"] + 0.15), report["curve"]
+
+
+@pytest.mark.unit
+def test_the_commands_say_what_is_wrong_with_their_input_in_one_sentence(example: Path, tmp_path: Path) -> None:
+    pretraining = [sys.executable, "-m", "intellect_protocol.trainer.pretrain", "--model", str(example / "model")]
+    said = subprocess.run([*pretraining, "--corpus", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert said.returncode == 2 and f"{tmp_path} has no corpus.json" in said.stderr and "Traceback" not in said.stderr
+    making = [sys.executable, "-m", "intellect_protocol.shared.pretraining.metagenome", "--out", str(tmp_path / "x")]
+    said = subprocess.run([*making, "--species", "4", "--held-out-species", "4"], capture_output=True, text=True, timeout=120)
+    assert said.returncode == 2 and "all 4 species are held out" in said.stderr and not (tmp_path / "x").exists()

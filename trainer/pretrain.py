@@ -22,7 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from intellect_protocol.shared.pretraining.corpus import load_manifest, load_shard
+from intellect_protocol.shared.pretraining.corpus import CorpusError, load_manifest, load_shard
 from intellect_protocol.shared.pretraining.evaluation import Evaluation, evaluate
 from intellect_protocol.shared.tiny_model import training_bar
 
@@ -30,7 +30,7 @@ from intellect_protocol.shared.tiny_model import training_bar
 class PretrainSettings(BaseModel):
     """How a model learns from shards."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     batch_rows: int = Field(16, ge=1, le=4096)
     """Rows of the corpus' ``seq_len`` tokens an inner step learns from."""
@@ -148,12 +148,17 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=0, help="inner steps between evaluations (0: before and after only)")
     parser.add_argument("--out", type=Path, help="save the pretrained model here (with pretraining.json)")
     for name in ("batch_rows", "lr", "seed"):
-        default = PretrainSettings.model_fields[name].default
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+        field = PretrainSettings.model_fields[name]
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=type(field.default), default=field.default, help=field.description
+        )
     args = parser.parse_args()
     torch.set_num_threads(1)
     settings = PretrainSettings(batch_rows=args.batch_rows, lr=args.lr, seed=args.seed)
-    model, report = pretrain(args.model, args.corpus, args.epochs, settings, args.eval_every)
+    try:
+        model, report = pretrain(args.model, args.corpus, args.epochs, settings, args.eval_every)
+    except (CorpusError, OSError) as e:  # a corpus or model directory that is not one: one sentence, no traceback
+        parser.error(str(e))
     if args.out:
         model.save_pretrained(args.out, safe_serialization=True)
         (args.out / "pretraining.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -40,7 +40,7 @@ SPECIALS = ["<pad>", "<bos>", "<eos>"]
 class MetagenomeSpec(BaseModel):
     """What to make; every field has the shipped example's value."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     seed: int = 0
     """Seeds the genomes, reads, errors and the model's initial weights."""
@@ -51,18 +51,24 @@ class MetagenomeSpec(BaseModel):
     genome_bases: int = Field(2000, ge=400, le=1_000_000)
     """Length of each species' genome."""
     training_reads: int = Field(4000, ge=16)
+    """Reads in the training shards."""
     held_out_reads: int = Field(256, ge=8)
     """Reads of the corpus' species kept out of the training shards (the held-out loss), and as many of the held-out
     species (the out-of-distribution set)."""
     substitution_rate: float = Field(0.01, ge=0, le=0.2)
+    """Per base: the chance it is read as another base."""
     indel_rate: float = Field(0.002, ge=0, le=0.1)
     """Per base: an insertion after it, and separately its deletion, each at this rate."""
     vocab_size: int = Field(256, ge=16, le=65536)
     """Target size of the BPE vocabulary, the three special tokens included."""
     seq_len: int = Field(128, ge=32, le=8192)
+    """Tokens a row, and the model's context."""
     rows_per_shard: int = Field(128, ge=1)
+    """Rows a training shard holds (the last shard fewer)."""
     hidden: int = Field(128, ge=16)
+    """The model's width."""
     layers: int = Field(4, ge=1)
+    """The model's depth."""
 
 
 def genome(rng: random.Random, length: int) -> str:
@@ -202,7 +208,11 @@ def main() -> None:
     args = vars(parser.parse_args())
     out = args.pop("out")
     torch.set_num_threads(1)
-    print(json.dumps(make(out, MetagenomeSpec(**args)), indent=2))
+    try:
+        spec = MetagenomeSpec(**args)
+        print(json.dumps(make(out, spec), indent=2))
+    except ValueError as e:  # pydantic's ValidationError is one: a bound broken, said as such
+        parser.error(str(e))
 
 
 if __name__ == "__main__":
