@@ -40,11 +40,13 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from intellect_protocol.devnet.island_lies import lie  # noqa: E402
 from intellect_protocol.shared.island_schemas import OuterSettings  # noqa: E402
-from intellect_protocol.shared.pretraining.corpus import load_manifest, load_shard  # noqa: E402
+from intellect_protocol.shared.pretraining.corpus import load_shard  # noqa: E402
 from intellect_protocol.shared.pretraining.evaluation import evaluate  # noqa: E402
+from intellect_protocol.shared.pretraining.manifest import load_manifest  # noqa: E402
 from intellect_protocol.shared.pretraining.metagenome import MetagenomeSpec, make  # noqa: E402
+from intellect_protocol.shared.pretraining.settings import PretrainSettings  # noqa: E402
 from intellect_protocol.trainer.islands import OuterSync  # noqa: E402
-from intellect_protocol.trainer.pretrain import PretrainSettings, batches, inner_step, optimizer_for  # noqa: E402
+from intellect_protocol.trainer.pretrain import batches, inner_step, optimizer_for  # noqa: E402
 
 Snapshot = tuple[float, dict[str, torch.Tensor]]
 
@@ -69,7 +71,7 @@ def learner(example: Path, shards: list[int], batch_rows: int, seconds: float, s
     epoch = 0
     while time.perf_counter() - started < seconds:
         for shard in rows:
-            for ids in batches(shard, settings.model_copy(update={"seed": epoch})):
+            for ids in batches(shard, settings, epoch):
                 t0 = time.perf_counter()
                 inner_step(model, optimizer, ids, manifest.pad_id, settings)
                 record["steps"] += 1

@@ -29,7 +29,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from intellect_protocol.coordinator.column_types import TokenAmount, UTCDateTime, states_type
 from intellect_protocol.shared.run_schemas import oldest_usable_step
 from intellect_protocol.shared.schemas import NodeStatus
-from intellect_protocol.shared.states import AppealStatus, EntryKind, RunStatus, SubmissionStatus, TaskStatus
+from intellect_protocol.shared.states import AppealStatus, EntryKind, RunKind, RunStatus, SubmissionStatus, TaskStatus
 
 
 class Base(DeclarativeBase):
@@ -106,7 +106,8 @@ class AdminToken(Base):
 
 
 class Run(Base):
-    """An RL run: which model learns which environment, and how nodes sample for it."""
+    """A run: for RL, which model learns which environment and how nodes sample for it; for pretraining, which
+    model learns which corpus."""
 
     __tablename__ = "runs"
 
@@ -147,6 +148,13 @@ class Run(Base):
     """Reward calls of the run's environment that failed on a node and again here, since it last ran."""
     paused_reason: Mapped[str | None] = mapped_column(Text)
     """Why the coordinator paused the run by itself (None: it did not)."""
+    kind: Mapped[RunKind] = mapped_column(states_type(RunKind), default=RunKind.rl, server_default="rl")
+    """``rl`` (nodes roll out, islands or a trainer learn from accepted work) or ``pretrain`` (islands learn from
+    :attr:`corpus`'s shards; nodes have no tasks)."""
+    corpus: Mapped[dict[str, Any] | None]
+    """A pretraining run's :class:`shared.pretraining.corpus.CorpusManifest`; its shards are in the blob store."""
+    pretrain: Mapped[dict[str, Any] | None]
+    """A pretraining run's :class:`shared.pretraining.settings.PretrainSettings`."""
 
     @hybrid_property
     def oldest_step(self) -> int:

@@ -24,7 +24,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from intellect_protocol.devnet import preflight
+from intellect_protocol.devnet import preflight, pretraining
 from intellect_protocol.devnet.accuracy import Accuracy
 from intellect_protocol.devnet.calibration import CALIBRATION_ROWS, calibrated
 from intellect_protocol.devnet.network import Network, start_network
@@ -140,8 +140,17 @@ def main(
             "share of accepted work, and they average after every inner step (DiLoCo outer steps; the \\[islands] extra).",
         ),
     ] = 0,
+    pretrain: Annotated[
+        bool,
+        typer.Option(
+            "--pretrain",
+            help="Pretrain the shipped METAGENE-shaped example from scratch instead (a pretraining run, --islands of "
+            "them, 2 by default, no nodes): stops once every shard is learnt twice; summary.json has the held-out loss.",
+        ),
+    ] = False,
 ) -> None:
     """Start every role on loopback, watch the run learn, stop after STEPS policy steps (or at Ctrl-C or SIGTERM)."""
+    islands = islands or (2 if pretrain else 0)
     found = preflight.problems(backend.value, model, calibration, workdir, islands)
     for problem in found:
         console.print(problem, style="red", markup=False)
@@ -151,6 +160,9 @@ def main(
     signal.signal(signal.SIGINT, _interrupt)
     workdir = workdir or Path(tempfile.mkdtemp(prefix="intellect-devnet-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if pretrain:
+        console.print(f"Devnet workdir: {workdir}")
+        raise typer.Exit(pretraining.run(workdir, islands, database_url, console))
     before = set(workdir.iterdir())
     console.print(f"Devnet workdir: {workdir}")
     started = time.monotonic()

@@ -184,6 +184,7 @@ def start_network(
     tls: bool = False,
     islands: int = 0,
     sync_every: int = 1,
+    run_name: str = RUN_NAME,
 ) -> Network:
     """Start every role; on a failure, stop what started and raise :class:`StartError` naming the process.
 
@@ -193,14 +194,14 @@ def start_network(
     ``chain``: settle on it (the run asks for a stake, credit turns final within seconds);
     ``tls``: every server presents a certificate of a CA made in ``workdir/tls``, every client verifies it;
     ``islands``: that many trainer islands and their lighthouse instead of one trainer, the run meeting
-    every ``sync_every`` inner steps.
+    every ``sync_every`` inner steps; ``run_name``: the run's (a ledger that holds it already is refused).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     database_url = database_url or f"sqlite:///{workdir / 'ledger.db'}"
     migrate(database_url, workdir / "logs" / "migrate.log")
-    if _holds_run(database_url, RUN_NAME):
+    if _holds_run(database_url, run_name):
         raise StartError(
-            f"The ledger at {database_url} already holds an earlier devnet's run ({RUN_NAME!r}); nothing was added to it. "
+            f"The ledger at {database_url} already holds an earlier devnet's run ({run_name!r}); nothing was added to it. "
             "Give this devnet a database of its own, or leave out --database-url (SQLite in the workdir)."
         )
     token = admin_token(database_url)
@@ -210,7 +211,7 @@ def start_network(
 
         run_options = [*run_options, "--min-stake", str(MIN_STAKE_TOKENS), "--dispute-window", str(DISPUTE_WINDOW_S)]
         coordinator_env = {**chain.coordinator_env, **(coordinator_env or {})}
-    run_id = create_run(database_url, RUN_NAME, workdir / "logs" / "run.log", run_options)
+    run_id = create_run(database_url, run_name, workdir / "logs" / "run.log", run_options, workdir / "blobs")
     password = secrets.token_urlsafe(16)
     (workdir / "wallet-password").write_text(password + "\n")
     authority = Authority.create(workdir / "tls") if tls else None

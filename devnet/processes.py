@@ -147,9 +147,12 @@ def answering(process: Process, port: int, tls: ServerFiles | None = None) -> Pr
     return process
 
 
-def coordinator_command(args: list[str], log_path: Path | None = None) -> str:
-    """Run one ``intellect-coordinator`` command to completion; its stdout, or StartError with its output."""
-    result = subprocess.run([*script("intellect-coordinator"), *args], capture_output=True, text=True)
+def coordinator_command(args: list[str], log_path: Path | None = None, env: dict[str, str] | None = None) -> str:
+    """Run one ``intellect-coordinator`` command to completion (``env`` added to this process' environment); its
+    stdout, or StartError with its output."""
+    result = subprocess.run(
+        [*script("intellect-coordinator"), *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(result.stdout + result.stderr)
@@ -182,9 +185,11 @@ def admin_token(database_url: str, name: str = "devnet", scope: str = "admin") -
     return coordinator_command(args).splitlines()[-1]
 
 
-def create_run(database_url: str, name: str, log_path: Path, options: list[str] = ()) -> str:  # type: ignore[assignment]
-    """A run with ``run create``'s defaults (arithmetic on the shipped tiny model) but for ``options``; returns its id."""
-    return coordinator_command(["run", "create", "--name", name, "--database-url", database_url, *options], log_path)
+def create_run(database_url: str, name: str, log_path: Path, options: list[str] = (), blob_dir: Path | None = None) -> str:  # type: ignore[assignment]
+    """A run with ``run create``'s defaults (arithmetic on the shipped tiny model) but for ``options``; returns its id.
+    ``blob_dir``: the coordinator's blob store, where a pretraining run's shards are put."""
+    env = {"INTELLECT_BLOB_DIR": str(blob_dir)} if blob_dir else None
+    return coordinator_command(["run", "create", "--name", name, "--database-url", database_url, *options], log_path, env)
 
 
 def start_coordinator(

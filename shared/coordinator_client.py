@@ -239,6 +239,13 @@ class CoordinatorClient:
     def island_claim(self, body: island_schemas.IslandClaim) -> list[AcceptedRollouts]:
         return [AcceptedRollouts.model_validate(e) for e in self._send("POST", "/v1/trainer/islands/claim", body=body).json()]
 
+    def island_claim_shards(self, body: island_schemas.IslandClaim) -> island_schemas.ShardClaims:
+        return island_schemas.ShardClaims.model_validate(self._send("POST", "/v1/trainer/islands/claim-shards", body=body).json())
+
+    def corpus_shard(self, run_id: str, sha256: str) -> bytes:
+        """A shard's bytes as the coordinator holds them: check them (:func:`shared.pretraining.corpus.read_shard`)."""
+        return self._send("GET", f"/v1/trainer/runs/{run_id}/shards/{sha256}", signed=True).content
+
     def island_report(self, body: island_schemas.IslandReport) -> None:
         self._send("POST", "/v1/trainer/islands/report", body=body)
 

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from intellect_protocol.shared.pretraining.manifest import ShardRef
 from intellect_protocol.shared.schemas import INT32_MAX, Address, Request
 from intellect_protocol.shared.shardcast.chunking import DEFAULT_CHUNK_SIZE, Hex64
 
@@ -132,6 +133,27 @@ class IslandHealCheck(IslandJoin):
     """The :meth:`~shared.shardcast.manifest.Manifest.content_digest` of the received weights, built by this island."""
 
 
+class ShardSlot(BaseModel):
+    """One training shard of a pretraining run in one epoch, as an island holds it: its claim's cursor is
+    ``epoch * shards + index + 1``, so each shard is learnt once an epoch, epoch after epoch."""
+
+    cursor: Cursor
+    epoch: int = Field(ge=0)
+    index: int = Field(ge=0)
+    """The shard's place in the corpus' training shards."""
+    shard: ShardRef
+
+
+class ShardClaims(BaseModel):
+    """What a pretraining island's claim returns."""
+
+    slots: list[ShardSlot]
+    """The caller's claims, those it held unreported already first."""
+    remaining: int = Field(ge=0)
+    """Slots of the run not yet consumed (learnt from in a published step), the caller's among them: 0 once the
+    run has learnt every epoch of its corpus."""
+
+
 def step_record(included: list[Included], excluded: dict[str, str]) -> str:
     """The digest of an outer step's record: the attempts its average included, in order, and the islands left
     out and why. Every honest island of the meeting computes the same."""
@@ -154,3 +176,5 @@ class IslandStatus(BaseModel):
     """Accepted submissions it holds unreported, reported for a step not yet settled, and trained on."""
     excluded_steps: int
     last_exclusion: str | None
+    tokens: int | None = None
+    """In a pretraining run, the tokens of the corpus it learnt that published steps took in (None: an RL run)."""

@@ -1,18 +1,20 @@
-"""Wire schemas of RL runs: what anyone may know of a run, what operators set, and its progress."""
+"""Wire schemas of runs (RL and pretraining): what anyone may know of a run, what operators set, and its progress."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.island_schemas import OuterSettings
 from intellect_protocol.shared.money import TokenAmount
+from intellect_protocol.shared.pretraining.manifest import CorpusManifest
+from intellect_protocol.shared.pretraining.settings import PretrainSettings
 from intellect_protocol.shared.prompting import Prompting
 from intellect_protocol.shared.schemas import DEFAULT_MODEL, INT32_MAX, Finite, SamplingParams
-from intellect_protocol.shared.states import RunStatus
+from intellect_protocol.shared.states import RunKind, RunStatus
 from intellect_protocol.shared.tolerances import Calibration, Tolerance, widening
 
 RunName = Annotated[str, Field(min_length=1, max_length=128)]
@@ -91,6 +93,11 @@ class RunInfo(BaseModel):
     """None: :class:`AuditPolicy`'s defaults."""
     outer: OuterSettings | None = None
     """How trainer islands meet for outer steps; None: :class:`OuterSettings`' defaults."""
+    kind: RunKind = RunKind.rl
+    corpus: CorpusManifest | None = None
+    """A pretraining run's corpus: its shards by hash (fetched from the coordinator by its islands)."""
+    pretrain: PretrainSettings | None = None
+    """How a pretraining run's islands take their inner steps."""
     status: RunStatus
     """A paused run leases no new tasks."""
     paused_reason: str | None = None
@@ -199,6 +206,20 @@ class RunSpec(BaseModel):
     """None: :class:`OuterSettings`' defaults."""
     min_stake: TokenAmount = 0
     """Token base units a node must have staked to lease this run's tasks (0: none)."""
+    kind: RunKind = RunKind.rl
+    """``pretrain``: islands learn from ``corpus`` with ``pretrain``'s inner steps, and the RL settings are unused."""
+    corpus: CorpusManifest | None = None
+    """A pretraining run's corpus (required for one, refused for an RL run)."""
+    pretrain: PretrainSettings | None = None
+    """A pretraining run's inner steps; None: :class:`PretrainSettings`' defaults."""
+
+    @model_validator(mode="after")
+    def _corpus_for_pretraining(self) -> RunSpec:
+        if (self.kind == RunKind.pretrain) != (self.corpus is not None):
+            raise ValueError("a pretraining run needs a corpus, and only a pretraining run has one")
+        if self.kind == RunKind.rl and self.pretrain is not None:
+            raise ValueError("pretraining settings are for a pretraining run")
+        return self
 
     @classmethod
     def of(cls, create: RunCreate) -> RunSpec:

@@ -14,6 +14,13 @@ class RunStatus(enum.StrEnum):
     """Hands out no new tasks; work in flight is still taken and judged."""
 
 
+class RunKind(enum.StrEnum):
+    rl = "rl"
+    """Nodes roll out the run's environment; a trainer or trainer islands learn from the accepted work."""
+    pretrain = "pretrain"
+    """Trainer islands learn from the run's corpus; nodes have no tasks."""
+
+
 class TaskStatus(enum.StrEnum):
     open = "open"
     leased = "leased"

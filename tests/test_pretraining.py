@@ -17,19 +17,19 @@ import pytest
 import torch
 from safetensors.torch import save as save_safetensors
 
-from intellect_protocol.shared.pretraining.corpus import (
+from intellect_protocol.shared.pretraining.corpus import load_shard, read_shard
+from intellect_protocol.shared.pretraining.evaluation import auroc
+from intellect_protocol.shared.pretraining.manifest import (
     MAX_SHARD_BYTES,
     CorpusError,
     CorpusManifest,
     ShardRef,
     load_manifest,
-    load_shard,
-    read_shard,
     save_manifest,
 )
-from intellect_protocol.shared.pretraining.evaluation import auroc
 from intellect_protocol.shared.pretraining.metagenome import MetagenomeSpec, make
-from intellect_protocol.trainer.pretrain import PretrainSettings, pretrain
+from intellect_protocol.shared.pretraining.settings import PretrainSettings
+from intellect_protocol.trainer.pretrain import batches, pretrain, row_order
 
 SMALL = MetagenomeSpec(
     species=8, held_out_species=2, genome_bases=500, training_reads=600, held_out_reads=32, vocab_size=64, seq_len=64,
@@ -136,7 +136,7 @@ def test_auroc_is_the_share_of_pairs_ordered_right_ties_counting_half() -> None:
 
 
 def test_pretraining_lowers_the_held_out_loss_and_tells_unseen_species_apart(example: Path) -> None:
-    _, report = pretrain(example / "model", example / "corpus", 4, PretrainSettings(batch_rows=8, lr=3e-3))
+    _, report = pretrain(example / "model", example / "corpus", PretrainSettings(epochs=4, batch_rows=8, lr=3e-3))
     before, after = report["before"], report["after"]
     assert report["tokens"] == 4 * json.loads((example / "metagenome.json").read_text())["training_tokens"]
     assert after["held_out_loss"] < before["held_out_loss"] - 0.5, report["curve"]
@@ -151,3 +151,15 @@ def test_the_commands_say_what_is_wrong_with_their_input_in_one_sentence(example
     making = [sys.executable, "-m", "intellect_protocol.shared.pretraining.metagenome", "--out", str(tmp_path / "x")]
     said = subprocess.run([*making, "--species", "4", "--held-out-species", "4"], capture_output=True, text=True, timeout=120)
     assert said.returncode == 2 and "all 4 species are held out" in said.stderr and not (tmp_path / "x").exists()
+
+
+@pytest.mark.unit
+def test_each_epoch_reads_a_shard_in_its_own_order_that_anyone_can_replay() -> None:
+    orders = [row_order(32, seed, epoch).tolist() for seed in (0, 1) for epoch in (0, 1)]
+    assert all(sorted(order) == list(range(32)) for order in orders)
+    assert len({tuple(order) for order in orders}) == 4  # another seed or epoch, another order
+    assert row_order(32, 1, 1).tolist() == orders[3]
+    rows = torch.arange(32 * 4, dtype=torch.int32).view(32, 4)
+    settings = PretrainSettings(batch_rows=5)
+    taken = torch.cat(list(batches(rows, settings, epoch=1)))
+    assert taken.shape == (32, 4) and torch.equal(taken, rows[row_order(32, 0, 1)].long())

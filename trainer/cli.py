@@ -9,8 +9,9 @@ import typer
 from rich.console import Console
 
 from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, stop_on_sigterm, unlock
-from intellect_protocol.shared.coordinator_client import Refused, Stopped
+from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused, Stopped
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable
+from intellect_protocol.shared.states import RunKind
 
 app = typer.Typer(help="Run the GRPO trainer of one run (the address needs the trainer role).", no_args_is_help=True)
 console = Console()
@@ -53,13 +54,20 @@ def run(
         raise typer.Exit(2)
     from intellect_protocol.trainer.island_loop import IslandTrainer  # torch loads only for the command that needs it
     from intellect_protocol.trainer.loop import Trainer
+    from intellect_protocol.trainer.pretrain_island import PretrainIsland
 
     account = unlock(wallet_file, err)
     stop = stop_on_sigterm()
     checkpoints = checkpoint_dir or origin_dir.parent / (f"island-{island}" if island else "trainer")
     try:
+        with CoordinatorClient(coordinator, account, stop=stop) as api:
+            pretraining = api.run_info(run_id).kind == RunKind.pretrain
+        if pretraining and island is None:
+            err.print("A pretraining run is learnt by trainer islands: pass --island NAME --lighthouse URL.", style="red")
+            raise typer.Exit(2)
         if island is not None and lighthouse is not None:
-            trainer: Trainer = IslandTrainer(
+            kind = PretrainIsland if pretraining else IslandTrainer
+            trainer: Trainer = kind(
                 coordinator, account, run_id, island, lighthouse, origin_dir, checkpoints, stop=stop, host=advertise_host
             )
         else:
@@ -75,6 +83,12 @@ def run(
     console.print(f"Training {run_id} from step {trainer.step} as {account.address}; Ctrl-C to stop.")
 
     def report(step: int, metrics: dict[str, float], _batch: object) -> None:
+        if pretraining:
+            judged = f", held-out loss {metrics['held_out_loss']:.4f}" if "held_out_loss" in metrics else ""
+            console.print(
+                f"step {step}: loss {metrics['loss']:.4f}, {metrics['island_tokens']:.0f} tokens{judged}, {metrics['step_s']:.1f} s"
+            )
+            return
         console.print(
             f"step {step}: loss {metrics['loss']:.4f}, task reward {metrics['task_reward']:.3f}, "
             f"length {metrics['length']:.1f}, clip {metrics['clip_low'] + metrics['clip_high']:.3f}, {metrics['step_s']:.1f} s"

@@ -152,6 +152,17 @@ class IslandTrainer(Trainer):
                 batch.untrained += len(entry.untrained_rows) if rollouts is not None else 0
         return batch
 
+    def inner_steps(self, stop: threading.Event) -> dict[str, float] | None:
+        """The inner steps of one outer step: ``sync_every`` GRPO updates on this island's claims; the last one's
+        metrics, or None if ``stop`` came first."""
+        metrics: dict[str, float] = {}
+        for _ in range(self.outer_settings.sync_every):
+            batch = self._from_leader(lambda: self.collect(stop))  # every rank trains on the leader's batch
+            if batch is None:
+                return None
+            metrics = self.train_step(batch, stop)
+        return metrics
+
     def run(
         self,
         stop: threading.Event,
@@ -163,16 +174,14 @@ class IslandTrainer(Trainer):
             torch.set_num_threads(self.settings.threads)
         self._catch_up(stop)
         while not stop.is_set() and (steps is None or self.sync.step < steps):
-            metrics: dict[str, float] = {}
             started = time.perf_counter()
             try:
-                for _ in range(self.outer_settings.sync_every):
-                    batch = self._from_leader(lambda: self.collect(stop))  # every rank trains on the leader's batch
-                    if batch is None:
-                        return self.sync.step
-                    metrics = self.train_step(batch, stop)
+                learnt = self.inner_steps(stop)
             except Abandoned:
                 break
+            if learnt is None:
+                return self.sync.step
+            metrics = learnt
             attempt = self._from_leader(lambda: uuid.uuid4().hex)  # the island's ranks tell the others one attempt
             outcome = self._meet(attempt, contribute=self._from_leader(functools.partial(self._report, attempt)))
             self.used = []
@@ -234,8 +243,12 @@ class IslandTrainer(Trainer):
                 raise
             log.warning("island %s stays out of outer step %d: %s", self.island, self.sync.step, e)
             self.api.island_join(self._body(IslandJoin))  # whatever it still holds goes back too
-            self.queue, self.seen = [], set()
+            self.forget_claims()
             return False
+
+    def forget_claims(self) -> None:
+        """The coordinator took back every claim of this island (it rejoined)."""
+        self.queue, self.seen = [], set()
 
     def _vouch_and_publish(self, outcome: OuterStep, metrics: dict[str, float]) -> bool:
         """After a committed meeting: build the new policy step's files and vouch for them and the chosen publisher;

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from intellect_protocol.shared.coordinator_client import CoordinatorClient
 from intellect_protocol.shared.cpu_ledger import spent
-from intellect_protocol.shared.environments.registry import get_environment
+from intellect_protocol.shared.environments.registry import Problem, get_environment
 from intellect_protocol.shared.files import write_atomic_with
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.run_schemas import oldest_usable_step
@@ -87,16 +87,22 @@ class Trainer:
         self.model.train()
         if self.settings.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.problems = {
-            p.id: p for p in get_environment(self.run_info.environment, self.run_info.environment_version).problems()
-        }
+        self.problems = self._problems()
         self.where = placement()
         temperature = self.run_info.sampling.temperature  # node logprobs are of logits / T: the ratio must use the same T
-        self.learner = Learner(self.model, self.settings, temperature, self.where, self.state.optimizer_steps)
+        self.learner = Learner(self.model, self.learner_settings(), temperature, self.where, self.state.optimizer_steps)
         if saved:
             self.learner.optimizer.load_state_dict(saved["optimizer"])
         if self.state.manifest is not None and self.where.leader:
             self._register(SignedManifest.model_validate_json(self.state.manifest))
+
+    def _problems(self) -> dict[str, Problem]:
+        """The run's problems by id (their pass rates filter the groups trained on)."""
+        return {p.id: p for p in get_environment(self.run_info.environment, self.run_info.environment_version).problems()}
+
+    def learner_settings(self) -> TrainerSettings:
+        """The settings the learner's optimizer takes."""
+        return self.settings
 
     @property
     def step(self) -> int:

@@ -19,27 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from intellect_protocol.shared.pretraining.corpus import CorpusError, load_manifest, load_shard
+from intellect_protocol.shared.pretraining.corpus import load_shard
 from intellect_protocol.shared.pretraining.evaluation import Evaluation, evaluate
+from intellect_protocol.shared.pretraining.manifest import CorpusError, load_manifest
+from intellect_protocol.shared.pretraining.settings import PretrainSettings
 from intellect_protocol.shared.tiny_model import training_bar
-
-
-class PretrainSettings(BaseModel):
-    """How a model learns from shards."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    batch_rows: int = Field(16, ge=1, le=4096)
-    """Rows of the corpus' ``seq_len`` tokens an inner step learns from."""
-    lr: float = Field(3e-3, gt=0, le=1)
-    """AdamW's learning rate, constant."""
-    weight_decay: float = Field(0.01, ge=0, le=1)
-    max_grad_norm: float = Field(1.0, gt=0)
-    seed: int = 0
-    """Orders each shard's rows."""
 
 
 def next_token_loss(model: PreTrainedModel, ids: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -49,9 +35,16 @@ def next_token_loss(model: PreTrainedModel, ids: torch.Tensor, pad_id: int) -> t
     return loss
 
 
-def batches(rows: torch.Tensor, settings: PretrainSettings) -> Iterator[torch.Tensor]:
-    """A shard's rows (``[rows, seq_len]``), ``batch_rows`` at a time (``[batch, seq_len]``), in the seed's order."""
-    order = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(settings.seed))
+def row_order(rows: int, seed: int, epoch: int) -> torch.Tensor:
+    """The order a shard's ``rows`` are learnt in during ``epoch``: drawn from ``seed`` and the epoch, so each
+    epoch reads a shard's rows in another order and anyone can replay it."""
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+def batches(rows: torch.Tensor, settings: PretrainSettings, epoch: int) -> Iterator[torch.Tensor]:
+    """A shard's rows (``[rows, seq_len]``), ``batch_rows`` at a time (``[batch, seq_len]``), in ``epoch``'s order
+    (:func:`row_order`)."""
+    order = row_order(rows.shape[0], settings.seed, epoch)
     for start in range(0, rows.shape[0], settings.batch_rows):
         yield rows[order[start : start + settings.batch_rows]].long()
 
@@ -75,11 +68,13 @@ def learn_shard(
     rows: torch.Tensor,
     pad_id: int,
     settings: PretrainSettings,
+    epoch: int,
     after_step: Callable[[float, int], None] | None = None,
 ) -> int:
-    """Inner steps over every row of one shard; the tokens learnt from. ``after_step`` gets each step's loss and tokens."""
+    """Inner steps over every row of one shard in ``epoch``'s order; the tokens learnt from. ``after_step`` gets each
+    step's loss and tokens."""
     learnt = 0
-    for ids in batches(rows, settings):
+    for ids in batches(rows, settings, epoch):
         loss, tokens = inner_step(model, optimizer, ids, pad_id, settings)
         learnt += tokens
         if after_step is not None:
@@ -92,9 +87,9 @@ def optimizer_for(model: PreTrainedModel, settings: PretrainSettings) -> torch.o
 
 
 def pretrain(
-    model_dir: Path, corpus_dir: Path, epochs: int, settings: PretrainSettings, eval_every: int = 0
+    model_dir: Path, corpus_dir: Path, settings: PretrainSettings, eval_every: int = 0
 ) -> tuple[PreTrainedModel, dict[str, Any]]:
-    """Pretrain ``model_dir``'s model on ``corpus_dir`` for ``epochs`` in this process; the model and a report of
+    """Pretrain ``model_dir``'s model on ``corpus_dir`` for ``settings.epochs`` in this process; the model and a report of
     its evaluations by tokens trained."""
     manifest = load_manifest(corpus_dir)
     held_out = load_shard(corpus_dir, manifest.held_out, manifest)
@@ -112,7 +107,7 @@ def pretrain(
 
     before, start = judge(), time.monotonic()
     with training_bar() as progress:
-        bar = progress.add_task("pretraining", total=epochs * len(manifest.shards))
+        bar = progress.add_task("pretraining", total=settings.epochs * len(manifest.shards))
 
         def after_step(loss: float, learnt: int) -> None:
             nonlocal steps, tokens
@@ -121,15 +116,16 @@ def pretrain(
             if eval_every and steps % eval_every == 0:
                 judge()
 
-        for _ in range(epochs):
+        for epoch in range(settings.epochs):
             for ref in manifest.shards:
-                learn_shard(model, optimizer, load_shard(corpus_dir, ref, manifest), manifest.pad_id, settings, after_step)
+                rows = load_shard(corpus_dir, ref, manifest)
+                learn_shard(model, optimizer, rows, manifest.pad_id, settings, epoch, after_step)
                 progress.update(bar, advance=1)
     if curve[-1]["step"] != steps:
         judge()
     report = {
         "corpus": manifest.name,
-        "epochs": epochs,
+        "epochs": settings.epochs,
         "steps": steps,
         "tokens": tokens,
         "seconds": round(time.monotonic() - start, 1),
@@ -144,19 +140,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="model directory to start from (its weights and config)")
     parser.add_argument("--corpus", type=Path, required=True, help="corpus directory (corpus.json and shards/)")
-    parser.add_argument("--epochs", type=int, default=1, help="passes over every training shard")
     parser.add_argument("--eval-every", type=int, default=0, help="inner steps between evaluations (0: before and after only)")
     parser.add_argument("--out", type=Path, help="save the pretrained model here (with pretraining.json)")
-    for name in ("batch_rows", "lr", "seed"):
+    for name in ("epochs", "batch_rows", "lr", "seed"):
         field = PretrainSettings.model_fields[name]
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=type(field.default), default=field.default, help=field.description
         )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    settings = PretrainSettings(batch_rows=args.batch_rows, lr=args.lr, seed=args.seed)
+    settings = PretrainSettings(epochs=args.epochs, batch_rows=args.batch_rows, lr=args.lr, seed=args.seed)
     try:
-        model, report = pretrain(args.model, args.corpus, args.epochs, settings, args.eval_every)
+        model, report = pretrain(args.model, args.corpus, settings, args.eval_every)
     except (CorpusError, OSError) as e:  # a corpus or model directory that is not one: one sentence, no traceback
         parser.error(str(e))
     if args.out:

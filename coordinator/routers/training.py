@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from intellect_protocol.coordinator.blob_response import blob_response
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed
-from intellect_protocol.coordinator.services import islands, step_timing, step_vouches, training
+from intellect_protocol.coordinator.services import islands, pretraining, step_timing, step_vouches, training
 from intellect_protocol.coordinator.wakeup import POLL_S
 from intellect_protocol.shared.island_schemas import (
     IslandClaim,
@@ -19,6 +19,7 @@ from intellect_protocol.shared.island_schemas import (
     IslandReport,
     IslandSettle,
     IslandVouch,
+    ShardClaims,
 )
 from intellect_protocol.shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
 
@@ -84,6 +85,36 @@ async def island_claim(
         await ctx.work_arrived.wait(min(POLL_S, remaining))
         entries = await ledger.run(islands.claim, signed.address, body, ledger.now(), settings.island_lease_s)
     return entries
+
+
+@router.post(
+    "/islands/claim-shards", response_model=ShardClaims, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
+)
+async def island_claim_shards(body: IslandClaim, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings) -> ShardClaims:
+    """A pretraining run's shard slots no island holds, now the caller's; waits up to ``wait_s`` for the first
+    while slots remain that others hold (one may come back)."""
+    deadline = time.monotonic() + body.wait_s
+    claims = await ledger.run_signed(signed, pretraining.claim_shards, body, ledger.now(), settings.island_lease_s)
+    while not claims.slots and claims.remaining and (remaining := deadline - time.monotonic()) > 0:
+        await ctx.work_arrived.wait(min(POLL_S, remaining))
+        claims = await ledger.run(pretraining.claim_shards, signed.address, body, ledger.now(), settings.island_lease_s)
+    return claims
+
+
+@router.get(
+    "/runs/{run_id}/shards/{sha256}",
+    responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+)
+async def corpus_shard(
+    run_id: Annotated[str, Path(max_length=64)],
+    sha256: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")],
+    ctx: Ctx,
+    signed: Signed,
+    ledger: LedgerDep,
+) -> Response:
+    """A shard of a pretraining run's corpus, by its hash: the bytes the run was created with."""
+    key = await ledger.run_signed(signed, pretraining.shard_blob, run_id, sha256)
+    return await blob_response(ctx.blobs, key)
 
 
 @router.post("/islands/report", status_code=204, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})

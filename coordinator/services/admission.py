@@ -28,7 +28,11 @@ from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.shared.schemas import RoleName, WorkWait
 from intellect_protocol.shared.states import EntryKind, RunStatus, SubmissionStatus, TaskStatus
 
-NO_RUN = WorkWait(reason="no_run", message="this coordinator has no run yet; its operator creates one", retry_after_s=30)
+NO_RUN = WorkWait(
+    reason="no_run",
+    message="this coordinator has no RL run yet (nodes have no part in pretraining runs); its operator creates one",
+    retry_after_s=30,
+)
 
 STEPS_MEASURED = 5
 """Policy steps whose spacing gives the step period."""

@@ -9,10 +9,11 @@ join as it, release its claims or report for it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Select, and_, delete, false, func, or_, select, update
+from sqlalchemy import and_, delete, false, func, or_, select, update
 from sqlalchemy.engine import CursorResult, Result
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
@@ -20,7 +21,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island, IslandShare
 from intellect_protocol.coordinator.models import Run, TrainerMetrics
-from intellect_protocol.coordinator.services import roles, step_vouches, training
+from intellect_protocol.coordinator.services import pretraining, roles, step_vouches, training
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.shared.island_schemas import (
     MAX_SHARE,
@@ -32,7 +33,7 @@ from intellect_protocol.shared.island_schemas import (
     step_record,
 )
 from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, RoleName
-from intellect_protocol.shared.states import ShareState
+from intellect_protocol.shared.states import RunKind, ShareState
 
 
 def own_island(session: Session, signer: str, body: IslandJoin, now: datetime) -> tuple[Run, Island]:
@@ -65,26 +66,17 @@ def claim(session: Session, signer: str, body: IslandClaim, now: datetime, lease
     those it holds unreported already (so a claim whose answer was lost is not lost with it: the island
     skips what it has). Nothing new while the caller's trainer address, over all its islands, holds its
     fair share (:func:`fair_share`): one that keeps claiming cannot starve the others. Claims of islands
-    silent for ``lease_s`` are released first."""
+    silent for ``lease_s`` are released first. 409 for a pretraining run (its islands claim shards:
+    :func:`coordinator.services.pretraining.claim_shards`)."""
     run, island = own_island(session, signer, body, now)
-    live_since = now - timedelta(seconds=lease_s)
-    silent = select(Island.name).where(Island.run_id == run.id, Island.last_seen < live_since)
-    session.execute(
-        delete(IslandShare).where(
-            IslandShare.run_id == run.id, IslandShare.state == ShareState.claimed, IslandShare.island.in_(silent)
-        )
-    )
+    if run.kind != RunKind.rl:
+        raise ApiError(ErrorCode.conflict, f"{run.id} is a pretraining run: its islands claim shards, not rollouts.")
+    live_since = release_silent(session, run, now, lease_s)
     mine = select(IslandShare.cursor).where(*_claimed_by(island))
     already = training.accepted(session, run.id, 0, MAX_SHARE, including=mine)
     held = select(IslandShare.cursor).where(IslandShare.run_id == run.id)
-    names = select(Island.name).where(Island.run_id == run.id, Island.address == island.address)
-    by_address = session.scalar(
-        select(func.count())
-        .select_from(IslandShare)
-        .where(IslandShare.run_id == run.id, IslandShare.state == ShareState.claimed, IslandShare.island.in_(names))
-    )
-    room = max(0, fair_share(session, run.id, live_since, held) - (by_address or 0))
-    entries = training.accepted(session, run.id, 0, min(body.limit, room), excluding=held) if room else []
+    free = room(session, island, live_since, lambda most: training.count_accepted(session, run.id, held, most))
+    entries = training.accepted(session, run.id, 0, min(body.limit, free), excluding=held) if free else []
     for e in entries:
         session.add(IslandShare(run_id=run.id, cursor=e.cursor, island=island.name, state=ShareState.claimed, claimed_at=now))
     if entries:
@@ -93,10 +85,34 @@ def claim(session: Session, signer: str, body: IslandClaim, now: datetime, lease
     return already + entries
 
 
-def fair_share(session: Session, run_id: str, live_since: datetime, held: Select[int]) -> int:
+def release_silent(session: Session, run: Run, now: datetime, lease_s: float) -> datetime:
+    """Claims of the run's islands silent for ``lease_s`` go back to the pool; returns since when an island is live."""
+    live_since = now - timedelta(seconds=lease_s)
+    silent = select(Island.name).where(Island.run_id == run.id, Island.last_seen < live_since)
+    session.execute(
+        delete(IslandShare).where(
+            IslandShare.run_id == run.id, IslandShare.state == ShareState.claimed, IslandShare.island.in_(silent)
+        )
+    )
+    return live_since
+
+
+def room(session: Session, island: Island, live_since: datetime, claimable: Callable[[int], int]) -> int:
+    """How many more claims ``island`` may take: its trainer address' :func:`fair_share` less what all the
+    address' islands hold claimed."""
+    names = select(Island.name).where(Island.run_id == island.run_id, Island.address == island.address)
+    by_address = session.scalar(
+        select(func.count())
+        .select_from(IslandShare)
+        .where(IslandShare.run_id == island.run_id, IslandShare.state == ShareState.claimed, IslandShare.island.in_(names))
+    )
+    return max(0, fair_share(session, island.run_id, live_since, claimable) - (by_address or 0))
+
+
+def fair_share(session: Session, run_id: str, live_since: datetime, claimable: Callable[[int], int]) -> int:
     """The most claims one trainer address may hold: an equal part of the pool (what islands hold claimed and
-    what they may claim) among the addresses of islands seen since ``live_since``, and never more than
-    :data:`MAX_SHARE`, what one island may report for an outer step."""
+    what they may claim: ``claimable(most)``, counted up to ``most``) among the addresses of islands seen since
+    ``live_since``, and never more than :data:`MAX_SHARE`, what one island may report for an outer step."""
     live = session.scalar(
         select(func.count(func.distinct(Island.address))).where(Island.run_id == run_id, Island.last_seen >= live_since)
     )
@@ -105,8 +121,7 @@ def fair_share(session: Session, run_id: str, live_since: datetime, held: Select
         select(func.count()).select_from(IslandShare).where(IslandShare.run_id == run_id, IslandShare.state == ShareState.claimed)
     )
     # Past MAX_SHARE a live address, everyone's part is MAX_SHARE: no need to count further.
-    claimable = training.count_accepted(session, run_id, held, MAX_SHARE * live)
-    return min(MAX_SHARE, math.ceil(((claimed or 0) + claimable) / live))
+    return min(MAX_SHARE, math.ceil(((claimed or 0) + claimable(MAX_SHARE * live)) / live))
 
 
 def _claimed_by(island: Island) -> tuple[ColumnElement[bool], ...]:
@@ -166,13 +181,16 @@ def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> 
     included = or_(false(), *(and_(IslandShare.island == i.island, IslandShare.attempt == i.attempt) for i in body.included))
     consumed = _count(session.execute(update(IslandShare).where(*pending, included).values(state=ShareState.consumed)))
     session.execute(delete(IslandShare).where(*pending))
-    # The step's read position, for its timing (:mod:`coordinator.services.step_timing`): the furthest share trained on.
-    reached = select(func.max(IslandShare.cursor)).where(IslandShare.run_id == run.id, IslandShare.state == ShareState.consumed)
-    session.execute(
-        update(TrainerMetrics)
-        .where(TrainerMetrics.run_id == run.id, TrainerMetrics.step == step, TrainerMetrics.cursor.is_(None))
-        .values(cursor=reached.scalar_subquery())
-    )
+    if run.kind == RunKind.rl:  # a pretraining slot is no read position of accepted work: its steps have no such timing
+        # The step's read position, for its timing (:mod:`coordinator.services.step_timing`): the furthest share trained on.
+        reached = select(func.max(IslandShare.cursor)).where(
+            IslandShare.run_id == run.id, IslandShare.state == ShareState.consumed
+        )
+        session.execute(
+            update(TrainerMetrics)
+            .where(TrainerMetrics.run_id == run.id, TrainerMetrics.step == step, TrainerMetrics.cursor.is_(None))
+            .values(cursor=reached.scalar_subquery())
+        )
     for name, reason in body.excluded.items():
         told = f"outer step {body.outer_step}: {reason}"
         if (island := session.get(Island, (run.id, name))) is not None and island.last_exclusion != told:  # once a step
@@ -182,7 +200,10 @@ def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> 
 
 
 def statuses(session: Session, run_id: str) -> list[IslandStatus]:
-    """A run's islands with their shares by state, for the public status and the page."""
+    """A run's islands with their shares by state (and, in a pretraining run, the tokens of the consumed ones), for
+    the public status and the page."""
+    run = session.get(Run, run_id)
+    tokens = pretraining.consumed_tokens(session, run) if run is not None and run.kind == RunKind.pretrain else {}
     counts = {
         (name, state): n
         for name, state, n in session.execute(
@@ -203,6 +224,7 @@ def statuses(session: Session, run_id: str) -> list[IslandStatus]:
             consumed=counts.get((i.name, ShareState.consumed), 0),
             excluded_steps=i.excluded_steps,
             last_exclusion=i.last_exclusion,
+            tokens=tokens.get(i.name, 0) if tokens else None,
         )
         for i in session.scalars(select(Island).where(Island.run_id == run_id).order_by(Island.name))
     ]

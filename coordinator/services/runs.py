@@ -25,12 +25,16 @@ from intellect_protocol.shared.environments.length import LengthBudget
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable, Problem, get_environment, plugin
 from intellect_protocol.shared.environments.turns import Rules, rules_of
 from intellect_protocol.shared.money import tokens
+from intellect_protocol.shared.pretraining.settings import PretrainSettings
 from intellect_protocol.shared.prompting import Prompting
 from intellect_protocol.shared.rollout_file import shape_error
 from intellect_protocol.shared.run_schemas import RunSpec
 from intellect_protocol.shared.schemas import ErrorCode, LeaseRequest, NodeStatus, SamplingParams, TaskSpec, WorkWait
-from intellect_protocol.shared.states import RunStatus, TaskStatus
+from intellect_protocol.shared.states import RunKind, RunStatus, TaskStatus
 from intellect_protocol.shared.tolerances import Tolerance
+
+PRETRAINING = "pretraining"
+"""What a pretraining run shows as its environment: it has none, and nothing looks this name up as a plugin."""
 
 
 def episode_rules(run: Run, max_tokens: int) -> Rules | None:
@@ -55,20 +59,23 @@ def problem_ids(environment: str, version: str) -> tuple[str, ...]:
 
 
 def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
-    """An active run of ``spec``, pinned to the environment plugin installed here; 422 for an environment
-    that is not installed or does not load, or tasks too big to submit, 409 for a taken name."""
-    try:
-        version = plugin(spec.environment).pin
-        get_environment(spec.environment, version)
-    except EnvironmentUnavailable as e:
-        raise ApiError(ErrorCode.validation_error, f"Unusable environment: {e}.") from None
+    """An active run of ``spec``; an RL run is pinned to the environment plugin installed here. 422 for an
+    environment that is not installed or does not load, or tasks too big to submit, 409 for a taken name. A
+    pretraining run's shards must be in the blob store already (``intellect-coordinator run create --kind pretrain``
+    puts them there)."""
+    pretraining = spec.kind == RunKind.pretrain
+    environment, version = (PRETRAINING, "") if pretraining else (spec.environment, _pinned(spec.environment))
     if session.scalar(select(Run.id).where(Run.name == spec.name)):
         raise ApiError(ErrorCode.conflict, f"A run named {spec.name!r} exists already.")
-    _require_submittable(spec.prompts_per_task, spec.samples_per_prompt, spec.sampling.max_tokens)
+    if not pretraining:
+        _require_submittable(spec.prompts_per_task, spec.samples_per_prompt, spec.sampling.max_tokens)
     run = Run(
         id=f"run-{uuid.uuid4().hex[:12]}",
         name=spec.name,
-        environment=spec.environment,
+        kind=spec.kind,
+        corpus=spec.corpus.model_dump() if spec.corpus else None,
+        pretrain=(spec.pretrain or PretrainSettings()).model_dump() if pretraining else None,
+        environment=environment,
         environment_version=version,
         model=spec.model,
         sampling=spec.sampling.model_dump(),
@@ -90,6 +97,16 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> Run:
     )
     session.add(run)
     return run
+
+
+def _pinned(environment: str) -> str:
+    """The installed version of ``environment``, which must load; 422 if it does not."""
+    try:
+        version = plugin(environment).pin
+        get_environment(environment, version)
+    except EnvironmentUnavailable as e:
+        raise ApiError(ErrorCode.validation_error, f"Unusable environment: {e}.") from None
+    return version
 
 
 def task_params(run: Run) -> dict[str, Any]:
@@ -149,9 +166,12 @@ def lease(
         run = session.get(Run, run_id)
         if run is None:
             raise ApiError(ErrorCode.no_run, f"No run {run_id}.")
+        if run.kind != RunKind.rl:
+            raise ApiError(ErrorCode.conflict, f"{run_id} is a pretraining run: trainer islands learn it, nodes have no tasks.")
     else:
-        active = session.scalar(select(Run).where(Run.status == RunStatus.active).order_by(Run.created_at).limit(1))
-        run = active or session.scalar(select(Run).order_by(Run.created_at.desc()).limit(1))
+        rl = select(Run).where(Run.kind == RunKind.rl)
+        active = session.scalar(rl.where(Run.status == RunStatus.active).order_by(Run.created_at).limit(1))
+        run = active or session.scalar(rl.order_by(Run.created_at.desc()).limit(1))
         if run is None:
             return admission.NO_RUN
     if run.status != RunStatus.active:

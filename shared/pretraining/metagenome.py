@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer, decoders, models, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from intellect_protocol.shared.pretraining.corpus import CorpusManifest, one_per_row, pack, save_manifest, write_shard
+from intellect_protocol.shared.pretraining.corpus import one_per_row, pack, write_shard
+from intellect_protocol.shared.pretraining.manifest import CorpusManifest, save_manifest
 from intellect_protocol.shared.tiny_model import training_bar
 
 BASES = "ACGT"
