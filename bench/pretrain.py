@@ -18,7 +18,8 @@ against issue #47's goals:
     islands within 1.2x the one trainer's time.
 
 With ``--liar flip|noise|tiny`` (``--islands 3`` or more) it runs honest islands, then the same islands with the
-last one lying at every outer step, and prints the final held-out losses (goal: within 5 %).
+last one lying at every outer step, once averaged by the coordinate-wise median alone and once with directions
+screened (``OuterSettings.screen_directions``), and prints the final held-out losses (goal: within 5 %).
 
     python bench/pretrain.py [--seconds 180] [--islands 2] [--sync-every 100] [--batch-rows 16] [--outer-lr 1 --outer-momentum 0] [--liar flip]
 """
@@ -101,7 +102,7 @@ def _copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _outer(args: argparse.Namespace) -> OuterSettings:
-    given = {"outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum}
+    given = {"outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum, "screen_directions": args.screen}
     return OuterSettings(
         sync_every=args.sync_every, min_islands=args.min_islands, **{k: v for k, v in given.items() if v is not None}
     )
@@ -128,6 +129,7 @@ def run_islands(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     arguments += ["--batch-rows", str(args.batch_rows), "--seconds", str(args.seconds), "--start-at", str(time.time() + 20)]
     arguments += ["--min-islands", str(args.min_islands), *(["--liar", args.liar] if args.liar else [])]
     arguments += [f"--{k.replace('_', '-')}={v}" for k in ("outer_lr", "outer_momentum") if (v := getattr(args, k)) is not None]
+    arguments += [] if args.screen is None else ["--screen" if args.screen else "--no-screen"]
     return run_island_processes(__file__, args.islands, args.min_islands, arguments, out)
 
 
@@ -162,15 +164,19 @@ def liar_case(args: argparse.Namespace) -> int:
     if args.islands < 3 or args.min_islands < 3:
         raise SystemExit("--liar needs --islands 3 --min-islands 3 or more (see trainer.islands)")
     lying, finals = args.liar, {}
-    for name, liar in (("honest islands", None), (f"one island lying ({lying})", lying)):
-        args.liar = liar
+    cases = (("honest islands", None, None), ("one liar, median only", lying, False), ("one liar, screened", lying, True))
+    for name, liar, screen in cases:
+        args.liar, args.screen = liar, screen
         with tempfile.TemporaryDirectory() as tmp:
             points = curve(args.example, agreed(run_islands(args, Path(tmp))), args.evals)
         _show(name, points)
         finals[name] = points[-1][1]
-    honest, lied = finals.values()
+    honest, median, screened = finals.values()
     print(
-        f"held-out loss at the end: honest {honest:.3f}, one liar {lied:.3f}: {(lied / honest - 1) * 100:+.1f} % (goal: within 5 %)"
+        f"held-out loss at the end: honest {honest:.3f}, one liar ({lying}) with the median only {median:.3f} ({(median / honest - 1) * 100:+.1f} %)"
+    )
+    print(
+        f"one liar ({lying}) with directions screened: {screened:.3f}, {(screened / honest - 1) * 100:+.1f} % against the honest islands (goal: within 5 %)"
     )
     return 0
 
@@ -186,6 +192,7 @@ def main() -> int:
     parser.add_argument("--min-islands", type=int, default=1, help="fewest islands whose pseudo-gradients an outer step judges")
     parser.add_argument("--outer-lr", type=float, help="the outer step's learning rate (default: the run setting's, by H)")
     parser.add_argument("--outer-momentum", type=float, help="the outer step's Nesterov momentum (default: by H)")
+    parser.add_argument("--screen", action=argparse.BooleanOptionalAction, help="screen directions (default: by H)")
     parser.add_argument("--example", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--island-index", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--lighthouse", help=argparse.SUPPRESS)

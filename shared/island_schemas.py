@@ -62,6 +62,8 @@ class OuterSettings(BaseModel):
                 data["outer_lr"] = 0.7 if diloco else 1.0
             if data.get("outer_momentum") is None:
                 data["outer_momentum"] = 0.9 if diloco else 0.0
+            if data.get("screen_directions") is None:
+                data["screen_directions"] = diloco
         return data
 
     min_islands: int = Field(1, ge=1, le=1000)
@@ -72,6 +74,11 @@ class OuterSettings(BaseModel):
     chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=4096, le=2**31)
     """Bytes per shardcast chunk of a published step: every island chunks the agreed weights alike, so the
     manifests they vouch for agree."""
+    screen_directions: bool = Field(None)  # type: ignore[assignment]
+    """With three islands or more, leave out one whose pseudo-gradient points against every other one's while the
+    rest agree (:func:`trainer.islands.against_the_rest`). By default on from :data:`DILOCO_H` inner steps, where
+    honest pseudo-gradients share a direction; below, honest ones can point against each other, and a liar could
+    then choose which honest island the screen leaves out."""
     outlier_ratio: float = Field(10.0, gt=1, le=1e6)
     """An island whose pseudo-gradient's norm, measured on what it sent, exceeds this times the upper median of
     all the measured norms is left out of the step (the others are clipped to the lower median)."""

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from intellect_protocol.shared.island_schemas import OuterSettings
-from intellect_protocol.trainer.islands import TAG_BYTES, outer_optimizer, robust_average, squared_norms
+from intellect_protocol.trainer.islands import TAG_BYTES, outer_optimizer, pairwise_dots, robust_average
 from tests.island_worker import SETTINGS, initial_model
 
 WORKER = Path(__file__).with_name("island_worker.py")
@@ -66,8 +66,9 @@ def replay(
     for sent in pseudo_by_step:
         matrix = torch.stack(sent).float()
         parts = matrix.split(shards or [matrix.shape[1]], dim=1)
-        squares = sum((squared_norms(part.contiguous()) for part in parts[1:]), squared_norms(parts[0].contiguous()))
-        average, _, _ = robust_average(matrix, [math.sqrt(x) for x in squares.tolist()], SETTINGS.outlier_ratio)
+        dots = sum((pairwise_dots(part.contiguous()) for part in parts[1:]), pairwise_dots(parts[0].contiguous()))
+        norms = [math.sqrt(x) for x in dots.diagonal().tolist()]
+        average, _, _ = robust_average(matrix, norms, SETTINGS.outlier_ratio, dots)
         assert average is not None
         offset = 0
         for a in agreed:
@@ -85,7 +86,7 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def test_the_average_judges_what_was_sent_and_one_liar_of_three_cannot_move_it() -> None:
     torch.manual_seed(0)
     honest = torch.randn(2, 1000) + 1.0  # two honest islands that broadly agree
-    norms = lambda sent: [float(n) for n in squared_norms(sent).sqrt()]  # noqa: E731
+    norms = lambda sent: [float(n) for n in pairwise_dots(sent).diagonal().sqrt()]  # noqa: E731
 
     def average(sent: torch.Tensor) -> tuple[torch.Tensor, list[int], dict[int, str]]:
         result, included, excluded = robust_average(sent, norms(sent), 10)
@@ -125,17 +126,46 @@ def test_the_average_judges_what_was_sent_and_one_liar_of_three_cannot_move_it()
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
-        ({}, (4, 1.0, 0.0)),  # few inner steps: plain averaging (momentum at H = 1 overshot and lost 26 points)
-        ({"sync_every": 1}, (1, 1.0, 0.0)),
-        ({"sync_every": 49}, (49, 1.0, 0.0)),
-        ({"sync_every": 50}, (50, 0.7, 0.9)),  # DiLoCo's outer optimizer, for the H it was tuned for
-        ({"sync_every": 500, "outer_momentum": 0.5}, (500, 0.7, 0.5)),
-        ({"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9}, (1, 0.7, 0.9)),  # a run may still ask for it
+        ({}, (4, 1.0, 0.0, False)),  # few inner steps: plain averaging (momentum at H = 1 overshot and lost 26 points)
+        ({"sync_every": 1}, (1, 1.0, 0.0, False)),
+        ({"sync_every": 49}, (49, 1.0, 0.0, False)),
+        ({"sync_every": 50}, (50, 0.7, 0.9, True)),  # DiLoCo's outer optimizer, for the H it was tuned for
+        ({"sync_every": 500, "outer_momentum": 0.5}, (500, 0.7, 0.5, True)),
+        ({"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9}, (1, 0.7, 0.9, False)),  # a run may still ask for it
+        ({"sync_every": 100, "screen_directions": False}, (100, 0.7, 0.9, False)),
     ],
 )
 def test_the_outer_optimizer_defaults_to_what_learns_at_the_runs_h(given: dict[str, float], expected: tuple[float, ...]) -> None:
     outer = OuterSettings.model_validate(given)
-    assert (outer.sync_every, outer.outer_lr, outer.outer_momentum) == expected
+    assert (outer.sync_every, outer.outer_lr, outer.outer_momentum, outer.screen_directions) == expected
+
+
+@pytest.mark.unit
+def test_a_pseudo_gradient_against_every_other_one_is_left_out_when_the_rest_agree() -> None:
+    torch.manual_seed(0)
+    honest = torch.randn(2, 1000) + 1.0  # two honest islands that broadly agree
+    flip = torch.stack([honest[0], honest[1], -1.2 * honest[0]])
+    norms = [float(n) for n in pairwise_dots(flip).diagonal().sqrt()]
+    screened, included, excluded = robust_average(flip, norms, 10, screen=True)
+    assert included == [0, 1] and list(excluded) == [2] and "points against every other" in excluded[2]
+    bound = sorted(norms)[1]
+    assert screened is not None and torch.allclose(
+        screened, (honest * (bound / torch.tensor(norms[:2])).clamp(max=1)[:, None]).mean(0)
+    )
+    # Unscreened, the median keeps the liar from reversing the step, but leaves a smaller one.
+    median, included, excluded = robust_average(flip, norms, 10)
+    assert median is not None and included == [0, 1, 2] and excluded == {}
+    assert float(median @ honest.mean(0)) < 0.8 * float(screened @ honest.mean(0))
+    # Honest islands that point against each other (few inner steps) give a liar that sides with one of them the
+    # choice of whom the screen leaves out: why it is off by default below DiLoCo's H.
+    disagree = torch.stack([honest[0], -honest[0] + 0.5 * torch.randn(1000), -honest[0]])
+    norms = [float(n) for n in pairwise_dots(disagree).diagonal().sqrt()]
+    assert list(robust_average(disagree, norms, 10, screen=True)[2]) == [0]
+    # Noise against no one, or one that agrees with one island and not another: screened, still no one left out.
+    for third in (torch.randn(1000), honest[1] - honest[0]):
+        sent = torch.stack([honest[0], honest[1], third * honest[0].norm() / third.norm()])
+        norms = [float(n) for n in pairwise_dots(sent).diagonal().sqrt()]
+        assert robust_average(sent, norms, 10, screen=True)[2] == {}
 
 
 @pytest.mark.integration

@@ -1,9 +1,10 @@
 """The leaderboard page on a young network, in Chromium: a chart of one point keeps a sensible axis,
-the accuracy chart says when its last point trails the run, and the status panel says why nodes get
-no new work."""
+the accuracy chart says when its last point trails the run, the status panel says why nodes get
+no new work, and a pretraining run shows its held-out loss and each island's tokens."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -11,10 +12,14 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.island_models import Island, IslandShare
 from intellect_protocol.coordinator.models import Run, Submission, TrainerMetrics
 from intellect_protocol.coordinator.services.learning_signal import MIN_GROUPS, PATIENCE_S
+from intellect_protocol.coordinator.services.runs import create_run
 from intellect_protocol.node.work import finish, generate
-from intellect_protocol.shared.states import SubmissionStatus
+from intellect_protocol.shared.pretraining.manifest import CorpusManifest, ShardRef
+from intellect_protocol.shared.run_schemas import RunSpec
+from intellect_protocol.shared.states import RunKind, ShareState, SubmissionStatus
 from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token
 from tests.helpers import chromium, make_run
 from tests.support.protocol import joined, lease, upload
@@ -112,4 +117,37 @@ def test_without_scripts_the_page_still_shows_the_run_its_figures_and_its_nodes(
         expect(page.locator("#stat-work")).to_have_text("handed out")
         row = page.locator(f'#leaderboard tr[data-address="{node.address}"]')
         expect(row.locator("td").nth(2)).to_have_text("0.00")
+        browser.close()
+
+
+def test_a_pretraining_run_shows_its_held_out_loss_and_each_islands_tokens(coordinator: Served) -> None:
+    def ref(i: int) -> ShardRef:
+        return ShardRef(sha256=f"{i:064x}", rows=4, tokens=100 * i)
+
+    corpus = CorpusManifest(
+        name="meta", seq_len=8, vocab_size=16, pad_id=0, tokenizer_sha256="0" * 64, shards=[ref(1), ref(2)], held_out=ref(3)
+    )
+    now = datetime.now(UTC)
+    with make_sessionmaker(coordinator.engine).begin() as session:
+        run = create_run(session, RunSpec(name="meta", kind=RunKind.pretrain, corpus=corpus), now)
+        run.policy_step = 2
+        session.flush()  # the run's row before the rows that name it
+        for step, loss, auroc in ((1, 4.1, 0.6), (2, 3.7, 0.74)):
+            metrics = {"held_out_loss": loss, "perplexity": math.exp(loss), "ood_auroc": auroc, "step_s": 3.0}
+            session.add(TrainerMetrics(run_id=run.id, step=step, metrics=metrics, created_at=now))
+        session.add(Island(run_id=run.id, name="east", address="0x" + "1" * 40, joined_at=now, last_seen=now, outer_step=1))
+        session.add(IslandShare(run_id=run.id, cursor=2, island="east", state=ShareState.consumed, claimed_at=now))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(f"{coordinator.url}/")
+        loss = page.locator("figure", has_text="Held-out loss per policy step").locator("svg.chart")
+        expect(loss).to_have_attribute("data-points", "2")
+        assert "last 3.7" in (loss.get_attribute("aria-label") or "")
+        auroc = page.locator("figure", has_text="Out-of-distribution AUROC").locator("svg.chart")
+        expect(auroc).to_have_attribute("data-points", "2")
+        expect(page.locator("figure", has_text="Reward per policy step")).to_have_count(0)  # no rollouts, no rewards
+        # Slot 2 is the second shard's first epoch: its 200 tokens are the island's.
+        expect(page.locator("#islands th").nth(6)).to_have_text("Tokens")
+        expect(page.locator('#islands tr[data-island="east"] td').nth(6)).to_have_text("200")
         browser.close()

@@ -11,8 +11,11 @@ every island vouches for and one publishes (:mod:`coordinator.services.step_vouc
 
 Nothing an island says about its own pseudo-gradient is believed: norms are measured on what it sent. One
 that is not finite, or whose norm exceeds ``outlier_ratio`` times the upper median of the measured norms, is
-left out and named; the rest are clipped to the lower median norm; with three islands or more the average
-is the coordinate-wise median, which one liar among three cannot move beyond the honest islands' values.
+left out and named; the rest are clipped to the lower median norm. With three islands or more and the run's
+``screen_directions`` (on from DiLoCo's H), one whose pseudo-gradient points against every other one's is left out
+and named too, when the others are a majority that all point the same way (:func:`against_the_rest`): a
+sign-flipped island then costs the honest islands nothing. The average is the mean of what is left if it is two,
+else the coordinate-wise median, which one liar among three cannot move beyond the honest islands' values.
 With two, it is the mean of the two clipped ones: a lying island can cancel the honest one's step (stall the
 run) but not reverse or blow it up. One of norm 0 (an island that just recovered, or had nothing to learn
 from) adds nothing. The price is bandwidth: each island receives all the pseudo-gradients, not their sum.
@@ -84,15 +87,20 @@ class OuterStep:
     """Bytes this island put on the all-reduce for it."""
 
 
-def squared_norms(sent: torch.Tensor) -> torch.Tensor:
-    """Each row's squared norm, ``[participants]`` from ``sent [participants, size]``."""
-    return sent.pow(2).sum(dim=1)
+def pairwise_dots(sent: torch.Tensor) -> torch.Tensor:
+    """Every pair's dot product, ``[participants, participants]`` from ``sent [participants, size]``; its diagonal
+    holds each one's squared norm. Under FSDP each rank's are summed into the whole island's."""
+    return sent @ sent.T
 
 
-def robust_average(sent: torch.Tensor, norms: list[float], ratio: float) -> tuple[torch.Tensor | None, list[int], dict[int, str]]:
+def robust_average(
+    sent: torch.Tensor, norms: list[float], ratio: float, dots: torch.Tensor | None = None, screen: bool = False
+) -> tuple[torch.Tensor | None, list[int], dict[int, str]]:
     """The outer step's pseudo-gradient from every participant's ``sent [participants, size]`` (fp32, a shard
-    under FSDP) and their whole measured ``norms``: (the average, or None if no one is sound; who it
-    includes, by index; who is left out, and why). See the module docstring."""
+    under FSDP), their whole measured ``norms`` and ``dots`` (:func:`pairwise_dots`, whole; by default those of
+    ``sent``), with directions screened if ``screen``: (the average, or None if no one is sound; who it includes,
+    by index; who is left out, and why). See the module docstring."""
+    dots = pairwise_dots(sent) if dots is None else dots
     excluded = {i: "its pseudo-gradient is not finite" for i, n in enumerate(norms) if not math.isfinite(n)}
     sound = sorted((n, i) for i, n in enumerate(norms) if math.isfinite(n) and n > 0)
     if sound:
@@ -104,13 +112,37 @@ def robust_average(sent: torch.Tensor, norms: list[float], ratio: float) -> tupl
     if not sound:
         return None, [], excluded
     bound = sound[(len(sound) - 1) // 2][0]
-    clipped = torch.stack([sent[i] * min(1.0, bound / n) for n, i in sorted(sound, key=lambda s: s[1])])
+    kept = sorted(i for _, i in sound)
+    if screen and len(kept) >= 3:
+        against = against_the_rest(kept, dots, norms)
+        excluded |= against
+        kept = [i for i in kept if i not in against]
+    clipped = torch.stack([sent[i] * min(1.0, bound / norms[i]) for i in kept])
     if len(clipped) < 3:
-        return clipped.mean(0), sorted(i for _, i in sound), excluded
+        return clipped.mean(0), kept, excluded
     ordered = clipped.sort(dim=0).values
     middle = len(ordered) // 2
     median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    return median, sorted(i for _, i in sound), excluded
+    return median, kept, excluded
+
+
+def against_the_rest(kept: list[int], dots: torch.Tensor, norms: list[float]) -> dict[int, str]:
+    """Of the sound participants ``kept``, those whose pseudo-gradient points against every other one's (a
+    negative cosine with each), and why: left out only when the rest are a majority whose pseudo-gradients all
+    point the same way as one another's. Otherwise none: honest islands that disagree among themselves give no
+    direction to screen by, and the coordinate-wise median bounds a liar then."""
+
+    def cosine(i: int, j: int) -> float:
+        return float(dots[i, j]) / (norms[i] * norms[j])
+
+    against = [i for i in kept if all(cosine(i, j) < 0 for j in kept if j != i)]
+    rest = [i for i in kept if i not in against]
+    if not against or 2 * len(rest) <= len(kept) or any(cosine(i, j) <= 0 for i in rest for j in rest if i < j):
+        return {}
+    return {
+        i: f"its pseudo-gradient points against every other island's (cosine {max(cosine(i, j) for j in rest):.2f} at most)"
+        for i in against
+    }
 
 
 def outer_optimizer(agreed: list[torch.Tensor], settings: OuterSettings) -> torch.optim.SGD:
@@ -253,11 +285,13 @@ class OuterSync:
         self.manager.allreduce(slots, reduce_op=ReduceOp.SUM).wait()
         names = [bytes(int(b) for b in row.tolist()).decode() for row in tags]
         sent = slots.float()
-        squares = squared_norms(sent)
+        dots = pairwise_dots(sent)
         if self.world_size > 1:
-            torch.distributed.all_reduce(squares)  # each island's whole pseudo-gradient, over this island's ranks
-        norms = [math.sqrt(s) if math.isfinite(s) else float("inf") for s in squares.tolist()]
-        average, included, excluded = robust_average(sent, norms, self.settings.outlier_ratio)
+            torch.distributed.all_reduce(dots)  # each island's whole pseudo-gradient, over this island's ranks
+        norms = [math.sqrt(s) if math.isfinite(s) else float("inf") for s in dots.diagonal().tolist()]
+        average, included, excluded = robust_average(
+            sent, norms, self.settings.outlier_ratio, dots, self.settings.screen_directions
+        )
         # Counted before judging: a liar left out must not stall the others' step by leaving them too few.
         senders = sum(n != 0 for n in norms)
         if average is None or senders < self.settings.min_islands:

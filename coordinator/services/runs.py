@@ -167,7 +167,10 @@ def lease(
         if run is None:
             raise ApiError(ErrorCode.no_run, f"No run {run_id}.")
         if run.kind != RunKind.rl:
-            raise ApiError(ErrorCode.conflict, f"{run_id} is a pretraining run: trainer islands learn it, nodes have no tasks.")
+            # As for an unknown run: a node that names it stops with this sentence rather than asking again.
+            raise ApiError(
+                ErrorCode.no_run, f"{run_id} is a pretraining run: trainer islands learn it, nodes have no tasks in it."
+            )
     else:
         rl = select(Run).where(Run.kind == RunKind.rl)
         active = session.scalar(rl.where(Run.status == RunStatus.active).order_by(Run.created_at).limit(1))

@@ -96,23 +96,35 @@ const timeAxis = { name: "time", format: (x) => new Date(x).toLocaleTimeString([
 const PHASES = [["node_s", "node (lease to upload)"], ["upload_s", "upload"], ["validation_s", "validation"],
   ["trainer_wait_s", "trainer waiting"], ["training_s", "training"]];
 
-function charts(progress, throughput, timing, environment) {
+const stepSeries = (rows, key) => rows.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
+
+function charts(progress, throughput, timing, run) {
+  if (run?.kind === "pretrain") return pretrainingCharts(progress);
+  const environment = run?.environment;
   const first = throughput.findIndex((b) => b.rollouts > 0);
   throughput = first > 0 ? throughput.slice(first) : throughput; // from the first upload: a bucket before it is from before the run
-  const series = (rows, key) => rows.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
   return h("div", { class: "charts" },
     lineChart("Reward per policy step", [
-      { name: "reward", points: series(progress.steps, "reward") },
-      { name: "task reward", points: series(progress.steps, "task_reward") },
+      { name: "reward", points: stepSeries(progress.steps, "reward") },
+      { name: "task reward", points: stepSeries(progress.steps, "task_reward") },
     ], stepAxis),
-    accuracyChart(progress, series(progress.evaluations, "heldout_accuracy"), [
-      ["correct tool calls", series(progress.evaluations, "heldout_tool_calls")],
-      ["within the thinking budget", series(progress.evaluations, "heldout_within_budget")],
+    accuracyChart(progress, stepSeries(progress.evaluations, "heldout_accuracy"), [
+      ["correct tool calls", stepSeries(progress.evaluations, "heldout_tool_calls")],
+      ["within the thinking budget", stepSeries(progress.evaluations, "heldout_within_budget")],
     ], environment),
     lineChart("Throughput", [
       { name: "rollouts / min", points: throughput.map((b) => [Date.parse(b.start), b.rollouts]) },
     ], timeAxis),
-    lineChart("Seconds per policy step", PHASES.map(([key, name]) => ({ name, points: series(timing, key) })), stepAxis),
+    lineChart("Seconds per policy step", PHASES.map(([key, name]) => ({ name, points: stepSeries(timing, key) })), stepAxis),
+  );
+}
+
+// A pretraining run has no rollouts: the island that publishes each step judges it on the corpus' held-out reads.
+function pretrainingCharts(progress) {
+  return h("div", { class: "charts" },
+    lineChart("Held-out loss per policy step", [{ name: "held-out loss (nats a token)", points: stepSeries(progress.steps, "held_out_loss") }], stepAxis),
+    lineChart("Out-of-distribution AUROC", [{ name: "unseen sources told apart", points: stepSeries(progress.steps, "ood_auroc") }], stepAxis),
+    lineChart("Seconds per policy step", [{ name: "outer step", points: stepSeries(progress.steps, "step_s") }], stepAxis),
   );
 }
 
@@ -221,6 +233,7 @@ function validatorsTable(validators) {
 }
 
 function islandsSection(islands) {
+  const pretraining = islands.some((i) => i.tokens !== null && i.tokens !== undefined);
   const rows = islands.map((i) => h("tr", { "data-island": i.name },
     h("td", {}, i.name),
     h("td", {}, h("span", { class: "address" }, fmt.short(i.address))),
@@ -228,17 +241,18 @@ function islandsSection(islands) {
     h("td", { class: "num" }, fmt.num(i.claimed)),
     h("td", { class: "num" }, fmt.num(i.pending)),
     h("td", { class: "num" }, fmt.num(i.consumed)),
+    pretraining ? h("td", { class: "num" }, fmt.num(i.tokens ?? 0)) : "",
     h("td", { class: "num", title: i.last_exclusion ?? "" }, fmt.num(i.excluded_steps)),
     h("td", { class: "wide" }, fmt.time(i.last_seen)),
   ));
   return h("section", { "aria-labelledby": "islands-title" },
     h("h2", { id: "islands-title" }, "Trainer islands"),
     h("div", { class: "table-wrap" }, h("table", { id: "islands" },
-      h("caption", {}, "Trainer sites that each learn from their own share of accepted work and average it every few steps (DiLoCo). "
+      h("caption", {}, `Trainer sites that each learn from their own share of ${pretraining ? "the corpus' shards" : "accepted work"} and average it every few steps (DiLoCo). `
         + "Held: claimed, not yet in an outer step; in step: averaged into a step not yet published; trained: in a published step. "
         + "Outer step: the island's last; its agreed weights are published as the next policy step, so it reads one behind the run's"),
-      h("thead", {}, h("tr", {}, ["Island", "Trainer", "Outer step", "Held", "In step", "Trained", "Left out", "Last seen"].map((t, i) =>
-        h("th", { scope: "col", class: i >= 2 && i <= 6 ? "num" : "" }, t)))),
+      h("thead", {}, h("tr", {}, ["Island", "Trainer", "Outer step", "Held", "In step", "Trained", ...(pretraining ? ["Tokens"] : []), "Left out", "Last seen"].map((t, i, all) =>
+        h("th", { scope: "col", class: i >= 2 && i < all.length - 1 ? "num" : "" }, t)))),
       h("tbody", {}, rows))));
 }
 
@@ -300,7 +314,7 @@ async function showLeaderboard(view) {
     h("section", { "aria-labelledby": "status-title" }, h("h2", { id: "status-title" }, "Network status"), statusPanel(net)),
     h("section", { "aria-labelledby": "charts-title" }, h("h2", { id: "charts-title" }, "Training"),
       progress.learning?.stalled ? h("p", { class: "alert", id: "learning-stalled", role: "alert" }, progress.learning.stalled) : "",
-      charts(progress, throughput, timing, net.run?.environment)),
+      charts(progress, throughput, timing, net.run)),
     islands.length ? islandsSection(islands) : "",
     h("section", { "aria-labelledby": "board-title" },
       h("h2", { id: "board-title" }, "Leaderboard"),
