@@ -21,7 +21,10 @@ With ``--liar flip|noise|tiny`` (``--islands 3`` or more) it runs honest islands
 last one lying at every outer step, once averaged by the coordinate-wise median alone and once with directions
 screened (``OuterSettings.screen_directions``), and prints the final held-out losses (goal: within 5 %).
 
-    python bench/pretrain.py [--seconds 180] [--islands 2] [--sync-every 100] [--batch-rows 16] [--outer-lr 1 --outer-momentum 0] [--liar flip]
+With ``--compare-reset`` it runs the islands with their inner AdamW state carried across outer steps, then reset at
+every outer step (what replaying one outer step from the agreed weights alone assumes), and prints both curves.
+
+    python bench/pretrain.py [--seconds 180] [--islands 2] [--sync-every 100] [--batch-rows 16] [--outer-lr 1 --outer-momentum 0] [--liar flip | --compare-reset]
 """
 
 from __future__ import annotations
@@ -57,10 +60,11 @@ def _load(example: Path) -> PreTrainedModel:
     return model
 
 
-def learner(example: Path, shards: list[int], batch_rows: int, seconds: float, start_at: float, every: int, sync: OuterSync | None = None, liar: str | None = None) -> dict[str, Any]:  # fmt: skip
+def learner(example: Path, shards: list[int], batch_rows: int, seconds: float, start_at: float, every: int, sync: OuterSync | None = None, liar: str | None = None, reset_inner: bool = False) -> dict[str, Any]:  # fmt: skip
     """Inner steps over ``shards`` (indices into the corpus' training shards) in turn, epoch after epoch, for
-    ``seconds`` from ``start_at``; with ``sync``, an outer step every ``every`` inner steps (``liar``: lying at each).
-    The agreed weights after each outer step (every ``every`` steps without ``sync``), timed, and the steps taken."""
+    ``seconds`` from ``start_at``; with ``sync``, an outer step every ``every`` inner steps (``liar``: lying at each;
+    ``reset_inner``: a fresh inner AdamW after each). The agreed weights after each outer step (every ``every`` steps
+    without ``sync``), timed, and the steps taken."""
     manifest = load_manifest(example / "corpus")
     rows = [load_shard(example / "corpus", manifest.shards[i], manifest) for i in shards]
     model = cast(PreTrainedModel, sync.model) if sync is not None else _load(example)
@@ -87,6 +91,8 @@ def learner(example: Path, shards: list[int], batch_rows: int, seconds: float, s
                 if liar:
                     lie(liar, model, sync.agreed)
                 outcome = sync.sync(uuid.uuid4().hex)
+                if reset_inner:  # what an auditor replaying one outer step from the agreed weights alone would take
+                    optimizer = optimizer_for(model, settings)
                 record["sync_s"] += time.perf_counter() - t1
                 record["sent_bytes"] += outcome.sent_bytes
                 if outcome.leader and outcome.committed:
@@ -117,8 +123,9 @@ def island(args: argparse.Namespace) -> None:
     sync = OuterSync(model, f"island-{args.island_index}", args.lighthouse, outer, timeout_s=120)
     liar = args.liar if args.island_index == args.islands - 1 else None
     record = learner(
-        args.example, shards, args.batch_rows // args.islands, args.seconds, args.start_at, args.sync_every, sync, liar
-    )
+        args.example, shards, args.batch_rows // args.islands, args.seconds, args.start_at, args.sync_every, sync, liar,
+        args.reset_inner,
+    )  # fmt: skip
     sync.close()
     record["parameters"] = sum(p.numel() for p in model.parameters())
     torch.save(record, args.out / f"island-{args.island_index}.pt")
@@ -130,6 +137,7 @@ def run_islands(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     arguments += ["--min-islands", str(args.min_islands), *(["--liar", args.liar] if args.liar else [])]
     arguments += [f"--{k.replace('_', '-')}={v}" for k in ("outer_lr", "outer_momentum") if (v := getattr(args, k)) is not None]
     arguments += [] if args.screen is None else ["--screen" if args.screen else "--no-screen"]
+    arguments += ["--reset-inner"] if args.reset_inner else []
     return run_island_processes(__file__, args.islands, args.min_islands, arguments, out)
 
 
@@ -181,6 +189,26 @@ def liar_case(args: argparse.Namespace) -> int:
     return 0
 
 
+def reset_case(args: argparse.Namespace) -> int:
+    """The same islands with their inner AdamW state carried across outer steps, then reset at each: what an audit
+    that replays one outer step from the agreed weights alone would cost the run."""
+    curves = {}
+    for name, reset in (("inner state carried", False), ("inner state reset", True)):
+        args.reset_inner = reset
+        with tempfile.TemporaryDirectory() as tmp:
+            curves[name] = curve(args.example, agreed(run_islands(args, Path(tmp))), args.evals)
+        _show(name, curves[name])
+    carried, reset = curves.values()
+    common = max(min(loss for _, loss in carried), min(loss for _, loss in reset))
+    t_carried, t_reset = reached(carried, common), reached(reset, common)
+    assert t_carried is not None and t_reset is not None
+    print(
+        f"held-out loss at the end: carried {carried[-1][1]:.3f}, reset {reset[-1][1]:.3f} ({(reset[-1][1] / carried[-1][1] - 1) * 100:+.1f} %)"
+    )
+    print(f"reset / carried, time to {common:.3f} held-out loss: {t_reset / max(t_carried, 1e-9):.2f}x")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=180, help="training time of each configuration")
@@ -193,6 +221,8 @@ def main() -> int:
     parser.add_argument("--outer-lr", type=float, help="the outer step's learning rate (default: the run setting's, by H)")
     parser.add_argument("--outer-momentum", type=float, help="the outer step's Nesterov momentum (default: by H)")
     parser.add_argument("--screen", action=argparse.BooleanOptionalAction, help="screen directions (default: by H)")
+    parser.add_argument("--reset-inner", action="store_true", help="a fresh inner AdamW after every outer step")
+    parser.add_argument("--compare-reset", action="store_true", help="islands with the inner state carried, then reset")
     parser.add_argument("--example", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--island-index", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--lighthouse", help=argparse.SUPPRESS)
@@ -209,6 +239,8 @@ def main() -> int:
         make(args.example, MetagenomeSpec())
         if args.liar:
             return liar_case(args)
+        if args.compare_reset:
+            return reset_case(args)
         outer = _outer(args)
         print(
             f"islands: {args.islands} processes, H = {args.sync_every}, outer lr {outer.outer_lr} and momentum "

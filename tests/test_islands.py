@@ -161,6 +161,16 @@ def test_a_pseudo_gradient_against_every_other_one_is_left_out_when_the_rest_agr
     disagree = torch.stack([honest[0], -honest[0] + 0.5 * torch.randn(1000), -honest[0]])
     norms = [float(n) for n in pairwise_dots(disagree).diagonal().sqrt()]
     assert list(robust_average(disagree, norms, 10, screen=True)[2]) == [0]
+    # Just under every threshold: against one honest island, barely with the other (a cosine of 1e-3), at 9.9x the
+    # median norm. Nobody is left out; clipped, then the median, it stays within what the honest islands sent.
+    h0, h1 = honest[0], honest[1]
+    sly = -h0 + (float(h0 @ h1) + 1e-3 * float(h0.norm() * h1.norm())) / float(h1 @ h1) * h1
+    sent = torch.stack([h0, h1, sly * 9.9 * float(h0.norm()) / float(sly.norm())])
+    norms = [float(n) for n in pairwise_dots(sent).diagonal().sqrt()]
+    result, included, excluded = robust_average(sent, norms, 10, screen=True)
+    low, high = honest.min(0).values.clamp(max=0), honest.max(0).values.clamp(min=0)
+    assert result is not None and included == [0, 1, 2] and excluded == {}
+    assert bool(((result >= low - 1e-6) & (result <= high + 1e-6)).all()) and float(result @ honest.mean(0)) > 0
     # Noise against no one, or one that agrees with one island and not another: screened, still no one left out.
     for third in (torch.randn(1000), honest[1] - honest[0]):
         sent = torch.stack([honest[0], honest[1], third * honest[0].norm() / third.norm()])
