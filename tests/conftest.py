@@ -199,3 +199,18 @@ def admin_token(served: Served, scope: str = "admin") -> str:
 
     with make_sessionmaker(served.engine).begin() as session:
         return create_token(session, f"test-{scope}", scope, datetime.now(UTC))[1]
+
+
+@pytest.fixture(scope="session")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small metagenomic example (:data:`tests.support.metagenome.SMALL`): a corpus, tokenizer and model, made
+    once a worker and only read by the tests."""
+    import torch
+
+    from intellect_protocol.shared.pretraining.metagenome import make
+    from tests.support.metagenome import SMALL
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("metagenome")
+    make(out, SMALL)
+    return out

@@ -36,6 +36,6 @@ def test_the_pretraining_devnet_learns_the_corpus_and_stops(tmp_path: Path) -> N
     # The loss falls, and reads of species kept out of the corpus become the less likely ones.
     before, after = summary["held_out_before"], summary["held_out_after"]
     assert after["held_out_loss"] < before["held_out_loss"] - 0.5, (before, after)
-    assert after["ood_auroc"] > max(0.6, before["ood_auroc"]), (before, after)
+    assert after["ood_auroc"] > max(0.55, before["ood_auroc"] + 0.1), (before, after)
     assert summary["policy_step"] == max(map(int, summary["held_out_by_step"])) >= 2
     assert "Held-out loss" in result.stdout

@@ -27,22 +27,10 @@ from intellect_protocol.shared.pretraining.manifest import (
     load_manifest,
     save_manifest,
 )
-from intellect_protocol.shared.pretraining.metagenome import MetagenomeSpec, make
+from intellect_protocol.shared.pretraining.metagenome import make
 from intellect_protocol.shared.pretraining.settings import PretrainSettings
 from intellect_protocol.trainer.pretrain import batches, pretrain, row_order
-
-SMALL = MetagenomeSpec(
-    species=8, held_out_species=2, genome_bases=500, training_reads=600, held_out_reads=32, vocab_size=64, seq_len=64,
-    rows_per_shard=32, hidden=64, layers=2,
-)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("metagenome")
-    make(out, SMALL)
-    return out
+from tests.support.metagenome import SMALL
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -22,7 +22,7 @@ from tests.helpers import signed_post
 from tests.support.clock import MovableClock
 from tests.support.protocol import grant
 from tests.test_island_shares import refused
-from tests.test_pretraining_run import create, example  # noqa: F401  (the module's example, made once)
+from tests.test_pretraining_run import create
 
 pytestmark = pytest.mark.integration
 ATTEMPT = "a" * 32

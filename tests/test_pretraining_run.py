@@ -14,36 +14,31 @@ import pytest
 import torch
 from eth_account import Account
 from sqlalchemy import select
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from typer.testing import CliRunner
 
 from intellect_protocol.coordinator.cli import app as coordinator_cli
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.island_models import IslandShare
 from intellect_protocol.coordinator.models import TrainerMetrics
+from intellect_protocol.coordinator.services.pretraining import slot
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
 from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin
 from intellect_protocol.shared.pretraining.corpus import load_shard, shard_path
 from intellect_protocol.shared.pretraining.evaluation import evaluate
 from intellect_protocol.shared.pretraining.manifest import load_manifest
-from intellect_protocol.shared.pretraining.metagenome import make
+from intellect_protocol.shared.pretraining.settings import PretrainSettings
+from intellect_protocol.shared.shardcast.origin import step_dir
 from intellect_protocol.shared.states import RunKind, ShareState
+from intellect_protocol.trainer.pretrain_audit import judge, replay
 from intellect_protocol.trainer.pretrain_island import PretrainIsland
 from intellect_protocol.trainer.settings import TrainerSettings
 from tests.conftest import admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.support.protocol import grant, joined
-from tests.test_pretraining import SMALL
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("metagenome")
-    make(out, SMALL)
-    return out
 
 
 def create(database_url: str, blobs: Path, example: Path, *extra: str, corpus: Path | None = None) -> tuple[int, str]:
@@ -155,8 +150,6 @@ def test_one_island_learns_the_whole_corpus_in_published_steps(sqlite_url: str, 
     run_id = out.strip().splitlines()[-1]
     manifest = load_manifest(example / "corpus")
     held_out = load_shard(example / "corpus", manifest.held_out, manifest)
-    from transformers import AutoModelForCausalLM
-
     before = evaluate(AutoModelForCausalLM.from_pretrained(example / "model"), held_out, None, manifest.pad_id).held_out_loss
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=200, heartbeat_timeout_ms=1500)
     try:
@@ -175,6 +168,10 @@ def test_one_island_learns_the_whole_corpus_in_published_steps(sqlite_url: str, 
             island.close()
             with make_sessionmaker(served.engine)() as session:
                 states = list(session.scalars(select(IslandShare.state).where(IslandShare.run_id == run_id)))
+                by_step = session.execute(select(IslandShare.outer_step, IslandShare.cursor).where(IslandShare.run_id == run_id))
+                slots_of: dict[int, list[int]] = {}
+                for outer_step, cursor in sorted((o, c) for o, c in by_step):
+                    slots_of.setdefault(outer_step, []).append(cursor)
                 metrics = [m.metrics for m in session.scalars(select(TrainerMetrics).order_by(TrainerMetrics.step))]
             public = httpx.get(f"{served.url}/v1/public/runs/{run_id}").json()
             shares = httpx.get(f"{served.url}/v1/public/runs/{run_id}/islands").json()
@@ -191,3 +188,16 @@ def test_one_island_learns_the_whole_corpus_in_published_steps(sqlite_url: str, 
     for path in (tmp_path / "solo" / "shards").iterdir():
         assert path.name == f"{hashlib.sha256(path.read_bytes()).hexdigest()}.safetensors"
     assert len(list((tmp_path / "solo" / "shards").iterdir())) == len(manifest.every_shard())
+
+    # Every outer step replays from what the run published: one island, plain averaging, so what it sent is
+    # policy step k's weights minus step k + 1's. An audit needs nothing the island says about itself.
+    def weights(step: int) -> PreTrainedModel:
+        return AutoModelForCausalLM.from_pretrained(step_dir(tmp_path / "origin", run_id, step) if step else example / "model")
+
+    settings_ = PretrainSettings(batch_rows=8)
+    for k in (0, steps - 1):
+        start, end = weights(k), weights(k + 1)
+        sent = torch.cat([(a - b).detach().flatten() for a, b in zip(start.parameters(), end.parameters(), strict=True)])
+        learnt = [(s.epoch, load_shard(example / "corpus", s.shard, manifest)) for s in (slot(manifest, c) for c in slots_of[k])]
+        verdict = judge(sent, replay(start, learnt, manifest.pad_id, settings_))
+        assert verdict.passed and verdict.relative_error < 0.01, (k, verdict)

@@ -207,8 +207,12 @@ class IslandTrainer(Trainer):
 
     def _meet(self, attempt: str, contribute: bool) -> OuterStep:
         outcome = self.sync.sync(attempt, contribute=contribute)
+        self.begin_inner()
         self._save()
         return outcome
+
+    def begin_inner(self) -> None:
+        """After a meeting, before the next inner steps (and the state saved): the inner optimizer carries over."""
 
     def _catch_up(self, stop: threading.Event) -> None:
         """An island behind the run's published step joins the others' next meeting without adding

@@ -82,7 +82,8 @@ def learn_shard(
     return learnt
 
 
-def optimizer_for(model: PreTrainedModel, settings: PretrainSettings) -> torch.optim.Optimizer:
+def optimizer_for(model: torch.nn.Module, settings: PretrainSettings) -> torch.optim.AdamW:
+    """A fresh inner AdamW (its state empty) over ``model``'s parameters."""
     return torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
 
 

@@ -29,7 +29,7 @@ from intellect_protocol.shared.pretraining.settings import PretrainSettings
 from intellect_protocol.trainer.island_loop import IslandTrainer
 from intellect_protocol.trainer.islands import OuterStep
 from intellect_protocol.trainer.learner import Abandoned
-from intellect_protocol.trainer.pretrain import batches, inner_step
+from intellect_protocol.trainer.pretrain import batches, inner_step, optimizer_for
 from intellect_protocol.trainer.settings import TrainerSettings
 
 log = logging.getLogger("intellect.trainer.pretrain_island")
@@ -80,6 +80,10 @@ class PretrainIsland(IslandTrainer):
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_bytes(data)
         return tokens
+
+    def begin_inner(self) -> None:
+        if self.pretrain.fresh_inner:
+            self.learner.optimizer = optimizer_for(self.learner.module, self.pretrain)
 
     def forget_claims(self) -> None:
         super().forget_claims()
