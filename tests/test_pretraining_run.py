@@ -55,13 +55,13 @@ def settings(database_url: str, blobs: Path) -> CoordinatorSettings:
     )
 
 
-def test_islands_claim_each_shard_once_an_epoch_and_nodes_get_no_tasks(sqlite_url: str, tmp_path: Path, example: Path) -> None:
-    code, out = create(sqlite_url, tmp_path / "blobs", example, "--epochs", "2")
+def test_islands_claim_each_shard_once_an_epoch_and_nodes_get_no_tasks(database_url: str, tmp_path: Path, example: Path) -> None:
+    code, out = create(database_url, tmp_path / "blobs", example, "--epochs", "2")
     assert code == 0, out
     run_id = out.strip().splitlines()[-1]
     manifest = load_manifest(example / "corpus")
     shards = len(manifest.shards)
-    with serve(settings(sqlite_url, tmp_path / "blobs")) as served:
+    with serve(settings(database_url, tmp_path / "blobs")) as served:
         token = admin_token(served)
         east, west, stranger = Account.create(), Account.create(), Account.create()
         for key in (east, west):
@@ -110,6 +110,9 @@ def test_islands_claim_each_shard_once_an_epoch_and_nodes_get_no_tasks(sqlite_ur
             assert a.island_join(IslandJoin(address=east.address, run_id=run_id, island="east")) == 3
             again = a.island_claim_shards(IslandClaim(address=east.address, run_id=run_id, island="east", limit=2))
             assert [s.cursor for s in again.slots] == [1, 2]
+            # Past the first slot no one holds (3), then past west's, in the second epoch.
+            more = a.island_claim_shards(IslandClaim(address=east.address, run_id=run_id, island="east", limit=2))
+            assert [s.cursor for s in more.slots] == [1, 2, 3, shards + 4]
 
 
 def test_the_corpus_is_checked_before_the_run_is_made(sqlite_url: str, tmp_path: Path, example: Path) -> None:

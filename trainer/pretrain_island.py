@@ -101,9 +101,9 @@ class PretrainIsland(IslandTrainer):
         return self.slots.pop(0)
 
     def inner_steps(self, stop: threading.Event) -> dict[str, float] | None:
-        """Whole shards until at least ``sync_every`` inner steps are taken; their mean loss, steps and tokens (this
-        island's: the run's tokens trained are its islands' consumed shards'), or
-        None if ``stop`` came first or there is nothing left to learn."""
+        """Whole shards until at least ``sync_every`` inner steps are taken, in the order ``used`` lists them (the
+        order the report sends, and a replay needs); their mean loss, steps and tokens (this island's: the run's
+        tokens trained are its islands' consumed shards'), or None if ``stop`` came first or nothing is left."""
         steps = tokens = 0
         loss_sum = 0.0
         while steps < self.outer_settings.sync_every:

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from itertools import islice
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, aliased
 
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import IslandShare
@@ -47,25 +47,32 @@ def claim_shards(session: Session, signer: str, body: IslandClaim, now: datetime
     manifest, settings = corpus_of(run)
     live_since = islands.release_silent(session, run, now, lease_s)
     total = len(manifest.shards) * settings.epochs
-    held: dict[int, ShareState] = dict(
-        session.execute(select(IslandShare.cursor, IslandShare.state).where(IslandShare.run_id == run.id)).all()
-    )
+    of_run = IslandShare.run_id == run.id
+    counts = dict(session.execute(select(IslandShare.state, func.count()).where(of_run).group_by(IslandShare.state)).all())
     mine = session.scalars(
         select(IslandShare.cursor)
         .where(IslandShare.run_id == run.id, IslandShare.island == island.name, IslandShare.state == ShareState.claimed)
         .order_by(IslandShare.cursor)
         .limit(MAX_SHARE)
     ).all()
-    free = islands.room(session, island, live_since, lambda most: min(most, total - len(held)))
-    fresh = list(islice(_unheld(total, held), min(body.limit, free)))
+    free = islands.room(session, island, live_since, lambda most: min(most, total - sum(counts.values())))
+    fresh = list(islice(_unheld(session, run.id, total), min(body.limit, free)))
     for cursor in fresh:
         session.add(IslandShare(run_id=run.id, cursor=cursor, island=island.name, state=ShareState.claimed, claimed_at=now))
-    consumed = sum(1 for state in held.values() if state == ShareState.consumed)
-    return ShardClaims(slots=[slot(manifest, c) for c in [*mine, *fresh]], remaining=total - consumed)
+    remaining = total - counts.get(ShareState.consumed, 0)
+    return ShardClaims(slots=[slot(manifest, c) for c in [*mine, *fresh]], remaining=remaining)
 
 
-def _unheld(total: int, held: dict[int, ShareState]) -> Iterator[int]:
-    return (cursor for cursor in range(1, total + 1) if cursor not in held)
+def _unheld(session: Session, run_id: str, total: int) -> Iterator[int]:
+    """The run's slots no island holds, lowest first. Slots are handed out lowest first, so below the first gap in
+    the held ones every slot is held: only the rows from there on are read, about as many as are in flight."""
+    held = select(IslandShare.cursor).where(IslandShare.run_id == run_id)
+    after = aliased(IslandShare)
+    followed = select(after.cursor).where(after.run_id == run_id, after.cursor == IslandShare.cursor + 1)
+    first_gap = session.scalar(held.with_only_columns(func.min(IslandShare.cursor + 1)).where(~followed.exists()))
+    start = 1 if session.scalar(held.where(IslandShare.cursor == 1)) is None else (first_gap or 1)
+    beyond = set(session.scalars(held.where(IslandShare.cursor >= start)))
+    return (cursor for cursor in range(start, total + 1) if cursor not in beyond)
 
 
 def slot(manifest: CorpusManifest, cursor: int) -> ShardSlot:
