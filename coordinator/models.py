@@ -106,8 +106,7 @@ class AdminToken(Base):
 
 
 class Run(Base):
-    """A run: for RL, which model learns which environment and how nodes sample for it; for pretraining, which
-    model learns which corpus."""
+    """A run: which model learns which environment and how nodes sample for it (RL), or which corpus (pretraining)."""
 
     __tablename__ = "runs"
 
@@ -149,10 +148,9 @@ class Run(Base):
     paused_reason: Mapped[str | None] = mapped_column(Text)
     """Why the coordinator paused the run by itself (None: it did not)."""
     kind: Mapped[RunKind] = mapped_column(states_type(RunKind), default=RunKind.rl, server_default="rl")
-    """``rl`` (nodes roll out, islands or a trainer learn from accepted work) or ``pretrain`` (islands learn from
-    :attr:`corpus`'s shards; nodes have no tasks)."""
+    """``rl``, or ``pretrain``: islands learn from :attr:`corpus`'s shards, nodes have no tasks."""
     corpus: Mapped[dict[str, Any] | None]
-    """A pretraining run's :class:`shared.pretraining.corpus.CorpusManifest`; its shards are in the blob store."""
+    """A pretraining run's :class:`shared.pretraining.manifest.CorpusManifest`; its shards are in the blob store."""
     pretrain: Mapped[dict[str, Any] | None]
     """A pretraining run's :class:`shared.pretraining.settings.PretrainSettings`."""
 
@@ -390,18 +388,3 @@ class Evaluation(Base):
     step: Mapped[int] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]]
     created_at: Mapped[datetime]
-
-
-class AuditEntry(Base):
-    """One admin action: which token did what to what, and when; rows are only ever added."""
-
-    __tablename__ = "audit_log"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    token_id: Mapped[int] = mapped_column(Integer)
-    token_name: Mapped[str] = mapped_column(String(128))
-    action: Mapped[str] = mapped_column(String(64))
-    """``router.verb``, e.g. ``nodes.ban`` or ``runs.update``."""
-    target: Mapped[str] = mapped_column(String(128))
-    detail: Mapped[dict[str, Any]]
-    at: Mapped[datetime] = mapped_column(index=True)

@@ -5,6 +5,7 @@ import os
 from alembic import context
 from sqlalchemy import create_engine, pool
 
+import intellect_protocol.coordinator.audit_models  # noqa: F401  (its tables join Base.metadata)
 import intellect_protocol.coordinator.island_models  # noqa: F401  (its tables join Base.metadata)
 import intellect_protocol.coordinator.settlement_models  # noqa: F401  (its tables join Base.metadata)
 import intellect_protocol.coordinator.shardcast_models  # noqa: F401  (its tables join Base.metadata)

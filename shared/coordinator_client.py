@@ -1,16 +1,14 @@
-"""One client for the coordinator's API, used by every role: node, validator, trainer, relay and
-shardcast downloads.
+"""One client for the coordinator's API, used by every role: node, validator, trainer, relay and shardcast downloads.
 
 The contract:
 
 - a method per route, taking and returning that route's schema;
 - requests signed by ``account`` for the deployment's audience, fetched once from
   ``/v1/public/status`` on the first signed request;
-- one retry policy: a request that got no answer (refused, reset, timed out) or an answer of 429 or
-  5xx is sent again, freshly signed, after the server's ``Retry-After`` (at most ``max_wait_s``) or
-  else an exponential backoff with jitter, until it is answered, ``stop`` is set (:class:`Stopped`)
-  or ``give_up_s`` has passed (:class:`Unavailable`). Every route may be sent twice: the ledger
-  answers a repeat as a conflict or with what it already recorded;
+- one retry policy: a request that got no answer (refused, reset, timed out) or an answer of 429 or 5xx is sent again,
+  freshly signed, after the server's ``Retry-After`` (at most ``max_wait_s``) or else an exponential backoff with
+  jitter, until it is answered, ``stop`` is set (:class:`Stopped`) or ``give_up_s`` has passed (:class:`Unavailable`).
+  Every route may be sent twice: the ledger answers a repeat as a conflict or with what it already recorded;
 - any other 4xx raises :class:`Refused` with the coordinator's error code, message and details;
 - a TLS failure (a certificate not trusted, a server without TLS) raises :class:`Untrusted` at once,
   with the sentence :func:`shared.tls.untrusted` writes. Trust comes from :func:`shared.tls.client_context`.
@@ -242,8 +240,7 @@ class CoordinatorClient:
     def island_claim_shards(self, body: island_schemas.IslandClaim) -> island_schemas.ShardClaims:
         return island_schemas.ShardClaims.model_validate(self._send("POST", "/v1/trainer/islands/claim-shards", body=body).json())
 
-    def corpus_shard(self, run_id: str, sha256: str) -> bytes:
-        """A shard's bytes as the coordinator holds them: check them (:func:`shared.pretraining.corpus.read_shard`)."""
+    def corpus_shard(self, run_id: str, sha256: str) -> bytes:  # unchecked: see shared.pretraining.corpus.read_shard
         return self._send("GET", f"/v1/trainer/runs/{run_id}/shards/{sha256}", signed=True).content
 
     def island_report(self, body: island_schemas.IslandReport) -> None:

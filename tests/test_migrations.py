@@ -40,6 +40,7 @@ def test_models_match_migrations(database_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
+    import intellect_protocol.coordinator.audit_models  # noqa: F401
     import intellect_protocol.coordinator.island_models  # noqa: F401
     import intellect_protocol.coordinator.settlement_models  # noqa: F401
     import intellect_protocol.coordinator.shardcast_models  # noqa: F401

@@ -84,6 +84,18 @@ def test_hostile_calls_change_nothing_and_a_silent_islands_shards_come_back(
         refused(
             409, lambda: a.island_report(body(IslandReport, east, "east", outer_step=5, attempt=ATTEMPT, cursors=[1])), served
         )
+        # A lie in each field the caller declares: another's address (the signature says who sent it), a run that is
+        # not there.
+        before = served.snapshot()
+        lied = signed_post(
+            served.url,
+            "/v1/trainer/islands/claim-shards",
+            west,
+            served.audience,
+            {"address": east.address, "run_id": run_id, "island": "west"},
+        )
+        assert lied.status_code in (401, 403) and served.snapshot() == before, lied.text
+        refused(404, lambda: b.island_claim_shards(IslandClaim(address=west.address, run_id="run-none", island="west")), served)
         # Malformed requests: 422, nothing changes.
         before = served.snapshot()
         claim = {"address": east.address, "run_id": run_id, "island": "east"}

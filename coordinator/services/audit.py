@@ -9,7 +9,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from intellect_protocol.coordinator.models import AdminToken, AuditEntry
+from intellect_protocol.coordinator.audit_models import AuditEntry
+from intellect_protocol.coordinator.models import AdminToken
 
 
 def record(session: Session, token: AdminToken, action: str, target: str, detail: dict[str, Any], now: datetime) -> None:
