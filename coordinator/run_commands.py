@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from intellect_protocol.coordinator.blobs import BlobStoreUnavailable
 from intellect_protocol.coordinator.cli_support import DatabaseUrl, database_command, err, sessions, settings_for
 from intellect_protocol.shared.island_schemas import OuterSettings
 from intellect_protocol.shared.pretraining.manifest import CorpusError, CorpusManifest, load_manifest
@@ -141,7 +142,7 @@ def run_create(
         raise typer.Exit(2)
     try:
         manifest = stored_corpus(corpus, model, database_url) if corpus is not None else None
-    except CorpusError as e:
+    except (CorpusError, BlobStoreUnavailable) as e:
         err.print(f"--corpus {corpus}: {e}.", markup=False)
         raise typer.Exit(2) from None
     try:
@@ -204,10 +205,11 @@ def stored_corpus(directory: Path, model: str, database_url: str | None) -> Corp
 
     manifest = load_manifest(directory)
     _require_model_for(manifest, Path(resolve_model(model)))
+    for ref in manifest.every_shard():
+        load_shard(directory, ref, manifest)  # all checked before any is stored
     blobs = blob_store(settings_for(database_url))
     blobs.staging.mkdir(parents=True, exist_ok=True)
     for ref in manifest.every_shard():
-        load_shard(directory, ref, manifest)
         staged = blobs.staging / f"{ref.sha256}.corpus"
         shutil.copyfile(shard_path(directory, ref), staged)
         blobs.put_file(shard_key(ref.sha256), staged)

@@ -130,6 +130,7 @@ def test_the_corpus_is_checked_before_the_run_is_made(sqlite_url: str, tmp_path:
     target.write_bytes(target.read_bytes()[:-4] + b"\x00\x00\x00\x00")
     code, out = create(sqlite_url, tmp_path / "blobs", example, corpus=forged)
     assert code == 2 and "another hash" in out and manifest.shards[1].sha256[:12] in out
+    assert not list((tmp_path / "blobs").rglob("*.safetensors")), "no shard is stored unless every one is sound"
     model = tmp_path / "model"
     model.mkdir()
     for f in (example / "model").iterdir():
