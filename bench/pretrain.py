@@ -2,7 +2,7 @@
 (:mod:`shared.pretraining.metagenome`, made here by its script), same cores, same wall clock:
 
 - **one trainer**: one process with one torch thread per island, inner steps of ``--batch-rows`` rows over every
-  shard in turn (:func:`trainer.pretrain.learn_shard`);
+  shard in turn (:func:`shared.pretraining.learning.learn_shard`);
 - **islands**: ``--islands`` processes (one thread each) meeting through a real torchft lighthouse
   (:class:`trainer.islands.OuterSync`, the robust outer step RL islands take): island ``i`` learns from shards
   ``i, i + k, ...`` of every epoch, ``--batch-rows / islands`` rows an inner step, and they take an outer step
@@ -46,11 +46,11 @@ from intellect_protocol.devnet.island_lies import lie  # noqa: E402
 from intellect_protocol.shared.island_schemas import OuterSettings  # noqa: E402
 from intellect_protocol.shared.pretraining.corpus import load_shard  # noqa: E402
 from intellect_protocol.shared.pretraining.evaluation import evaluate  # noqa: E402
+from intellect_protocol.shared.pretraining.learning import batches, inner_step, optimizer_for  # noqa: E402
 from intellect_protocol.shared.pretraining.manifest import load_manifest  # noqa: E402
 from intellect_protocol.shared.pretraining.metagenome import MetagenomeSpec, make  # noqa: E402
 from intellect_protocol.shared.pretraining.settings import PretrainSettings  # noqa: E402
 from intellect_protocol.trainer.islands import OuterSync  # noqa: E402
-from intellect_protocol.trainer.pretrain import batches, inner_step, optimizer_for  # noqa: E402
 
 Snapshot = tuple[float, dict[str, torch.Tensor]]
 

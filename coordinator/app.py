@@ -107,7 +107,10 @@ def create_app(settings: CoordinatorSettings | None = None, clock: Clock = syste
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=settings.limits.max_body_bytes,
-        overrides={"/v1/submissions": settings.limits.max_upload_bytes},
+        overrides={
+            "/v1/submissions": settings.limits.max_upload_bytes,
+            "/v1/trainer/pseudo-gradients": settings.limits.max_pseudo_gradient_bytes,
+        },
         idle_timeout_s=settings.limits.body_idle_timeout_s,
         deadline_s=settings.limits.body_deadline_s,
         budget_bytes=settings.limits.max_body_bytes_in_flight,

@@ -7,6 +7,7 @@ that costs more than these functions do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import ipaddress
@@ -22,7 +23,7 @@ from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.ledger import Ledger
 from intellect_protocol.coordinator.media import is_json
 from intellect_protocol.coordinator.models import AdminToken
-from intellect_protocol.coordinator.services import admin_tokens, submissions
+from intellect_protocol.coordinator.services import admin_tokens, island_audits, submissions
 from intellect_protocol.coordinator.services.rate_limit import RateLimiter
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.coordinator.signed import SignedRequest
@@ -140,18 +141,44 @@ async def signed_upload(
     already condemn (:func:`submissions.admit_upload`), and each signer stages at most
     ``max_leases_per_node`` new files at once (and one retry of a submitted one): its own share, which
     nobody else's bodies can fill, so a stranger knowing a node's task ids cannot hold up its uploads."""
+    signed, declared = await _signed_digest(request, settings)
+    task_id = request.query_params.get("task", "")
+    retry = await ledger.run(submissions.admit_upload, signed.address, signed.nonce, task_id, ledger.now())
+    share = ("retry", 1) if retry else ("new", settings.max_leases_per_node)
+    async with _staged(request, signed, declared, *share) as staged:
+        yield signed, staged
+
+
+async def signed_pseudo_gradient(
+    request: Request, settings: Settings, ledger: LedgerDep
+) -> AsyncIterator[tuple[SignedRequest, StagedUpload]]:
+    """A trainer's upload of a pseudo-gradient drawn for audit, staged as :func:`signed_upload` stages a rollout
+    file: refused from its headers unless a drawn audit of the run awaits a body of the declared sha256
+    (:func:`island_audits.admit_upload`), one at a time per signer."""
+    signed, declared = await _signed_digest(request, settings)
+    await ledger.run(island_audits.admit_upload, signed.address, request.query_params.get("run", ""), declared)
+    async with _staged(request, signed, declared, "pseudo-gradient", 1) as staged:
+        yield signed, staged
+
+
+async def _signed_digest(request: Request, settings: CoordinatorSettings) -> tuple[SignedRequest, str]:
+    """An upload's verified signature, over the sha256 its headers declare for the body (not read yet)."""
     claimed = _signature_headers(request, settings)
     declared = request.headers.get(signing.HEADER_BODY_SHA256, "")
     if not signing.SHA256_PATTERN.fullmatch(declared):
         raise ApiError(
             ErrorCode.signature_missing, f"An upload names its body's sha256 in {signing.HEADER_BODY_SHA256} (64 hex digits)."
         )
-    signed = await _verify(request, claimed, declared)
-    task_id = request.query_params.get("task", "")
-    retry = await ledger.run(submissions.admit_upload, signed.address, signed.nonce, task_id, ledger.now())
+    return await _verify(request, claimed, declared), declared
+
+
+@contextlib.asynccontextmanager
+async def _staged(request: Request, signed: SignedRequest, declared: str, kind: str, share: int) -> AsyncIterator[StagedUpload]:
+    """The body staged to a file, if it has the ``declared`` sha256 (401 if not), within the signer's ``share`` of
+    uploads of ``kind`` at once (429 past it); the file is removed afterwards unless the handler stored it."""
     staging = context(request).staging
-    who = f"{signed.address.lower()}:{'retry' if retry else 'new'}"
-    if staging[who] >= (1 if retry else settings.max_leases_per_node):
+    who = f"{signed.address.lower()}:{kind}"
+    if staging[who] >= share:
         raise ApiError(
             ErrorCode.rate_limited,
             f"This address already uploads {staging[who]} files at once.",
@@ -163,7 +190,7 @@ async def signed_upload(
         try:
             if staged.sha256 != declared:
                 raise ApiError(ErrorCode.signature_invalid, "The body is not the one whose sha256 the request signed.")
-            yield signed, staged
+            yield staged
         finally:
             await asyncio.to_thread(staged.discard)  # freeing a large file's blocks takes milliseconds
     finally:
@@ -239,6 +266,9 @@ Signed = Annotated[SignedRequest, Depends(signed_request)]
 
 SignedUpload = Annotated[tuple[SignedRequest, StagedUpload], Depends(signed_upload)]
 """A verified signed request and its body, staged in a file (for rollout uploads)."""
+
+SignedPseudoGradient = Annotated[tuple[SignedRequest, StagedUpload], Depends(signed_pseudo_gradient)]
+"""A trainer's verified upload of a pseudo-gradient drawn for audit, staged in a file."""
 
 
 def require_admin(scope: str) -> Callable[[Request, Ledger], Awaitable[AdminToken]]:

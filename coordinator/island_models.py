@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from intellect_protocol.coordinator.column_types import states_type
 from intellect_protocol.coordinator.models import Base
-from intellect_protocol.shared.states import ShareState
+from intellect_protocol.shared.states import AuditState, ShareState
 
 
 class Island(Base):
@@ -43,6 +43,8 @@ class IslandShare(Base):
     outer_step: Mapped[int | None] = mapped_column(Integer)
     attempt: Mapped[str | None] = mapped_column(String(32))
     """The outer step and attempt whose pseudo-gradient learned from it (set when reported)."""
+    position: Mapped[int | None] = mapped_column(Integer)
+    """Its place in that report: the order the island learnt its claims in, which a pretraining audit replays."""
 
 
 class StepVouch(Base):
@@ -61,3 +63,41 @@ class StepVouch(Base):
     record: Mapped[str] = mapped_column(String(64))
     """The step's record (:func:`shared.island_schemas.step_record`): what settles it."""
     created_at: Mapped[datetime]
+
+
+class IslandAudit(Base):
+    """The draw, and then the audit, of one island's pseudo-gradient in a published step of a pretraining run
+    (:mod:`coordinator.services.island_audits`)."""
+
+    __tablename__ = "island_audits"
+    __table_args__ = (UniqueConstraint("run_id", "outer_step", "island"), Index("ix_island_audits_state", "state"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(64), ForeignKey("runs.id"))
+    outer_step: Mapped[int] = mapped_column(Integer)
+    island: Mapped[str] = mapped_column(String(64))
+    address: Mapped[str] = mapped_column(String(42))
+    """The trainer address the island belonged to when the step was settled."""
+    attempt: Mapped[str] = mapped_column(String(32))
+    digest: Mapped[str] = mapped_column(String(64))
+    """sha256 of the pseudo-gradient as the islands received it, from the step's record."""
+    state: Mapped[AuditState] = mapped_column(states_type(AuditState))
+    blob_key: Mapped[str | None] = mapped_column(String(200))
+    drawn_at: Mapped[datetime]
+    decided_at: Mapped[datetime | None]
+    outcome: Mapped[str | None] = mapped_column(Text)
+    """Why it was decided as it was (shown with the island's status and cited when its stake is slashed)."""
+
+
+class IslandAuditVote(Base):
+    """One validator's replay of an audited pseudo-gradient: how far what the island sent is from it."""
+
+    __tablename__ = "island_audit_votes"
+
+    audit_id: Mapped[int] = mapped_column(Integer, ForeignKey("island_audits.id"), primary_key=True)
+    validator: Mapped[str] = mapped_column(String(42), primary_key=True)
+    relative_error: Mapped[float] = mapped_column(Float)
+    cosine: Mapped[float] = mapped_column(Float)
+    passed: Mapped[bool] = mapped_column(Boolean)
+    """Judged by the coordinator from ``relative_error`` and the run's tolerance, never by the validator's word."""
+    at: Mapped[datetime]

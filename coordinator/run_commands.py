@@ -122,6 +122,12 @@ def run_create(
     batch_rows: Annotated[int, typer.Option(help="Pretraining: rows an inner step learns from.")] = PRETRAIN_DEFAULTS.batch_rows,
     learning_rate: Annotated[float, typer.Option(help="Pretraining: the inner AdamW's learning rate.")] = PRETRAIN_DEFAULTS.lr,
     seed: Annotated[int, typer.Option(help="Pretraining: with the epoch, orders each shard's rows.")] = PRETRAIN_DEFAULTS.seed,
+    island_audit_rate: Annotated[
+        float, typer.Option(help="Pretraining: share of islands' outer steps validators replay, drawn after each is published.")
+    ] = PRETRAIN_DEFAULTS.audit_rate,
+    island_audit_votes: Annotated[
+        int, typer.Option(help="Pretraining: validators' verdicts that decide an island audit, by majority.")
+    ] = PRETRAIN_DEFAULTS.audit_votes,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an active run: an RL run nodes lease tasks of, or (--kind pretrain --corpus DIR) a pretraining run
@@ -146,7 +152,18 @@ def run_create(
         err.print(f"--corpus {corpus}: {e}.", markup=False)
         raise typer.Exit(2) from None
     try:
-        settings = PretrainSettings(epochs=epochs, batch_rows=batch_rows, lr=learning_rate, seed=seed) if pretraining else None
+        settings = (
+            PretrainSettings(
+                epochs=epochs,
+                batch_rows=batch_rows,
+                lr=learning_rate,
+                seed=seed,
+                audit_rate=island_audit_rate,
+                audit_votes=island_audit_votes,
+            )
+            if pretraining
+            else None
+        )
         spec = RunSpec(
             name=name,
             kind=kind,

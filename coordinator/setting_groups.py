@@ -45,6 +45,10 @@ class LimitSettings(Group):
     max_upload_bytes: int = Field(64 << 20, ge=1024)
     """Largest rollout file a node may upload."""
 
+    max_pseudo_gradient_bytes: int = Field(4 << 30, ge=1024)
+    """Largest pseudo-gradient an island may upload for an audit: 2 bytes a parameter (bf16), so 4 GiB holds a 2B
+    model's. Only a drawn audit's exact bytes are stored; the staging disk must hold one per trainer at once."""
+
     max_body_bytes_in_flight: int = Field(1 << 30, ge=1 << 20)
     """Most request-body bytes the coordinator admits at once, over every client: a body counts at
     its declared length (a chunked one at its limit) until its answer is sent, and a request that

@@ -53,7 +53,7 @@ class EpochAnchor(Base):
 
 class Slashing(Base):
     """A ban for forged or corrupted work (``ban_event_id``), or a validator's revocation for being
-    outvoted (``role_id``), carried to the chain after the dispute window: the address's stake was
+    outvoted or a trainer's for a failed island audit (``role_id``), carried to the chain after the dispute window: the address's stake was
     slashed (``amount`` base units; "0" when it had none left), citing ``submissions``."""
 
     __tablename__ = "slashings"

@@ -27,10 +27,17 @@ import httpx
 from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
-from intellect_protocol.shared import island_schemas
+from intellect_protocol.shared import client_errors, island_schemas
+
+# Re-exported: every role catches them from here.
+from intellect_protocol.shared.client_errors import ProtocolError as ProtocolError
+from intellect_protocol.shared.client_errors import Refused as Refused
+from intellect_protocol.shared.client_errors import Stopped as Stopped
+from intellect_protocol.shared.client_errors import Unavailable as Unavailable
 from intellect_protocol.shared.committee import AppealInfo, AppealRequest, PublicReceipt
 from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.bounded import RewardLimits
+from intellect_protocol.shared.island_audit_schemas import IslandAuditInfo, IslandAuditTask, IslandAuditVerdict
 from intellect_protocol.shared.plugin_schemas import PluginFailureAnswer, PluginFailureReport
 from intellect_protocol.shared.public_schemas import Credit, PublicNode
 from intellect_protocol.shared.relay_schemas import RelayInfo, RelayRegister, RelayReportRequest
@@ -58,26 +65,6 @@ from intellect_protocol.shared.tls import Untrusted, client_context, speaks_tls,
 from intellect_protocol.shared.version import __version__
 
 log = logging.getLogger("intellect.client")
-
-
-class ProtocolError(Exception):
-    """The coordinator did not do what was asked."""
-
-
-class Refused(ProtocolError):
-    """The coordinator answered 4xx (other than 429): resending the same request cannot help."""
-
-    def __init__(self, status: int, code: str | None, message: str, details: dict[str, Any]) -> None:
-        super().__init__(f"HTTP {status} {code or ''}: {message}".replace("  ", " "))
-        self.status, self.code, self.message, self.details = status, code, message, details
-
-
-class Unavailable(ProtocolError):
-    """No answer (or only 429/5xx) for ``give_up_s``."""
-
-
-class Stopped(ProtocolError):
-    """``stop`` was set while the client waited to send again."""
 
 
 class CoordinatorClient:
@@ -252,9 +239,22 @@ class CoordinatorClient:
     def island_heal_check(self, body: island_schemas.IslandHealCheck) -> None:  # Refused (409): not the run's agreed state
         self._send("POST", "/v1/trainer/islands/heal-check", body=body)
 
-    def island_settle(self, body: island_schemas.IslandSettle) -> int:
-        """Returns the claims consumed."""
-        return int(self._send("POST", "/v1/trainer/islands/settle", body=body).json()["consumed"])
+    def island_settle(self, body: island_schemas.IslandSettle) -> island_schemas.SettleReply:
+        return island_schemas.SettleReply.model_validate(self._send("POST", "/v1/trainer/islands/settle", body=body).json())
+
+    def upload_pseudo_gradient(self, run_id: str, data: bytes) -> None:
+        self._send("POST", "/v1/trainer/pseudo-gradients", content=data, params={"run": run_id})
+
+    def island_audits(self, limit: int = 4) -> list[IslandAuditTask]:
+        reply = self._send("GET", "/v1/validation/island-audits", params={"limit": limit}, signed=True)
+        return [IslandAuditTask.model_validate(a) for a in reply.json()]
+
+    def island_audit_file(self, audit_id: int) -> bytes:  # unchecked: its sha256 is the audit's digest
+        return self._send("GET", f"/v1/validation/island-audits/{audit_id}/pseudo-gradient", signed=True).content
+
+    def island_audit_verdict(self, audit_id: int, body: IslandAuditVerdict) -> IslandAuditInfo:
+        reply = self._send("POST", f"/v1/validation/island-audits/{audit_id}/verdict", body=body)
+        return IslandAuditInfo.model_validate(reply.json())
 
     def islands(self, run_id: str) -> list[island_schemas.IslandStatus]:
         return [
@@ -356,8 +356,8 @@ class CoordinatorClient:
                 if reply.status_code < 400:
                     return reply
                 if reply.status_code != 429 and reply.status_code < 500:
-                    raise _refused(reply)
-                problem, retry_after = _overloaded(reply), _retry_after(reply)
+                    raise client_errors.refused(reply)
+                problem, retry_after = client_errors.overloaded(reply), client_errors.retry_after(reply)
             pause = min(retry_after if retry_after is not None else wait * random.uniform(0.8, 1.2), self.max_wait_s)
             if self.give_up_s is not None and time.monotonic() + pause - started > self.give_up_s:
                 raise Unavailable(f"{method} {path}: {problem}; gave up after {time.monotonic() - started:.0f} s")
@@ -372,29 +372,3 @@ class CoordinatorClient:
         if self._auth is None:
             self._auth = SignedAuth(self.account, self.audience)
         return self._auth
-
-
-def _refused(reply: httpx.Response) -> Refused:
-    try:
-        payload = reply.json()
-        return Refused(reply.status_code, payload.get("code"), payload.get("message", ""), payload.get("details") or {})
-    except (ValueError, AttributeError):
-        return Refused(reply.status_code, None, reply.text[:200], {})
-
-
-def _overloaded(reply: httpx.Response) -> str:
-    if reply.status_code == 429:
-        return "the coordinator asks us to slow down (429)"
-    try:
-        message = reply.json().get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return f"the coordinator answered HTTP {reply.status_code}" + (f" ({message})" if message else "")
-
-
-def _retry_after(reply: httpx.Response) -> float | None:
-    value = reply.headers.get("retry-after", "")
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None

@@ -100,7 +100,8 @@ class IslandReport(IslandJoin):
     outer_step: int = Field(ge=0, le=INT32_MAX)
     attempt: Attempt
     cursors: list[Cursor] = Field(max_length=MAX_SHARE)
-    """Claims held by this island that its pseudo-gradient for ``outer_step`` learned from."""
+    """Claims held by this island that its pseudo-gradient for ``outer_step`` learned from, in the order it learnt
+    them (a pretraining audit replays them in it)."""
 
 
 class Included(BaseModel):
@@ -108,6 +109,18 @@ class Included(BaseModel):
 
     island: IslandName
     attempt: Attempt
+    digest: Hex64 | None = None
+    """sha256 of its pseudo-gradient's bytes as every island of the meeting received them (bf16), in a run whose steps
+    are audited: the islands that vouch for the step's record vouch for it, so what an audit replays against is what
+    was averaged, whoever uploads it (:mod:`coordinator.services.island_audits`)."""
+
+
+class SettleReply(BaseModel):
+    consumed: int
+    """Claims consumed by this settling (0 when settled before)."""
+    audits: list[Hex64] = Field(default_factory=list)
+    """Digests of the step's pseudo-gradients drawn for audit and not uploaded yet: the settling island uploads each
+    (``PUT /v1/trainer/runs/ID/pseudo-gradients/DIGEST``)."""
 
 
 class IslandSettle(IslandJoin):
@@ -162,9 +175,12 @@ class ShardClaims(BaseModel):
 
 
 def step_record(included: list[Included], excluded: dict[str, str]) -> str:
-    """The digest of an outer step's record: the attempts its average included, in order, and the islands left
-    out and why. Every honest island of the meeting computes the same."""
-    record = {"included": [[i.island, i.attempt] for i in included], "excluded": sorted(excluded.items())}
+    """The digest of an outer step's record: the attempts its average included, in order (with what each sent, where
+    kept), and the islands left out and why. Every honest island of the meeting computes the same."""
+    record = {
+        "included": [[i.island, i.attempt] + ([i.digest] if i.digest else []) for i in included],
+        "excluded": sorted(excluded.items()),
+    }
     return hashlib.sha256(json.dumps(record, separators=(",", ":")).encode()).hexdigest()
 
 

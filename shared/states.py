@@ -63,3 +63,20 @@ class ShareState(enum.StrEnum):
     """In the pseudo-gradient an island contributed to an outer step not yet settled."""
     consumed = "consumed"
     """In a published outer step: never handed out again."""
+
+
+class AuditState(enum.StrEnum):
+    """Where the audit of one island's pseudo-gradient in a published pretraining step stands
+    (:mod:`coordinator.services.island_audits`)."""
+
+    not_drawn = "not_drawn"
+    """Not drawn for a replay: the draw is made once, when the step is settled."""
+    awaiting_upload = "awaiting_upload"
+    """Drawn; the settling island has not uploaded what was sent yet."""
+    open = "open"
+    """Uploaded: validators replay it."""
+    passed = "passed"
+    failed = "failed"
+    """Its replay is not what it sent: the island's role is revoked, its slots learnt again."""
+    moot = "moot"
+    """Not replayed: another audit convicted its island first, and every slot it learnt is learnt again."""

@@ -165,8 +165,8 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         # Only the island that published the step settles it: b cannot consume or release what a reported.
         forged = body(IslandSettle, b_key, "b", outer_step=0, included=[])
         assert "published policy step 1" in refused(403, lambda: b.island_settle(forged), served)
-        assert a.island_settle(settle) == 3
-        assert a.island_settle(settle) == 0  # settling again changes nothing
+        assert a.island_settle(settle).consumed == 3
+        assert a.island_settle(settle).consumed == 0  # settling again changes nothing
 
         # b goes silent past its lease: what it claimed goes to a, and b's late report is refused.
         clock.advance(61)
@@ -185,8 +185,8 @@ def test_each_accepted_submission_goes_to_one_island_once(database_url: str, tmp
         b.island_report(body(IslandReport, b_key, "b", outer_step=1, attempt=left_out, cursors=[e.cursor for e in again]))
         settle_1 = body(IslandSettle, a_key, "a", outer_step=1, included=[], excluded={"b": "its pseudo-gradient is not finite"})
         publish(tmp_path / "origin", run_id, 2, a, ((a, "a"), (b, "b")), settle_1)
-        assert a.island_settle(settle_1) == 0
-        assert a.island_settle(settle_1) == 0  # settled again (a later publisher may): counted once
+        assert a.island_settle(settle_1).consumed == 0
+        assert a.island_settle(settle_1).consumed == 0  # settled again (a later publisher may): counted once
         status = {i.name: i for i in a.islands(run_id)}
         assert (status["a"].consumed, status["b"].consumed, status["b"].pending) == (3, 0, 0)
         assert status["b"].excluded_steps == 1 and "not finite" in (status["b"].last_exclusion or "")
@@ -327,7 +327,7 @@ def test_a_step_is_published_only_as_most_live_islands_vouch_for_its_content_and
         settle = IslandSettle(address=keys["b"].address, run_id=run_id, island="b", outer_step=1, included=[])
         lied = settle.model_copy(update={"excluded": {"a": "its pseudo-gradient is not finite"}})
         assert "0 of the 3 trainer addresses that vouched" in refused(409, lambda: b.island_settle(lied), served)
-        assert b.island_settle(settle) == 0
+        assert b.island_settle(settle).consumed == 0
         # Vouching for a published step, or beyond the next two, changes nothing.
         for step in (2, 5):
             late = build(origin["a"], run_id, step, a)

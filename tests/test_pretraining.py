@@ -19,6 +19,7 @@ from safetensors.torch import save as save_safetensors
 
 from intellect_protocol.shared.pretraining.corpus import load_shard, read_shard
 from intellect_protocol.shared.pretraining.evaluation import auroc
+from intellect_protocol.shared.pretraining.learning import batches, row_order
 from intellect_protocol.shared.pretraining.manifest import (
     MAX_SHARD_BYTES,
     CorpusError,
@@ -29,7 +30,7 @@ from intellect_protocol.shared.pretraining.manifest import (
 )
 from intellect_protocol.shared.pretraining.metagenome import make
 from intellect_protocol.shared.pretraining.settings import PretrainSettings
-from intellect_protocol.trainer.pretrain import batches, pretrain, row_order
+from intellect_protocol.trainer.pretrain import pretrain
 from tests.support.metagenome import SMALL
 
 

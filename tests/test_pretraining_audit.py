@@ -1,4 +1,4 @@
-"""An audit's judgment of a pretraining island's outer step (:mod:`trainer.pretrain_audit`): the honest step, as
+"""An audit's judgment of a pretraining island's outer step (:mod:`shared.pretraining.audit`): the honest step, as
 sent in bf16, passes its replay; a lazy island (fewer shards, or fewer rows, than it reported), one that learnt
 other data, and a flipped or scaled step each fail, whatever the island says about itself."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from intellect_protocol.shared.pretraining.audit import TOLERANCE, judge, replay
 from intellect_protocol.shared.pretraining.corpus import load_shard
 from intellect_protocol.shared.pretraining.manifest import load_manifest
 from intellect_protocol.shared.pretraining.settings import PretrainSettings
-from intellect_protocol.trainer.pretrain_audit import TOLERANCE, judge, replay
 
 pytestmark = pytest.mark.unit
 SETTINGS = PretrainSettings(batch_rows=8)

@@ -25,13 +25,13 @@ from intellect_protocol.coordinator.services.pretraining import slot
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
 from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin
+from intellect_protocol.shared.pretraining.audit import judge, replay
 from intellect_protocol.shared.pretraining.corpus import load_shard, shard_path
 from intellect_protocol.shared.pretraining.evaluation import evaluate
 from intellect_protocol.shared.pretraining.manifest import load_manifest
 from intellect_protocol.shared.pretraining.settings import PretrainSettings
 from intellect_protocol.shared.shardcast.origin import step_dir
 from intellect_protocol.shared.states import RunKind, ShareState
-from intellect_protocol.trainer.pretrain_audit import judge, replay
 from intellect_protocol.trainer.pretrain_island import PretrainIsland
 from intellect_protocol.trainer.settings import TrainerSettings
 from tests.conftest import admin_token, serve

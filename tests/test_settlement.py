@@ -539,3 +539,53 @@ def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_ou
 def _rows(served, query, **params) -> list:
     with served.engine.connect() as connection:
         return list(connection.execute(query, params).all())
+
+
+def test_a_pretraining_island_stakes_to_claim_and_one_convicted_by_an_audit_is_slashed_citing_it(
+    sqlite_url, tmp_path, anvil, chain, example
+) -> None:
+    from intellect_protocol.coordinator.island_models import IslandAudit
+    from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
+    from intellect_protocol.shared.island_schemas import IslandClaim
+    from tests.support.protocol import grant
+    from tests.test_island_audits import LazyIsland, audited_run, auditor, origin_relay, train
+
+    settlement, admin, keystore = chain
+    liar = wallet(tmp_path, anvil)[0]
+    settlement.transact(admin, settlement.token.functions.mint(liar.address, 20 * TOKEN))
+    run_id = audited_run(sqlite_url, tmp_path, example, "--min-stake", "20")
+    settings = settled(sqlite_url, tmp_path, anvil, settlement, keystore).model_copy(update={"dispute_window_s": 1.0})
+    with serve(settings) as served:
+        grant(served, admin_token(served), liar.address, "trainer")
+        claim = IslandClaim(address=liar.address, run_id=run_id, island="solo")
+        with pytest.raises(Refused) as caught:
+            CoordinatorClient(served.url, liar).island_claim_shards(claim)
+        assert caught.value.code == "stake_too_low" and "needs 20 tokens staked" in caught.value.message
+        settlement.transact(liar, settlement.token.functions.approve(settlement.registry.address, 20 * TOKEN))
+        settlement.transact(liar, settlement.registry.functions.stake(20 * TOKEN))
+        deadline = time.monotonic() + 15  # a zero stake is read again within seconds
+        while (
+            signed_post(served.url, "/v1/trainer/islands/claim-shards", liar, served.audience, claim.model_dump()).status_code
+            != 200
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        train(served, liar, run_id, LazyIsland, tmp_path)
+        relay = origin_relay(served, tmp_path)
+        try:
+            assert auditor(served, tmp_path).audit_open(limit=1) == 1
+        finally:
+            relay.stop()
+        deadline = time.monotonic() + 30
+        while settlement.registry.functions.slashed(liar.address).call() == 0:
+            assert time.monotonic() < deadline, httpx.get(f"{served.url}/healthz").json()
+            time.sleep(0.3)
+        from sqlalchemy import select, text
+
+        while not (cited := _rows(served, text("SELECT submissions FROM slashings WHERE address = :a"), a=liar.address)):
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        with make_sessionmaker(served.engine)() as session:
+            failed = session.scalar(select(IslandAudit.id).where(IslandAudit.state == "failed"))
+    assert settlement.registry.functions.slashed(liar.address).call() == 20 * TOKEN
+    assert json.loads(cited[0][0]) == [f"island-audit:{failed}"]

@@ -105,6 +105,7 @@ class IslandTrainer(Trainer):
             rank=where.rank,
             world_size=where.world_size,
             check_heal=self._check_heal,
+            keep_sent=self.audited(),
         )
         if saved is not None:
             self.sync.load_state_dict(saved["outer"])
@@ -286,8 +287,29 @@ class IslandTrainer(Trainer):
         body = TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
         self.api.trainer_metrics(body)
         for done in self.sync.committed:
-            self.api.island_settle(self._body(IslandSettle, outer_step=done.step, included=done.included, excluded=done.excluded))
+            reply = self.api.island_settle(
+                self._body(IslandSettle, outer_step=done.step, included=done.included, excluded=done.excluded)
+            )
+            for digest in reply.audits:
+                self._upload_audited(digest)
         return True
+
+    def audited(self) -> bool:
+        """Whether this run's steps are audited, so every island keeps what it received (:attr:`OuterSync.sent`)."""
+        return False
+
+    def _upload_audited(self, digest: str) -> None:
+        """Upload a pseudo-gradient the coordinator drew for audit, as this island received it."""
+        sent = self.sync.sent.get(digest)
+        if sent is None:  # received before this island restarted: another island of the step uploads it
+            log.warning("island %s: pseudo-gradient %s drawn for audit is not held here", self.island, digest[:12])
+            return
+        try:
+            self.api.upload_pseudo_gradient(self.run_id, sent.view(torch.int16).numpy().tobytes())
+        except Refused as e:
+            if e.status != 404:
+                raise
+            log.info("island %s: pseudo-gradient %s is uploaded already (%s)", self.island, digest[:12], e.message)
 
     def _write_step(self, directory: Path, gathered: dict[str, torch.Tensor] | None) -> None:
         """A policy step's files in ``directory`` (emptied first), from the island's gathered weights."""

@@ -35,6 +35,7 @@ nobody agreed on stalls the islands behind it; it cannot move them.
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import math
 import os
@@ -166,12 +167,14 @@ class OuterSync:
         rank: int = 0,
         world_size: int = 1,
         check_heal: Callable[[], bool] | None = None,
+        keep_sent: bool = False,
     ) -> None:
         """``model`` holds the agreed weights of policy step ``step`` (this island's latest; an FSDP module
         on ``world_size`` ranks, this one ``rank``). ``host`` is where peers reach this island (its
         recovery server and, alone, its store). ``check_heal()``, called on every rank once a peer's state
         is in the model (at :attr:`step`), says whether it is the run's agreed state; without it every peer is
-        believed."""
+        believed. ``keep_sent`` (an island of one rank in an audited run): every included pseudo-gradient's sha256
+        goes in the step's record, and the last two committed steps' are kept (:attr:`sent`) for audits to upload."""
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
 
@@ -184,6 +187,9 @@ class OuterSync:
         publisher died before it could."""
         self.world_size = world_size
         self.check_heal = check_heal
+        self.keep_sent = keep_sent and world_size == 1
+        self.sent: dict[str, torch.Tensor] = {}
+        """By sha256, the bf16 pseudo-gradients the last two committed steps included, as received."""
         self._own_manager = {"step": step, "batches_committed": 0}
         self._sitting_out: str | None = None
         timeout = timedelta(seconds=timeout_s)
@@ -311,10 +317,13 @@ class OuterSync:
             self.outer.zero_grad(set_to_none=True)
         self._restart_inner()
         turn = step % n
+        digests = {i: _sha256(slots[i]) for i in included} if self.keep_sent else {}
         outcome = OuterStep(
             step=step,
             committed=committed,
-            included=[Included(island=names[i][:64].rstrip(), attempt=names[i][64:].rstrip()) for i in included],
+            included=[
+                Included(island=names[i][:64].rstrip(), attempt=names[i][64:].rstrip(), digest=digests.get(i)) for i in included
+            ],
             excluded={names[i][:64].rstrip(): why for i, why in excluded.items()},
             publisher=names[turn][:64].rstrip(" \x00"),  # an unwritten slot (no participant) names no one
             leader=rank == turn,
@@ -323,4 +332,11 @@ class OuterSync:
         )
         if committed:
             self.committed = [*self.committed, outcome][-2:]
+            kept = {i.digest for c in self.committed for i in c.included}
+            self.sent = {d: t for d, t in self.sent.items() if d in kept} | {d: slots[i] for i, d in digests.items()}
         return outcome
+
+
+def _sha256(sent: torch.Tensor) -> str:
+    """sha256 of a pseudo-gradient's bytes as it travels (bf16, little-endian as every machine that runs torch)."""
+    return hashlib.sha256(sent.view(torch.int16).numpy().data).hexdigest()

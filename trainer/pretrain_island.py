@@ -3,7 +3,7 @@
 It differs from an RL island (:class:`trainer.island_loop.IslandTrainer`) only in what it learns from and how:
 it claims shard slots (:mod:`coordinator.services.pretraining`), fetches each shard from the coordinator and checks
 it against the run's corpus manifest, and takes next-token inner steps over a shard's rows in the epoch's order
-(:func:`trainer.pretrain.learn_shard`, with the run's :class:`~shared.pretraining.settings.PretrainSettings`). An
+(:func:`shared.pretraining.learning.learn_shard`, with the run's :class:`~shared.pretraining.settings.PretrainSettings`). An
 outer step learns whole shards: at least ``sync_every`` inner steps, up to the end of the shard it is in, so the
 slots an outer step reports are exactly the ones its pseudo-gradient learnt. Meetings, vouching, publishing and
 settling are the RL island's. The island that publishes a step evaluates the agreed weights on the corpus'
@@ -15,24 +15,22 @@ It stops once the run's every slot is consumed and it holds none.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 from typing import Any
 
 import torch
 
 from intellect_protocol.shared.island_schemas import IslandClaim, ShardSlot
-from intellect_protocol.shared.pretraining.corpus import read_shard
+from intellect_protocol.shared.pretraining.corpus import fetch_shard
 from intellect_protocol.shared.pretraining.evaluation import evaluate
-from intellect_protocol.shared.pretraining.manifest import CorpusError, CorpusManifest, ShardRef
+from intellect_protocol.shared.pretraining.learning import batches, inner_step, optimizer_for
+from intellect_protocol.shared.pretraining.manifest import CorpusManifest, ShardRef
 from intellect_protocol.shared.pretraining.settings import PretrainSettings
 from intellect_protocol.trainer.island_loop import IslandTrainer
 from intellect_protocol.trainer.islands import OuterStep
 from intellect_protocol.trainer.learner import Abandoned
-from intellect_protocol.trainer.pretrain import batches, inner_step, optimizer_for
 from intellect_protocol.trainer.settings import TrainerSettings
 
-log = logging.getLogger("intellect.trainer.pretrain_island")
 CLAIM = 4
 """Slots claimed at a time: a few shards ahead, so a fetch never waits on a claim."""
 
@@ -57,6 +55,9 @@ class PretrainIsland(IslandTrainer):
     def pretrain(self) -> PretrainSettings:
         return self.run_info.pretrain or PretrainSettings()
 
+    def audited(self) -> bool:
+        return self.pretrain.audit_rate > 0
+
     def _problems(self) -> dict[str, Any]:
         return {}  # a corpus, no environment
 
@@ -67,19 +68,10 @@ class PretrainIsland(IslandTrainer):
         return self.settings.model_copy(update=update)
 
     def fetch(self, ref: ShardRef) -> torch.Tensor:
-        """A shard's tokens, from this island's cache or the coordinator, checked against the corpus manifest (a
-        cached copy that is not the shard is fetched again)."""
-        cached = self.checkpoint_dir / "shards" / f"{ref.sha256}.safetensors"
-        if cached.is_file():
-            try:
-                return read_shard(cached.read_bytes(), ref, self.corpus)
-            except CorpusError as e:
-                log.warning("island %s fetches shard %s again: %s", self.island, ref.sha256[:12], e)
-        data = self.api.corpus_shard(self.run_id, ref.sha256)
-        tokens = read_shard(data, ref, self.corpus)  # refused before anything is written or learnt
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_bytes(data)
-        return tokens
+        """A shard's tokens, from this island's cache or the coordinator, checked against the corpus manifest."""
+        return fetch_shard(
+            functools.partial(self.api.corpus_shard, self.run_id), ref, self.corpus, self.checkpoint_dir / "shards"
+        )
 
     def begin_inner(self) -> None:
         if self.pretrain.fresh_inner:

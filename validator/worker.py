@@ -1,4 +1,5 @@
-"""The validator's loop: claim pending submissions, check each, post the verdict.
+"""The validator's loop: claim pending submissions, check each, post the verdict; between batches, replay the
+pretraining islands' steps drawn for audit (:mod:`validator.island_audits`).
 
 Models are loaded once per policy step (step N > 0 through shardcast, like a node) and kept
 for the two newest steps. A submission whose check raises is left to its claim's expiry, so
@@ -33,6 +34,7 @@ from intellect_protocol.shared.shardcast.weights import Weights
 from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.shared.verdicts import sign_verdict
 from intellect_protocol.validator.checks import CheckSettings, Context, validate
+from intellect_protocol.validator.island_audits import IslandAuditor
 
 log = logging.getLogger("intellect.validator")
 
@@ -79,6 +81,7 @@ class Validator:
         )
         self.audience = self.api.audience
         self.weights = Weights(self.api, state_dir / "weights", console)
+        self.auditor = IslandAuditor(self.api, account, self.weights, state_dir, console)
         self.checked = 0
         self._prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="claim")
         self._upcoming: Future[list[Claim]] | None = None
@@ -93,6 +96,7 @@ class Validator:
         try:
             while not self.stop.is_set() and (max_submissions is None or self.checked < max_submissions):
                 self._check_batch(None if max_submissions is None else max_submissions - self.checked)
+                self.auditor.audit_open()
         except Stopped:
             pass
         return self.checked

@@ -3,14 +3,15 @@ claim: :mod:`shared.island_schemas`), their files, step metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
 from intellect_protocol.coordinator.blob_response import blob_response
-from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed
-from intellect_protocol.coordinator.services import islands, pretraining, step_timing, step_vouches, training
+from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed, SignedPseudoGradient
+from intellect_protocol.coordinator.services import island_audits, islands, pretraining, step_timing, step_vouches, training
 from intellect_protocol.coordinator.wakeup import POLL_S
 from intellect_protocol.shared.island_schemas import (
     IslandClaim,
@@ -19,6 +20,7 @@ from intellect_protocol.shared.island_schemas import (
     IslandReport,
     IslandSettle,
     IslandVouch,
+    SettleReply,
     ShardClaims,
 )
 from intellect_protocol.shared.schemas import INT32_MAX, AcceptedRollouts, ErrorBody, TrainerMetricsRequest
@@ -94,10 +96,11 @@ async def island_claim_shards(body: IslandClaim, ctx: Ctx, signed: Signed, ledge
     """A pretraining run's shard slots no island holds, now the caller's; waits up to ``wait_s`` for the first
     while slots remain that others hold (one may come back)."""
     deadline = time.monotonic() + body.wait_s
-    claims = await ledger.run_signed(signed, pretraining.claim_shards, body, ledger.now(), settings.island_lease_s)
+    stake = None if ctx.stakes is None else await ctx.stakes.stake(signed.address)
+    claims = await ledger.run_signed(signed, pretraining.claim_shards, body, ledger.now(), settings.island_lease_s, stake)
     while not claims.slots and claims.remaining and (remaining := deadline - time.monotonic()) > 0:
         await ctx.work_arrived.wait(min(POLL_S, remaining))
-        claims = await ledger.run(pretraining.claim_shards, signed.address, body, ledger.now(), settings.island_lease_s)
+        claims = await ledger.run(pretraining.claim_shards, signed.address, body, ledger.now(), settings.island_lease_s, stake)
     return claims
 
 
@@ -135,8 +138,25 @@ async def island_heal_check(body: IslandHealCheck, signed: Signed, ledger: Ledge
     await ledger.run_signed(signed, step_vouches.require_agreed, body, ledger.now(), settings.island_lease_s)
 
 
-@router.post("/islands/settle", responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
-async def island_settle(body: IslandSettle, signed: Signed, ledger: LedgerDep) -> dict[str, int]:
-    """An outer step was published: the included islands' reported claims are consumed, the rest released; 409
-    unless most of the islands that vouched for the step vouched for this record of it."""
-    return {"consumed": await ledger.run_signed(signed, islands.settle, body, ledger.now())}
+@router.post("/islands/settle", response_model=SettleReply, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+async def island_settle(body: IslandSettle, signed: Signed, ledger: LedgerDep) -> SettleReply:
+    """An outer step was published: the included islands' reported claims are consumed, the rest released, and in a
+    pretraining run its audits drawn; 409 unless most of the islands that vouched for the step vouched for this
+    record of it."""
+    return await ledger.run_signed(signed, islands.settle, body, ledger.now())
+
+
+@router.post(
+    "/pseudo-gradients",
+    status_code=204,
+    responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 413: {"model": ErrorBody}},
+)
+async def pseudo_gradient(
+    ctx: Ctx, run: Annotated[str, Query(max_length=64)], upload: SignedPseudoGradient, ledger: LedgerDep
+) -> None:
+    """The bytes (bf16, as the islands received them) of a pseudo-gradient drawn for audit; the signature covers their
+    sha256, which must be the one the step's record holds (:mod:`coordinator.services.island_audits`)."""
+    signed, staged = upload
+    await asyncio.to_thread(ctx.blobs.put_file, island_audits.blob_key(run, staged.sha256), staged.path)
+    await ledger.run_signed(signed, island_audits.record_upload, run, staged.sha256)
+    ctx.work_arrived.notify()

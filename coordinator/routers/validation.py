@@ -1,17 +1,20 @@
-"""Validators (role ``validator``): claim pending submissions, fetch their files, post verdicts. All signed."""
+"""Validators (role ``validator``): claim pending submissions, fetch their files, post verdicts; replay pretraining
+islands' audited steps. All signed."""
 
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.blob_response import blob_response
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed
-from intellect_protocol.coordinator.services import receipts, validation
+from intellect_protocol.coordinator.services import island_audits, receipts, validation
 from intellect_protocol.coordinator.wakeup import POLL_S
 from intellect_protocol.shared.committee import PublicReceipt
+from intellect_protocol.shared.island_audit_schemas import IslandAuditInfo, IslandAuditTask, IslandAuditVerdict
 from intellect_protocol.shared.schemas import Claim, ClaimRequest, ErrorBody, VerdictRequest
 
 router = APIRouter(
@@ -63,3 +66,35 @@ async def verdict(body: VerdictRequest, ctx: Ctx, signed: Signed, ledger: Ledger
     receipt = await ledger.run_signed(signed, work)
     ctx.work_arrived.notify()  # an audit or tie-break may have opened
     return receipt
+
+
+AuditId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+
+@router.get("/island-audits", response_model=list[IslandAuditTask])
+async def island_audits_open(
+    signed: Signed, ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=50)] = 4
+) -> list[IslandAuditTask]:
+    """Pretraining islands' pseudo-gradients to replay (:mod:`coordinator.services.island_audits`) that this
+    validator has not judged, oldest first."""
+    return await ledger.run_signed(signed, island_audits.open_audits, limit, ledger.now())
+
+
+@router.get(
+    "/island-audits/{audit_id}/pseudo-gradient",
+    responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+)
+async def island_audit_file(audit_id: AuditId, ctx: Ctx, signed: Signed, ledger: LedgerDep) -> Response:
+    """The audited pseudo-gradient's bytes, bf16, as the islands received them."""
+    key = await ledger.run_signed(signed, island_audits.audited_blob, audit_id)
+    return await blob_response(ctx.blobs, key)
+
+
+@router.post(
+    "/island-audits/{audit_id}/verdict",
+    response_model=IslandAuditInfo,
+    responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+)
+async def island_audit_verdict(audit_id: AuditId, body: IslandAuditVerdict, signed: Signed, ledger: LedgerDep) -> IslandAuditInfo:
+    """How far the island's pseudo-gradient is from this validator's replay; judged against the run's tolerance."""
+    return await ledger.run_signed(signed, island_audits.vote, audit_id, body, ledger.now())

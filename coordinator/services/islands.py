@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import and_, delete, false, func, or_, select, update
+from sqlalchemy import and_, case, delete, false, func, or_, select, update
 from sqlalchemy.engine import CursorResult, Result
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
@@ -21,7 +21,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island, IslandShare
 from intellect_protocol.coordinator.models import Run, TrainerMetrics
-from intellect_protocol.coordinator.services import pretraining, roles, step_vouches, training
+from intellect_protocol.coordinator.services import island_audits, pretraining, roles, step_vouches, training
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.shared.island_schemas import (
     MAX_SHARE,
@@ -30,6 +30,7 @@ from intellect_protocol.shared.island_schemas import (
     IslandReport,
     IslandSettle,
     IslandStatus,
+    SettleReply,
     step_record,
 )
 from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, RoleName
@@ -155,17 +156,20 @@ def report(session: Session, signer: str, body: IslandReport, now: datetime) -> 
             f"{len(cursors) - (held or 0)} of these {len(cursors)} submissions are not claimed by island {island.name!r} "
             "(released after its lease, reported already, or never claimed); it must stay out of this outer step.",
         )
-    session.execute(
-        update(IslandShare).where(*mine).values(state=ShareState.pending, outer_step=body.outer_step, attempt=body.attempt)
-    )
+    reported = {"state": ShareState.pending, "outer_step": body.outer_step, "attempt": body.attempt}
+    if run.kind == RunKind.pretrain:  # a few whole shards: the order they were learnt in is what an audit replays
+        order = {cursor: i for i, cursor in reversed(list(enumerate(body.cursors)))}
+        reported["position"] = case(order, value=IslandShare.cursor)
+    session.execute(update(IslandShare).where(*mine).values(**reported))
     island.outer_step = max(island.outer_step, body.outer_step)
 
 
-def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> int:
+def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> SettleReply:
     """Outer step ``outer_step`` was published as policy step ``outer_step + 1``: the included attempts'
-    claims are consumed, every other pending claim of that step or older goes back. 409 unless the step is
+    claims are consumed, every other pending claim of that step or older goes back, and in a pretraining run the
+    step's audits are drawn (:func:`coordinator.services.island_audits.draw`). 409 unless the step is
     published and its record is the one most of the islands that vouched for it vouched for, 403 unless the
-    caller published it or a later step. Settling again changes nothing. Returns the claims consumed."""
+    caller published it or a later step. Settling again changes nothing."""
     run, _ = own_island(session, signer, body, now)
     step = body.outer_step + 1
     if run.policy_step < step:
@@ -196,7 +200,8 @@ def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> 
         if (island := session.get(Island, (run.id, name))) is not None and island.last_exclusion != told:  # once a step
             island.excluded_steps += 1
             island.last_exclusion = told
-    return consumed
+    audits = island_audits.draw(session, run, body, now) if run.kind == RunKind.pretrain else []
+    return SettleReply(consumed=consumed, audits=audits)
 
 
 def statuses(session: Session, run_id: str) -> list[IslandStatus]:

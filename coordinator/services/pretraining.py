@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, aliased
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import IslandShare
 from intellect_protocol.coordinator.models import Run
-from intellect_protocol.coordinator.services import islands, roles
+from intellect_protocol.coordinator.services import islands, roles, runs
 from intellect_protocol.shared.island_schemas import MAX_SHARE, IslandClaim, ShardClaims, ShardSlot
 from intellect_protocol.shared.pretraining.manifest import CorpusManifest
 from intellect_protocol.shared.pretraining.settings import PretrainSettings
@@ -39,12 +39,15 @@ def corpus_of(run: Run) -> tuple[CorpusManifest, PretrainSettings]:
     return CorpusManifest.model_validate(run.corpus), PretrainSettings.model_validate(run.pretrain or {})
 
 
-def claim_shards(session: Session, signer: str, body: IslandClaim, now: datetime, lease_s: float) -> ShardClaims:
+def claim_shards(
+    session: Session, signer: str, body: IslandClaim, now: datetime, lease_s: float, stake: int | None
+) -> ShardClaims:
     """Up to ``limit`` slots no island holds, lowest first, now the caller's, after those it holds unreported;
     as fair a share as :func:`coordinator.services.islands.claim` gives, and after the same release of silent
-    islands' claims."""
+    islands' claims. 403 unless the caller stakes the run's ``min_stake`` (``stake``: what it stakes)."""
     run, island = islands.own_island(session, signer, body, now)
     manifest, settings = corpus_of(run)
+    runs.require_run_stake(run, signer, stake)
     live_since = islands.release_silent(session, run, now, lease_s)
     total = len(manifest.shards) * settings.epochs
     of_run = IslandShare.run_id == run.id
@@ -81,9 +84,10 @@ def slot(manifest: CorpusManifest, cursor: int) -> ShardSlot:
 
 
 def shard_blob(session: Session, signer: str, run_id: str, sha256: str) -> str:
-    """The blob key of a shard of ``run_id``'s corpus (training, held-out or out-of-distribution), for a trainer;
-    404 for any other hash."""
-    roles.require(session, signer, RoleName.trainer)
+    """The blob key of a shard of ``run_id``'s corpus (training, held-out or out-of-distribution), for a trainer or a
+    validator (which replays islands' steps); 404 for any other hash."""
+    if roles.active(session, signer, RoleName.validator) is None:
+        roles.require(session, signer, RoleName.trainer)
     run = session.get(Run, run_id)
     if run is None:
         raise ApiError(ErrorCode.not_found, f"No run {run_id}.")

@@ -179,7 +179,7 @@ def lease(
             return admission.NO_RUN
     if run.status != RunStatus.active:
         return admission.paused(run)
-    _require_stake(run, signer, stake)
+    require_run_stake(run, signer, stake)
 
     # A task older than the run's window would only make rollouts that expire unjudged.
     oldest = run.oldest_step
@@ -281,7 +281,8 @@ def update_run(session: Session, run_id: str, changes: dict[str, Any], now: date
     return run
 
 
-def _require_stake(run: Run, signer: str, stake: int | None) -> None:
+def require_run_stake(run: Run, signer: str, stake: int | None) -> None:
+    """403 unless ``signer`` stakes what ``run`` asks of those it hands work (``stake`` None: unreadable, 503)."""
     if run.min_stake:
         require_stake(f"Run {run.name}", signer, run.min_stake, stake)
 

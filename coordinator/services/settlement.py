@@ -16,13 +16,16 @@ from eth_utils import keccak
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from intellect_protocol.coordinator.island_models import IslandAudit
 from intellect_protocol.coordinator.models import ContributionEntry, Node, NodeStatusEvent, Role, ValidatorStrike
 from intellect_protocol.coordinator.services.accountability import OUTVOTED
+from intellect_protocol.coordinator.services.island_audits import AUDIT_FAILED
 from intellect_protocol.coordinator.services.nodes import STRIKES_BAN, struck_submissions
 from intellect_protocol.coordinator.settlement_models import Epoch, EpochAnchor, EpochLeaf, Slashing
 from intellect_protocol.shared.merkle import CreditTree
 from intellect_protocol.shared.schemas import NodeStatus, RoleName
 from intellect_protocol.shared.settlement import EpochInfo, EpochProof, LedgerEntry, NodeSettlement, cumulative_amounts
+from intellect_protocol.shared.states import AuditState
 
 
 def latest_epoch(session: Session) -> Epoch | None:
@@ -139,10 +142,11 @@ def ledger_page(session: Session, after: int, limit: int) -> list[LedgerEntry]:
 class DueSlash:
     address: str
     ban_event_id: int | None
-    """The node's ban, or None for a validator's revocation (``role_id``)."""
+    """The node's ban, or None for a role's revocation (``role_id``)."""
     submissions: list[str]
     """The evidence: the submissions whose hard rejections still count against the node, or on
-    which the validator was outvoted (their receipts show every signed verdict)."""
+    which the validator was outvoted (their receipts show every signed verdict), or the trainer's failed
+    island audits (``island-audit:ID``)."""
     role_id: int | None = None
 
     @property
@@ -171,28 +175,40 @@ def slashes_due(session: Session, now: datetime, window_s: float) -> list[DueSla
 
 
 def _revocations_due(session: Session, before: datetime) -> list[DueSlash]:
-    """Validators revoked for being outvoted before ``before`` whom no admin granted the role again."""
+    """Validators revoked for being outvoted, and trainers revoked for a failed island audit, before ``before``
+    whom no admin granted the role again."""
     due = []
     revoked = select(Role).where(
-        Role.role == RoleName.validator, Role.revoked_at <= before, Role.revoke_reason.startswith(OUTVOTED)
+        Role.revoked_at <= before,
+        ((Role.role == RoleName.validator) & Role.revoke_reason.startswith(OUTVOTED))
+        | ((Role.role == RoleName.trainer) & Role.revoke_reason.startswith(AUDIT_FAILED)),
     )
     for role in session.scalars(revoked):
         if session.scalar(select(Slashing.id).where(Slashing.role_id == role.id)) is not None:
             continue
-        if (
-            session.scalar(
-                select(Role.id).where(Role.address == role.address, Role.role == RoleName.validator, Role.id > role.id)
-            )
-            is not None
-        ):
+        if session.scalar(select(Role.id).where(Role.address == role.address, Role.role == role.role, Role.id > role.id)):
             continue
-        outvoted = select(ValidatorStrike.submission_id).where(
-            ValidatorStrike.validator == role.address,
-            ValidatorStrike.at >= role.granted_at,
-            ValidatorStrike.at <= role.revoked_at,
-        )
-        due.append(DueSlash(role.address, None, sorted(set(session.scalars(outvoted))), role_id=role.id))
+        due.append(DueSlash(role.address, None, _evidence(session, role), role_id=role.id))
     return due
+
+
+def _evidence(session: Session, role: Role) -> list[str]:
+    """What a revoked role is slashed citing: the submissions its validator was outvoted on, or its trainer's failed
+    island audits (``island-audit:ID``)."""
+    if role.role == RoleName.trainer:
+        failed = select(IslandAudit.id).where(
+            IslandAudit.address == role.address,
+            IslandAudit.state == AuditState.failed,
+            IslandAudit.decided_at >= role.granted_at,
+            IslandAudit.decided_at <= role.revoked_at,
+        )
+        return [f"island-audit:{audit_id}" for audit_id in session.scalars(failed)]
+    outvoted = select(ValidatorStrike.submission_id).where(
+        ValidatorStrike.validator == role.address,
+        ValidatorStrike.at >= role.granted_at,
+        ValidatorStrike.at <= role.revoked_at,
+    )
+    return sorted(set(session.scalars(outvoted)))
 
 
 def record_slashing(session: Session, due: DueSlash, amount: int, tx_hash: str | None, now: datetime) -> None:

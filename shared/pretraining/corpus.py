@@ -11,6 +11,8 @@ size, the one tensor's name, type and shape, and that every id is in the vocabul
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -86,3 +88,19 @@ def load_shard(directory: Path, ref: ShardRef, manifest: CorpusManifest) -> torc
     if size > MAX_SHARD_BYTES:
         raise CorpusError(f"shard {ref.sha256[:12]} is {size} bytes, over the {MAX_SHARD_BYTES} a shard may be")
     return read_shard(path.read_bytes(), ref, manifest)
+
+
+def fetch_shard(fetch: Callable[[str], bytes], ref: ShardRef, manifest: CorpusManifest, cache: Path) -> torch.Tensor:
+    """A shard's tokens from ``cache`` (a directory), or else ``fetch(sha256)`` (the coordinator), checked against the
+    manifest before a byte is kept or used: a cached copy that is not the shard is fetched again."""
+    cached = cache / f"{ref.sha256}.safetensors"
+    if cached.is_file():
+        try:
+            return read_shard(cached.read_bytes(), ref, manifest)
+        except CorpusError as e:
+            logging.getLogger("intellect.pretraining").warning("fetching shard %s again: %s", ref.sha256[:12], e)
+    data = fetch(ref.sha256)
+    tokens = read_shard(data, ref, manifest)
+    cache.mkdir(parents=True, exist_ok=True)
+    cached.write_bytes(data)
+    return tokens

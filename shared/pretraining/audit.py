@@ -6,8 +6,7 @@ order it learnt them (each shard's rows in its epoch's order), and the run's set
 inner steps again and returns the pseudo-gradient an honest island would have sent; :func:`judge` compares it with
 what the island did send, judged on the vector itself, never on anything the island says about it.
 
-Not wired into the network yet: an island's pseudo-gradient travels only between islands, so nothing stores what it
-sent for a validator to fetch, and nothing revokes or slashes on a failed replay.
+:mod:`validator.island_audits` runs it on the outer steps a run draws for audit (:mod:`coordinator.services.island_audits`).
 """
 
 from __future__ import annotations
@@ -16,13 +15,8 @@ import torch
 from pydantic import BaseModel
 from transformers import PreTrainedModel
 
-from intellect_protocol.shared.pretraining.settings import PretrainSettings
-from intellect_protocol.trainer.pretrain import learn_shard, optimizer_for
-
-TOLERANCE = 0.02
-"""Largest relative error (``|sent - replayed| / |replayed|``) a replay passes by default: the bf16 the
-pseudo-gradient travels in costs about 0.2 % here, and learning one shard other than the one reported 25 %. Other engines and dtypes need their own, calibrated as rollouts'
-tolerances are."""
+from intellect_protocol.shared.pretraining.learning import learn_shard, optimizer_for
+from intellect_protocol.shared.pretraining.settings import TOLERANCE, PretrainSettings
 
 
 class Verdict(BaseModel):

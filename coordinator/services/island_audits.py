@@ -1,0 +1,223 @@
+"""Audits of pretraining islands: validators replay a drawn share of the pseudo-gradients published steps averaged.
+
+The islands of a meeting vouch for the step's record (:mod:`coordinator.services.step_vouches`), and in a pretraining
+run that record holds the sha256 of every pseudo-gradient the average included, as every island received it
+(:class:`shared.island_schemas.Included`). So the island that sent one cannot deny it, and nobody can frame it.
+
+- :func:`draw`: when a step is settled, each included pseudo-gradient is drawn for audit with the run's
+  ``audit_rate``, once, from the coordinator's randomness: after the island sent it, so it cannot know which of its
+  steps will be replayed. The settling island is asked to upload the drawn ones.
+- :func:`admit_upload` and :func:`record_upload`: a trainer of the run uploads the bytes of a drawn one; stored only
+  if their sha256 is the digest the step's record holds.
+- :func:`open_audits` and :func:`vote`: validators replay it (:func:`shared.pretraining.audit.replay`) from the step's
+  starting weights on the slots the island reported, in the order it reported them, and send how far what it sent
+  is from the replay. The coordinator judges that against the run's ``audit_tolerance``; the run's ``audit_votes``
+  verdicts decide the audit, by majority (a tie passes).
+- :func:`convict`: a failed audit revokes the island's trainer role, citing the audit (its stake is slashed once the
+  dispute window passes: :func:`coordinator.services.settlement.slashes_due`), and every slot it holds or learnt
+  goes back to the pool to be learnt again.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from intellect_protocol.coordinator import events
+from intellect_protocol.coordinator.errors import ApiError
+from intellect_protocol.coordinator.island_models import Island, IslandAudit, IslandAuditVote, IslandShare
+from intellect_protocol.coordinator.models import Run
+from intellect_protocol.coordinator.services import pretraining, roles
+from intellect_protocol.shared.island_audit_schemas import IslandAuditInfo, IslandAuditTask, IslandAuditVerdict
+from intellect_protocol.shared.island_schemas import IslandSettle
+from intellect_protocol.shared.schemas import ErrorCode, RoleName
+from intellect_protocol.shared.states import AuditState, RunStatus
+
+AUDIT_FAILED = "failed the audit of"
+"""How a trainer's revocation for a failed audit begins: such a trainer is slashed once the dispute window passed."""
+_draws = random.SystemRandom()
+
+
+def blob_key(run_id: str, digest: str) -> str:
+    return f"pseudo-gradients/{run_id}/{digest}.bf16"
+
+
+def draw(session: Session, run: Run, body: IslandSettle, now: datetime) -> list[str]:
+    """Draw the audits of settled outer step ``body.outer_step`` (once: a repeated settling draws nothing new); the
+    digests of its drawn pseudo-gradients not uploaded yet."""
+    _, settings = pretraining.corpus_of(run)
+    for included in body.included:
+        of_step = (IslandAudit.run_id == run.id, IslandAudit.outer_step == body.outer_step, IslandAudit.island == included.island)
+        if included.digest is None or session.scalar(select(IslandAudit.id).where(*of_step)) is not None:
+            continue
+        island = session.get_one(Island, (run.id, included.island))
+        drawn = _draws.random() < settings.audit_rate
+        session.add(
+            IslandAudit(
+                run_id=run.id,
+                outer_step=body.outer_step,
+                island=included.island,
+                address=island.address,
+                attempt=included.attempt,
+                digest=included.digest,
+                state=AuditState.awaiting_upload if drawn else AuditState.not_drawn,
+                drawn_at=now,
+            )
+        )
+    session.flush()
+    awaiting = select(IslandAudit.digest).where(
+        IslandAudit.run_id == run.id, IslandAudit.outer_step == body.outer_step, IslandAudit.state == AuditState.awaiting_upload
+    )
+    return sorted(set(session.scalars(awaiting)))
+
+
+def admit_upload(session: Session, signer: str, run_id: str, digest: str) -> None:
+    """Before a byte of an upload is read: 403 unless a trainer sends it, 404 unless a drawn audit of ``run_id``
+    awaits a pseudo-gradient of that sha256."""
+    roles.require(session, signer, RoleName.trainer)
+    if _awaiting(session, run_id, digest) is None:
+        raise ApiError(
+            ErrorCode.not_found, f"No audit of {run_id or 'this run'} awaits a pseudo-gradient of sha256 {digest[:12]}."
+        )
+
+
+def record_upload(session: Session, signer: str, run_id: str, digest: str) -> int:
+    """The pseudo-gradient of sha256 ``digest`` is stored under :func:`blob_key`: its audits open. Returns how many
+    (0: another upload opened them already)."""
+    roles.require(session, signer, RoleName.trainer)
+    audits = session.scalars(
+        select(IslandAudit).where(
+            IslandAudit.run_id == run_id, IslandAudit.digest == digest, IslandAudit.state == AuditState.awaiting_upload
+        )
+    ).all()
+    for audit in audits:
+        audit.state, audit.blob_key = AuditState.open, blob_key(run_id, digest)
+    return len(audits)
+
+
+def _awaiting(session: Session, run_id: str, digest: str) -> int | None:
+    return session.scalar(
+        select(IslandAudit.id)
+        .where(IslandAudit.run_id == run_id, IslandAudit.digest == digest, IslandAudit.state == AuditState.awaiting_upload)
+        .limit(1)
+    )
+
+
+def open_audits(session: Session, signer: str, limit: int, now: datetime) -> list[IslandAuditTask]:
+    """Up to ``limit`` open audits of active runs the calling validator has not judged, oldest first."""
+    roles.require(session, signer, RoleName.validator).last_seen = now
+    judged = select(IslandAuditVote.audit_id).where(IslandAuditVote.validator == signer)
+    audits = session.scalars(
+        select(IslandAudit)
+        .join(Run, Run.id == IslandAudit.run_id)
+        .where(IslandAudit.state == AuditState.open, Run.status == RunStatus.active, IslandAudit.id.not_in(judged))
+        .order_by(IslandAudit.id)
+        .limit(limit)
+    ).all()
+    return [_task(session, audit) for audit in audits]
+
+
+def _task(session: Session, audit: IslandAudit) -> IslandAuditTask:
+    manifest, _ = pretraining.corpus_of(session.get_one(Run, audit.run_id))
+    reported = session.scalars(
+        select(IslandShare.cursor)
+        .where(IslandShare.run_id == audit.run_id, IslandShare.island == audit.island, IslandShare.attempt == audit.attempt)
+        .where(IslandShare.outer_step == audit.outer_step)
+        .order_by(IslandShare.position, IslandShare.cursor)
+    )
+    return IslandAuditTask(
+        id=audit.id,
+        run_id=audit.run_id,
+        outer_step=audit.outer_step,
+        island=audit.island,
+        digest=audit.digest,
+        slots=[pretraining.slot(manifest, cursor) for cursor in reported],
+    )
+
+
+def audited_blob(session: Session, signer: str, audit_id: int) -> str:
+    """The blob key of an open audit's pseudo-gradient, for a validator."""
+    roles.require(session, signer, RoleName.validator)
+    audit = _audit(session, audit_id)
+    if audit.blob_key is None:
+        raise ApiError(ErrorCode.conflict, f"Audit {audit_id}'s pseudo-gradient is not uploaded yet.")
+    return audit.blob_key
+
+
+def _audit(session: Session, audit_id: int) -> IslandAudit:
+    audit = session.get(IslandAudit, audit_id, with_for_update=True)
+    if audit is None:
+        raise ApiError(ErrorCode.not_found, f"No island audit {audit_id}.")
+    return audit
+
+
+def vote(session: Session, signer: str, audit_id: int, body: IslandAuditVerdict, now: datetime) -> IslandAuditInfo:
+    """Record a validator's replay of an open audit (409 once decided, or judged by it already); the run's
+    ``audit_votes`` verdicts decide it."""
+    roles.require(session, signer, RoleName.validator).last_seen = now
+    audit = _audit(session, audit_id)
+    if audit.state != AuditState.open:
+        raise ApiError(ErrorCode.conflict, f"Island audit {audit_id} is {audit.state}: it takes no verdict.")
+    if session.get(IslandAuditVote, (audit_id, signer)) is not None:
+        raise ApiError(ErrorCode.conflict, f"{signer} judged island audit {audit_id} already.")
+    run = session.get_one(Run, audit.run_id)
+    _, settings = pretraining.corpus_of(run)
+    passed = body.relative_error <= settings.audit_tolerance
+    session.add(
+        IslandAuditVote(
+            audit_id=audit_id, validator=signer, relative_error=body.relative_error, cosine=body.cosine, passed=passed, at=now
+        )
+    )
+    session.flush()
+    votes = session.scalars(select(IslandAuditVote).where(IslandAuditVote.audit_id == audit_id)).all()
+    if len(votes) >= settings.audit_votes:
+        failed = [v for v in votes if not v.passed]
+        errors = sorted(v.relative_error for v in votes)
+        median = errors[len(errors) // 2]
+        said = (
+            f"outer step {audit.outer_step}: its pseudo-gradient is {median:.3g} from its replay in relative error "
+            f"(tolerance {settings.audit_tolerance:g}; {len(failed)} of {len(votes)} validators fail it)"
+        )
+        audit.decided_at, audit.outcome = now, said
+        if 2 * len(failed) > len(votes):
+            audit.state = AuditState.failed
+            convict(session, run, audit, now)
+        else:
+            audit.state = AuditState.passed
+    return info(session, audit)
+
+
+def convict(session: Session, run: Run, audit: IslandAudit, now: datetime) -> None:
+    """The audited island lied about a published step: its trainer role goes, citing the audit, and every slot it
+    holds or learnt goes back to the pool, to be learnt again by honest islands (none of its steps can be trusted, and
+    the steps it published can no longer be fetched: their signer holds no role). Its other audits become moot."""
+    reason = f"{AUDIT_FAILED} island {audit.island} of {run.id} (island audit {audit.id}): {audit.outcome}"
+    role = roles.active(session, audit.address, RoleName.trainer)
+    if role is not None:
+        role.revoked_at, role.revoke_reason = now, reason
+    session.execute(delete(IslandShare).where(IslandShare.run_id == run.id, IslandShare.island == audit.island))
+    undecided = (AuditState.awaiting_upload, AuditState.open)
+    others = (IslandAudit.run_id == run.id, IslandAudit.island == audit.island, IslandAudit.state.in_(undecided))
+    said = f"not replayed: island audit {audit.id} convicted {audit.island} first"
+    session.execute(update(IslandAudit).where(*others).values(state=AuditState.moot, decided_at=now, outcome=said))
+    island = session.get_one(Island, (run.id, audit.island))
+    island.excluded_steps += 1
+    island.last_exclusion = f"{AUDIT_FAILED} {audit.outcome}"
+    events.after_commit(session, "trainer %s lost its role: %s", audit.address, reason)
+
+
+def info(session: Session, audit: IslandAudit) -> IslandAuditInfo:
+    votes = session.scalar(select(func.count()).where(IslandAuditVote.audit_id == audit.id)) or 0
+    return IslandAuditInfo(
+        id=audit.id,
+        run_id=audit.run_id,
+        outer_step=audit.outer_step,
+        island=audit.island,
+        state=audit.state,
+        votes=votes,
+        outcome=audit.outcome,
+        decided_at=audit.decided_at,
+    )

@@ -1,0 +1,164 @@
+"""Audits of pretraining islands on a real coordinator (issue #47, item 4 and the hostile cases that need one): every
+published step of a run drawn at rate 1 is uploaded by its island, replayed by a real validator from the published
+weights on the reported slots, and judged by the coordinator. An honest island passes every audit; a lazy island
+(it claims whole shards and learns a few rows of each) and one that learns other data than it reports fail, lose the
+trainer role citing the audit, owe a slash once the dispute window passes, and their slots go back to be learnt again.
+Forged, unasked or repeated uploads and verdicts are refused and change nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from rich.console import Console
+from sqlalchemy import func, select
+
+from intellect_protocol.coordinator.db import make_sessionmaker
+from intellect_protocol.coordinator.island_models import IslandAudit, IslandShare
+from intellect_protocol.coordinator.services.settlement import slashes_due
+from intellect_protocol.devnet.processes import Process, start_relay
+from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.island_audit_schemas import IslandAuditVerdict
+from intellect_protocol.shared.island_schemas import IslandClaim
+from intellect_protocol.shared.pretraining.manifest import ShardRef
+from intellect_protocol.shared.shardcast.weights import Weights
+from intellect_protocol.shared.states import AuditState, ShareState
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
+from intellect_protocol.trainer.pretrain_island import PretrainIsland
+from intellect_protocol.trainer.settings import TrainerSettings
+from intellect_protocol.validator.island_audits import IslandAuditor
+from tests.conftest import Served, admin_token, serve
+from tests.support.protocol import grant
+from tests.test_island_shares import refused
+from tests.test_pretraining_run import create, settings
+
+pytestmark = pytest.mark.integration
+
+
+class LazyIsland(PretrainIsland):
+    """Claims and reports whole shards, learns one batch of rows of each."""
+
+    def fetch(self, ref: ShardRef) -> torch.Tensor:
+        rows = super().fetch(ref)
+        return rows[: self.pretrain.batch_rows] if ref in self.corpus.shards else rows
+
+
+class OtherDataIsland(PretrainIsland):
+    """Reports the shards it claimed, learns the next shard of the corpus in each one's place."""
+
+    def fetch(self, ref: ShardRef) -> torch.Tensor:
+        shards = self.corpus.shards
+        return super().fetch(shards[(shards.index(ref) + 1) % len(shards)] if ref in shards else ref)
+
+
+def train(served: Served, key: LocalAccount, run_id: str, island_class: type[PretrainIsland], tmp_path: Path) -> None:
+    """One island of trainer ``key`` learning the whole run alone."""
+    from torchft._torchft import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=200, heartbeat_timeout_ms=1500)
+    url = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
+    island = island_class(
+        served.url, key, run_id, "solo", url, tmp_path / "origin", tmp_path / "solo", TrainerSettings(threads=1)
+    )
+    try:
+        island.run(threading.Event())
+    finally:
+        island.close()
+        lighthouse.shutdown()
+
+
+def audited_run(database_url: str, tmp_path: Path, example: Path, *extra: str) -> str:
+    """A pretraining run of the example corpus whose every step is drawn for audit; its id."""
+    flags = ["--sync-every", "4", "--min-islands", "1", "--batch-rows", "8", "--island-audit-rate", "1", *extra]
+    code, out = create(database_url, tmp_path / "blobs", example, *flags)
+    assert code == 0, out
+    return out.strip().splitlines()[-1]
+
+
+def auditor(served: Served, tmp_path: Path) -> IslandAuditor:
+    """A validator's auditor, its address granted the role."""
+    validator = Account.create()
+    grant(served, admin_token(served), validator.address, "validator")
+    api = CoordinatorClient(served.url, validator)
+    return IslandAuditor(api, validator, Weights(api, tmp_path / "v" / "weights", Console()), tmp_path / "v", Console())
+
+
+def origin_relay(served: Served, workdir: Path) -> Process:
+    """An ``intellect-relay --origin`` serving the steps islands published under ``workdir/origin``."""
+    wallet = workdir / "relay.json"
+    grant(served, admin_token(served), create_wallet(wallet, "relay-pass", scrypt_n=THROWAWAY_SCRYPT_N), "relay")
+    process = start_relay(workdir, "origin", wallet, "relay-pass", served.url, origin=True)
+    deadline = time.monotonic() + 20
+    while process.url not in [r["url"] for r in httpx.get(f"{served.url}/v1/relays").json()]:
+        assert time.monotonic() < deadline and process.popen.poll() is None, process.tail()
+        time.sleep(0.05)
+    return process
+
+
+@pytest.mark.parametrize("liar", [None, LazyIsland, OtherDataIsland], ids=["honest", "lazy", "other-data"])
+def test_validators_replay_drawn_steps_and_a_lying_island_is_caught(
+    sqlite_url: str, tmp_path: Path, example: Path, liar: type[PretrainIsland] | None
+) -> None:
+    run_id = audited_run(sqlite_url, tmp_path, example)
+    with serve(settings(sqlite_url, tmp_path / "blobs")) as served:
+        trainer = Account.create()
+        grant(served, admin_token(served), trainer.address, "trainer")
+        train(served, trainer, run_id, liar or PretrainIsland, tmp_path)
+        relay = origin_relay(served, tmp_path)  # the published steps audits start from, through shardcast
+        try:
+            sessions = make_sessionmaker(served.engine)
+            with sessions() as session:
+                drawn = session.scalars(select(IslandAudit).where(IslandAudit.run_id == run_id).order_by(IslandAudit.id)).all()
+                consumed_before = session.scalar(select(func.count()).where(IslandShare.state == ShareState.consumed))
+            # Every step was drawn and uploaded by the island: its digest is what the islands vouched for.
+            assert drawn and {a.state for a in drawn} == {AuditState.open}
+            checker = auditor(served, tmp_path)
+            api, validator = checker.api, checker.account
+            assert refused(403, lambda: CoordinatorClient(served.url, trainer).island_audits(), served)
+            # An honest island's every step is replayed; a liar's first convicts it, and its other audits are moot.
+            assert checker.audit_open(limit=50) == (1 if liar else len(drawn))
+            public = httpx.get(f"{served.url}/v1/public/runs/{run_id}/islands").json()
+            with sessions() as session:
+                states = list(
+                    session.scalars(select(IslandAudit.state).where(IslandAudit.run_id == run_id).order_by(IslandAudit.id))
+                )
+                consumed_after = session.scalar(select(func.count()).where(IslandShare.state == ShareState.consumed))
+                due = slashes_due(session, datetime.now(UTC) + timedelta(days=30), window_s=3600)
+            trainer_api = CoordinatorClient(served.url, trainer)
+            # Nothing forged, unasked or repeated changes a decided audit.
+            assert "takes no verdict" in refused(409, lambda: api.island_audit_verdict(drawn[0].id, _verdict(validator)), served)
+            assert "No island audit" in refused(404, lambda: api.island_audit_verdict(10**6, _verdict(validator)), served)
+            assert "validator role" in refused(
+                403, lambda: trainer_api.island_audit_verdict(drawn[0].id, _verdict(trainer)), served
+            )
+            assert "trainer role" in refused(403, lambda: api.upload_pseudo_gradient(run_id, b"\x00" * 64), served)
+            if liar is None:
+                assert "No audit" in refused(404, lambda: trainer_api.upload_pseudo_gradient(run_id, b"\x00" * 64), served)
+            else:
+                claim = IslandClaim(address=trainer.address, run_id=run_id, island="solo")
+                revoked = refused(403, lambda: trainer_api.island_claim_shards(claim), served)
+        finally:
+            relay.stop()
+    if liar is None:
+        assert states == [AuditState.passed] * len(drawn)
+        assert consumed_after == consumed_before
+        assert public[0]["last_exclusion"] is None and not due
+        return
+    # Its first audit convicts the island: it loses the role, every slot it learnt is learnt again, and it owes a slash.
+    assert states == [AuditState.failed] + [AuditState.moot] * (len(drawn) - 1), states
+    assert consumed_before and consumed_after == 0
+    assert "failed the audit of" in public[0]["last_exclusion"]
+    assert [(d.address, d.submissions[0]) for d in due] == [(trainer.address, f"island-audit:{drawn[0].id}")]
+    assert "revoked, failed the audit of island solo" in revoked
+
+
+def _verdict(key: Any) -> IslandAuditVerdict:
+    return IslandAuditVerdict(address=key.address, relative_error=0.0, cosine=1.0)
