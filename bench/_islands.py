@@ -9,6 +9,19 @@ from typing import Any
 
 import torch
 
+LINK_BYTES_PER_S = 1e9 / 8
+"""The projection's link: 1 Gbit/s."""
+BIG_PARAMETERS = 7e9
+BIG_INNER_STEP_S = 3.4
+"""A 7B model's inner step, assumed: 256 completions of 1,000 tokens (6 x 7e9 x 256k = 1.1e19 FLOPs) on 8
+H100s at 40 % of their 989 dense bf16 TFLOP/s."""
+
+
+def big_all_reduce_s(islands: int) -> float:
+    """Seconds a meeting of ``islands`` 7B islands takes over 1 Gbit/s: a bf16 ring all-reduce of one slot an island
+    (every island receives every pseudo-gradient, to judge what was sent)."""
+    return 2 * (islands - 1) / islands * 2 * BIG_PARAMETERS * islands / LINK_BYTES_PER_S
+
 
 def run_island_processes(script: str, islands: int, min_islands: int, arguments: list[str], out: Path) -> list[Any]:
     """Run ``islands`` processes of ``script`` (each with ``--island-index I --lighthouse URL --out OUT`` and

@@ -41,7 +41,7 @@ import uuid
 from pathlib import Path
 
 import torch
-from _islands import run_island_processes
+from _islands import BIG_INNER_STEP_S, big_all_reduce_s, run_island_processes
 from _single_process import Snapshot, learn, tasks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -62,12 +62,6 @@ from intellect_protocol.trainer.settings import TrainerSettings  # noqa: E402
 RUN = ["--prompts-per-task", "4", "--samples-per-prompt", "8", "--max-tokens", "64"]
 GAINS = (0.10, 0.15, 0.20)
 """Held-out accuracy gains over the shipped model whose times are also printed (as ``bench/learning.py``)."""
-LINK_BYTES_PER_S = 1e9 / 8
-"""The projection's link: 1 Gbit/s."""
-BIG_PARAMETERS = 7e9
-BIG_INNER_STEP_S = 3.4
-"""A 7B model's inner step, assumed: 256 completions of 1,000 tokens (6 x 7e9 x 256k = 1.1e19 FLOPs) on 8
-H100s at 40 % of their 989 dense bf16 TFLOP/s."""
 
 
 def island(args: argparse.Namespace) -> None:
@@ -227,8 +221,7 @@ def main() -> int:
         f"{t_islands:.0f} s (goal: islands within 1.3x)"
     )
     share = compute / (compute + waiting)
-    # Every island receives every pseudo-gradient (to judge what was sent): a ring all-reduce of one slot an island.
-    big_sync_s = 2 * (args.islands - 1) / args.islands * 2 * BIG_PARAMETERS * args.islands / LINK_BYTES_PER_S
+    big_sync_s = big_all_reduce_s(args.islands)
     big_share = args.sync_every * BIG_INNER_STEP_S / (args.sync_every * BIG_INNER_STEP_S + big_sync_s)
     needed = 0.9 / 0.1 * big_sync_s / BIG_INNER_STEP_S
     print(

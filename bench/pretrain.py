@@ -21,15 +21,21 @@ With ``--liar flip|noise|tiny`` (``--islands 3`` or more) it runs honest islands
 last one lying at every outer step, once averaged by the coordinate-wise median alone and once with directions
 screened (``OuterSettings.screen_directions``), and prints the final held-out losses (goal: within 5 %).
 
+With ``--compare-overlap --link-mbit R`` it runs the islands over an emulated link of ``R`` Mbit/s (each meeting lasts
+as long as its ring all-reduce would on it), meeting after each round, then with each meeting overlapping the next
+round (Streaming DiLoCo's overlap, :meth:`trainer.islands.OuterSync.launch`): the share of time computing measured,
+the held-out loss by time, and both projected to a 7B model over 1 Gbit/s (goal >= 90 % computing at H <= 100).
+
 With ``--compare-reset`` it runs the islands with their inner AdamW state carried across outer steps, then reset at
 every outer step (what replaying one outer step from the agreed weights alone assumes), and prints both curves.
 
-    python bench/pretrain.py [--seconds 180] [--islands 2] [--sync-every 100] [--batch-rows 16] [--outer-lr 1 --outer-momentum 0] [--liar flip | --compare-reset]
+    python bench/pretrain.py [--seconds 180] [--islands 2] [--sync-every 100] [--batch-rows 16] [--outer-lr 1 --outer-momentum 0] [--liar flip | --compare-reset | --compare-overlap --link-mbit R]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import tempfile
 import time
@@ -38,7 +44,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from _islands import run_island_processes
+from _islands import BIG_INNER_STEP_S, big_all_reduce_s, run_island_processes
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,7 +56,7 @@ from intellect_protocol.shared.pretraining.learning import batches, inner_step, 
 from intellect_protocol.shared.pretraining.manifest import load_manifest  # noqa: E402
 from intellect_protocol.shared.pretraining.metagenome import MetagenomeSpec, make  # noqa: E402
 from intellect_protocol.shared.pretraining.settings import PretrainSettings  # noqa: E402
-from intellect_protocol.trainer.islands import OuterSync  # noqa: E402
+from intellect_protocol.trainer.islands import OuterStep, OuterSync  # noqa: E402
 
 Snapshot = tuple[float, dict[str, torch.Tensor]]
 
@@ -60,11 +66,24 @@ def _load(example: Path) -> PreTrainedModel:
     return model
 
 
-def learner(example: Path, shards: list[int], batch_rows: int, seconds: float, start_at: float, every: int, sync: OuterSync | None = None, liar: str | None = None, reset_inner: bool = False) -> dict[str, Any]:  # fmt: skip
+class SlowLink(OuterSync):
+    """An island whose meetings take as long as their all-reduce would over a link of ``link_bytes_per_s`` (a ring
+    all-reduce of every island's slot: each island sends and receives ``2 (n - 1) / n`` of them), on top of loopback's."""
+
+    link_bytes_per_s: float = float("inf")
+
+    def _meet(self, attempt: str, contribute: bool, pseudo: torch.Tensor) -> OuterStep:
+        outcome = super()._meet(attempt, contribute, pseudo)
+        n = outcome.participants
+        time.sleep(2 * (n - 1) / n * outcome.sent_bytes / self.link_bytes_per_s)
+        return outcome
+
+
+def learner(example: Path, shards: list[int], batch_rows: int, seconds: float, start_at: float, every: int, sync: OuterSync | None = None, liar: str | None = None, reset_inner: bool = False, overlap: bool = False) -> dict[str, Any]:  # fmt: skip
     """Inner steps over ``shards`` (indices into the corpus' training shards) in turn, epoch after epoch, for
     ``seconds`` from ``start_at``; with ``sync``, an outer step every ``every`` inner steps (``liar``: lying at each;
-    ``reset_inner``: a fresh inner AdamW after each). The agreed weights after each outer step (every ``every`` steps
-    without ``sync``), timed, and the steps taken."""
+    ``reset_inner``: a fresh inner AdamW after each; ``overlap``: each meeting overlapping the next round). The agreed
+    weights after each outer step (every ``every`` steps without ``sync``), timed, and the steps taken."""
     manifest = load_manifest(example / "corpus")
     rows = [load_shard(example / "corpus", manifest.shards[i], manifest) for i in shards]
     model = cast(PreTrainedModel, sync.model) if sync is not None else _load(example)
@@ -90,17 +109,37 @@ def learner(example: Path, shards: list[int], batch_rows: int, seconds: float, s
                 t1 = time.perf_counter()
                 if liar:
                     lie(liar, model, sync.agreed)
-                outcome = sync.sync(uuid.uuid4().hex)
+                if overlap:
+                    done = sync.wait()
+                    sync.launch(uuid.uuid4().hex, contribute=sync.started_from_record(done))
+                else:
+                    done = sync.sync(uuid.uuid4().hex)
                 if reset_inner:  # what an auditor replaying one outer step from the agreed weights alone would take
                     optimizer = optimizer_for(model, settings)
                 record["sync_s"] += time.perf_counter() - t1
-                record["sent_bytes"] += outcome.sent_bytes
-                if outcome.leader and outcome.committed:
-                    record["snapshots"].append((time.perf_counter() - started, _copy(model)))
+                _landed(record, done, sync, time.perf_counter() - started)
                 if time.perf_counter() - started >= seconds:
+                    if overlap:
+                        t1 = time.perf_counter()
+                        done = sync.finish()
+                        record["sync_s"] += time.perf_counter() - t1
+                        _landed(record, done, sync, time.perf_counter() - started)
                     return record
         epoch += 1
     return record
+
+
+def _landed(record: dict[str, Any], outcome: OuterStep | None, sync: OuterSync, at: float) -> None:
+    """A meeting's bytes, and the agreed weights it left if this island led it (overlapped, the model holds the next
+    round's start, not them)."""
+    if outcome is not None:
+        record["sent_bytes"] += outcome.sent_bytes
+        if outcome.leader and outcome.committed:
+            agreed = copy.deepcopy(sync.model)
+            with torch.no_grad():
+                for p, weights in zip([p for p in agreed.parameters() if p.requires_grad], sync.agreed, strict=True):
+                    p.copy_(weights)
+            record["snapshots"].append((at, _copy(agreed)))
 
 
 def _copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -120,11 +159,12 @@ def island(args: argparse.Namespace) -> None:
     shards = list(range(args.island_index, len(load_manifest(args.example / "corpus").shards), args.islands))
     model = _load(args.example)
     outer = _outer(args)
-    sync = OuterSync(model, f"island-{args.island_index}", args.lighthouse, outer, timeout_s=120)
+    sync = SlowLink(model, f"island-{args.island_index}", args.lighthouse, outer, timeout_s=600)
+    sync.link_bytes_per_s = args.link_mbit * 1e6 / 8 if args.link_mbit else float("inf")
     liar = args.liar if args.island_index == args.islands - 1 else None
     record = learner(
         args.example, shards, args.batch_rows // args.islands, args.seconds, args.start_at, args.sync_every, sync, liar,
-        args.reset_inner,
+        args.reset_inner, args.overlap,
     )  # fmt: skip
     sync.close()
     record["parameters"] = sum(p.numel() for p in model.parameters())
@@ -138,6 +178,8 @@ def run_islands(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     arguments += [f"--{k.replace('_', '-')}={v}" for k in ("outer_lr", "outer_momentum") if (v := getattr(args, k)) is not None]
     arguments += [] if args.screen is None else ["--screen" if args.screen else "--no-screen"]
     arguments += ["--reset-inner"] if args.reset_inner else []
+    arguments += ["--overlap"] if args.overlap else []
+    arguments += ["--link-mbit", str(args.link_mbit)] if args.link_mbit else []
     return run_island_processes(__file__, args.islands, args.min_islands, arguments, out)
 
 
@@ -209,6 +251,36 @@ def reset_case(args: argparse.Namespace) -> int:
     return 0
 
 
+def overlap_case(args: argparse.Namespace) -> int:
+    """The same islands over a link of ``--link-mbit``, meeting after each round, then with each meeting overlapping
+    the next round: the share of time computing, and the held-out loss by time."""
+    curves, shares = {}, {}
+    for name, overlap in (("plain outer steps", False), ("overlapped", True)):
+        args.overlap = overlap
+        with tempfile.TemporaryDirectory() as tmp:
+            results = run_islands(args, Path(tmp))
+            curves[name] = curve(args.example, agreed(results), args.evals)
+        compute, waiting = sum(r["compute_s"] for r in results), sum(r["sync_s"] for r in results)
+        shares[name] = compute / (compute + waiting)
+        _show(name, curves[name])
+        print(f"{'':28s} time computing {shares[name]:.1%}, {sum(r['steps'] for r in results)} inner steps", flush=True)
+    plain, overlapped = curves.values()
+    common = max(min(loss for _, loss in plain), min(loss for _, loss in overlapped))
+    t_plain, t_overlapped = reached(plain, common), reached(overlapped, common)
+    assert t_plain is not None and t_overlapped is not None
+    print(f"held-out loss at the end: plain {plain[-1][1]:.3f}, overlapped {overlapped[-1][1]:.3f}")
+    print(f"overlapped / plain, time to {common:.3f} held-out loss: {t_overlapped / max(t_plain, 1e-9):.2f}x")
+    round_s, link_s = args.sync_every * BIG_INNER_STEP_S, big_all_reduce_s(args.islands)
+    print(
+        f"projected, 7B over 1 Gbit/s ({link_s:.0f} s a bf16 ring all-reduce, {BIG_INNER_STEP_S} s an inner step, H = "
+        f"{args.sync_every}): plain {round_s / (round_s + link_s):.1%}, overlapped {round_s / max(round_s, link_s):.1%} computing (goal >= 90 %)"
+    )
+    print(
+        f"time computing, overlapped against plain, over {args.link_mbit} Mbit/s: {shares['overlapped']:.1%} against {shares['plain outer steps']:.1%}"
+    )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=180, help="training time of each configuration")
@@ -223,6 +295,9 @@ def main() -> int:
     parser.add_argument("--screen", action=argparse.BooleanOptionalAction, help="screen directions (default: by H)")
     parser.add_argument("--reset-inner", action="store_true", help="a fresh inner AdamW after every outer step")
     parser.add_argument("--compare-reset", action="store_true", help="islands with the inner state carried, then reset")
+    parser.add_argument("--overlap", action="store_true", help="each meeting overlaps the next round (Streaming DiLoCo)")
+    parser.add_argument("--link-mbit", type=float, help="emulate a link of this many Mbit/s between islands")
+    parser.add_argument("--compare-overlap", action="store_true", help="plain outer steps, then overlapped, over --link-mbit")
     parser.add_argument("--example", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--island-index", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--lighthouse", help=argparse.SUPPRESS)
@@ -241,6 +316,10 @@ def main() -> int:
             return liar_case(args)
         if args.compare_reset:
             return reset_case(args)
+        if args.compare_overlap:
+            if not args.link_mbit:
+                raise SystemExit("--compare-overlap needs --link-mbit: the link whose waiting the overlap hides")
+            return overlap_case(args)
         outer = _outer(args)
         print(
             f"islands: {args.islands} processes, H = {args.sync_every}, outer lr {outer.outer_lr} and momentum "
@@ -275,7 +354,7 @@ def main() -> int:
     )
     compute = sum(r["compute_s"] for r in results)
     waiting = sum(r["sync_s"] for r in results)
-    print(f"    island time computing: {compute / (compute + waiting):.1%} (outer steps not overlapped with compute yet)")
+    print(f"    island time computing: {compute / (compute + waiting):.1%}{' (meetings overlapped)' if args.overlap else ''}")
     common = max(min(loss for _, loss in single_curve), min(loss for _, loss in island_curve))
     t_single, t_islands = reached(single_curve, common), reached(island_curve, common)
     assert t_single is not None and t_islands is not None

@@ -45,6 +45,9 @@ class IslandShare(Base):
     """The outer step and attempt whose pseudo-gradient learned from it (set when reported)."""
     position: Mapped[int | None] = mapped_column(Integer)
     """Its place in that report: the order the island learnt its claims in, which a pretraining audit replays."""
+    start_digest: Mapped[str | None] = mapped_column(String(64))
+    """That report's: the sha256 of the island's pseudo-gradient of the step before that its round (overlapped)
+    subtracted from the agreed weights to start from."""
 
 
 class StepVouch(Base):
@@ -87,6 +90,9 @@ class IslandAudit(Base):
     decided_at: Mapped[datetime | None]
     outcome: Mapped[str | None] = mapped_column(Text)
     """Why it was decided as it was (shown with the island's status and cited when its stake is slashed)."""
+    start_audit_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("island_audits.id"))
+    """Overlapped rounds: the audit of the island's pseudo-gradient its round subtracted from the agreed weights to
+    start from (its bytes are needed to replay this one)."""
 
 
 class IslandAuditVote(Base):

@@ -108,6 +108,12 @@ def run_create(
             help="Trainer islands: fewest islands whose pseudo-gradients an outer step judges (3 resists one lying island; 1 lets any step alone)."
         ),
     ] = OuterSettings().min_islands,
+    overlap: Annotated[
+        bool,
+        typer.Option(
+            help="Pretraining: the islands' meetings run while their next inner steps do (Streaming DiLoCo's overlap): a slow link costs no waiting."
+        ),
+    ] = False,
     kind: Annotated[
         RunKind, typer.Option(help="rl: nodes roll out the environment; pretrain: trainer islands learn --corpus.")
     ] = RunKind.rl,
@@ -181,7 +187,9 @@ def run_create(
             dispute_window_s=dispute_window,
             audit=AuditPolicy(share=audit_share),
             min_stake=parse_tokens(min_stake, allow_zero=True),
-            outer=OuterSettings(sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum, min_islands=min_islands),
+            outer=OuterSettings(
+                sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum, min_islands=min_islands, overlap=overlap
+            ),
         )
     except ValidationError as e:
         where = ".".join(map(str, e.errors()[0]["loc"]))

@@ -22,11 +22,17 @@ class IslandAuditTask(BaseModel):
     id: int
     run_id: str
     outer_step: int
-    """The meeting it was sent to: its inner steps started from policy step ``outer_step``'s weights."""
+    """The meeting it was sent to."""
+    start_step: int
+    """The policy step whose weights its inner steps started from: ``outer_step``, or in a run whose meetings overlap
+    the next round (:attr:`~shared.island_schemas.OuterSettings.overlap`) the one before (0 at least)."""
     island: str
     digest: Hex64
     slots: list[ShardSlot]
     """The slots the island reported for the step, in the order it learnt them."""
+    start_audit: int | None = None
+    """An overlapped round started from policy step ``start_step``'s weights minus the island's pseudo-gradient of the
+    step before: that audit's (:meth:`~shared.coordinator_client.CoordinatorClient.island_audit_file`)."""
 
 
 class IslandAuditVerdict(Request):

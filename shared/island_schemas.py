@@ -76,9 +76,14 @@ class OuterSettings(BaseModel):
     manifests they vouch for agree."""
     screen_directions: bool = Field(None)  # type: ignore[assignment]
     """With three islands or more, leave out one whose pseudo-gradient points against every other one's while the
-    rest agree (:func:`trainer.islands.against_the_rest`). By default on from :data:`DILOCO_H` inner steps, where
+    rest agree (:func:`trainer.robust_average.against_the_rest`). By default on from :data:`DILOCO_H` inner steps, where
     honest pseudo-gradients share a direction; below, honest ones can point against each other, and a liar could
     then choose which honest island the screen leaves out."""
+    overlap: bool = False
+    """Streaming DiLoCo's overlap (:meth:`trainer.islands.OuterSync.launch`): each meeting runs while the next round's
+    inner steps do, so a link slower than a round's compute costs no waiting; a round then starts from the agreed
+    weights one outer step older (outer step ``k``'s pseudo-gradient is taken from policy step ``k - 1``). Islands of
+    one rank only."""
     outlier_ratio: float = Field(10.0, gt=1, le=1e6)
     """An island whose pseudo-gradient's norm, measured on what it sent, exceeds this times the upper median of
     all the measured norms is left out of the step (the others are clipped to the lower median)."""
@@ -102,6 +107,9 @@ class IslandReport(IslandJoin):
     cursors: list[Cursor] = Field(max_length=MAX_SHARE)
     """Claims held by this island that its pseudo-gradient for ``outer_step`` learned from, in the order it learnt
     them (a pretraining audit replays them in it)."""
+    start_digest: Hex64 | None = None
+    """Overlapped rounds (:meth:`trainer.islands.OuterSync.launch`): sha256 of this island's pseudo-gradient in the step
+    before, which its round subtracted from the agreed weights to start from (None: it started from them)."""
 
 
 class Included(BaseModel):

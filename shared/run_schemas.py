@@ -219,6 +219,9 @@ class RunSpec(BaseModel):
             raise ValueError("a pretraining run needs a corpus, and only a pretraining run has one")
         if self.kind == RunKind.rl and self.pretrain is not None:
             raise ValueError("pretraining settings are for a pretraining run")
+        if self.kind == RunKind.rl and self.outer is not None and self.outer.overlap:
+            # An RL island waiting for accepted work while a meeting is in flight could wait on nodes waiting for that step.
+            raise ValueError("overlapped outer steps are for pretraining runs")
         return self
 
     @classmethod

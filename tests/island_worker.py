@@ -39,6 +39,7 @@ def main() -> None:
         "--fault", nargs="*", default=[], help="KIND@STEP: a lie before that meeting (devnet.island_lies, or ahead: see below)"
     )
     parser.add_argument("--refuse-heals", action="store_true", help="judge every peer's state not the run's agreed one")
+    parser.add_argument("--overlap", action="store_true", help="each meeting overlaps the next round (OuterSync.launch)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     faults = {int(step): kind for kind, step in (f.split("@") for f in args.fault)}
@@ -52,13 +53,11 @@ def main() -> None:
     out = args.out / (f"{args.name}-{where.rank}.pt" if where.world_size > 1 else f"{args.name}.pt")
     data = torch.Generator().manual_seed(sum(args.name.encode()))  # the same on an island's ranks: FSDP splits no data
     record: dict[str, list] = {"pseudo": [], "outcomes": [], "agreed": [], "initial": [a.clone() for a in sync.agreed]}
+    if args.overlap:
+        overlapped(model, inner, sync, data, args.outer_steps, record, out)
+        return
     while sync.step < args.outer_steps:
-        for _ in range(SETTINGS.sync_every):
-            x = torch.randn(16, 8, generator=data)
-            loss = (model(x) - x.flip(-1)).pow(2).mean()
-            inner.zero_grad()
-            loss.backward()
-            inner.step()
+        learn(model, inner, data)
         honest = None
         if (kind := faults.pop(sync.step, None)) == "ahead":
             # For one meeting, claims the next step with weights nobody agreed on: torchft has every island
@@ -80,6 +79,36 @@ def main() -> None:
         record["agreed"].append([a.clone() for a in sync.agreed])
         torch.save(record, out.with_suffix(".tmp"))
         out.with_suffix(".tmp").replace(out)
+    sync.close()
+
+
+def learn(model: torch.nn.Module, inner: torch.optim.Optimizer, data: torch.Generator) -> None:
+    for _ in range(SETTINGS.sync_every):
+        x = torch.randn(16, 8, generator=data)
+        loss = (model(x) - x.flip(-1)).pow(2).mean()
+        inner.zero_grad()
+        loss.backward()
+        inner.step()
+
+
+def overlapped(model: torch.nn.Module, inner: torch.optim.Optimizer, sync: OuterSync, data: torch.Generator, rounds: int, record: dict[str, list], out: Path) -> None:  # fmt: skip
+    """``rounds`` rounds whose meetings overlap the next round: records each round's start and pseudo-gradient, and each
+    meeting's outcome and agreed weights as it lands."""
+    record["start"] = []
+    for k in range(rounds + 1):
+        if k < rounds:
+            record["start"].append([s.clone() for s in sync.start or sync.agreed])
+            learn(model, inner, data)
+            record["pseudo"].append(
+                torch.cat([(s - p.detach()).flatten() for s, p in zip(record["start"][-1], model.parameters())]).to(WIRE)
+            )
+        landed = sync.wait() if k < rounds else sync.finish()
+        if landed is not None:
+            record["outcomes"].append(landed)
+            record["agreed"].append([a.clone() for a in sync.agreed])  # before the next meeting changes them
+        if k < rounds:
+            sync.launch(uuid.uuid4().hex, contribute=sync.started_from_record(landed))
+    torch.save(record, out)
     sync.close()
 
 

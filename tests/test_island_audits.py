@@ -25,13 +25,14 @@ from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.island_models import IslandAudit, IslandShare
 from intellect_protocol.coordinator.services.settlement import slashes_due
 from intellect_protocol.devnet.processes import Process, start_relay
-from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
 from intellect_protocol.shared.island_audit_schemas import IslandAuditVerdict
 from intellect_protocol.shared.island_schemas import IslandClaim
-from intellect_protocol.shared.pretraining.manifest import ShardRef
+from intellect_protocol.shared.pretraining.manifest import ShardRef, load_manifest
 from intellect_protocol.shared.shardcast.weights import Weights
 from intellect_protocol.shared.states import AuditState, ShareState
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
+from intellect_protocol.trainer.islands import OuterSync
 from intellect_protocol.trainer.pretrain_island import PretrainIsland
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.island_audits import IslandAuditor
@@ -57,6 +58,20 @@ class OtherDataIsland(PretrainIsland):
     def fetch(self, ref: ShardRef) -> torch.Tensor:
         shards = self.corpus.shards
         return super().fetch(shards[(shards.index(ref) + 1) % len(shards)] if ref in shards else ref)
+
+
+class ForgedStartSync(OuterSync):
+    """Names a start its overlapped rounds never took: a pseudo-gradient the run never included."""
+
+    @property
+    def start_digest(self) -> str | None:
+        return None if self.eager is None else "0" * 64
+
+
+class ForgedStartIsland(PretrainIsland):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sync.__class__ = ForgedStartSync
 
 
 def train(served: Served, key: LocalAccount, run_id: str, island_class: type[PretrainIsland], tmp_path: Path) -> None:
@@ -103,11 +118,16 @@ def origin_relay(served: Served, workdir: Path) -> Process:
     return process
 
 
-@pytest.mark.parametrize("liar", [None, LazyIsland, OtherDataIsland], ids=["honest", "lazy", "other-data"])
+@pytest.mark.parametrize(
+    "liar, overlap",
+    [(None, False), (None, True), (LazyIsland, False), (LazyIsland, True), (OtherDataIsland, False)],
+    ids=["honest", "honest-overlapped", "lazy", "lazy-overlapped", "other-data"],
+)
 def test_validators_replay_drawn_steps_and_a_lying_island_is_caught(
-    sqlite_url: str, tmp_path: Path, example: Path, liar: type[PretrainIsland] | None
+    sqlite_url: str, tmp_path: Path, example: Path, liar: type[PretrainIsland] | None, overlap: bool
 ) -> None:
-    run_id = audited_run(sqlite_url, tmp_path, example)
+    """Overlapped, each round starts from the agreed weights a step older: validators replay it from those."""
+    run_id = audited_run(sqlite_url, tmp_path, example, *(["--overlap"] if overlap else []))
     with serve(settings(sqlite_url, tmp_path / "blobs")) as served:
         trainer = Account.create()
         grant(served, admin_token(served), trainer.address, "trainer")
@@ -148,7 +168,7 @@ def test_validators_replay_drawn_steps_and_a_lying_island_is_caught(
         finally:
             relay.stop()
     if liar is None:
-        assert states == [AuditState.passed] * len(drawn)
+        assert states == [AuditState.passed] * len(drawn) and consumed_before == len(load_manifest(example / "corpus").shards)
         assert consumed_after == consumed_before
         assert public[0]["last_exclusion"] is None and not due
         return
@@ -162,3 +182,22 @@ def test_validators_replay_drawn_steps_and_a_lying_island_is_caught(
 
 def _verdict(key: Any) -> IslandAuditVerdict:
     return IslandAuditVerdict(address=key.address, relative_error=0.0, cosine=1.0)
+
+
+def test_an_overlapped_round_naming_a_start_the_run_never_included_convicts_its_island(
+    sqlite_url: str, tmp_path: Path, example: Path
+) -> None:
+    """An overlapped round starts from the agreed weights minus the island's own last pseudo-gradient, which its
+    report names: naming one the run never included is caught when the step is drawn, with no replay."""
+    run_id = audited_run(sqlite_url, tmp_path, example, "--overlap")
+    with serve(settings(sqlite_url, tmp_path / "blobs")) as served:
+        trainer = Account.create()
+        grant(served, admin_token(served), trainer.address, "trainer")
+        with pytest.raises(Refused) as caught:
+            train(served, trainer, run_id, ForgedStartIsland, tmp_path)
+        with make_sessionmaker(served.engine)() as session:
+            audits = session.scalars(select(IslandAudit).where(IslandAudit.run_id == run_id).order_by(IslandAudit.id)).all()
+            consumed = session.scalar(select(func.count()).where(IslandShare.state == ShareState.consumed))
+    assert caught.value.status == 403 and "never included" in caught.value.message
+    assert [(a.outer_step, a.state) for a in audits] == [(0, AuditState.moot), (1, AuditState.failed)]
+    assert consumed == 0

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from intellect_protocol.shared.island_schemas import OuterSettings
-from intellect_protocol.trainer.islands import TAG_BYTES, outer_optimizer, pairwise_dots, robust_average
+from intellect_protocol.trainer.islands import TAG_BYTES
+from intellect_protocol.trainer.robust_average import outer_optimizer, pairwise_dots, robust_average
 from tests.island_worker import SETTINGS, initial_model
 
 WORKER = Path(__file__).with_name("island_worker.py")
@@ -200,6 +201,30 @@ def test_two_islands_agree_on_the_outer_steps_one_process_computes_leaving_out_a
     assert same(ra["agreed"][-1], replay(sent))
     # On the wire: a slot of 2 bytes a parameter for each island, and each island's name and attempt.
     assert ra["outcomes"][0].sent_bytes == 2 * 2 * sum(p.numel() for p in initial_model().parameters()) + 2 * TAG_BYTES * 8
+
+
+@pytest.mark.integration
+def test_overlapped_meetings_agree_on_the_steps_one_process_computes_from_a_round_late_start(lighthouse, tmp_path: Path) -> None:
+    """Streaming DiLoCo's overlap (``OuterSync.launch``): each meeting runs while the next round trains, which starts
+    eagerly from the agreed weights it has minus the island's own pseudo-gradient as sent (its guess of the meeting's
+    result); the agreed weights are still what one process computes from what was sent."""
+    address = lighthouse(2)
+    a, b = island("a", address, tmp_path, 4, "--overlap"), island("b", address, tmp_path, 4, "--overlap")
+    finished(a, b)
+    ra, rb = record(tmp_path, "a"), record(tmp_path, "b")
+    assert [o.step for o in ra["outcomes"]] == [0, 1, 2, 3] and all(o.committed for o in ra["outcomes"])
+    for r in (ra, rb):  # round k from meeting k - 2's agreed weights (the initial ones before) less its round k - 1
+        assert same(r["start"][0], ra["initial"])
+        for k in (1, 2, 3):
+            before = ra["initial"] if k == 1 else ra["agreed"][k - 2]
+            sent = r["pseudo"][k - 1].float().split([a.numel() for a in before])
+            assert same(r["start"][k], [a - s.view_as(a) for a, s in zip(before, sent)])
+    assert same(ra["agreed"][-1], rb["agreed"][-1])
+    sent = [
+        [{"a": ra, "b": rb}[i.island]["pseudo"][k] for i in sorted(o.included, key=lambda i: i.island)]
+        for k, o in enumerate(ra["outcomes"])
+    ]
+    assert same(ra["agreed"][-1], replay(sent))
 
 
 @pytest.mark.integration

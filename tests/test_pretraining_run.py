@@ -144,6 +144,10 @@ def test_the_corpus_is_checked_before_the_run_is_made(sqlite_url: str, tmp_path:
     )
     assert result.exit_code == 2 and "not the one that made the corpus" in result.output
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").rglob("*.safetensors"))
+    # An RL island waiting for accepted work with a meeting in flight could wait on nodes waiting for that step.
+    rl = ["run", "create", "--name", "r", "--overlap", "--database-url", sqlite_url]
+    result = CliRunner().invoke(coordinator_cli, rl, env={"INTELLECT_BLOB_DIR": str(tmp_path / "b")})
+    assert result.exit_code == 2 and "overlapped outer steps are for pretraining runs" in result.output, result.output
 
 
 def test_one_island_learns_the_whole_corpus_in_published_steps(sqlite_url: str, tmp_path: Path, example: Path) -> None:

@@ -1,25 +1,21 @@
 """The trainer as one island among several (``intellect-trainer run --island NAME --lighthouse URL``).
 
-Per outer step: ``sync_every`` inner GRPO updates, each on ``groups_per_step`` groups from accepted
-submissions this island claimed (no other island holds them: :mod:`shared.island_schemas`); then the
-claims those updates learned from are reported under the step's attempt, and the islands meet
-(:class:`trainer.islands.OuterSync`). After a committed meeting every island builds the next policy step's
-files from the agreed weights and vouches for their content and for the island the meeting chose to publish
-(:mod:`coordinator.services.step_vouches`); that island publishes them through shardcast, as a lone trainer
-does, once most live islands vouch, and settles the step: the included islands' claims are consumed, the
-others' go back to the pool. Nodes only ever see published steps.
+Per outer step: ``sync_every`` inner GRPO updates, each on ``groups_per_step`` groups from accepted submissions this
+island claimed (no other island holds them: :mod:`shared.island_schemas`); then the claims those updates learned from
+are reported under the step's attempt, and the islands meet (:class:`trainer.islands.OuterSync`; with the run's
+``overlap``, while the next round trains). After a committed meeting every island builds the next policy step's files
+from the agreed weights and vouches for their content and for the island the meeting chose to publish
+(:mod:`coordinator.services.step_vouches`); that island publishes them through shardcast once most live islands
+vouch, and settles the step: the included islands' claims are consumed, the others' go back to the pool.
 
-Nothing is trained on twice or lost: a claim is consumed only once a step that averaged it is
-published; an island that restarts gives back what it held unreported (its inner progress died with
-it) and recovers the agreed weights from a live peer, which it keeps only if the coordinator holds the same
-content for that step (published, or vouched for by most other live islands); a publisher that dies after the meeting leaves its
-step unpublished, and the next meeting's publisher publishes the following step and settles both.
+Nothing is trained on twice or lost: a claim is consumed only once a step that averaged it is published; an island
+that restarts gives back what it held unreported and recovers the agreed weights from a live peer, which it keeps
+only if the coordinator holds the same content for that step; a publisher that dies after the meeting leaves its step
+unpublished, and the next meeting's publisher publishes the following step and settles both. The island's own state
+is saved after every meeting, so an island that finds no live peer resumes from it.
 
-The island's own state (the agreed weights, the outer and inner optimizers, the last steps' included
-attempts) is saved after every meeting, so an island that finds no live peer resumes from it.
-
-An island may be FSDP ranks under ``torchrun`` (every island of a run the same number): its first rank
-talks to the coordinator and publishes, and every decision it takes is broadcast to the others.
+An island may be FSDP ranks under ``torchrun`` (every island of a run the same number): its first rank talks to the
+coordinator and publishes, and every decision it takes is broadcast to the others.
 """
 
 from __future__ import annotations
@@ -36,6 +32,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 from eth_account.signers.local import LocalAccount
+from transformers import PreTrainedModel
 
 from intellect_protocol.shared.coordinator_client import Refused
 from intellect_protocol.shared.files import write_atomic_with
@@ -118,6 +115,10 @@ class IslandTrainer(Trainer):
         self.used: list[int] = []
         """Claims this outer step's inner updates learned from."""
         self.warned_two = False
+        self._landed: OuterStep | None = None
+        """Overlapped: the meeting last waited for."""
+        self._round: tuple[dict[str, float], float] = ({}, time.perf_counter())
+        """Overlapped: the metrics and start of the round whose meeting is in flight."""
 
     def _body(self, schema: type[Any], **fields: Any) -> Any:
         return schema(address=self.account.address, run_id=self.run_id, island=self.island, **fields)
@@ -164,12 +165,7 @@ class IslandTrainer(Trainer):
             metrics = self.train_step(batch, stop)
         return metrics
 
-    def run(
-        self,
-        stop: threading.Event,
-        steps: int | None = None,
-        on_step: StepHook | None = None,
-    ) -> int:
+    def run(self, stop: threading.Event, steps: int | None = None, on_step: StepHook | None = None) -> int:
         """Inner updates and outer steps until ``stop`` (or until policy step ``steps`` is published); returns the step reached."""
         if self.settings.threads is not None:
             torch.set_num_threads(self.settings.threads)
@@ -181,30 +177,68 @@ class IslandTrainer(Trainer):
             except Abandoned:
                 break
             if learnt is None:
+                if self._land(on_step) and not stop.is_set():
+                    continue  # the meeting in flight is published: what it settled may free more to learn
                 return self.sync.step
-            metrics = learnt
             attempt = self._from_leader(lambda: uuid.uuid4().hex)  # the island's ranks tell the others one attempt
+            if self.outer_settings.overlap:
+                self._overlapped(attempt, learnt, started, on_step)
+                continue
             outcome = self._meet(attempt, contribute=self._from_leader(functools.partial(self._report, attempt)))
             self.used = []
-            if outcome.participants == 2 and not self.warned_two:
-                self.warned_two = True
-                log.warning(
-                    "island %s: this run's islands are two, and one bad island can stall it (cancel every step, never "
-                    "reverse it); from three islands on, one liar cannot move the agreed weights outside what the others send",
-                    self.island,
-                )
-            if outcome.committed:
-                metrics.update(
-                    participants=outcome.participants,
-                    islands=len(outcome.included),
-                    sent_bytes=outcome.sent_bytes,
-                    step_s=time.perf_counter() - started,
-                )
-                log.info("island %s: outer step %d -> policy step %d, %s", self.island, outcome.step, self.sync.step, outcome)
-                published = self._vouch_and_publish(outcome, metrics)
-                if published and on_step is not None:
-                    on_step(self.sync.step, metrics, outcome)
+            self._after_meeting(outcome, learnt, started, on_step)
+        self._land(on_step)
         return self.sync.step
+
+    def _overlapped(self, attempt: str, metrics: dict[str, float], started: float, on_step: StepHook | None) -> None:
+        """The run's meetings overlap the next round (:meth:`OuterSync.launch`): wait for the meeting in flight, report
+        this round's claims under the step it makes next (unless the round started from a pseudo-gradient the run left
+        out: then they go back), launch this round's meeting, and publish the waited one."""
+        previous = self._landed = self.sync.wait()
+        contribute = self._report(attempt)
+        self._save()  # nothing in flight: the agreed weights hold still
+        agreed = self._agreed_model()
+        self.sync.launch(attempt, contribute)
+        self.begin_inner()
+        self.used = []
+        if previous is not None:
+            self._after_meeting(previous, *self._round, on_step, agreed)
+        self._round = (metrics, started)
+
+    def _land(self, on_step: StepHook | None) -> bool:
+        """Overlapped: finish the meeting in flight and publish it; whether there was one."""
+        if not self.sync.in_flight:
+            return False
+        outcome = self.sync.finish()
+        self._save()
+        if outcome is not None:
+            self._after_meeting(outcome, *self._round, on_step)
+        return True
+
+    def _agreed_model(self) -> PreTrainedModel:
+        """The model holding the agreed weights: the island's own, unless its rounds overlap the meetings (it holds the
+        next round's start then)."""
+        return self.model if self.sync.start is None else self.sync.agreed_copy(self.model)
+
+    def _after_meeting(self, outcome: OuterStep, metrics: dict[str, float], started: float, on_step: StepHook | None, agreed: PreTrainedModel | None = None) -> None:  # fmt: skip
+        if outcome.participants == 2 and not self.warned_two:
+            self.warned_two = True
+            log.warning(
+                "island %s: this run's islands are two, and one bad island can stall it (cancel every step, never "
+                "reverse it); from three islands on, one liar cannot move the agreed weights outside what the others send",
+                self.island,
+            )
+        if not outcome.committed:
+            return
+        metrics.update(
+            participants=outcome.participants,
+            islands=len(outcome.included),
+            sent_bytes=outcome.sent_bytes,
+            step_s=time.perf_counter() - started,
+        )
+        log.info("island %s: outer step %d -> policy step %d, %s", self.island, outcome.step, outcome.step + 1, outcome)
+        if self._vouch_and_publish(outcome, metrics, agreed or self.model) and on_step is not None:
+            on_step(outcome.step + 1, metrics, outcome)
 
     def _meet(self, attempt: str, contribute: bool) -> OuterStep:
         outcome = self.sync.sync(attempt, contribute=contribute)
@@ -225,7 +259,7 @@ class IslandTrainer(Trainer):
             # pause shorter than any lighthouse's join timeout keeps a request waiting there when they do.
             outcome = self._meet(uuid.uuid4().hex, contribute=False)
             if outcome.committed:  # the others stepped with it there: it vouches as they do
-                self._vouch_and_publish(outcome, {})
+                self._vouch_and_publish(outcome, {}, self.model)
             if outcome.participants == 1:
                 stop.wait(0.25)
             if self._from_leader(lambda: time.monotonic() > deadline and self.sync.step < published):
@@ -237,29 +271,37 @@ class IslandTrainer(Trainer):
         self._save()
 
     def _report(self, attempt: str) -> bool:
-        """Report this step's claims; False (stay out of the step) if some were given to another island meanwhile."""
+        """Report this step's claims; False (stay out of the step, its claims given back) if some were given to another
+        island meanwhile, or if it started from a pseudo-gradient of this island the run left out (overlapped)."""
         if not self.used:
             return False
+        if not self.sync.started_from_record(self._landed):
+            return self._stay_out("its last pseudo-gradient was left out, and this round started from it")
+        report = {"outer_step": self.sync.step, "attempt": attempt, "cursors": self.used, "start_digest": self.sync.start_digest}
         try:
-            self.api.island_report(self._body(IslandReport, outer_step=self.sync.step, attempt=attempt, cursors=self.used))
+            self.api.island_report(self._body(IslandReport, **report))
             return True
         except Refused as e:
             if e.status != 409:
                 raise
-            log.warning("island %s stays out of outer step %d: %s", self.island, self.sync.step, e)
-            self.api.island_join(self._body(IslandJoin))  # whatever it still holds goes back too
-            self.forget_claims()
-            return False
+            return self._stay_out(e.message)
+
+    def _stay_out(self, why: str) -> bool:
+        log.warning("island %s stays out of outer step %d: %s", self.island, self.sync.step, why)
+        self.api.island_join(self._body(IslandJoin))  # whatever it still holds goes back too
+        self.forget_claims()
+        return False
 
     def forget_claims(self) -> None:
         """The coordinator took back every claim of this island (it rejoined)."""
         self.queue, self.seen = [], set()
 
-    def _vouch_and_publish(self, outcome: OuterStep, metrics: dict[str, float]) -> bool:
-        """After a committed meeting: build the new policy step's files and vouch for them and the chosen publisher;
-        as the publisher, publish them once most live islands vouch, and settle the last two committed steps
-        (the earlier again, in case its own publisher died before it could). True if this island published."""
-        step = self.sync.step
+    def _vouch_and_publish(self, outcome: OuterStep, metrics: dict[str, float], agreed: PreTrainedModel) -> bool:
+        """After a committed meeting: build the new policy step's files from ``agreed`` (the model holding its agreed
+        weights) and vouch for them and the chosen publisher; as the publisher, publish them once most live islands
+        vouch, and settle it and the committed step before (the earlier again, in case its own publisher died before
+        it could). True if this island published."""
+        step = outcome.step + 1
         if not outcome.publisher:
             log.warning(
                 "island %s: outer step %d named no publisher: policy step %d is left to the next", self.island, outcome.step, step
@@ -269,7 +311,7 @@ class IslandTrainer(Trainer):
         if not self.where.leader:
             return False
         directory = step_dir(self.origin_dir, self.run_id, step) if outcome.leader else self.checkpoint_dir / "vouched"
-        self._write_step(directory, gathered)
+        self._write_step(directory, gathered, agreed)
         chunk_size = self.outer_settings.chunk_size
         signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=chunk_size) if outcome.leader else None
         manifest = signed.manifest if signed else build_manifest(directory, self.run_id, step, chunk_size=chunk_size)
@@ -286,46 +328,37 @@ class IslandTrainer(Trainer):
             return False
         body = TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
         self.api.trainer_metrics(body)
-        for done in self.sync.committed:
+        for done in [c for c in self.sync.committed if c.step <= outcome.step][-2:]:  # not one committed since
             reply = self.api.island_settle(
                 self._body(IslandSettle, outer_step=done.step, included=done.included, excluded=done.excluded)
             )
-            for digest in reply.audits:
-                self._upload_audited(digest)
+            self.upload_audited(reply.audits)
         return True
 
     def audited(self) -> bool:
         """Whether this run's steps are audited, so every island keeps what it received (:attr:`OuterSync.sent`)."""
         return False
 
-    def _upload_audited(self, digest: str) -> None:
-        """Upload a pseudo-gradient the coordinator drew for audit, as this island received it."""
-        sent = self.sync.sent.get(digest)
-        if sent is None:  # received before this island restarted: another island of the step uploads it
-            log.warning("island %s: pseudo-gradient %s drawn for audit is not held here", self.island, digest[:12])
-            return
-        try:
-            self.api.upload_pseudo_gradient(self.run_id, sent.view(torch.int16).numpy().tobytes())
-        except Refused as e:
-            if e.status != 404:
-                raise
-            log.info("island %s: pseudo-gradient %s is uploaded already (%s)", self.island, digest[:12], e.message)
+    def upload_audited(self, digests: list[str]) -> None:
+        """Upload the pseudo-gradients a settling drew for audit (an RL run draws none)."""
 
-    def _write_step(self, directory: Path, gathered: dict[str, torch.Tensor] | None) -> None:
-        """A policy step's files in ``directory`` (emptied first), from the island's gathered weights."""
+    def _write_step(self, directory: Path, gathered: dict[str, torch.Tensor] | None, model: PreTrainedModel) -> None:
+        """A policy step's files in ``directory`` (emptied first), from the island's gathered weights (or ``model``'s)."""
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
-        self.model.save_pretrained(directory, state_dict=gathered)
+        model.save_pretrained(directory, state_dict=gathered)
         self.tokenizer.save_pretrained(directory)
 
     def _check_heal(self) -> bool:
-        """A peer's state is in the model: whether the coordinator holds its content for its step."""
+        """A peer's state is in the agreed weights: whether the coordinator holds its content for its step."""
         step = self.sync.step
+        # Healed during an overlapped meeting, the model holds the next round, still training: judge a copy.
+        model = self._agreed_model() if self.sync.in_flight else self.model
         gathered = full_state_dict(self.learner.module, self.where)  # every rank takes part
 
         def ask() -> bool:
             directory = self.checkpoint_dir / "healed"
-            self._write_step(directory, gathered)
+            self._write_step(directory, gathered, model)
             content = build_manifest(directory, self.run_id, step, chunk_size=self.outer_settings.chunk_size).content_digest()
             try:
                 self.api.island_heal_check(self._body(IslandHealCheck, step=step, content=content))

@@ -4,7 +4,7 @@ the fault-tolerant all-reduce over Gloo, and recovery of a joining island's stat
 Each island trains on its own data for ``sync_every`` inner steps, then every island in the quorum
 meets: it sends its pseudo-gradient (the weights the islands last agreed on minus its own) in bf16, each
 into its own slot of one all-reduce, so every island receives every pseudo-gradient exactly as sent. Each
-then computes the same robust average (:func:`robust_average`) and the outer Nesterov SGD steps the agreed
+then computes the same robust average (:func:`trainer.robust_average.robust_average`) and the outer Nesterov SGD steps the agreed
 weights (kept in fp32) by it. Every island then starts its next inner steps from the new agreed weights.
 The outer step's number is torchft's step; committed, its agreed weights are policy step ``step + 1``, which
 every island vouches for and one publishes (:mod:`coordinator.services.step_vouches`).
@@ -13,12 +13,16 @@ Nothing an island says about its own pseudo-gradient is believed: norms are meas
 that is not finite, or whose norm exceeds ``outlier_ratio`` times the upper median of the measured norms, is
 left out and named; the rest are clipped to the lower median norm. With three islands or more and the run's
 ``screen_directions`` (on from DiLoCo's H), one whose pseudo-gradient points against every other one's is left out
-and named too, when the others are a majority that all point the same way (:func:`against_the_rest`): a
+and named too, when the others are a majority that all point the same way (:func:`~trainer.robust_average.against_the_rest`): a
 sign-flipped island then costs the honest islands nothing. The average is the mean of what is left if it is two,
 else the coordinate-wise median, which one liar among three cannot move beyond the honest islands' values.
 With two, it is the mean of the two clipped ones: a lying island can cancel the honest one's step (stall the
 run) but not reverse or blow it up. One of norm 0 (an island that just recovered, or had nothing to learn
 from) adds nothing. The price is bandwidth: each island receives all the pseudo-gradients, not their sum.
+
+With the run's ``overlap`` (:meth:`OuterSync.launch`, Streaming DiLoCo's overlap a whole round deep), a meeting runs
+on a thread of its own while the next round's inner steps run, so a link slower than a round's compute costs no
+waiting; the price is a round that starts from the agreed weights one outer step older.
 
 An island may itself be FSDP ranks under ``torchrun`` (every island the same number): each rank meets
 the same rank of the other islands with its own shard of the pseudo-gradients and agreed weights, norms
@@ -40,14 +44,16 @@ import logging
 import math
 import os
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.distributed import ReduceOp, TCPStore
 
 from intellect_protocol.shared.island_schemas import Included, OuterSettings
+from intellect_protocol.trainer.robust_average import outer_optimizer, pairwise_dots, robust_average
 
 
 class _NoFlightRecorderNotice(logging.Filter):
@@ -61,6 +67,7 @@ class _NoFlightRecorderNotice(logging.Filter):
 logging.getLogger("torchft.manager").addFilter(_NoFlightRecorderNotice())
 
 log = logging.getLogger("intellect.trainer.islands")
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 WIRE = torch.bfloat16
@@ -88,70 +95,6 @@ class OuterStep:
     """Bytes this island put on the all-reduce for it."""
 
 
-def pairwise_dots(sent: torch.Tensor) -> torch.Tensor:
-    """Every pair's dot product, ``[participants, participants]`` from ``sent [participants, size]``; its diagonal
-    holds each one's squared norm. Under FSDP each rank's are summed into the whole island's."""
-    return sent @ sent.T
-
-
-def robust_average(
-    sent: torch.Tensor, norms: list[float], ratio: float, dots: torch.Tensor | None = None, screen: bool = False
-) -> tuple[torch.Tensor | None, list[int], dict[int, str]]:
-    """The outer step's pseudo-gradient from every participant's ``sent [participants, size]`` (fp32, a shard
-    under FSDP), their whole measured ``norms`` and ``dots`` (:func:`pairwise_dots`, whole; by default those of
-    ``sent``), with directions screened if ``screen``: (the average, or None if no one is sound; who it includes,
-    by index; who is left out, and why). See the module docstring."""
-    dots = pairwise_dots(sent) if dots is None else dots
-    excluded = {i: "its pseudo-gradient is not finite" for i, n in enumerate(norms) if not math.isfinite(n)}
-    sound = sorted((n, i) for i, n in enumerate(norms) if math.isfinite(n) and n > 0)
-    if sound:
-        upper = sound[len(sound) // 2][0]
-        for n, i in sound:
-            if n > ratio * upper:
-                excluded[i] = f"its pseudo-gradient's norm {n:.3g} is {n / upper:.0f}x the median {upper:.3g}"
-        sound = [(n, i) for n, i in sound if i not in excluded]
-    if not sound:
-        return None, [], excluded
-    bound = sound[(len(sound) - 1) // 2][0]
-    kept = sorted(i for _, i in sound)
-    if screen and len(kept) >= 3:
-        against = against_the_rest(kept, dots, norms)
-        excluded |= against
-        kept = [i for i in kept if i not in against]
-    clipped = torch.stack([sent[i] * min(1.0, bound / norms[i]) for i in kept])
-    if len(clipped) < 3:
-        return clipped.mean(0), kept, excluded
-    ordered = clipped.sort(dim=0).values
-    middle = len(ordered) // 2
-    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    return median, kept, excluded
-
-
-def against_the_rest(kept: list[int], dots: torch.Tensor, norms: list[float]) -> dict[int, str]:
-    """Of the sound participants ``kept``, those whose pseudo-gradient points against every other one's (a
-    negative cosine with each), and why: left out only when the rest are a majority whose pseudo-gradients all
-    point the same way as one another's. Otherwise none: honest islands that disagree among themselves give no
-    direction to screen by, and the coordinate-wise median bounds a liar then."""
-
-    def cosine(i: int, j: int) -> float:
-        return float(dots[i, j]) / (norms[i] * norms[j])
-
-    against = [i for i in kept if all(cosine(i, j) < 0 for j in kept if j != i)]
-    rest = [i for i in kept if i not in against]
-    if not against or 2 * len(rest) <= len(kept) or any(cosine(i, j) <= 0 for i in rest for j in rest if i < j):
-        return {}
-    return {
-        i: f"its pseudo-gradient points against every other island's (cosine {max(cosine(i, j) for j in rest):.2f} at most)"
-        for i in against
-    }
-
-
-def outer_optimizer(agreed: list[torch.Tensor], settings: OuterSettings) -> torch.optim.SGD:
-    """DiLoCo's outer Nesterov SGD on the agreed weights; without momentum, plain SGD (at lr 1: averaging)."""
-    momentum = settings.outer_momentum
-    return torch.optim.SGD(agreed, lr=settings.outer_lr, momentum=momentum, nesterov=momentum > 0)
-
-
 class OuterSync:
     """The outer half of DiLoCo for one island: call :meth:`sync` every ``sync_every`` inner steps."""
 
@@ -174,7 +117,7 @@ class OuterSync:
         recovery server and, alone, its store). ``check_heal()``, called on every rank once a peer's state
         is in the model (at :attr:`step`), says whether it is the run's agreed state; without it every peer is
         believed. ``keep_sent`` (an island of one rank in an audited run): every included pseudo-gradient's sha256
-        goes in the step's record, and the last two committed steps' are kept (:attr:`sent`) for audits to upload."""
+        goes in the step's record, and the last committed steps' are kept (:attr:`sent`) for audits to upload."""
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
 
@@ -183,13 +126,19 @@ class OuterSync:
         self.agreed = [p.detach().to(torch.float32, copy=True) for p in self.params]
         self.outer = outer_optimizer(self.agreed, settings)
         self.committed: list[OuterStep] = []
-        """The last two committed steps: the publisher settles both, the earlier again in case its own
-        publisher died before it could."""
+        """The last three committed steps: the publisher of one settles it and the one before, the earlier again in
+        case its own publisher died before it could (three: overlapped, the next may commit meanwhile)."""
         self.world_size = world_size
         self.check_heal = check_heal
         self.keep_sent = keep_sent and world_size == 1
         self.sent: dict[str, torch.Tensor] = {}
-        """By sha256, the bf16 pseudo-gradients the last two committed steps included, as received."""
+        """By sha256, the bf16 pseudo-gradients the committed steps kept included, as received."""
+        self.start: list[torch.Tensor] | None = None
+        """Overlapped (:meth:`launch`): the weights this round's inner steps started from, no longer the agreed ones."""
+        self._meeting: Future[OuterStep] | None = None
+        self.eager: tuple[str, torch.Tensor] | None = None
+        """Overlapped: the attempt and sent pseudo-gradient the round now running subtracted from its start."""
+        self._meets = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"meet-{island}")
         self._own_manager = {"step": step, "batches_committed": 0}
         self._sitting_out: str | None = None
         timeout = timedelta(seconds=timeout_s)
@@ -226,6 +175,7 @@ class OuterSync:
         return int(self.manager.current_step())
 
     def close(self) -> None:
+        self._meets.shutdown(wait=False, cancel_futures=True)
         self.manager.shutdown(wait=False)
 
     def state_dict(self) -> dict[str, Any]:
@@ -267,19 +217,103 @@ class OuterSync:
         self.manager.load_state_dict(self._own_manager)
 
     def _restart_inner(self) -> None:
+        if self._meeting is not None and not self._meeting.done():
+            return  # healed by a meeting in flight: the next launch restarts from its weights, on the training thread
         with torch.no_grad():
             for p, agreed in zip(self.params, self.agreed):
                 p.copy_(agreed)
+            for start, agreed in zip(self.start or [], self.agreed):
+                start.copy_(agreed)
 
     def sync(self, attempt: str, contribute: bool = True) -> OuterStep:
         """Meet the quorum (recovering first if behind) and take outer step :attr:`step` with every sound
-        pseudo-gradient; ``contribute=False`` joins without adding this island's. Blocks until done."""
+        pseudo-gradient; ``contribute=False`` joins without adding this island's. Blocks until done; the next inner
+        steps start from the new agreed weights."""
+        outcome = self._meet(attempt, contribute, self._pseudo())
+        self._restart_inner()
+        return outcome
+
+    def launch(self, attempt: str, contribute: bool = True) -> None:
+        """Streaming DiLoCo's overlap, a whole round deep, with an eager start: meet on a thread of its own while the
+        next round's inner steps run. :meth:`wait` for the meeting launched a round ago first (on a fast enough link,
+        it is done).
+
+        It takes this round's pseudo-gradient against the weights the round started from and launches its meeting,
+        which steps the agreed weights by the robust average. Not knowing that average yet, the next round starts
+        from the agreed weights minus this island's own pseudo-gradient as sent: its best guess of the next agreed
+        weights, and a function of what the run published and the island sent, so an audit replays it. The island
+        sends the next round only if the run included this one (:meth:`started_from_record`). One rank only."""
+        if self.world_size > 1:
+            raise ValueError("overlapped outer steps need islands of one rank")
+        if self.in_flight:
+            raise RuntimeError("a meeting is in flight: wait() for it first")
+        pseudo = self._pseudo()
+        if self.start is None:
+            self.start = [a.clone() for a in self.agreed]
+        self._restart_inner()
+        self.eager = (attempt, pseudo.to(WIRE)) if contribute else None
+        if self.eager is not None:
+            with torch.no_grad():
+                for p, start, sent in zip(self.params, self.start, self._split(self.eager[1].float()), strict=True):
+                    start.sub_(sent)
+                    p.copy_(start)
+        self._meeting = self._meets.submit(self._meet, attempt, contribute, pseudo)
+
+    def started_from_record(self, landed: OuterStep | None) -> bool:
+        """Whether the round now ending started from weights the run records: the agreed ones, or (eager) them minus
+        this island's pseudo-gradient that ``landed``, the meeting just waited for, included."""
+        if self.eager is None:
+            return True
+        attempt = self.eager[0]
+        return (
+            landed is not None
+            and landed.committed
+            and any(i.island == self.island and i.attempt == attempt for i in landed.included)
+        )
+
+    @property
+    def start_digest(self) -> str | None:
+        """sha256 of what the round now ending subtracted from the agreed weights to start from (None: nothing)."""
+        return None if self.eager is None else _sha256(self.eager[1])
+
+    def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """``flat`` cut into the parameters' shapes."""
+        return [part.view_as(p) for part, p in zip(flat.split([p.numel() for p in self.params]), self.params, strict=True)]
+
+    def agreed_copy(self, model: M) -> M:
+        """A copy of ``model`` (the one this island trains) holding the agreed weights."""
+        agreed = copy.deepcopy(model)
+        with torch.no_grad():
+            for p, weights in zip([p for p in agreed.parameters() if p.requires_grad], self.agreed, strict=True):
+                p.copy_(weights)
+        return agreed
+
+    @property
+    def in_flight(self) -> bool:
+        """A meeting launched by :meth:`launch` is not waited for yet."""
+        return self._meeting is not None
+
+    def wait(self) -> OuterStep | None:
+        """The outcome of the meeting in flight once it is done (None if none is)."""
+        meeting, self._meeting = self._meeting, None
+        return None if meeting is None else meeting.result()
+
+    def finish(self) -> OuterStep | None:
+        """The end of overlapped rounds: the meeting in flight's outcome, its agreed weights in the model."""
+        outcome, self.eager = self.wait(), None
+        self._restart_inner()
+        return outcome
+
+    def _pseudo(self) -> torch.Tensor:
+        """This island's pseudo-gradient (fp32, flat): the weights its inner steps started from minus its own."""
+        with torch.no_grad():
+            return torch.cat([(a - p.float()).flatten() for a, p in zip(self.start or self.agreed, self.params)])
+
+    def _meet(self, attempt: str, contribute: bool, pseudo: torch.Tensor) -> OuterStep:
         self._own_manager, self._sitting_out = self.manager.state_dict(), None
         self.manager.start_quorum()  # recovers here from a peer when this island is behind (see _healed)
         contribute = contribute and self._sitting_out is None
         step, n, rank = self.manager.current_step(), self.manager.num_participants(), self.manager.participating_rank()
-        with torch.no_grad():
-            pseudo = torch.cat([(a - p.float()).flatten() for a, p in zip(self.agreed, self.params)])
         tags = torch.zeros(n, TAG_BYTES, dtype=torch.float64)
         # Each participant writes only its own slot: the sum of the slots is every pseudo-gradient as sent.
         slots = torch.zeros(n, pseudo.numel(), dtype=WIRE)
@@ -309,13 +343,10 @@ class OuterSync:
             self.manager.report_error(RuntimeError(self._sitting_out))
         committed = self.manager.should_commit()
         if committed and average is not None:
-            offset = 0
-            for a in self.agreed:
-                a.grad = average[offset : offset + a.numel()].view_as(a)
-                offset += a.numel()
+            for a, part in zip(self.agreed, self._split(average), strict=True):
+                a.grad = part
             self.outer.step()
             self.outer.zero_grad(set_to_none=True)
-        self._restart_inner()
         turn = step % n
         digests = {i: _sha256(slots[i]) for i in included} if self.keep_sent else {}
         outcome = OuterStep(
@@ -331,7 +362,7 @@ class OuterSync:
             sent_bytes=tags.numel() * tags.element_size() + slots.numel() * slots.element_size(),
         )
         if committed:
-            self.committed = [*self.committed, outcome][-2:]
+            self.committed = [*self.committed, outcome][-3:]
             kept = {i.digest for c in self.committed for i in c.included}
             self.sent = {d: t for d, t in self.sent.items() if d in kept} | {d: slots[i] for i, d in digests.items()}
         return outcome

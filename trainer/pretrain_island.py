@@ -15,11 +15,14 @@ It stops once the run's every slot is consumed and it holds none.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
+from intellect_protocol.shared.coordinator_client import Refused
 from intellect_protocol.shared.island_schemas import IslandClaim, ShardSlot
 from intellect_protocol.shared.pretraining.corpus import fetch_shard
 from intellect_protocol.shared.pretraining.evaluation import evaluate
@@ -31,6 +34,7 @@ from intellect_protocol.trainer.islands import OuterStep
 from intellect_protocol.trainer.learner import Abandoned
 from intellect_protocol.trainer.settings import TrainerSettings
 
+log = logging.getLogger("intellect.trainer.pretrain_island")
 CLAIM = 4
 """Slots claimed at a time: a few shards ahead, so a fetch never waits on a claim."""
 
@@ -57,6 +61,19 @@ class PretrainIsland(IslandTrainer):
 
     def audited(self) -> bool:
         return self.pretrain.audit_rate > 0
+
+    def upload_audited(self, digests: list[str]) -> None:
+        for digest in digests:
+            sent = self.sync.sent.get(digest)
+            if sent is None:  # received before this island restarted: another island of the step uploads it
+                log.warning("island %s: pseudo-gradient %s drawn for audit is not held here", self.island, digest[:12])
+                continue
+            try:
+                self.api.upload_pseudo_gradient(self.run_id, sent.view(torch.int16).numpy().tobytes())
+            except Refused as e:
+                if e.status != 404:
+                    raise
+                log.info("island %s: pseudo-gradient %s is uploaded already (%s)", self.island, digest[:12], e.message)
 
     def _problems(self) -> dict[str, Any]:
         return {}  # a corpus, no environment
@@ -88,7 +105,8 @@ class PretrainIsland(IslandTrainer):
             claims = self.api.island_claim_shards(self._body(IslandClaim, limit=CLAIM, wait_s=self.settings.accepted_wait_s))
             self.slots = [s for s in claims.slots if s.cursor not in self.seen]
             self.seen.update(s.cursor for s in self.slots)
-            if not self.slots and (stop.is_set() or self.used or claims.remaining == 0):
+            # A meeting in flight holds slots that may come back: it must land before the round can wait for them.
+            if not self.slots and (stop.is_set() or self.used or claims.remaining == 0 or self.sync.in_flight):
                 return None
         return self.slots.pop(0)
 
@@ -113,8 +131,8 @@ class PretrainIsland(IslandTrainer):
             return None
         return {"loss": loss_sum / max(steps, 1), "inner_steps": steps, "island_tokens": tokens}
 
-    def _vouch_and_publish(self, outcome: OuterStep, metrics: dict[str, float]) -> bool:
+    def _vouch_and_publish(self, outcome: OuterStep, metrics: dict[str, float], agreed: PreTrainedModel) -> bool:
         if outcome.leader and self.where.leader:
             held_out, ood, pad_id = self.judged
-            metrics.update(evaluate(self.model, held_out, ood, pad_id).model_dump(exclude_none=True))
-        return super()._vouch_and_publish(outcome, metrics)
+            metrics.update(evaluate(agreed, held_out, ood, pad_id).model_dump(exclude_none=True))
+        return super()._vouch_and_publish(outcome, metrics, agreed)

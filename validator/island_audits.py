@@ -1,5 +1,5 @@
 """A validator's audits of pretraining islands (:mod:`coordinator.services.island_audits`): replay the outer step a
-run drew, from the weights the step started from, on the slots the island reported in the order it reported them, and
+run drew, from the published weights its inner steps started from, on the slots the island reported in the order it reported them, and
 send how far what the island sent is from the replay. The coordinator judges it against the run's tolerance.
 
 An audit whose starting weights no relay serves now is left for later (or for another validator); nothing is lost.
@@ -44,7 +44,7 @@ class IslandAuditor:
                 info = self.audit(task)
             except DownloadError as e:
                 self.console.print(
-                    f"[yellow]island audit {task.id}: policy step {task.outer_step} could not be fetched ({e}).[/yellow]"
+                    f"[yellow]island audit {task.id}: policy step {task.start_step} could not be fetched ({e}).[/yellow]"
                 )
                 continue
             except Refused as e:
@@ -73,7 +73,11 @@ class IslandAuditor:
             sent = torch.frombuffer(bytearray(data), dtype=torch.bfloat16)
             fetch = functools.partial(self.api.corpus_shard, task.run_id)
             slots = [(s.epoch, fetch_shard(fetch, s.shard, run.corpus, self.shards)) for s in task.slots]
-            verdict = judge(sent, replay(self._weights(run, task.outer_step), slots, run.corpus.pad_id, settings))
+            start = self._weights(run, task.start_step)
+            if task.start_audit is not None:  # an overlapped round: the island's last pseudo-gradient was subtracted
+                before = torch.frombuffer(bytearray(self.api.island_audit_file(task.start_audit)), dtype=torch.bfloat16)
+                _subtract(start, before)
+            verdict = judge(sent, replay(start, slots, run.corpus.pad_id, settings))
         body = IslandAuditVerdict(
             address=self.account.address,
             relative_error=min(verdict.relative_error, MAX_ERROR),
@@ -91,3 +95,14 @@ class IslandAuditor:
         path = run.model if step == 0 else str(self.weights.ensure(run.id, step))
         model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path)
         return model
+
+
+def _subtract(model: PreTrainedModel, sent: torch.Tensor) -> None:
+    """``model``'s weights minus ``sent`` (a flat bf16 pseudo-gradient, in the parameters' order), in fp32 as the island
+    took them (:meth:`trainer.islands.OuterSync.launch`); a pseudo-gradient of the wrong size changes nothing."""
+    params = list(model.parameters())
+    if sent.numel() != sum(p.numel() for p in params):
+        return  # the replay then differs from what was sent, and the audit fails
+    with torch.no_grad():
+        for p, part in zip(params, sent.float().split([p.numel() for p in params]), strict=True):
+            p.sub_(part.view_as(p))

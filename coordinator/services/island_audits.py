@@ -24,7 +24,7 @@ import random
 from datetime import datetime
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from intellect_protocol.coordinator import events
 from intellect_protocol.coordinator.errors import ApiError
@@ -32,7 +32,7 @@ from intellect_protocol.coordinator.island_models import Island, IslandAudit, Is
 from intellect_protocol.coordinator.models import Run
 from intellect_protocol.coordinator.services import pretraining, roles
 from intellect_protocol.shared.island_audit_schemas import IslandAuditInfo, IslandAuditTask, IslandAuditVerdict
-from intellect_protocol.shared.island_schemas import IslandSettle
+from intellect_protocol.shared.island_schemas import IslandSettle, OuterSettings
 from intellect_protocol.shared.schemas import ErrorCode, RoleName
 from intellect_protocol.shared.states import AuditState, RunStatus
 
@@ -47,7 +47,7 @@ def blob_key(run_id: str, digest: str) -> str:
 
 def draw(session: Session, run: Run, body: IslandSettle, now: datetime) -> list[str]:
     """Draw the audits of settled outer step ``body.outer_step`` (once: a repeated settling draws nothing new); the
-    digests of its drawn pseudo-gradients not uploaded yet."""
+    digests of its drawn pseudo-gradients, and of those they started from, not uploaded yet."""
     _, settings = pretraining.corpus_of(run)
     for included in body.included:
         of_step = (IslandAudit.run_id == run.id, IslandAudit.outer_step == body.outer_step, IslandAudit.island == included.island)
@@ -55,23 +55,56 @@ def draw(session: Session, run: Run, body: IslandSettle, now: datetime) -> list[
             continue
         island = session.get_one(Island, (run.id, included.island))
         drawn = _draws.random() < settings.audit_rate
-        session.add(
-            IslandAudit(
-                run_id=run.id,
-                outer_step=body.outer_step,
-                island=included.island,
-                address=island.address,
-                attempt=included.attempt,
-                digest=included.digest,
-                state=AuditState.awaiting_upload if drawn else AuditState.not_drawn,
-                drawn_at=now,
-            )
+        audit = IslandAudit(
+            run_id=run.id,
+            outer_step=body.outer_step,
+            island=included.island,
+            address=island.address,
+            attempt=included.attempt,
+            digest=included.digest,
+            state=AuditState.awaiting_upload if drawn else AuditState.not_drawn,
+            drawn_at=now,
         )
+        session.add(audit)
+        if drawn:
+            _started_from(session, run, audit, now)
     session.flush()
     awaiting = select(IslandAudit.digest).where(
-        IslandAudit.run_id == run.id, IslandAudit.outer_step == body.outer_step, IslandAudit.state == AuditState.awaiting_upload
+        IslandAudit.run_id == run.id,
+        IslandAudit.outer_step.in_([body.outer_step - 1, body.outer_step]),
+        IslandAudit.state == AuditState.awaiting_upload,
     )
     return sorted(set(session.scalars(awaiting)))
+
+
+def _started_from(session: Session, run: Run, audit: IslandAudit, now: datetime) -> None:
+    """An overlapped round started from the agreed weights minus the island's own pseudo-gradient of the step before,
+    which its report names: a replay needs those bytes, so that step's audit is drawn too. A start the run never
+    included (an honest island sends no round that started from one) convicts the island at once."""
+    start = session.scalar(
+        select(IslandShare.start_digest)
+        .where(IslandShare.run_id == run.id, IslandShare.island == audit.island, IslandShare.attempt == audit.attempt)
+        .limit(1)
+    )
+    if start is None:
+        return
+    before = session.scalar(
+        select(IslandAudit).where(
+            IslandAudit.run_id == run.id,
+            IslandAudit.outer_step == audit.outer_step - 1,
+            IslandAudit.island == audit.island,
+            IslandAudit.digest == start,
+        )
+    )
+    session.flush()
+    if before is None:
+        audit.state, audit.decided_at = AuditState.failed, now
+        audit.outcome = f"outer step {audit.outer_step}: its round started from a pseudo-gradient the run never included"
+        convict(session, run, audit, now)
+        return
+    audit.start_audit_id = before.id
+    if before.state == AuditState.not_drawn:
+        before.state = AuditState.awaiting_upload
 
 
 def admit_upload(session: Session, signer: str, run_id: str, digest: str) -> None:
@@ -110,10 +143,13 @@ def open_audits(session: Session, signer: str, limit: int, now: datetime) -> lis
     """Up to ``limit`` open audits of active runs the calling validator has not judged, oldest first."""
     roles.require(session, signer, RoleName.validator).last_seen = now
     judged = select(IslandAuditVote.audit_id).where(IslandAuditVote.validator == signer)
+    start = aliased(IslandAudit)
+    uploaded = select(start.id).where(start.blob_key.is_not(None))  # what an overlapped round started from
     audits = session.scalars(
         select(IslandAudit)
         .join(Run, Run.id == IslandAudit.run_id)
         .where(IslandAudit.state == AuditState.open, Run.status == RunStatus.active, IslandAudit.id.not_in(judged))
+        .where(IslandAudit.start_audit_id.is_(None) | IslandAudit.start_audit_id.in_(uploaded))
         .order_by(IslandAudit.id)
         .limit(limit)
     ).all()
@@ -121,7 +157,9 @@ def open_audits(session: Session, signer: str, limit: int, now: datetime) -> lis
 
 
 def _task(session: Session, audit: IslandAudit) -> IslandAuditTask:
-    manifest, _ = pretraining.corpus_of(session.get_one(Run, audit.run_id))
+    run = session.get_one(Run, audit.run_id)
+    manifest, _ = pretraining.corpus_of(run)
+    overlapped = OuterSettings.model_validate(run.outer or {}).overlap
     reported = session.scalars(
         select(IslandShare.cursor)
         .where(IslandShare.run_id == audit.run_id, IslandShare.island == audit.island, IslandShare.attempt == audit.attempt)
@@ -132,9 +170,11 @@ def _task(session: Session, audit: IslandAudit) -> IslandAuditTask:
         id=audit.id,
         run_id=audit.run_id,
         outer_step=audit.outer_step,
+        start_step=max(audit.outer_step - 1, 0) if overlapped else audit.outer_step,
         island=audit.island,
         digest=audit.digest,
         slots=[pretraining.slot(manifest, cursor) for cursor in reported],
+        start_audit=audit.start_audit_id,
     )
 
 

@@ -156,7 +156,12 @@ def report(session: Session, signer: str, body: IslandReport, now: datetime) -> 
             f"{len(cursors) - (held or 0)} of these {len(cursors)} submissions are not claimed by island {island.name!r} "
             "(released after its lease, reported already, or never claimed); it must stay out of this outer step.",
         )
-    reported = {"state": ShareState.pending, "outer_step": body.outer_step, "attempt": body.attempt}
+    reported = {
+        "state": ShareState.pending,
+        "outer_step": body.outer_step,
+        "attempt": body.attempt,
+        "start_digest": body.start_digest,
+    }
     if run.kind == RunKind.pretrain:  # a few whole shards: the order they were learnt in is what an audit replays
         order = {cursor: i for i, cursor in reversed(list(enumerate(body.cursors)))}
         reported["position"] = case(order, value=IslandShare.cursor)

@@ -1,5 +1,5 @@
-"""Audits of pretraining islands: the order each report learnt its claims in, and the audits drawn of published steps
-with the validators' votes on them.
+"""Audits of pretraining islands: the order each report learnt its claims in (and, overlapped, what its round started
+from), and the audits drawn of published steps with the validators' votes on them.
 
 Revision ID: 0024
 Revises: 0023
@@ -18,6 +18,7 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("island_shares") as batch:
         batch.add_column(sa.Column("position", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("start_digest", sa.String(64), nullable=True))
     op.create_table(
         "island_audits",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
@@ -32,6 +33,7 @@ def upgrade() -> None:
         sa.Column("drawn_at", sa.DateTime(), nullable=False),
         sa.Column("decided_at", sa.DateTime(), nullable=True),
         sa.Column("outcome", sa.Text(), nullable=True),
+        sa.Column("start_audit_id", sa.Integer(), sa.ForeignKey("island_audits.id"), nullable=True),
         sa.UniqueConstraint("run_id", "outer_step", "island"),
     )
     op.create_index("ix_island_audits_state", "island_audits", ["state"])
@@ -51,4 +53,5 @@ def downgrade() -> None:
     op.drop_index("ix_island_audits_state", "island_audits")
     op.drop_table("island_audits")
     with op.batch_alter_table("island_shares") as batch:
+        batch.drop_column("start_digest")
         batch.drop_column("position")
