@@ -3,10 +3,11 @@
 It makes the synthetic metagenomic corpus, tokenizer and model in the workdir (:mod:`shared.pretraining.metagenome`),
 judges the untrained model on the held-out and out-of-distribution reads, creates a pretraining run on the corpus
 (``run create --kind pretrain``: its shards checked and put in the coordinator's blob store) and starts the
-coordinator, the shardcast origin and relay, a lighthouse and the trainer islands; no node and no validator, since a
-pretraining run has no rollouts. The islands learn every shard once an epoch and stop once the corpus is learnt.
-``summary.json`` records the held-out loss, perplexity and out-of-distribution AUROC before and after and by step,
-the tokens trained and each island's share.
+coordinator, the shardcast origin and relay, a lighthouse, the trainer islands and a validator, which replays the
+islands' outer steps the run draws for audit (:data:`AUDIT_RATE` of them); no node, since a pretraining run has no
+rollouts. The islands learn every shard once an epoch and stop once the corpus is learnt; the devnet waits for the
+audits drawn to be decided. ``summary.json`` records the held-out loss, perplexity and out-of-distribution AUROC
+before and after and by step, the tokens trained, and each island's share and audits.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ SYNC_EVERY = 16
 """Inner steps between the islands' outer steps (whole shards: an outer step ends with the shard it is in)."""
 EPOCHS = 2
 RUN_NAME = "devnet-metagenome"
+AUDIT_RATE = 0.5
+"""Share of the islands' pseudo-gradients the validator replays: more than a real run's, to show audits in a short one."""
+AUDITS_WAIT_S = 60.0
+"""How long the devnet waits, once the islands stop, for the audits drawn to be decided."""
 
 
 def judge_untrained(example: Path) -> dict[str, float]:
@@ -58,15 +63,24 @@ def start(workdir: Path, islands: int, database_url: str | None, console: Consol
         make(example, MetagenomeSpec())
     before = judge_untrained(example)
     options = ["--kind", "pretrain", "--corpus", str(example / "corpus"), "--model", str(example / "model")]
-    options += ["--epochs", str(EPOCHS), "--sync-every", str(SYNC_EVERY)]
+    options += ["--epochs", str(EPOCHS), "--sync-every", str(SYNC_EVERY), "--island-audit-rate", str(AUDIT_RATE)]
     network = start_network(
-        workdir, nodes=0, validators=0, database_url=database_url, run_options=options, islands=islands, run_name=RUN_NAME
+        workdir,
+        nodes=0,
+        validators=1,
+        database_url=database_url,
+        run_options=options,
+        islands=islands,
+        run_name=RUN_NAME,
+        keep_steps=1000,  # every step stays downloadable: an audit replays from the step its round started from
     )
     return network, before
 
 
 def watch(network: Network, console: Console) -> None:
-    """Show the run until every island has stopped (the corpus is learnt); StartError if a role fails."""
+    """Show the run until every island has stopped (the corpus is learnt) and the audits drawn are decided (or
+    :data:`AUDITS_WAIT_S` passed); StartError if a role fails."""
+    stopped: float | None = None
     with Live(console=console, refresh_per_second=2) as live:
         while True:
             islands = [p for p in network.processes if p.name.startswith("island-")]
@@ -75,8 +89,16 @@ def watch(network: Network, console: Console) -> None:
                     raise StartError(f"{p.name} exited with code {p.popen.returncode}:\n{p.tail()}")
             live.update(_dashboard(network))
             if all(p.popen.poll() is not None for p in islands):
-                return
+                stopped = stopped or time.monotonic()
+                if not _undecided(network) or time.monotonic() - stopped > AUDITS_WAIT_S:
+                    return
             time.sleep(0.5)
+
+
+def _undecided(network: Network) -> int:
+    """Audits of the run drawn and not decided yet."""
+    islands = network.http.get(f"{network.coordinator.url}/v1/public/runs/{network.run_id}/islands", timeout=5).json()
+    return sum(n for i in islands for state, n in (i["audits"] or {}).items() if state in ("awaiting_upload", "open"))
 
 
 def summary(network: Network, before: dict[str, float]) -> dict[str, Any]:
@@ -94,6 +116,10 @@ def summary(network: Network, before: dict[str, float]) -> dict[str, Any]:
             int(s["step"]): {k: s[k] for k in ("held_out_loss", "perplexity", "ood_auroc") if k in s} for s in judged
         },
         "islands": islands,
+        "audits": {
+            state: sum((i["audits"] or {}).get(state, 0) for i in islands)
+            for state in ("passed", "failed", "open", "awaiting_upload")
+        },
     }
     if judged:
         out["held_out_loss_after"] = judged[-1]["held_out_loss"]
@@ -145,6 +171,7 @@ def run(workdir: Path, islands: int, database_url: str | None, console: Console)
     if "held_out_loss_after" in found:
         console.print(
             f"Held-out loss {found['held_out_loss_before']:.3f} before pretraining -> {found['held_out_loss_after']:.3f} at "
-            f"policy step {found['policy_step']}, {found['tokens_trained']} tokens trained."
+            f"policy step {found['policy_step']}, {found['tokens_trained']} tokens trained; "
+            f"island audits: {found['audits']['passed']} passed, {found['audits']['failed']} failed."
         )
     return 1 if failed else 0

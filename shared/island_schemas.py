@@ -209,3 +209,6 @@ class IslandStatus(BaseModel):
     last_exclusion: str | None
     tokens: int | None = None
     """In a pretraining run, the tokens of the corpus it learnt that published steps took in (None: an RL run)."""
+    audits: dict[str, int] | None = None
+    """In a pretraining run, its pseudo-gradients' audits by state (:class:`~shared.states.AuditState`: passed,
+    failed, open...; None: an RL run)."""

@@ -1,6 +1,7 @@
 """`intellect-devnet --pretrain`, as a newcomer runs it: two trainer islands pretrain the shipped METAGENE-shaped
 example from scratch through a real coordinator, lighthouse and shardcast origin, and stop by themselves once
-every shard is learnt twice; the held-out loss falls and every shard of every epoch was learnt exactly once."""
+every shard is learnt twice; the held-out loss falls, every shard of every epoch was learnt exactly once, and a
+validator replayed the steps drawn for audit and passed them."""
 
 from __future__ import annotations
 
@@ -38,4 +39,7 @@ def test_the_pretraining_devnet_learns_the_corpus_and_stops(tmp_path: Path) -> N
     assert after["held_out_loss"] < before["held_out_loss"] - 0.5, (before, after)
     assert after["ood_auroc"] > max(0.55, before["ood_auroc"] + 0.1), (before, after)
     assert summary["policy_step"] == max(map(int, summary["held_out_by_step"])) >= 2
+    # The validator replayed every outer step the run drew for audit (half of them here), and each was honest.
+    audits = summary["audits"]
+    assert audits["passed"] > 0 and audits["failed"] == audits["open"] == audits["awaiting_upload"] == 0, audits
     assert "Held-out loss" in result.stdout

@@ -261,3 +261,12 @@ def info(session: Session, audit: IslandAudit) -> IslandAuditInfo:
         outcome=audit.outcome,
         decided_at=audit.decided_at,
     )
+
+
+def by_island(session: Session, run_id: str) -> dict[str, dict[str, int]]:
+    """Each island's audits of ``run_id``, counted by state."""
+    counts: dict[str, dict[str, int]] = {}
+    query = select(IslandAudit.island, IslandAudit.state, func.count()).where(IslandAudit.run_id == run_id)
+    for island, state, n in session.execute(query.group_by(IslandAudit.island, IslandAudit.state)):
+        counts.setdefault(island, {})[str(state)] = n
+    return counts

@@ -213,7 +213,9 @@ def statuses(session: Session, run_id: str) -> list[IslandStatus]:
     """A run's islands with their shares by state (and, in a pretraining run, the tokens of the consumed ones), for
     the public status and the page."""
     run = session.get(Run, run_id)
-    tokens = pretraining.consumed_tokens(session, run) if run is not None and run.kind == RunKind.pretrain else {}
+    pretrain = run is not None and run.kind == RunKind.pretrain
+    tokens = pretraining.consumed_tokens(session, run) if run is not None and pretrain else {}
+    audits = island_audits.by_island(session, run_id) if pretrain else {}
     counts = {
         (name, state): n
         for name, state, n in session.execute(
@@ -234,7 +236,8 @@ def statuses(session: Session, run_id: str) -> list[IslandStatus]:
             consumed=counts.get((i.name, ShareState.consumed), 0),
             excluded_steps=i.excluded_steps,
             last_exclusion=i.last_exclusion,
-            tokens=tokens.get(i.name, 0) if tokens else None,
+            tokens=tokens.get(i.name, 0) if pretrain else None,
+            audits=audits.get(i.name, {}) if pretrain else None,
         )
         for i in session.scalars(select(Island).where(Island.run_id == run_id).order_by(Island.name))
     ]
