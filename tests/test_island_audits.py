@@ -201,3 +201,25 @@ def test_an_overlapped_round_naming_a_start_the_run_never_included_convicts_its_
     assert caught.value.status == 403 and "never included" in caught.value.message
     assert [(a.outer_step, a.state) for a in audits] == [(0, AuditState.moot), (1, AuditState.failed)]
     assert consumed == 0
+
+
+class NeverSettlesIsland(PretrainIsland):
+    """Publishes its steps and never settles them, so that none is ever drawn for audit."""
+
+    def _settle(self, *steps: int, led: bool = False) -> None:
+        return None
+
+
+def test_an_island_that_never_settles_cannot_publish_past_its_unsettled_step(
+    sqlite_url: str, tmp_path: Path, example: Path
+) -> None:
+    """Settling draws a step's audits: a lone island that published and never settled would never be audited."""
+    run_id = audited_run(sqlite_url, tmp_path, example)
+    with serve(settings(sqlite_url, tmp_path / "blobs")) as served:
+        trainer = Account.create()
+        grant(served, admin_token(served), trainer.address, "trainer")
+        with pytest.raises(Refused) as caught:
+            train(served, trainer, run_id, NeverSettlesIsland, tmp_path)
+        public = httpx.get(f"{served.url}/v1/public/runs/{run_id}").json()
+    assert caught.value.status == 409 and "Policy step 1 " in caught.value.message and "is not settled" in caught.value.message
+    assert public["policy_step"] == 1

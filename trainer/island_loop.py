@@ -47,8 +47,8 @@ from intellect_protocol.shared.island_schemas import (
     step_record,
 )
 from intellect_protocol.shared.run_schemas import oldest_usable_step
-from intellect_protocol.shared.schemas import AcceptedRollouts, ErrorCode, TrainerMetricsRequest
-from intellect_protocol.shared.shardcast.manifest import SignedManifest, build_manifest
+from intellect_protocol.shared.schemas import AcceptedRollouts, TrainerMetricsRequest
+from intellect_protocol.shared.shardcast.manifest import build_manifest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.trainer.data import Batch, NoSignalWatch, add_submission, fetch_files
 from intellect_protocol.trainer.distributed import full_state_dict
@@ -324,16 +324,25 @@ class IslandTrainer(Trainer):
                 raise
             log.warning("island %s: vouching for policy step %d was refused: %s", self.island, step, e.message)
             return False
-        if signed is None or not self._publish_when_vouched(signed):
+        if signed is None:
             return False
-        body = TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
-        self.api.trainer_metrics(body)
-        for done in [c for c in self.sync.committed if c.step <= outcome.step][-2:]:  # not one committed since
-            reply = self.api.island_settle(
-                self._body(IslandSettle, outer_step=done.step, included=done.included, excluded=done.excluded)
-            )
-            self.upload_audited(reply.audits)
+        self._settle(outcome.step - 1, led=True)  # an audited run takes no step from a publisher of an unsettled one
+        if not self._publish_when_vouched(signed, self.settings.island_vouch_wait_s, self.stop, f"island {self.island}"):
+            return False
+        self.api.trainer_metrics(
+            TrainerMetricsRequest(address=self.account.address, run_id=self.run_id, step=step, metrics=metrics)
+        )
+        self._settle(outcome.step - 1, outcome.step)
         return True
+
+    def _settle(self, *steps: int, led: bool = False) -> None:
+        """Settle those of ``steps`` (outer steps) this island committed (``led``: and published) that are published."""
+        for done in [c for c in self.sync.committed if c.step in steps and (c.leader or not led)]:
+            try:
+                self.upload_audited(self.api.island_settle(self._body(IslandSettle, **done.settled())).audits)
+            except Refused as e:
+                if e.status != 409:  # 409: not published (its publisher died first): the next publisher settles it
+                    raise
 
     def audited(self) -> bool:
         """Whether this run's steps are audited, so every island keeps what it received (:attr:`OuterSync.sent`)."""
@@ -370,21 +379,6 @@ class IslandTrainer(Trainer):
                 return False
 
         return self._from_leader(ask)
-
-    def _publish_when_vouched(self, signed: SignedManifest) -> bool:
-        """Publish, waiting up to ``island_vouch_wait_s`` for the others' vouches; False if they never came."""
-        deadline = time.monotonic() + self.settings.island_vouch_wait_s
-        while True:
-            try:
-                self._register(signed)
-                return True
-            except Refused as e:
-                if e.code != ErrorCode.awaiting_vouches:
-                    raise
-                if time.monotonic() > deadline or self.stop.is_set():
-                    log.warning("island %s: policy step %d left unpublished: %s", self.island, signed.manifest.step, e.message)
-                    return False
-            self.stop.wait(0.25)
 
     def _save(self) -> None:
         state = {"step": self.sync.step, "inner": self.learner.optimizer.state_dict(), "outer": self.sync.state_dict()}

@@ -94,6 +94,10 @@ class OuterStep:
     sent_bytes: int = 0
     """Bytes this island put on the all-reduce for it."""
 
+    def settled(self) -> dict[str, Any]:
+        """What settling it sends (:class:`~shared.island_schemas.IslandSettle`'s own fields)."""
+        return {"outer_step": self.step, "included": self.included, "excluded": self.excluded}
+
 
 class OuterSync:
     """The outer half of DiLoCo for one island: call :meth:`sync` every ``sync_every`` inner steps."""

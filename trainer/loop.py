@@ -25,13 +25,13 @@ import torch
 from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel
 
-from intellect_protocol.shared.coordinator_client import CoordinatorClient
+from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
 from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.registry import Problem, get_environment
 from intellect_protocol.shared.files import write_atomic_with
 from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.run_schemas import oldest_usable_step
-from intellect_protocol.shared.schemas import TrainerMetricsRequest
+from intellect_protocol.shared.schemas import ErrorCode, TrainerMetricsRequest
 from intellect_protocol.shared.shardcast.manifest import SignedManifest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.trainer.data import Batch, NoSignalWatch, add_submission, fetch_accepted
@@ -176,6 +176,21 @@ class Trainer:
 
     def _register(self, signed: SignedManifest) -> None:
         self.api.publish_manifest(signed)
+
+    def _publish_when_vouched(self, signed: SignedManifest, wait_s: float, stop: threading.Event, who: str) -> bool:
+        """Publish, waiting up to ``wait_s`` (or ``stop``) for trainer islands' vouches; False if they never came."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._register(signed)
+                return True
+            except Refused as e:
+                if e.code != ErrorCode.awaiting_vouches:
+                    raise
+                if time.monotonic() > deadline or stop.is_set():
+                    log.warning("%s: policy step %d left unpublished: %s", who, signed.manifest.step, e.message)
+                    return False
+            stop.wait(0.25)
 
     def run(
         self,

@@ -31,10 +31,11 @@ from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island, IslandAudit, IslandAuditVote, IslandShare
 from intellect_protocol.coordinator.models import Run
 from intellect_protocol.coordinator.services import pretraining, roles
+from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.shared.island_audit_schemas import IslandAuditInfo, IslandAuditTask, IslandAuditVerdict
 from intellect_protocol.shared.island_schemas import IslandSettle, OuterSettings
 from intellect_protocol.shared.schemas import ErrorCode, RoleName
-from intellect_protocol.shared.states import AuditState, RunStatus
+from intellect_protocol.shared.states import AuditState, RunKind, RunStatus, ShareState
 
 AUDIT_FAILED = "failed the audit of"
 """How a trainer's revocation for a failed audit begins: such a trainer is slashed once the dispute window passed."""
@@ -105,6 +106,28 @@ def _started_from(session: Session, run: Run, audit: IslandAudit, now: datetime)
     audit.start_audit_id = before.id
     if before.state == AuditState.not_drawn:
         before.state = AuditState.awaiting_upload
+
+
+def require_settled(session: Session, run: Run, signer: str, step: int) -> None:
+    """Refuse (409) policy step ``step`` of an audited pretraining run from ``signer`` while a step it published before
+    is not settled: settling draws a step's audits, so an island publishing alone and never settling would never be
+    drawn (among several, the next publisher settles the step before it)."""
+    if run.kind != RunKind.pretrain or pretraining.corpus_of(run)[1].audit_rate == 0:
+        return
+    published = select(PolicyManifest.id).where(
+        PolicyManifest.run_id == run.id, PolicyManifest.step == IslandShare.outer_step + 1, PolicyManifest.signer == signer
+    )
+    unsettled = session.scalar(
+        select(IslandShare.outer_step)
+        .where(IslandShare.run_id == run.id, IslandShare.state == ShareState.pending, IslandShare.outer_step <= step - 2)
+        .where(published.exists())
+        .limit(1)
+    )
+    if unsettled is not None:
+        raise ApiError(
+            ErrorCode.conflict,
+            f"Policy step {unsettled + 1} of {run.id}, published by {signer}, is not settled: settle it before publishing step {step}.",
+        )
 
 
 def admit_upload(session: Session, signer: str, run_id: str, digest: str) -> None:

@@ -17,7 +17,7 @@ from intellect_protocol.coordinator import events
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island
 from intellect_protocol.coordinator.models import Run
-from intellect_protocol.coordinator.services import roles, step_vouches
+from intellect_protocol.coordinator.services import island_audits, roles, step_vouches
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest, Relay, RelayReport
 from intellect_protocol.shared.relay_schemas import RelayRegister, RelayReportRequest
 from intellect_protocol.shared.schemas import ErrorCode, RoleName
@@ -42,6 +42,7 @@ def publish(session: Session, signer: str, signed: SignedManifest, now: datetime
         raise ApiError(ErrorCode.conflict, f"Step {manifest.step} of {run.id} has another manifest already.")
     if _require_next_publisher(session, run, signer, manifest.step):
         step_vouches.require_vouched(session, run, signer, manifest, now, island_lease_s)
+        island_audits.require_settled(session, run, signer, manifest.step)
     row = PolicyManifest(
         run_id=run.id,
         step=manifest.step,
