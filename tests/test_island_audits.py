@@ -223,3 +223,27 @@ def test_an_island_that_never_settles_cannot_publish_past_its_unsettled_step(
         public = httpx.get(f"{served.url}/v1/public/runs/{run_id}").json()
     assert caught.value.status == 409 and "Policy step 1 " in caught.value.message and "is not settled" in caught.value.message
     assert public["policy_step"] == 1
+
+
+def test_with_two_votes_one_lying_validator_cannot_convict_an_honest_island(
+    sqlite_url: str, tmp_path: Path, example: Path
+) -> None:
+    """``--island-audit-votes 2``: an audit waits for two validators' replays, each judges once, and a tie passes."""
+    run_id = audited_run(sqlite_url, tmp_path, example, "--island-audit-votes", "2")
+    with serve(settings(sqlite_url, tmp_path / "blobs")) as served:
+        trainer = Account.create()
+        grant(served, admin_token(served), trainer.address, "trainer")
+        train(served, trainer, run_id, PretrainIsland, tmp_path)
+        relay = origin_relay(served, tmp_path)
+        try:
+            liar, honest = auditor(served, tmp_path / "liar"), auditor(served, tmp_path / "honest")
+            first = liar.api.island_audits(limit=1)[0]
+            lie = IslandAuditVerdict(address=liar.account.address, relative_error=0.5, cosine=0.1)
+            assert liar.api.island_audit_verdict(first.id, lie).state == AuditState.open
+            assert "judged island audit" in refused(409, lambda: liar.api.island_audit_verdict(first.id, lie), served)
+            assert [t.id for t in liar.api.island_audits(limit=50)][0] != first.id  # judged: not offered it again
+            decided = honest.audit(first)
+        finally:
+            relay.stop()
+    assert (decided.state, decided.votes) == (AuditState.passed, 2)
+    assert "1 of 2 validators fail it" in (decided.outcome or "")

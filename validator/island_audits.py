@@ -34,7 +34,6 @@ class IslandAuditor:
         self.api, self.account, self.weights, self.console = api, account, weights, console
         self.shards = state_dir / "shards"
         self.runs: dict[str, RunInfo] = {}
-        self.audited = 0
 
     def audit_open(self, limit: int = 4) -> int:
         """Replay up to ``limit`` open audits this validator has not judged and post each verdict; how many were posted."""
@@ -53,7 +52,6 @@ class IslandAuditor:
                 self.console.print(f"[yellow]island audit {task.id}: {e.message}[/yellow]")
                 continue
             posted += 1
-            self.audited += 1
             colour = "red" if info.state == "failed" else "green" if info.state == "passed" else "default"
             self.console.print(
                 f"island audit {info.id} of {info.island} (outer step {info.outer_step}): [{colour}]{info.state}[/{colour}]"

@@ -6,7 +6,8 @@ run that record holds the sha256 of every pseudo-gradient the average included, 
 
 - :func:`draw`: when a step is settled, each included pseudo-gradient is drawn for audit with the run's
   ``audit_rate``, once, from the coordinator's randomness: after the island sent it, so it cannot know which of its
-  steps will be replayed. The settling island is asked to upload the drawn ones.
+  steps will be replayed. The settling island is asked to upload the drawn ones (and, for an overlapped round, the
+  island's pseudo-gradient it started from). :func:`require_settled` keeps a publisher from skipping the settling.
 - :func:`admit_upload` and :func:`record_upload`: a trainer of the run uploads the bytes of a drawn one; stored only
   if their sha256 is the digest the step's record holds.
 - :func:`open_audits` and :func:`vote`: validators replay it (:func:`shared.pretraining.audit.replay`) from the step's
