@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ class StartError(RuntimeError):
 
 
 def free_port() -> int:
+    """A port no socket holds now (another server may take it before it is bound: :class:`PortTaken`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -126,12 +128,40 @@ def wait_http(process: Process, url: str, timeout: float = 60, ca: Path | None =
             if process.popen.poll() is not None:
                 raise StartError(f"{process.name} exited with code {process.popen.returncode}:\n{process.tail()}")
             try:
-                if http.get(url).is_success:
-                    return
+                reply = http.get(url)
             except httpx.HTTPError:
                 pass
+            else:
+                if reply.is_success:
+                    if (pid := _pid(reply)) not in (None, process.popen.pid):
+                        raise PortTaken(f"another process (pid {pid}) answers {url}: {process.name} lost its port to it")
+                    return
             time.sleep(0.1)
     raise StartError(f"{process.name} did not answer {url} within {timeout:.0f} s:\n{process.tail()}")
+
+
+class PortTaken(StartError):
+    """Another server took the port chosen for a process before it could (ports are picked free, then bound later)."""
+
+
+def _pid(reply: httpx.Response) -> int | None:
+    """The process id a server's /healthz names (None: it names none)."""
+    try:
+        pid = reply.json().get("pid")
+    except (ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) else None
+
+
+def on_a_free_port(start: Callable[[int], Process], port: int | None) -> Process:
+    """``start(port)``, on a free port unless ``port`` is given: chosen again if another server takes it first."""
+    for attempt in range(3):
+        try:
+            return start(port or free_port())
+        except PortTaken:
+            if port is not None or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def answering(process: Process, port: int, tls: ServerFiles | None = None) -> Process:
@@ -200,7 +230,12 @@ def start_coordinator(
     tls: ServerFiles | None = None,
 ) -> Process:
     """Serve a coordinator on an already migrated database (over HTTPS with ``tls``); returns once it answers /healthz."""
-    port = port or free_port()
+    return on_a_free_port(lambda chosen: _serve_coordinator(workdir, database_url, chosen, env, tls), port)
+
+
+def _serve_coordinator(
+    workdir: Path, database_url: str, port: int, env: dict[str, str] | None, tls: ServerFiles | None
+) -> Process:
     process = spawn(
         "coordinator",
         [
@@ -258,10 +293,13 @@ def start_relay(
     """An ``intellect-relay`` (or, with ``origin``, the trainer's origin) serving from
     ``workdir/NAME`` (over HTTPS with ``tls``, trusting its CA for upstreams and the coordinator);
     returns once it answers /healthz."""
-    port = port or free_port()
-    args = [*script("intellect-relay"), "--coordinator", coordinator_url, "--wallet", str(wallet)]
-    args += ["--data-dir", str(workdir / name), "--port", str(port), *extra]
-    args += ["--origin"] if origin else [arg for upstream in upstreams for arg in ("--upstream", upstream)]
-    args += [*tls.args, "--ca-file", str(tls.ca)] if tls else []
-    process = spawn(name, args, workdir / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": password})
-    return answering(process, port, tls)
+
+    def serve(chosen: int) -> Process:
+        args = [*script("intellect-relay"), "--coordinator", coordinator_url, "--wallet", str(wallet)]
+        args += ["--data-dir", str(workdir / name), "--port", str(chosen), *extra]
+        args += ["--origin"] if origin else [arg for upstream in upstreams for arg in ("--upstream", upstream)]
+        args += [*tls.args, "--ca-file", str(tls.ca)] if tls else []
+        process = spawn(name, args, workdir / "logs" / f"{name}.log", {"INTELLECT_WALLET_PASSWORD": password})
+        return answering(process, chosen, tls)
+
+    return on_a_free_port(serve, port)

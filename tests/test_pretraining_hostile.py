@@ -1,7 +1,7 @@
 """Hostile callers of a pretraining run's island routes (issue #47's hostile cases that need no audit): a fresh
-wallet calling every route a thousand times, an island acting for another or reporting what it does not hold, and
-malformed requests are each refused with a clear 4xx and change nothing; an island that never reports loses its
-shards once its lease runs out, and they go to the next island that claims, lowest first."""
+wallet calling every route (the audits' too) a thousand times, an island acting for another or reporting what it
+does not hold, and malformed requests are each refused with a clear 4xx and change nothing; an island that never
+reports loses its shards once its lease runs out, and they go to the next island that claims, lowest first."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from eth_account.signers.local import LocalAccount
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
+from intellect_protocol.shared.island_audit_schemas import IslandAuditVerdict
 from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle
 from intellect_protocol.shared.pretraining.manifest import load_manifest
 from tests.conftest import admin_token, serve
@@ -66,6 +67,10 @@ def test_hostile_calls_change_nothing_and_a_silent_islands_shards_come_back(
             lambda: s.island_report(body(IslandReport, stranger, "east", outer_step=0, attempt=ATTEMPT, cursors=[1])),
             lambda: s.island_settle(body(IslandSettle, stranger, "east", outer_step=0, included=[])),
             lambda: s.corpus_shard(run_id, manifest.shards[0].sha256),
+            lambda: s.upload_pseudo_gradient(run_id, b"\x00" * 64),
+            lambda: s.island_audits(),
+            lambda: s.island_audit_file(1),
+            lambda: s.island_audit_verdict(1, IslandAuditVerdict(address=stranger.address, relative_error=0.0, cosine=1.0)),
         ]
         before = served.snapshot()
         statuses: Counter[int] = Counter()
@@ -105,6 +110,12 @@ def test_hostile_calls_change_nothing_and_a_silent_islands_shards_come_back(
         with pytest.raises(Refused) as caught:
             a.corpus_shard(run_id, "../" + "0" * 61)
         assert caught.value.status in (404, 422)
+        verdict = {"address": east.address, "relative_error": 0.0, "cosine": 1.0}
+        for path, bad in (("1", {"relative_error": -1}), ("1", {"cosine": 2}), ("1", {"surprise": 1}), ("0", {}), ("x", {})):
+            reply = signed_post(
+                served.url, f"/v1/validation/island-audits/{path}/verdict", east, served.audience, {**verdict, **bad}
+            )
+            assert reply.status_code == 422, (path, bad, reply.text)
         assert served.snapshot() == before
 
         # East goes silent: past its lease its slots go back, lowest first, to the next island that claims.

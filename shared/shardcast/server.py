@@ -47,8 +47,8 @@ def create_server(store: StepStore, *, wait_s: float = 30.0) -> FastAPI:
         return found
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> dict[str, object]:
+        return {"status": "ok", "pid": os.getpid()}  # the pid tells its launcher it from a server that took the port
 
     @app.get("/v1/steps")
     async def steps() -> list[dict[str, object]]:
