@@ -37,6 +37,7 @@ from intellect_protocol.trainer.pretrain_island import PretrainIsland
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.island_audits import IslandAuditor
 from tests.conftest import Served, admin_token, serve
+from tests.helpers import signed_post
 from tests.support.protocol import grant
 from tests.test_island_shares import refused
 from tests.test_pretraining_run import create, settings
@@ -160,8 +161,21 @@ def test_validators_replay_drawn_steps_and_a_lying_island_is_caught(
                 403, lambda: trainer_api.island_audit_verdict(drawn[0].id, _verdict(trainer)), served
             )
             assert "trainer role" in refused(403, lambda: api.upload_pseudo_gradient(run_id, b"\x00" * 64), served)
+            # A lie in each field a caller declares: the address a verdict names, the run an upload is for.
+            before = served.snapshot()
+            lied = signed_post(
+                served.url,
+                f"/v1/validation/island-audits/{drawn[-1].id}/verdict",
+                validator,
+                served.audience,
+                {"address": trainer.address, "relative_error": 0.0, "cosine": 1.0},
+            )
+            assert lied.status_code in (401, 403) and served.snapshot() == before, lied.text
             if liar is None:
-                assert "No audit" in refused(404, lambda: trainer_api.upload_pseudo_gradient(run_id, b"\x00" * 64), served)
+                for run in (run_id, "run-none"):
+                    assert "No audit" in refused(
+                        404, lambda run=run: trainer_api.upload_pseudo_gradient(run, b"\x00" * 64), served
+                    )
             else:
                 claim = IslandClaim(address=trainer.address, run_id=run_id, island="solo")
                 revoked = refused(403, lambda: trainer_api.island_claim_shards(claim), served)
