@@ -12,7 +12,7 @@ in bf16, with the project's own code for every role:
 - throughput: the validator's prefill tokens/s over the node's generation tokens/s on the same rows, at node
   batches 64 and 256 (goal at least 25x), and the validator's whole check's (prefill, proofs, sampling check, rewards).
 - one GRPO step (fp32 weights, AdamW) on 64 rows.
-- the seeded sampler's noise: the same bits on the GPU as on the CPU.
+- the seeded sampler's noise: the same bits on the GPU as on the CPU, or how far from them.
 
 Each part stops at its share of ``--minutes``, and the table says how far it got. The table is printed and
 written as JSON (``--out``) after every part, so a run cut short keeps what it measured; a part that fails

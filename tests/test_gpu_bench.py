@@ -38,3 +38,22 @@ def test_gpu_bench_runs_every_part_on_cpu(tmp_path: Path) -> None:
     assert [(batch, figures["rows"]) for batch, figures in throughput["by_node_batch"].items()] == [("64", 64)]
     assert throughput["proofs_verified"] == throughput["proofs"] == 64
     assert "validator prefill / node generation" in run.stdout.splitlines()[-1]
+
+
+def test_logit_precision_bench_compares_both_heads_on_cpu() -> None:
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "logit_precision.py"), "--device", "cpu", "--small", "--rows", "16"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    figures = {
+        line.split()[0]: [float(x.rstrip("%")) for x in line.split()[1:]] for line in lines if line.split()[0] in ("bf16", "fp32")
+    }
+    assert set(figures) == {"bf16", "fp32"}
+    for flips, difference, kept in figures.values():
+        # Two attention kernels at two batch sizes in bf16 never agree exactly, nor disagree on most draws.
+        assert 0 < difference < 1 and 0 <= flips < 200 and 0 < kept <= 100
+    assert lines[-1].startswith("flips with the bf16 head / with the fp32 head:")
