@@ -132,7 +132,10 @@ def run_create(
         float, typer.Option(help="Pretraining: share of islands' outer steps validators replay, drawn after each is published.")
     ] = PRETRAIN_DEFAULTS.audit_rate,
     island_audit_votes: Annotated[
-        int, typer.Option(help="Pretraining: validators' verdicts that decide an island audit, by majority.")
+        int,
+        typer.Option(
+            help="Pretraining: verdicts an island audit waits for at least; then all passing, or a majority of two or more, decide."
+        ),
     ] = PRETRAIN_DEFAULTS.audit_votes,
     database_url: DatabaseUrl = None,
 ) -> None:

@@ -1,6 +1,6 @@
 """Audits of pretraining islands on a real coordinator (issue #47, item 4 and the hostile cases that need one): every
-published step of a run drawn at rate 1 is uploaded by its island, replayed by a real validator from the published
-weights on the reported slots, and judged by the coordinator. An honest island passes every audit; a lazy island
+published step of a run drawn at rate 1 is uploaded by its island, replayed by real validators from the published
+weights on the reported slots, and judged by the coordinator (one validator alone never convicts). An honest island passes every audit; a lazy island
 (it claims whole shards and learns a few rows of each) and one that learns other data than it reports fail, lose the
 trainer role citing the audit, owe a slash once the dispute window passes, and their slots go back to be learnt again.
 Forged, unasked or repeated uploads and verdicts are refused and change nothing."""
@@ -23,12 +23,14 @@ from sqlalchemy import func, select
 
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.island_models import IslandAudit, IslandShare
+from intellect_protocol.coordinator.services import roles
 from intellect_protocol.coordinator.services.settlement import slashes_due
 from intellect_protocol.devnet.processes import Process, start_relay
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
 from intellect_protocol.shared.island_audit_schemas import IslandAuditVerdict
 from intellect_protocol.shared.island_schemas import IslandClaim
 from intellect_protocol.shared.pretraining.manifest import ShardRef, load_manifest
+from intellect_protocol.shared.schemas import RoleName
 from intellect_protocol.shared.shardcast.weights import Weights
 from intellect_protocol.shared.states import AuditState, ShareState
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
@@ -141,11 +143,17 @@ def test_validators_replay_drawn_steps_and_a_lying_island_is_caught(
                 consumed_before = session.scalar(select(func.count()).where(IslandShare.state == ShareState.consumed))
             # Every step was drawn and uploaded by the island: its digest is what the islands vouched for.
             assert drawn and {a.state for a in drawn} == {AuditState.open}
-            checker = auditor(served, tmp_path)
+            checker, second = auditor(served, tmp_path / "first"), auditor(served, tmp_path / "second")
             api, validator = checker.api, checker.account
             assert refused(403, lambda: CoordinatorClient(served.url, trainer).island_audits(), served)
-            # An honest island's every step is replayed; a liar's first convicts it, and its other audits are moot.
-            assert checker.audit_open(limit=50) == (1 if liar else len(drawn))
+            # An honest island's every step is replayed and passed by one validator. One validator failing a liar's
+            # steps convicts nobody; a second's failing verdict on its first convicts it, and its other audits are moot.
+            assert checker.audit_open(limit=50) == len(drawn)
+            with sessions() as session:
+                waiting = set(session.scalars(select(IslandAudit.state).where(IslandAudit.run_id == run_id)))
+                kept_role = roles.active(session, trainer.address, RoleName.trainer) is not None
+            assert (waiting, kept_role) == ({AuditState.open if liar else AuditState.passed}, True)
+            assert second.audit_open(limit=50) == (1 if liar else 0)
             public = httpx.get(f"{served.url}/v1/public/runs/{run_id}/islands").json()
             with sessions() as session:
                 states = list(
@@ -239,25 +247,30 @@ def test_an_island_that_never_settles_cannot_publish_past_its_unsettled_step(
     assert public["policy_step"] == 1
 
 
-def test_with_two_votes_one_lying_validator_cannot_convict_an_honest_island(
-    sqlite_url: str, tmp_path: Path, example: Path
-) -> None:
-    """``--island-audit-votes 2``: an audit waits for two validators' replays, each judges once, and a tie passes."""
-    run_id = audited_run(sqlite_url, tmp_path, example, "--island-audit-votes", "2")
+@pytest.mark.parametrize("votes", ["1", "2"])
+def test_one_lying_validator_cannot_convict_an_honest_island(sqlite_url: str, tmp_path: Path, example: Path, votes: str) -> None:
+    """A lone failing verdict leaves the audit open (the island keeps its role), its repeat is refused, a split waits
+    for another validator, and two honest replays then pass the step, with one validator or two asked for."""
+    run_id = audited_run(sqlite_url, tmp_path, example, "--island-audit-votes", votes)
     with serve(settings(sqlite_url, tmp_path / "blobs")) as served:
         trainer = Account.create()
         grant(served, admin_token(served), trainer.address, "trainer")
         train(served, trainer, run_id, PretrainIsland, tmp_path)
         relay = origin_relay(served, tmp_path)
         try:
-            liar, honest = auditor(served, tmp_path / "liar"), auditor(served, tmp_path / "honest")
+            liar = auditor(served, tmp_path / "liar")
+            honest = [auditor(served, tmp_path / name) for name in ("honest-1", "honest-2")]
             first = liar.api.island_audits(limit=1)[0]
             lie = IslandAuditVerdict(address=liar.account.address, relative_error=0.5, cosine=0.1)
             assert liar.api.island_audit_verdict(first.id, lie).state == AuditState.open
             assert "judged island audit" in refused(409, lambda: liar.api.island_audit_verdict(first.id, lie), served)
             assert [t.id for t in liar.api.island_audits(limit=50)][0] != first.id  # judged: not offered it again
-            decided = honest.audit(first)
+            with make_sessionmaker(served.engine)() as session:
+                assert roles.active(session, trainer.address, RoleName.trainer) is not None
+            split = honest[0].audit(first)
+            decided = honest[1].audit(first)
         finally:
             relay.stop()
-    assert (decided.state, decided.votes) == (AuditState.passed, 2)
-    assert "1 of 2 validators fail it" in (decided.outcome or "")
+    assert (split.state, split.votes) == (AuditState.open, 2)
+    assert (decided.state, decided.votes) == (AuditState.passed, 3)
+    assert "1 of 3 validators fail it" in (decided.outcome or "")

@@ -12,8 +12,9 @@ run that record holds the sha256 of every pseudo-gradient the average included, 
   if their sha256 is the digest the step's record holds.
 - :func:`open_audits` and :func:`vote`: validators replay it (:func:`shared.pretraining.audit.replay`) from the step's
   starting weights on the slots the island reported, in the order it reported them, and send how far what it sent
-  is from the replay. The coordinator judges that against the run's ``audit_tolerance``; the run's ``audit_votes``
-  verdicts decide the audit, by majority (a tie passes).
+  is from the replay. The coordinator judges that against the run's ``audit_tolerance``; at least ``audit_votes``
+  verdicts decide the audit (:func:`decided`): all passing, or a majority of at least two. So one validator alone
+  never convicts an island, and a split waits for another validator's replay.
 - :func:`convict`: a failed audit revokes the island's trainer role, citing the audit (its stake is slashed once the
   dispute window passes: :func:`coordinator.services.settlement.slashes_due`), and every slot it holds or learnt
   goes back to the pool to be learnt again.
@@ -219,8 +220,8 @@ def _audit(session: Session, audit_id: int) -> IslandAudit:
 
 
 def vote(session: Session, signer: str, audit_id: int, body: IslandAuditVerdict, now: datetime) -> IslandAuditInfo:
-    """Record a validator's replay of an open audit (409 once decided, or judged by it already); the run's
-    ``audit_votes`` verdicts decide it."""
+    """Record a validator's replay of an open audit (409 once decided, or judged by it already); the verdicts decide
+    it once there are the run's ``audit_votes`` and :func:`decided` says so."""
     roles.require(session, signer, RoleName.validator).last_seen = now
     audit = _audit(session, audit_id)
     if audit.state != AuditState.open:
@@ -237,21 +238,28 @@ def vote(session: Session, signer: str, audit_id: int, body: IslandAuditVerdict,
     )
     session.flush()
     votes = session.scalars(select(IslandAuditVote).where(IslandAuditVote.audit_id == audit_id)).all()
-    if len(votes) >= settings.audit_votes:
-        failed = [v for v in votes if not v.passed]
-        errors = sorted(v.relative_error for v in votes)
-        median = errors[len(errors) // 2]
-        said = (
-            f"outer step {audit.outer_step}: its pseudo-gradient is {median:.3g} from its replay in relative error "
-            f"(tolerance {settings.audit_tolerance:g}; {len(failed)} of {len(votes)} validators fail it)"
-        )
-        audit.decided_at, audit.outcome = now, said
-        if 2 * len(failed) > len(votes):
-            audit.state = AuditState.failed
-            convict(session, run, audit, now)
-        else:
-            audit.state = AuditState.passed
+    failed = [v for v in votes if not v.passed]
+    if len(votes) < settings.audit_votes or not decided(len(votes) - len(failed), len(failed)):
+        return info(session, audit)
+    errors = sorted(v.relative_error for v in votes)
+    median = errors[len(errors) // 2]
+    audit.decided_at, audit.outcome = now, (
+        f"outer step {audit.outer_step}: its pseudo-gradient is {median:.3g} from its replay in relative error "
+        f"(tolerance {settings.audit_tolerance:g}; {len(failed)} of {len(votes)} validators fail it)"
+    )
+    if 2 * len(failed) > len(votes):
+        audit.state = AuditState.failed
+        convict(session, run, audit, now)
+    else:
+        audit.state = AuditState.passed
     return info(session, audit)
+
+
+def decided(passed: int, failed: int) -> bool:
+    """Whether verdicts decide an audit: every one passes it, or one side holds a majority of at least two. One
+    validator alone never fails an island (a conviction revokes it and slashes its stake), and an even split waits
+    for another validator's replay."""
+    return failed == 0 or (passed != failed and max(passed, failed) >= 2)
 
 
 def convict(session: Session, run: Run, audit: IslandAudit, now: datetime) -> None:

@@ -38,7 +38,9 @@ class PretrainSettings(BaseModel):
     """Share of the pseudo-gradients published steps averaged that validators replay (:mod:`shared.pretraining.audit`),
     drawn after the step is published, so an island cannot know which of its outer steps will be replayed."""
     audit_votes: int = Field(1, ge=1, le=15)
-    """Validators' verdicts that decide an audit, by majority (a tie passes): more where validators are strangers."""
+    """Validators' verdicts an audit waits for at least: then all passing pass it, and otherwise it waits until one
+    side holds a majority of at least two (one validator alone never convicts an island). More where validators are
+    strangers: with one, a single validator's pass clears an island."""
     audit_tolerance: float = Field(TOLERANCE, gt=0, le=1)
     """Largest relative error between what an island sent and its replayed outer step that passes."""
 
