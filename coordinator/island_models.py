@@ -93,6 +93,10 @@ class IslandAudit(Base):
     start_audit_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("island_audits.id"))
     """Overlapped rounds: the audit of the island's pseudo-gradient its round subtracted from the agreed weights to
     start from (its bytes are needed to replay this one)."""
+    assignee: Mapped[str | None] = mapped_column(String(42))
+    """The validator drawn to replay it next: only it may fetch its bytes and judge it
+    (:func:`coordinator.services.island_audits.open_audits`)."""
+    assigned_at: Mapped[datetime | None]
 
 
 class IslandAuditVote(Base):

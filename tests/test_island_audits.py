@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.island_models import IslandAudit, IslandShare
 from intellect_protocol.coordinator.services import roles
+from intellect_protocol.coordinator.services.island_audits import REPLAY_WAIT_S
 from intellect_protocol.coordinator.services.settlement import slashes_due
 from intellect_protocol.devnet.processes import Process, start_relay
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
@@ -40,6 +41,7 @@ from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.island_audits import IslandAuditor
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import signed_post
+from tests.support.clock import MovableClock
 from tests.support.protocol import grant
 from tests.test_island_shares import refused
 from tests.test_pretraining_run import create, settings
@@ -114,11 +116,16 @@ def origin_relay(served: Served, workdir: Path) -> Process:
     wallet = workdir / "relay.json"
     grant(served, admin_token(served), create_wallet(wallet, "relay-pass", scrypt_n=THROWAWAY_SCRYPT_N), "relay")
     process = start_relay(workdir, "origin", wallet, "relay-pass", served.url, origin=True)
-    deadline = time.monotonic() + 20
-    while process.url not in [r["url"] for r in httpx.get(f"{served.url}/v1/relays").json()]:
-        assert time.monotonic() < deadline and process.popen.poll() is None, process.tail()
-        time.sleep(0.05)
+    listed(served, process)
     return process
+
+
+def listed(served: Served, relay: Process) -> None:
+    """Wait until the coordinator lists ``relay`` (after it starts, or after its clock jumped past its heartbeat)."""
+    deadline = time.monotonic() + 20
+    while relay.url not in [r["url"] for r in httpx.get(f"{served.url}/v1/relays").json()]:
+        assert time.monotonic() < deadline and relay.popen.poll() is None, relay.tail()
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(
@@ -250,9 +257,11 @@ def test_an_island_that_never_settles_cannot_publish_past_its_unsettled_step(
 @pytest.mark.parametrize("votes", ["1", "2"])
 def test_one_lying_validator_cannot_convict_an_honest_island(sqlite_url: str, tmp_path: Path, example: Path, votes: str) -> None:
     """A lone failing verdict leaves the audit open (the island keeps its role), its repeat is refused, a split waits
-    for another validator, and two honest replays then pass the step, with one validator or two asked for."""
+    for another validator, drawn by the coordinator (one not drawn can neither fetch nor judge it; one drawn that
+    stays silent is replaced), and two honest replays then pass the step, with one validator or two asked for."""
     run_id = audited_run(sqlite_url, tmp_path, example, "--island-audit-votes", votes)
-    with serve(settings(sqlite_url, tmp_path / "blobs")) as served:
+    clock = MovableClock()
+    with serve(settings(sqlite_url, tmp_path / "blobs"), clock=clock) as served:
         trainer = Account.create()
         grant(served, admin_token(served), trainer.address, "trainer")
         train(served, trainer, run_id, PretrainIsland, tmp_path)
@@ -267,8 +276,19 @@ def test_one_lying_validator_cannot_convict_an_honest_island(sqlite_url: str, tm
             assert [t.id for t in liar.api.island_audits(limit=50)][0] != first.id  # judged: not offered it again
             with make_sessionmaker(served.engine)() as session:
                 assert roles.active(session, trainer.address, RoleName.trainer) is not None
-            split = honest[0].audit(first)
-            decided = honest[1].audit(first)
+            # The next verdict is drawn: the validator drawn replays it, and one not drawn cannot judge it.
+            assert [t.id for t in honest[0].api.island_audits(limit=50)] == [first.id]
+            fair = IslandAuditVerdict(address=honest[1].account.address, relative_error=0.0, cosine=1.0)
+            assert "not drawn for" in refused(409, lambda: honest[1].api.island_audit_verdict(first.id, fair), served)
+            assert "not open and drawn for" in refused(409, lambda: honest[1].api.island_audit_file(first.id), served)
+            # The one drawn goes silent: once its time is up, another is drawn in its place (the liar, silent too, has
+            # its audits drawn again), and on its return it is the only one left that has not judged.
+            clock.advance(REPLAY_WAIT_S + 1)
+            listed(served, relay)
+            assert honest[1].api.island_audits(limit=50)[0].id == first.id
+            split = honest[1].audit(first)
+            assert [t.id for t in honest[0].api.island_audits(limit=50)] == [first.id]
+            decided = honest[0].audit(first)
         finally:
             relay.stop()
     assert (split.state, split.votes) == (AuditState.open, 2)

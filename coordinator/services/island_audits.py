@@ -10,7 +10,8 @@ run that record holds the sha256 of every pseudo-gradient the average included, 
   island's pseudo-gradient it started from). :func:`require_settled` keeps a publisher from skipping the settling.
 - :func:`admit_upload` and :func:`record_upload`: a trainer of the run uploads the bytes of a drawn one; stored only
   if their sha256 is the digest the step's record holds.
-- :func:`open_audits` and :func:`vote`: validators replay it (:func:`shared.pretraining.audit.replay`) from the step's
+- :func:`open_audits` and :func:`vote`: each audit is drawn for a validator at random, and only that one may judge it;
+  validators replay it (:func:`shared.pretraining.audit.replay`) from the step's
   starting weights on the slots the island reported, in the order it reported them, and send how far what it sent
   is from the replay. The coordinator judges that against the run's ``audit_tolerance``; at least ``audit_votes``
   verdicts decide the audit (:func:`decided`): all passing, or a majority of at least two. So one validator alone
@@ -23,7 +24,7 @@ run that record holds the sha256 of every pseudo-gradient the average included, 
 from __future__ import annotations
 
 import random
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, aliased
@@ -31,7 +32,7 @@ from sqlalchemy.orm import Session, aliased
 from intellect_protocol.coordinator import events
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island, IslandAudit, IslandAuditVote, IslandShare
-from intellect_protocol.coordinator.models import Run
+from intellect_protocol.coordinator.models import Role, Run
 from intellect_protocol.coordinator.services import pretraining, roles
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.shared.island_audit_schemas import IslandAuditInfo, IslandAuditTask, IslandAuditVerdict
@@ -42,6 +43,11 @@ from intellect_protocol.shared.states import AuditState, RunKind, RunStatus, Sha
 AUDIT_FAILED = "failed the audit of"
 """How a trainer's revocation for a failed audit begins: such a trainer is slashed once the dispute window passed."""
 _draws = random.SystemRandom()
+REPLAY_WAIT_S = 900.0
+"""How long a validator drawn for an audit has to judge it before another is drawn; validators not seen for that long
+are not drawn."""
+DRAWS_PER_CALL = 100
+"""Audits nobody holds drawn for validators at one validator's call (the oldest first)."""
 
 
 def blob_key(run_id: str, digest: str) -> str:
@@ -165,20 +171,33 @@ def _awaiting(session: Session, run_id: str, digest: str) -> int | None:
 
 
 def open_audits(session: Session, signer: str, limit: int, now: datetime) -> list[IslandAuditTask]:
-    """Up to ``limit`` open audits of active runs the calling validator has not judged, oldest first."""
+    """Up to ``limit`` open audits of active runs drawn for the calling validator, oldest first.
+
+    Audits nobody holds (new ones, ones a verdict left undecided, ones whose validator lost its role or let
+    :data:`REPLAY_WAIT_S` pass) are drawn first, each for a validator seen within that time that has not judged it and
+    is not the island, at random. So no validator picks what it judges: one colluding with an island cannot take its
+    audits, and one that stops answering holds an audit for :data:`REPLAY_WAIT_S` at most."""
     roles.require(session, signer, RoleName.validator).last_seen = now
-    judged = select(IslandAuditVote.audit_id).where(IslandAuditVote.validator == signer)
+    stale = now - timedelta(seconds=REPLAY_WAIT_S)
+    validators = select(Role.address).where(Role.role == RoleName.validator, Role.revoked_at.is_(None))
     start = aliased(IslandAudit)
     uploaded = select(start.id).where(start.blob_key.is_not(None))  # what an overlapped round started from
-    audits = session.scalars(
+    replayable = (
         select(IslandAudit)
         .join(Run, Run.id == IslandAudit.run_id)
-        .where(IslandAudit.state == AuditState.open, Run.status == RunStatus.active, IslandAudit.id.not_in(judged))
+        .where(IslandAudit.state == AuditState.open, Run.status == RunStatus.active)
         .where(IslandAudit.start_audit_id.is_(None) | IslandAudit.start_audit_id.in_(uploaded))
         .order_by(IslandAudit.id)
-        .limit(limit)
-    ).all()
-    return [_task(session, audit) for audit in audits]
+    )
+    unheld = IslandAudit.assignee.is_(None) | (IslandAudit.assigned_at < stale) | IslandAudit.assignee.not_in(validators)
+    seen = set(session.scalars(validators.where(Role.last_seen >= stale)))
+    for audit in session.scalars(replayable.where(unheld).limit(DRAWS_PER_CALL)).all():
+        judged = set(session.scalars(select(IslandAuditVote.validator).where(IslandAuditVote.audit_id == audit.id)))
+        pool = sorted(seen - judged - {audit.address})
+        if pool:
+            audit.assignee, audit.assigned_at = _draws.choice(pool), now
+    session.flush()
+    return [_task(session, audit) for audit in session.scalars(replayable.where(IslandAudit.assignee == signer).limit(limit))]
 
 
 def _task(session: Session, audit: IslandAudit) -> IslandAuditTask:
@@ -204,9 +223,16 @@ def _task(session: Session, audit: IslandAudit) -> IslandAuditTask:
 
 
 def audited_blob(session: Session, signer: str, audit_id: int) -> str:
-    """The blob key of an open audit's pseudo-gradient, for a validator."""
+    """The blob key of an audit's pseudo-gradient, for the validator drawn for it while it is open, or for one drawn for
+    an open audit whose round started from it."""
     roles.require(session, signer, RoleName.validator)
     audit = _audit(session, audit_id)
+    starting = select(IslandAudit.assignee).where(IslandAudit.start_audit_id == audit_id, IslandAudit.state == AuditState.open)
+    if not (audit.state == AuditState.open and audit.assignee == signer) and signer not in set(session.scalars(starting)):
+        raise ApiError(
+            ErrorCode.conflict,
+            f"Island audit {audit_id} ({audit.state}) is not open and drawn for {signer}: replay the ones drawn for you.",
+        )
     if audit.blob_key is None:
         raise ApiError(ErrorCode.conflict, f"Audit {audit_id}'s pseudo-gradient is not uploaded yet.")
     return audit.blob_key
@@ -228,6 +254,8 @@ def vote(session: Session, signer: str, audit_id: int, body: IslandAuditVerdict,
         raise ApiError(ErrorCode.conflict, f"Island audit {audit_id} is {audit.state}: it takes no verdict.")
     if session.get(IslandAuditVote, (audit_id, signer)) is not None:
         raise ApiError(ErrorCode.conflict, f"{signer} judged island audit {audit_id} already.")
+    if audit.assignee != signer:
+        raise ApiError(ErrorCode.conflict, f"Island audit {audit_id} is not drawn for {signer}: replay the ones drawn for you.")
     run = session.get_one(Run, audit.run_id)
     _, settings = pretraining.corpus_of(run)
     passed = body.relative_error <= settings.audit_tolerance
@@ -240,12 +268,16 @@ def vote(session: Session, signer: str, audit_id: int, body: IslandAuditVerdict,
     votes = session.scalars(select(IslandAuditVote).where(IslandAuditVote.audit_id == audit_id)).all()
     failed = [v for v in votes if not v.passed]
     if len(votes) < settings.audit_votes or not decided(len(votes) - len(failed), len(failed)):
+        audit.assignee = audit.assigned_at = None  # the next verdict is another validator's, drawn afresh
         return info(session, audit)
     errors = sorted(v.relative_error for v in votes)
     median = errors[len(errors) // 2]
-    audit.decided_at, audit.outcome = now, (
-        f"outer step {audit.outer_step}: its pseudo-gradient is {median:.3g} from its replay in relative error "
-        f"(tolerance {settings.audit_tolerance:g}; {len(failed)} of {len(votes)} validators fail it)"
+    audit.decided_at, audit.outcome = (
+        now,
+        (
+            f"outer step {audit.outer_step}: its pseudo-gradient is {median:.3g} from its replay in relative error "
+            f"(tolerance {settings.audit_tolerance:g}; {len(failed)} of {len(votes)} validators fail it)"
+        ),
     )
     if 2 * len(failed) > len(votes):
         audit.state = AuditState.failed

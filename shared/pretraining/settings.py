@@ -40,7 +40,7 @@ class PretrainSettings(BaseModel):
     audit_votes: int = Field(1, ge=1, le=15)
     """Validators' verdicts an audit waits for at least: then all passing pass it, and otherwise it waits until one
     side holds a majority of at least two (one validator alone never convicts an island). More where validators are
-    strangers: with one, a single validator's pass clears an island."""
+    strangers: with one, the validator drawn for an audit passes it alone."""
     audit_tolerance: float = Field(TOLERANCE, gt=0, le=1)
     """Largest relative error between what an island sent and its replayed outer step that passes."""
 
