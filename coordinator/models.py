@@ -309,13 +309,15 @@ class NodeStrike(Base):
 
 
 class ValidatorStrike(Base):
-    """A validator outvoted by the majority on one submission; enough of them revoke its role."""
+    """A validator outvoted by the majority on one submission, or on one island audit; enough of them revoke its role."""
 
     __tablename__ = "validator_strikes"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     validator: Mapped[str] = mapped_column(String(42), index=True)
-    submission_id: Mapped[str] = mapped_column(String(64), ForeignKey("submissions.id"))
+    submission_id: Mapped[str | None] = mapped_column(String(64), ForeignKey("submissions.id"))
+    island_audit_id: Mapped[int | None] = mapped_column(Integer)
+    """Set instead of ``submission_id`` for an island audit's verdict (:mod:`coordinator.services.island_audits`)."""
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime]
 

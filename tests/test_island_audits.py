@@ -23,6 +23,7 @@ from sqlalchemy import func, select
 
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.island_models import IslandAudit, IslandShare
+from intellect_protocol.coordinator.models import ValidatorStrike
 from intellect_protocol.coordinator.services import roles
 from intellect_protocol.coordinator.services.island_audits import REPLAY_WAIT_S
 from intellect_protocol.coordinator.services.settlement import slashes_due
@@ -289,8 +290,14 @@ def test_one_lying_validator_cannot_convict_an_honest_island(sqlite_url: str, tm
             split = honest[1].audit(first)
             assert [t.id for t in honest[0].api.island_audits(limit=50)] == [first.id]
             decided = honest[0].audit(first)
+            with make_sessionmaker(served.engine)() as session:
+                strikes = session.execute(
+                    select(ValidatorStrike.validator, ValidatorStrike.island_audit_id, ValidatorStrike.submission_id)
+                ).all()
         finally:
             relay.stop()
+    # Outvoted, the liar is struck as on a submission: enough strikes revoke its role and slash it citing the audit.
+    assert [tuple(s) for s in strikes] == [(liar.account.address, first.id, None)]
     assert (split.state, split.votes) == (AuditState.open, 2)
     assert (decided.state, decided.votes) == (AuditState.passed, 3)
     assert "1 of 3 validators fail it" in (decided.outcome or "")

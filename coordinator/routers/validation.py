@@ -95,6 +95,8 @@ async def island_audit_file(audit_id: AuditId, ctx: Ctx, signed: Signed, ledger:
     response_model=IslandAuditInfo,
     responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
 )
-async def island_audit_verdict(audit_id: AuditId, body: IslandAuditVerdict, signed: Signed, ledger: LedgerDep) -> IslandAuditInfo:
+async def island_audit_verdict(
+    audit_id: AuditId, body: IslandAuditVerdict, signed: Signed, ledger: LedgerDep, settings: Settings
+) -> IslandAuditInfo:
     """How far the island's pseudo-gradient is from this validator's replay; judged against the run's tolerance."""
-    return await ledger.run_signed(signed, island_audits.vote, audit_id, body, ledger.now())
+    return await ledger.run_signed(signed, island_audits.vote, audit_id, body, settings, ledger.now())

@@ -26,15 +26,28 @@ OUTVOTED = "outvoted by the majority"
 
 
 def strike(
-    session: Session, validator: str, submission_id: str, reason: str, settings: CoordinatorSettings, now: datetime
+    session: Session,
+    validator: str,
+    submission_id: str | None,
+    reason: str,
+    settings: CoordinatorSettings,
+    now: datetime,
+    island_audit_id: int | None = None,
 ) -> Literal["struck", "revoked"] | None:
-    """Record that ``validator`` was outvoted (once per submission): "revoked" when this strike just
-    cost it the role, "struck" when it keeps it, None when nothing new was recorded or it held no role."""
+    """Record that ``validator`` was outvoted (once per submission, or per island audit): "revoked" when this strike
+    just cost it the role, "struck" when it keeps it, None when nothing new was recorded or it held no role."""
     if session.scalar(
-        select(ValidatorStrike.id).where(ValidatorStrike.validator == validator, ValidatorStrike.submission_id == submission_id)
+        select(ValidatorStrike.id).where(
+            ValidatorStrike.validator == validator,
+            ValidatorStrike.submission_id == submission_id
+            if island_audit_id is None
+            else ValidatorStrike.island_audit_id == island_audit_id,
+        )
     ):
         return None
-    session.add(ValidatorStrike(validator=validator, submission_id=submission_id, reason=reason, at=now))
+    session.add(
+        ValidatorStrike(validator=validator, submission_id=submission_id, island_audit_id=island_audit_id, reason=reason, at=now)
+    )
     role = roles.active(session, validator, RoleName.validator)
     if role is None:
         return None

@@ -33,7 +33,8 @@ from intellect_protocol.coordinator import events
 from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.island_models import Island, IslandAudit, IslandAuditVote, IslandShare
 from intellect_protocol.coordinator.models import Role, Run
-from intellect_protocol.coordinator.services import pretraining, roles
+from intellect_protocol.coordinator.services import accountability, pretraining, roles
+from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.shared.island_audit_schemas import IslandAuditInfo, IslandAuditTask, IslandAuditVerdict
 from intellect_protocol.shared.island_schemas import IslandSettle, OuterSettings
@@ -245,9 +246,12 @@ def _audit(session: Session, audit_id: int) -> IslandAudit:
     return audit
 
 
-def vote(session: Session, signer: str, audit_id: int, body: IslandAuditVerdict, now: datetime) -> IslandAuditInfo:
+def vote(
+    session: Session, signer: str, audit_id: int, body: IslandAuditVerdict, settings: CoordinatorSettings, now: datetime
+) -> IslandAuditInfo:
     """Record a validator's replay of an open audit (409 once decided, or judged by it already); the verdicts decide
-    it once there are the run's ``audit_votes`` and :func:`decided` says so."""
+    it once there are the run's ``audit_votes`` and :func:`decided` says so, and each validator they outvote is
+    struck, as on a submission (:func:`coordinator.services.accountability.strike`)."""
     roles.require(session, signer, RoleName.validator).last_seen = now
     audit = _audit(session, audit_id)
     if audit.state != AuditState.open:
@@ -257,8 +261,8 @@ def vote(session: Session, signer: str, audit_id: int, body: IslandAuditVerdict,
     if audit.assignee != signer:
         raise ApiError(ErrorCode.conflict, f"Island audit {audit_id} is not drawn for {signer}: replay the ones drawn for you.")
     run = session.get_one(Run, audit.run_id)
-    _, settings = pretraining.corpus_of(run)
-    passed = body.relative_error <= settings.audit_tolerance
+    _, pretrain = pretraining.corpus_of(run)
+    passed = body.relative_error <= pretrain.audit_tolerance
     session.add(
         IslandAuditVote(
             audit_id=audit_id, validator=signer, relative_error=body.relative_error, cosine=body.cosine, passed=passed, at=now
@@ -267,23 +271,22 @@ def vote(session: Session, signer: str, audit_id: int, body: IslandAuditVerdict,
     session.flush()
     votes = session.scalars(select(IslandAuditVote).where(IslandAuditVote.audit_id == audit_id)).all()
     failed = [v for v in votes if not v.passed]
-    if len(votes) < settings.audit_votes or not decided(len(votes) - len(failed), len(failed)):
+    if len(votes) < pretrain.audit_votes or not decided(len(votes) - len(failed), len(failed)):
         audit.assignee = audit.assigned_at = None  # the next verdict is another validator's, drawn afresh
         return info(session, audit)
     errors = sorted(v.relative_error for v in votes)
     median = errors[len(errors) // 2]
-    audit.decided_at, audit.outcome = (
-        now,
-        (
-            f"outer step {audit.outer_step}: its pseudo-gradient is {median:.3g} from its replay in relative error "
-            f"(tolerance {settings.audit_tolerance:g}; {len(failed)} of {len(votes)} validators fail it)"
-        ),
+    audit.decided_at = now
+    audit.outcome = (
+        f"outer step {audit.outer_step}: its pseudo-gradient is {median:.3g} from its replay in relative error "
+        f"(tolerance {pretrain.audit_tolerance:g}; {len(failed)} of {len(votes)} validators fail it)"
     )
-    if 2 * len(failed) > len(votes):
-        audit.state = AuditState.failed
+    audit.state = AuditState.failed if 2 * len(failed) > len(votes) else AuditState.passed
+    for outvoted in [v for v in votes if v.passed != (audit.state == AuditState.passed)]:
+        why = f"outvoted on island audit {audit.id} of {audit.island}, which {audit.state}"
+        accountability.strike(session, outvoted.validator, None, why, settings, now, island_audit_id=audit.id)
+    if audit.state == AuditState.failed:
         convict(session, run, audit, now)
-    else:
-        audit.state = AuditState.passed
     return info(session, audit)
 
 

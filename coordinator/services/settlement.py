@@ -193,8 +193,8 @@ def _revocations_due(session: Session, before: datetime) -> list[DueSlash]:
 
 
 def _evidence(session: Session, role: Role) -> list[str]:
-    """What a revoked role is slashed citing: the submissions its validator was outvoted on, or its trainer's failed
-    island audits (``island-audit:ID``)."""
+    """What a revoked role is slashed citing: the submissions and island audits (``island-audit:ID``) its validator was
+    outvoted on, or its trainer's failed island audits."""
     if role.role == RoleName.trainer:
         failed = select(IslandAudit.id).where(
             IslandAudit.address == role.address,
@@ -203,12 +203,14 @@ def _evidence(session: Session, role: Role) -> list[str]:
             IslandAudit.decided_at <= role.revoked_at,
         )
         return [f"island-audit:{audit_id}" for audit_id in session.scalars(failed)]
-    outvoted = select(ValidatorStrike.submission_id).where(
-        ValidatorStrike.validator == role.address,
-        ValidatorStrike.at >= role.granted_at,
-        ValidatorStrike.at <= role.revoked_at,
+    outvoted = session.execute(
+        select(ValidatorStrike.submission_id, ValidatorStrike.island_audit_id).where(
+            ValidatorStrike.validator == role.address,
+            ValidatorStrike.at >= role.granted_at,
+            ValidatorStrike.at <= role.revoked_at,
+        )
     )
-    return sorted(set(session.scalars(outvoted)))
+    return sorted({submission or f"island-audit:{audit}" for submission, audit in outvoted})
 
 
 def record_slashing(session: Session, due: DueSlash, amount: int, tx_hash: str | None, now: datetime) -> None:
