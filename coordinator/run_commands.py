@@ -137,6 +137,12 @@ def run_create(
             help="Pretraining: verdicts an island audit waits for at least; then all passing, or a majority of two or more, decide."
         ),
     ] = PRETRAIN_DEFAULTS.audit_votes,
+    island_audit_second_opinion: Annotated[
+        float,
+        typer.Option(
+            help="Pretraining: share of island audits one passing verdict would decide that a second validator replays."
+        ),
+    ] = PRETRAIN_DEFAULTS.audit_second_opinion,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create an active run: an RL run nodes lease tasks of, or (--kind pretrain --corpus DIR) a pretraining run
@@ -169,6 +175,7 @@ def run_create(
                 seed=seed,
                 audit_rate=island_audit_rate,
                 audit_votes=island_audit_votes,
+                audit_second_opinion=island_audit_second_opinion,
             )
             if pretraining
             else None

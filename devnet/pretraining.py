@@ -64,6 +64,7 @@ def start(workdir: Path, islands: int, database_url: str | None, console: Consol
     before = judge_untrained(example)
     options = ["--kind", "pretrain", "--corpus", str(example / "corpus"), "--model", str(example / "model")]
     options += ["--epochs", str(EPOCHS), "--sync-every", str(SYNC_EVERY), "--island-audit-rate", str(AUDIT_RATE)]
+    options += ["--island-audit-second-opinion", "0"]  # one validator: nobody could give a second opinion
     network = start_network(
         workdir,
         nodes=0,

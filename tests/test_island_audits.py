@@ -25,13 +25,13 @@ from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.island_models import IslandAudit, IslandShare
 from intellect_protocol.coordinator.models import ValidatorStrike
 from intellect_protocol.coordinator.services import roles
-from intellect_protocol.coordinator.services.island_audits import REPLAY_WAIT_S
 from intellect_protocol.coordinator.services.settlement import slashes_due
 from intellect_protocol.devnet.processes import Process, start_relay
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
 from intellect_protocol.shared.island_audit_schemas import IslandAuditVerdict
 from intellect_protocol.shared.island_schemas import IslandClaim
 from intellect_protocol.shared.pretraining.manifest import ShardRef, load_manifest
+from intellect_protocol.shared.pretraining.settings import PretrainSettings
 from intellect_protocol.shared.schemas import RoleName
 from intellect_protocol.shared.shardcast.weights import Weights
 from intellect_protocol.shared.states import AuditState, ShareState
@@ -97,8 +97,10 @@ def train(served: Served, key: LocalAccount, run_id: str, island_class: type[Pre
 
 
 def audited_run(database_url: str, tmp_path: Path, example: Path, *extra: str) -> str:
-    """A pretraining run of the example corpus whose every step is drawn for audit; its id."""
-    flags = ["--sync-every", "4", "--min-islands", "1", "--batch-rows", "8", "--island-audit-rate", "1", *extra]
+    """A pretraining run of the example corpus whose every step is drawn for audit, a lone pass deciding it (unless
+    ``extra`` says otherwise); its id."""
+    flags = ["--sync-every", "4", "--min-islands", "1", "--batch-rows", "8", "--island-audit-rate", "1"]
+    flags += ["--island-audit-second-opinion", "0", *extra]
     code, out = create(database_url, tmp_path / "blobs", example, *flags)
     assert code == 0, out
     return out.strip().splitlines()[-1]
@@ -284,7 +286,7 @@ def test_one_lying_validator_cannot_convict_an_honest_island(sqlite_url: str, tm
             assert "not open and drawn for" in refused(409, lambda: honest[1].api.island_audit_file(first.id), served)
             # The one drawn goes silent: once its time is up, another is drawn in its place (the liar, silent too, has
             # its audits drawn again), and on its return it is the only one left that has not judged.
-            clock.advance(REPLAY_WAIT_S + 1)
+            clock.advance(PretrainSettings().audit_replay_s + 1)
             listed(served, relay)
             assert honest[1].api.island_audits(limit=50)[0].id == first.id
             split = honest[1].audit(first)
@@ -301,3 +303,35 @@ def test_one_lying_validator_cannot_convict_an_honest_island(sqlite_url: str, tm
     assert (split.state, split.votes) == (AuditState.open, 2)
     assert (decided.state, decided.votes) == (AuditState.passed, 3)
     assert "1 of 3 validators fail it" in (decided.outcome or "")
+
+
+def test_a_validator_passing_a_lying_islands_step_is_caught_by_a_second_opinion(
+    sqlite_url: str, tmp_path: Path, example: Path
+) -> None:
+    """A validator colluding with a lazy island passes the step it was drawn for; at ``--island-audit-second-opinion
+    1`` that lone pass waits for another validator, whose failing replay splits the votes, and a third's convicts the
+    island and strikes the colluder."""
+    run_id = audited_run(sqlite_url, tmp_path, example, "--island-audit-second-opinion", "1")
+    with serve(settings(sqlite_url, tmp_path / "blobs")) as served:
+        trainer = Account.create()
+        grant(served, admin_token(served), trainer.address, "trainer")
+        train(served, trainer, run_id, LazyIsland, tmp_path)
+        relay = origin_relay(served, tmp_path)
+        try:
+            colluder = auditor(served, tmp_path / "colluder")
+            honest = [auditor(served, tmp_path / name) for name in ("honest-1", "honest-2")]
+            first = colluder.api.island_audits(limit=1)[0]
+            cover = IslandAuditVerdict(address=colluder.account.address, relative_error=0.0, cosine=1.0)
+            assert colluder.api.island_audit_verdict(first.id, cover).state == AuditState.open
+            assert [t.id for t in honest[0].api.island_audits(limit=50)] == [first.id]
+            split = honest[0].audit(first)
+            assert [t.id for t in honest[1].api.island_audits(limit=50)] == [first.id]
+            decided = honest[1].audit(first)
+            with make_sessionmaker(served.engine)() as session:
+                strikes = session.execute(select(ValidatorStrike.validator, ValidatorStrike.island_audit_id)).all()
+                revoked = roles.active(session, trainer.address, RoleName.trainer) is None
+        finally:
+            relay.stop()
+    assert (split.state, split.votes) == (AuditState.open, 2)
+    assert (decided.state, decided.votes) == (AuditState.failed, 3) and revoked
+    assert [tuple(s) for s in strikes] == [(colluder.account.address, first.id)]

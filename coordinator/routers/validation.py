@@ -73,11 +73,11 @@ AuditId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 @router.get("/island-audits", response_model=list[IslandAuditTask])
 async def island_audits_open(
-    signed: Signed, ledger: LedgerDep, limit: Annotated[int, Query(ge=1, le=50)] = 4
+    signed: Signed, ledger: LedgerDep, settings: Settings, limit: Annotated[int, Query(ge=1, le=50)] = 4
 ) -> list[IslandAuditTask]:
-    """Pretraining islands' pseudo-gradients to replay (:mod:`coordinator.services.island_audits`) that this
-    validator has not judged, oldest first."""
-    return await ledger.run_signed(signed, island_audits.open_audits, limit, ledger.now())
+    """Pretraining islands' pseudo-gradients drawn for this validator to replay (:mod:`coordinator.services.island_audits`),
+    oldest first."""
+    return await ledger.run_signed(signed, island_audits.open_audits, limit, settings, ledger.now())
 
 
 @router.get(

@@ -10,8 +10,8 @@ run that record holds the sha256 of every pseudo-gradient the average included, 
   island's pseudo-gradient it started from). :func:`require_settled` keeps a publisher from skipping the settling.
 - :func:`admit_upload` and :func:`record_upload`: a trainer of the run uploads the bytes of a drawn one; stored only
   if their sha256 is the digest the step's record holds.
-- :func:`open_audits` and :func:`vote`: each audit is drawn for a validator at random, and only that one may judge it;
-  validators replay it (:func:`shared.pretraining.audit.replay`) from the step's
+- :func:`open_audits` and :func:`vote`: each audit is drawn for a validator at random, and only that one may judge it
+  (a lone pass is checked by a second one at the run's ``audit_second_opinion``); validators replay it (:func:`shared.pretraining.audit.replay`) from the step's
   starting weights on the slots the island reported, in the order it reported them, and send how far what it sent
   is from the replay. The coordinator judges that against the run's ``audit_tolerance``; at least ``audit_votes``
   verdicts decide the audit (:func:`decided`): all passing, or a majority of at least two. So one validator alone
@@ -44,11 +44,8 @@ from intellect_protocol.shared.states import AuditState, RunKind, RunStatus, Sha
 AUDIT_FAILED = "failed the audit of"
 """How a trainer's revocation for a failed audit begins: such a trainer is slashed once the dispute window passed."""
 _draws = random.SystemRandom()
-REPLAY_WAIT_S = 900.0
-"""How long a validator drawn for an audit has to judge it before another is drawn; validators not seen for that long
-are not drawn."""
 DRAWS_PER_CALL = 100
-"""Audits nobody holds drawn for validators at one validator's call (the oldest first)."""
+"""Open audits looked at for drawing at one validator's call (the oldest first)."""
 
 
 def blob_key(run_id: str, digest: str) -> str:
@@ -171,16 +168,17 @@ def _awaiting(session: Session, run_id: str, digest: str) -> int | None:
     )
 
 
-def open_audits(session: Session, signer: str, limit: int, now: datetime) -> list[IslandAuditTask]:
+def open_audits(session: Session, signer: str, limit: int, settings: CoordinatorSettings, now: datetime) -> list[IslandAuditTask]:
     """Up to ``limit`` open audits of active runs drawn for the calling validator, oldest first.
 
-    Audits nobody holds (new ones, ones a verdict left undecided, ones whose validator lost its role or let
-    :data:`REPLAY_WAIT_S` pass) are drawn first, each for a validator seen within that time that has not judged it and
-    is not the island, at random. So no validator picks what it judges: one colluding with an island cannot take its
-    audits, and one that stops answering holds an audit for :data:`REPLAY_WAIT_S` at most."""
+    Audits nobody holds (new ones, ones a verdict left undecided, ones whose validator lost its role or let the run's
+    ``audit_replay_s`` pass) are drawn first, each for a validator live by the committee's ``validator_live_s`` that
+    has not judged it and is not the island, at random. So no validator picks what it judges: one colluding with an
+    island cannot take its audits, and one that stops answering holds an audit for ``audit_replay_s`` at most."""
     roles.require(session, signer, RoleName.validator).last_seen = now
-    stale = now - timedelta(seconds=REPLAY_WAIT_S)
     validators = select(Role.address).where(Role.role == RoleName.validator, Role.revoked_at.is_(None))
+    live = set(session.scalars(validators.where(Role.last_seen >= now - timedelta(seconds=settings.committee.validator_live_s))))
+    holding = set(session.scalars(validators))
     start = aliased(IslandAudit)
     uploaded = select(start.id).where(start.blob_key.is_not(None))  # what an overlapped round started from
     replayable = (
@@ -190,11 +188,13 @@ def open_audits(session: Session, signer: str, limit: int, now: datetime) -> lis
         .where(IslandAudit.start_audit_id.is_(None) | IslandAudit.start_audit_id.in_(uploaded))
         .order_by(IslandAudit.id)
     )
-    unheld = IslandAudit.assignee.is_(None) | (IslandAudit.assigned_at < stale) | IslandAudit.assignee.not_in(validators)
-    seen = set(session.scalars(validators.where(Role.last_seen >= stale)))
-    for audit in session.scalars(replayable.where(unheld).limit(DRAWS_PER_CALL)).all():
+    for audit in session.scalars(replayable.where(IslandAudit.assignee.is_distinct_from(signer)).limit(DRAWS_PER_CALL)).all():
+        _, pretrain = pretraining.corpus_of(session.get_one(Run, audit.run_id))
+        fresh = audit.assigned_at is not None and audit.assigned_at >= now - timedelta(seconds=pretrain.audit_replay_s)
+        if audit.assignee in holding and fresh:
+            continue
         judged = set(session.scalars(select(IslandAuditVote.validator).where(IslandAuditVote.audit_id == audit.id)))
-        pool = sorted(seen - judged - {audit.address})
+        pool = sorted(live - judged - {audit.address})
         if pool:
             audit.assignee, audit.assigned_at = _draws.choice(pool), now
     session.flush()
@@ -250,8 +250,9 @@ def vote(
     session: Session, signer: str, audit_id: int, body: IslandAuditVerdict, settings: CoordinatorSettings, now: datetime
 ) -> IslandAuditInfo:
     """Record a validator's replay of an open audit (409 once decided, or judged by it already); the verdicts decide
-    it once there are the run's ``audit_votes`` and :func:`decided` says so, and each validator they outvote is
-    struck, as on a submission (:func:`coordinator.services.accountability.strike`)."""
+    it once there are the run's ``audit_votes`` and :func:`decided` says so (a lone pass waits for a second opinion at
+    the run's ``audit_second_opinion``), and each validator they outvote is struck, as on a submission
+    (:func:`coordinator.services.accountability.strike`)."""
     roles.require(session, signer, RoleName.validator).last_seen = now
     audit = _audit(session, audit_id)
     if audit.state != AuditState.open:
@@ -271,7 +272,8 @@ def vote(
     session.flush()
     votes = session.scalars(select(IslandAuditVote).where(IslandAuditVote.audit_id == audit_id)).all()
     failed = [v for v in votes if not v.passed]
-    if len(votes) < pretrain.audit_votes or not decided(len(votes) - len(failed), len(failed)):
+    checked = len(votes) == 1 and passed and _draws.random() < pretrain.audit_second_opinion
+    if len(votes) < pretrain.audit_votes or not decided(len(votes) - len(failed), len(failed)) or checked:
         audit.assignee = audit.assigned_at = None  # the next verdict is another validator's, drawn afresh
         return info(session, audit)
     errors = sorted(v.relative_error for v in votes)

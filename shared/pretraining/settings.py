@@ -41,6 +41,12 @@ class PretrainSettings(BaseModel):
     """Validators' verdicts an audit waits for at least: then all passing pass it, and otherwise it waits until one
     side holds a majority of at least two (one validator alone never convicts an island). More where validators are
     strangers: with one, the validator drawn for an audit passes it alone."""
+    audit_second_opinion: float = Field(0.2, ge=0, le=1)
+    """Share of audits that a lone passing verdict would decide which wait for a second validator's replay, drawn after
+    the verdict: a validator colluding with an island is caught passing its lies at this rate (outvoted and struck)."""
+    audit_replay_s: float = Field(900.0, gt=0, le=7 * 86400)
+    """How long the validator drawn for an audit has to replay and judge it before another is drawn in its place: an
+    outer step's compute on the validator's machine, and then some."""
     audit_tolerance: float = Field(TOLERANCE, gt=0, le=1)
     """Largest relative error between what an island sent and its replayed outer step that passes."""
 
