@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from eth_account.signers.local import LocalAccount
 from rich.console import Console
 from sqlalchemy import func, select
 
+from intellect_protocol.coordinator.clock import Clock, system_clock
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.island_models import IslandAudit, IslandShare
 from intellect_protocol.coordinator.models import ValidatorStrike
@@ -121,6 +125,34 @@ def origin_relay(served: Served, workdir: Path) -> Process:
     process = start_relay(workdir, "origin", wallet, "relay-pass", served.url, origin=True)
     listed(served, process)
     return process
+
+
+@dataclass
+class Judged:
+    """A run one island learnt alone, its steps drawn for audit, and three validators: a rogue and two honest ones."""
+
+    served: Served
+    relay: Process
+    trainer: LocalAccount
+    rogue: IslandAuditor
+    honest: list[IslandAuditor]
+
+
+@contextmanager
+def judged_run(
+    sqlite_url: str, tmp_path: Path, example: Path, island_class: type[PretrainIsland], *flags: str, clock: Clock = system_clock
+) -> Iterator[Judged]:
+    run_id = audited_run(sqlite_url, tmp_path, example, *flags)
+    with serve(settings(sqlite_url, tmp_path / "blobs"), clock=clock) as served:
+        trainer = Account.create()
+        grant(served, admin_token(served), trainer.address, "trainer")
+        train(served, trainer, run_id, island_class, tmp_path)
+        relay = origin_relay(served, tmp_path)
+        try:
+            honest = [auditor(served, tmp_path / name) for name in ("honest-1", "honest-2")]
+            yield Judged(served, relay, trainer, auditor(served, tmp_path / "rogue"), honest)
+        finally:
+            relay.stop()
 
 
 def listed(served: Served, relay: Process) -> None:
@@ -262,42 +294,33 @@ def test_one_lying_validator_cannot_convict_an_honest_island(sqlite_url: str, tm
     """A lone failing verdict leaves the audit open (the island keeps its role), its repeat is refused, a split waits
     for another validator, drawn by the coordinator (one not drawn can neither fetch nor judge it; one drawn that
     stays silent is replaced), and two honest replays then pass the step, with one validator or two asked for."""
-    run_id = audited_run(sqlite_url, tmp_path, example, "--island-audit-votes", votes)
     clock = MovableClock()
-    with serve(settings(sqlite_url, tmp_path / "blobs"), clock=clock) as served:
-        trainer = Account.create()
-        grant(served, admin_token(served), trainer.address, "trainer")
-        train(served, trainer, run_id, PretrainIsland, tmp_path)
-        relay = origin_relay(served, tmp_path)
-        try:
-            liar = auditor(served, tmp_path / "liar")
-            honest = [auditor(served, tmp_path / name) for name in ("honest-1", "honest-2")]
-            first = liar.api.island_audits(limit=1)[0]
-            lie = IslandAuditVerdict(address=liar.account.address, relative_error=0.5, cosine=0.1)
-            assert liar.api.island_audit_verdict(first.id, lie).state == AuditState.open
-            assert "judged island audit" in refused(409, lambda: liar.api.island_audit_verdict(first.id, lie), served)
-            assert [t.id for t in liar.api.island_audits(limit=50)][0] != first.id  # judged: not offered it again
-            with make_sessionmaker(served.engine)() as session:
-                assert roles.active(session, trainer.address, RoleName.trainer) is not None
-            # The next verdict is drawn: the validator drawn replays it, and one not drawn cannot judge it.
-            assert [t.id for t in honest[0].api.island_audits(limit=50)] == [first.id]
-            fair = IslandAuditVerdict(address=honest[1].account.address, relative_error=0.0, cosine=1.0)
-            assert "not drawn for" in refused(409, lambda: honest[1].api.island_audit_verdict(first.id, fair), served)
-            assert "not open and drawn for" in refused(409, lambda: honest[1].api.island_audit_file(first.id), served)
-            # The one drawn goes silent: once its time is up, another is drawn in its place (the liar, silent too, has
-            # its audits drawn again), and on its return it is the only one left that has not judged.
-            clock.advance(PretrainSettings().audit_replay_s + 1)
-            listed(served, relay)
-            assert honest[1].api.island_audits(limit=50)[0].id == first.id
-            split = honest[1].audit(first)
-            assert [t.id for t in honest[0].api.island_audits(limit=50)] == [first.id]
-            decided = honest[0].audit(first)
-            with make_sessionmaker(served.engine)() as session:
-                strikes = session.execute(
-                    select(ValidatorStrike.validator, ValidatorStrike.island_audit_id, ValidatorStrike.submission_id)
-                ).all()
-        finally:
-            relay.stop()
+    with judged_run(sqlite_url, tmp_path, example, PretrainIsland, "--island-audit-votes", votes, clock=clock) as run:
+        liar, honest, served = run.rogue, run.honest, run.served
+        first = liar.api.island_audits(limit=1)[0]
+        lie = IslandAuditVerdict(address=liar.account.address, relative_error=0.5, cosine=0.1)
+        assert liar.api.island_audit_verdict(first.id, lie).state == AuditState.open
+        assert "judged island audit" in refused(409, lambda: liar.api.island_audit_verdict(first.id, lie), served)
+        assert [t.id for t in liar.api.island_audits(limit=50)][0] != first.id  # judged: not offered it again
+        with make_sessionmaker(served.engine)() as session:
+            assert roles.active(session, run.trainer.address, RoleName.trainer) is not None
+        # The next verdict is drawn: the validator drawn replays it, and one not drawn cannot judge it.
+        assert [t.id for t in honest[0].api.island_audits(limit=50)] == [first.id]
+        fair = IslandAuditVerdict(address=honest[1].account.address, relative_error=0.0, cosine=1.0)
+        assert "not drawn for" in refused(409, lambda: honest[1].api.island_audit_verdict(first.id, fair), served)
+        assert "not open and drawn for" in refused(409, lambda: honest[1].api.island_audit_file(first.id), served)
+        # The one drawn goes silent: once its time is up, another is drawn in its place (the liar, silent too, has
+        # its audits drawn again), and on its return it is the only one left that has not judged.
+        clock.advance(PretrainSettings().audit_replay_s + 1)
+        listed(served, run.relay)
+        assert honest[1].api.island_audits(limit=50)[0].id == first.id
+        split = honest[1].audit(first)
+        assert [t.id for t in honest[0].api.island_audits(limit=50)] == [first.id]
+        decided = honest[0].audit(first)
+        with make_sessionmaker(served.engine)() as session:
+            strikes = session.execute(
+                select(ValidatorStrike.validator, ValidatorStrike.island_audit_id, ValidatorStrike.submission_id)
+            ).all()
     # Outvoted, the liar is struck as on a submission: enough strikes revoke its role and slash it citing the audit.
     assert [tuple(s) for s in strikes] == [(liar.account.address, first.id, None)]
     assert (split.state, split.votes) == (AuditState.open, 2)
@@ -311,27 +334,18 @@ def test_a_validator_passing_a_lying_islands_step_is_caught_by_a_second_opinion(
     """A validator colluding with a lazy island passes the step it was drawn for; at ``--island-audit-second-opinion
     1`` that lone pass waits for another validator, whose failing replay splits the votes, and a third's convicts the
     island and strikes the colluder."""
-    run_id = audited_run(sqlite_url, tmp_path, example, "--island-audit-second-opinion", "1")
-    with serve(settings(sqlite_url, tmp_path / "blobs")) as served:
-        trainer = Account.create()
-        grant(served, admin_token(served), trainer.address, "trainer")
-        train(served, trainer, run_id, LazyIsland, tmp_path)
-        relay = origin_relay(served, tmp_path)
-        try:
-            colluder = auditor(served, tmp_path / "colluder")
-            honest = [auditor(served, tmp_path / name) for name in ("honest-1", "honest-2")]
-            first = colluder.api.island_audits(limit=1)[0]
-            cover = IslandAuditVerdict(address=colluder.account.address, relative_error=0.0, cosine=1.0)
-            assert colluder.api.island_audit_verdict(first.id, cover).state == AuditState.open
-            assert [t.id for t in honest[0].api.island_audits(limit=50)] == [first.id]
-            split = honest[0].audit(first)
-            assert [t.id for t in honest[1].api.island_audits(limit=50)] == [first.id]
-            decided = honest[1].audit(first)
-            with make_sessionmaker(served.engine)() as session:
-                strikes = session.execute(select(ValidatorStrike.validator, ValidatorStrike.island_audit_id)).all()
-                revoked = roles.active(session, trainer.address, RoleName.trainer) is None
-        finally:
-            relay.stop()
+    with judged_run(sqlite_url, tmp_path, example, LazyIsland, "--island-audit-second-opinion", "1") as run:
+        colluder, honest = run.rogue, run.honest
+        first = colluder.api.island_audits(limit=1)[0]
+        cover = IslandAuditVerdict(address=colluder.account.address, relative_error=0.0, cosine=1.0)
+        assert colluder.api.island_audit_verdict(first.id, cover).state == AuditState.open
+        assert [t.id for t in honest[0].api.island_audits(limit=50)] == [first.id]
+        split = honest[0].audit(first)
+        assert [t.id for t in honest[1].api.island_audits(limit=50)] == [first.id]
+        decided = honest[1].audit(first)
+        with make_sessionmaker(run.served.engine)() as session:
+            strikes = session.execute(select(ValidatorStrike.validator, ValidatorStrike.island_audit_id)).all()
+            revoked = roles.active(session, run.trainer.address, RoleName.trainer) is None
     assert (split.state, split.votes) == (AuditState.open, 2)
     assert (decided.state, decided.votes) == (AuditState.failed, 3) and revoked
     assert [tuple(s) for s in strikes] == [(colluder.account.address, first.id)]
