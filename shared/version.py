@@ -7,12 +7,13 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0"
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """The version of what two roles must compute or read alike: the wire schemas, the rollout file, the seeded
 sampler, TOPLOC and the validator's checks. Bump it with any change to one of them. The coordinator refuses
 every signed request of another protocol (:func:`protocol_mismatch`), so no run mixes work of two. Version 1
 is every release before the number was sent (it sends none); 3 computes the sampler's noise in float64, so a
-GPU draws what a CPU draws."""
+GPU's is a CPU's to within one float32 step; 4 draws the validator that judges an island audit (a run's
+pretraining settings gain ``audit_second_opinion`` and ``audit_replay_s``, which a version-3 role would refuse)."""
 
 PROTOCOL_HEADER = "x-intellect-protocol"
 """The request header that carries the sender's :data:`PROTOCOL_VERSION`, sent with every signed request."""
