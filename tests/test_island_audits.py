@@ -1,9 +1,10 @@
 """Audits of pretraining islands on a real coordinator (issue #47, item 4 and the hostile cases that need one): every
 published step of a run drawn at rate 1 is uploaded by its island, replayed by real validators from the published
-weights on the reported slots, and judged by the coordinator (one validator alone never convicts). An honest island passes every audit; a lazy island
-(it claims whole shards and learns a few rows of each) and one that learns other data than it reports fail, lose the
-trainer role citing the audit, owe a slash once the dispute window passes, and their slots go back to be learnt again.
-Forged, unasked or repeated uploads and verdicts are refused and change nothing."""
+weights on the reported slots, and judged by the coordinator (one validator alone never convicts). An honest island
+passes every audit; a lazy island (it claims whole shards and learns a few rows of each) and one that learns other
+data than it reports fail, lose the trainer role citing the audit, owe a slash once the dispute window passes, and
+their slots go back to be learnt again. Forged, unasked or repeated uploads and verdicts are refused and change
+nothing."""
 
 from __future__ import annotations
 
