@@ -143,7 +143,8 @@ def main() -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"{args.rows} rows of {args.environment}, {len(rows.row)} positions checked, on {name}: node generation (sdpa,")
     print(
-        f"batch {args.rows}) against validator prefill (eager, batch {VALIDATOR_BATCH}), both bf16, {model.config.num_hidden_layers} layers"
+        f"batch {args.rows}) against validator prefill (eager, batch {VALIDATOR_BATCH}), both bf16, "
+        f"{model.config.num_hidden_layers} layers"
     )
     print(f"{'head':6s} {'flips / 1,000 positions':>24s} {'mean |logit difference|':>24s} {'rows without a flip':>20s}")
     for head, f in figures.items():

@@ -11,9 +11,9 @@ run that record holds the sha256 of every pseudo-gradient the average included, 
 - :func:`admit_upload` and :func:`record_upload`: a trainer of the run uploads the bytes of a drawn one; stored only
   if their sha256 is the digest the step's record holds.
 - :func:`open_audits` and :func:`vote`: each audit is drawn for a validator at random, and only that one may judge it
-  (a lone pass is checked by a second one at the run's ``audit_second_opinion``); validators replay it (:func:`shared.pretraining.audit.replay`) from the step's
-  starting weights on the slots the island reported, in the order it reported them, and send how far what it sent
-  is from the replay. The coordinator judges that against the run's ``audit_tolerance``; at least ``audit_votes``
+  (a lone pass is checked by a second one at the run's ``audit_second_opinion``); validators replay it
+  (:func:`shared.pretraining.audit.replay`) from the step's starting weights on the slots the island reported, in the
+  order it reported them, and send how far what it sent is from the replay. The coordinator judges that against the run's ``audit_tolerance``; at least ``audit_votes``
   verdicts decide the audit (:func:`decided`): all passing, or a majority of at least two. So one validator alone
   never convicts an island, and a split waits for another validator's replay.
 - :func:`convict`: a failed audit revokes the island's trainer role, citing the audit (its stake is slashed once the
