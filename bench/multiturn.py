@@ -3,8 +3,9 @@
 On the shipped tool-using model (``tiny-calc``) and the calculator environment, with the node's and the validator's
 own code (the environment in its bounded process on both sides, as the roles run it):
 
-- honest rows rejected: at least ``--rows`` rows of episodes in fp32 and in bf16 (torch nodes; vLLM nodes run no
-  episodes yet), each file checked by a validator holding the model in fp32. Goal: 0.
+- honest rows rejected: at least ``--rows`` rows of episodes in fp32 and in bf16, on torch nodes and on vLLM nodes
+  (its CPU build here; skipped with a line where it is not installed), each file checked by a validator holding the
+  model in fp32. Goal: 0.
 - forged episodes caught: every kind of lie about who wrote which token, a reply of another plugin's format, and an
   episode drawn under another seed. Goal: all.
 - the validator's CPU time per file over the node's (generation, proofs and the file, the environment's replies in
@@ -14,7 +15,7 @@ own code (the environment in its bounded process on both sides, as the roles run
   Goal: at most the single-turn ratio + 10 %.
 - the environment's reply per turn, on the node (a round trip to its bounded process).
 
-    python bench/multiturn.py [--rows 2000]
+    python bench/multiturn.py [--rows 2000] [--nodes torch,vllm]
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _tasks import environment_task  # noqa: E402
 
-from intellect_protocol.node.work import finish, generate_with, torch_backend_for  # noqa: E402
+from intellect_protocol.node.settings import BackendKind, Dtype  # noqa: E402
+from intellect_protocol.node.work import backend_for, finish, generate_with  # noqa: E402
+from intellect_protocol.shared.engines import vllm_unusable  # noqa: E402
 from intellect_protocol.shared.environments.bounded import BoundedRewards  # noqa: E402
 from intellect_protocol.shared.environments.registry import get_environment, plugin  # noqa: E402
 from intellect_protocol.shared.environments.turns import rules_of  # noqa: E402
@@ -48,11 +51,11 @@ GOAL_MARGIN = 1.10
 
 
 class Roles:
-    """A node (its model in ``dtype``) and a validator (fp32) on ``model`` and ``environment``."""
+    """A node (``kind``'s backend, its model in ``dtype``) and a validator (fp32) on ``model`` and ``environment``."""
 
-    def __init__(self, environment: str, model: str, dtype: str) -> None:
+    def __init__(self, environment: str, model: str, dtype: Dtype, kind: BackendKind = "torch") -> None:
         self.environment, self.model, self.dtype = environment, model, dtype
-        self.node, self.tokenizer = torch_backend_for(model, dtype)
+        self.node, self.tokenizer = backend_for(model, kind, dtype)
         self.checker, _ = load_model(model)
         found = get_environment(environment)
         self.problems = {p.id: p for p in found.problems()}
@@ -201,29 +204,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2000, help="Honest rows per dtype (at least).")
     parser.add_argument("--forged-files", type=int, default=4, help="Files per kind of forgery.")
+    parser.add_argument("--nodes", default="torch,vllm", help="The node backends whose honest rows are checked.")
     args = parser.parse_args()
     torch.set_num_threads(1)
     single = Roles("arithmetic", "tiny-arith", "float32")
     results = {
-        dtype: honest_part(Roles("calculator", "tiny-calc", dtype), args.rows, 1, single if dtype == "float32" else None)
-        for dtype in ("float32", "bfloat16")
+        ("torch", dtype): honest_part(
+            Roles("calculator", "tiny-calc", dtype), args.rows, 1, single if dtype == "float32" else None
+        )
+        for dtype in cast(list[Dtype], ["float32", "bfloat16"])
+        if "torch" in args.nodes.split(",")
     }
+    unusable = vllm_unusable() if "vllm" in args.nodes.split(",") else []
+    if "vllm" in args.nodes.split(",") and not unusable:
+        from intellect_protocol.shared.vllm_backend import close_engine
+
+        for dtype in cast(list[Dtype], ["float32", "bfloat16"]):
+            results["vllm", dtype] = honest_part(Roles("calculator", "tiny-calc", dtype, "vllm"), args.rows, 20_001)
+            close_engine()  # the engine's dtype is set when it starts
     roles = Roles("calculator", "tiny-calc", "float32")
     forged = forgeries_part(roles, args.forged_files)
     per_turn = reply_ms(roles)
-    print(f"bench/multiturn.py: tiny-calc on calculator, {PROMPTS} prompts x {SAMPLES} samples a file, torch nodes")
-    for dtype, figures in results.items():
+    print(f"bench/multiturn.py: tiny-calc on calculator, {PROMPTS} prompts x {SAMPLES} samples a file")
+    for (kind, dtype), figures in results.items():
         print(
-            f"  {dtype}: {figures['rejected']} of {figures['rows']} honest rows rejected (goal 0), "
+            f"  {kind} node, {dtype}: {figures['rejected']} of {figures['rows']} honest rows rejected (goal 0), "
             f"{figures['untrained']} kept out of training"
         )
-    print("  vLLM nodes: not measured (they run no episodes yet)")
+    if unusable:
+        print(f"  vLLM nodes: not measured ({'; '.join(unusable)})")
     for name, (caught, files) in forged.items():
         print(f"  forged, {name}: {caught} of {files} files caught (goal all)")
     print(f"  environment reply, node side: {per_turn:.2f} ms a turn (a round trip to its bounded process)")
-    fp32 = results["float32"]
+    fp32 = results["torch", "float32"]
     files, baseline = cast(list[tuple[float, float]], fp32["files"]), cast(list[tuple[float, float]], fp32["baseline"])
     multi, single = ([check / node for node, check in f] for f in (files, baseline))
+    if len(single) < 2:
+        raise SystemExit("the single-turn baseline needs two files at least (--rows 256): no ratio")
     half = len(single) // 2
     halves = [statistics.median(single[:half]), statistics.median(single[half:])]
     print(

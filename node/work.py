@@ -15,7 +15,6 @@ from intellect_protocol.shared.cpu_ledger import spent
 from intellect_protocol.shared.environments.bounded import BoundedRewards, task_rewards
 from intellect_protocol.shared.environments.length import LengthBudget, model_length
 from intellect_protocol.shared.environments.registry import (
-    EnvironmentUnavailable,
     Problem,
     completion_text,
     get_environment,
@@ -103,11 +102,6 @@ def generate_with(backend: InferenceBackend, tokenizer: PreTrainedTokenizerBase,
         if rules is None:
             completions = backend.generate([r.prompt_tokens for r in rows], [r.seed for r in rows], task.sampling)
         else:
-            if not isinstance(backend, TorchBackend):
-                raise EnvironmentUnavailable(
-                    f"environment {task.environment!r} is multi-turn, and only the torch backend runs episodes yet: "
-                    "join with --backend torch"
-                )
             replies = episode_replies(rewards_for(task.environment, task.environment_version), environment, tokenizer)
             episodes = run_episodes(
                 backend,
@@ -116,7 +110,6 @@ def generate_with(backend: InferenceBackend, tokenizer: PreTrainedTokenizerBase,
                 [(r.prompt_tokens, r.seed, r.problem) for r in rows],
                 task.sampling,
                 rules,
-                backend.model.config.hidden_size,
             )
             completions, sampled = [c for c, _ in episodes], [s for _, s in episodes]
     return Generated(task, rows, completions, budget_of(task), time.perf_counter() - start, backend.numerics, sampled)

@@ -26,18 +26,12 @@ from transformers import PreTrainedTokenizerBase
 from intellect_protocol.shared.environments.bounded import PluginFailure
 from intellect_protocol.shared.environments.registry import Problem, completion_text
 from intellect_protocol.shared.environments.turns import Rules, turn_ended
-from intellect_protocol.shared.inference import Completion, Turn
+from intellect_protocol.shared.inference import Completion, InferenceBackend, Turn
 from intellect_protocol.shared.schemas import SamplingParams
 
 
 class Replies(Protocol):
     def reply(self, problem: Problem, seed: int, turns: list[str]) -> str | None: ...
-
-
-class TurnBackend(Protocol):
-    def generate(
-        self, prompts: list[list[int]], seeds: list[int], params: SamplingParams, turn: Turn | None = None
-    ) -> list[Completion]: ...
 
 
 @dataclass
@@ -86,13 +80,12 @@ def reply_tokens(tokenizer: PreTrainedTokenizerBase, text: str, rules: Rules, ro
 
 
 def run_episodes(
-    backend: TurnBackend,
+    backend: InferenceBackend,
     tokenizer: PreTrainedTokenizerBase,
     environment: Replies,
     rows: list[tuple[list[int], int, Problem]],
     params: SamplingParams,
     rules: Rules,
-    width: int,
 ) -> list[tuple[Completion, list[bool]]]:
     """Each row's (prompt tokens, seed, problem) episode: its completion and which of its tokens the model sampled."""
     episodes = [Episode() for _ in rows]
@@ -133,7 +126,7 @@ def run_episodes(
         prompts = [rows[i][0] + episodes[i].tokens[:-1] for i in short]
         for i, completion in zip(short, backend.generate(prompts, [rows[i][1] for i in short], params, turn), strict=True):
             episodes[i].hidden += list(completion.hidden)
-    return [(e.completion(width), e.sampled) for e in episodes]
+    return [(e.completion(backend.hidden_size), e.sampled) for e in episodes]
 
 
 def _answer(e: Episode, tokenizer: PreTrainedTokenizerBase, text: str | None, rules: Rules) -> None:

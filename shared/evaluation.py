@@ -145,7 +145,7 @@ def held_out_metrics(
                 rows = [(head, i, p) for i, (head, p) in enumerate(zip(heads, chunk))]
                 greedy = SamplingParams(temperature=0, max_tokens=task.max_new_tokens)
                 replies = episode_replies(rewards, environment, tokenizer)
-                episodes = run_episodes(backend, tokenizer, replies, rows, greedy, rules, model.config.hidden_size)
+                episodes = run_episodes(backend, tokenizer, replies, rows, greedy, rules)
                 texts = [completion_text(tokenizer, c.tokens) for c, _ in episodes]
                 called += sum(_called_right(environment, tokenizer, p, c.tokens, flags) for p, (c, flags) in zip(chunk, episodes))
                 lengths = [model_length(c.tokens, flags) for c, flags in episodes]

@@ -59,8 +59,14 @@ class Turn:
 class InferenceBackend(Protocol):
     numerics: Numerics
     """How it computes, declared in every rollout file it produces."""
+    hidden_size: int
+    """The width of the states a :class:`Completion` carries."""
 
-    def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]: ...
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int], params: SamplingParams, turn: Turn | None = None
+    ) -> list[Completion]:
+        """Each prompt's completion; with ``turn``, one model turn of a multi-turn episode (see :class:`Turn`)."""
+        ...
 
 
 LOGITS_BLOCK_BYTES = 8 << 20

@@ -74,9 +74,7 @@ def episode_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     rules = Rules(environment.stops, environment.max_turns, environment.max_reply_tokens, MAX_TOKENS)
     backend = TorchBackend(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     rows = [(encode_prompt(tokenizer, p.prompt), i, p) for i, p in enumerate(problems)]
-    episodes = run_episodes(
-        backend, tokenizer, environment, rows, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), rules, 128
-    )
+    episodes = run_episodes(backend, tokenizer, environment, rows, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), rules)
     texts = [completion_text(tokenizer, c.tokens) for c, _ in episodes]
     right = sum(environment.task_reward(t, p) for t, p in zip(texts, problems))
     called = sum(not all(flags) for _, flags in episodes)

@@ -30,6 +30,7 @@ class TorchBackend:
         self.pad = pad_token_id
         self.device = next(model.parameters()).device
         self.numerics = Numerics.of(model)
+        self.hidden_size: int = model.config.hidden_size
         self.cache_keyword = cache_keyword(model)
 
     @torch.inference_mode()
@@ -112,12 +113,11 @@ class TorchBackend:
                         hidden[row].append(state[row])
                 next_position = next_position + 1
 
-        width = self.model.config.hidden_size
         return [
             Completion(
                 tokens=tokens[row],
                 logprobs=logprobs[row],
-                hidden=torch.stack(hidden[row]) if hidden[row] else torch.empty(0, width, dtype=torch.bfloat16),
+                hidden=torch.stack(hidden[row]) if hidden[row] else torch.empty(0, self.hidden_size, dtype=torch.bfloat16),
                 finish_reason=finish[row],  # type: ignore[arg-type]
             )
             for row in range(batch)

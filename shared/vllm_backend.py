@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from intellect_protocol.shared.inference import Completion
+from intellect_protocol.shared.inference import Completion, Turn
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.schemas import SamplingParams
 
@@ -108,42 +108,99 @@ class VllmBackend:
         """Stop the engine's processes: SIGTERM, then a kill after ``grace_s``."""
         self.llm.llm_engine.engine_core.shutdown(timeout=grace_s)
 
-    def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int], params: SamplingParams, turn: Turn | None = None
+    ) -> list[Completion]:
+        """Each prompt's completion; with ``turn``, one model turn of a multi-turn episode (see :class:`Turn`).
+
+        A turn's carried positions go in as forced tokens, one decode step each (vLLM keeps no state of a prompt
+        position but the last), and the turn's end is decided here as tokens arrive, by the torch backend's rule
+        (EOS, the turn's limit, ``turn.ended``); a row that ends is aborted, and tokens the engine ran ahead with
+        are dropped."""
         if len(prompts) != len(seeds):
             raise ValueError("one seed per prompt")
         if any(not p for p in prompts):
             raise ValueError("empty prompt")
-        ids = [uuid.uuid4().hex for _ in prompts]
+        count = len(prompts)
+        carried = turn.carried if turn else [0] * count
+        limits = turn.limits if turn else [params.max_tokens] * count
+        rows = [i for i in range(count) if limits[i] > 0 or carried[i] > 0]
+        keys = {i: uuid.uuid4().hex for i in rows}
+        heads = [prompts[i][: len(prompts[i]) - carried[i]] for i in rows]
         sampling = [
-            self._vllm.SamplingParams(
-                n=1,
-                temperature=0.0,  # greedy over the single token our processor leaves
-                max_tokens=params.max_tokens,
-                ignore_eos=not params.stop_on_eos,
-                stop_token_ids=[self.eos] if params.stop_on_eos else [],
-                skip_special_tokens=False,
-                detokenize=False,
-                extra_args={self._key: asdict(self._seeded(request, seed, len(prompt), params.temperature, params.top_p))},
-            )
-            for request, prompt, seed in zip(ids, prompts, seeds)
+            self._sampling(keys[i], seeds[i], head, prompts[i][len(head) :], (turn.offsets[i] if turn else 0), limits[i], params)
+            for i, head in zip(rows, heads)
         ]
-        outputs = self.llm.generate([self._vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
-        tokens = [list(output.outputs[0].token_ids) for output in outputs]
-        taken = self.llm.collective_rpc("intellect_take", args=({r: len(t) for r, t in zip(ids, tokens)},))[0]
+        requests = self.llm.enqueue([self._vllm.TokensPrompt(prompt_token_ids=h) for h in heads], sampling, use_tqdm=False)
+        # enqueue names a request by its engine-internal id, ``<id>-<8 random characters>``; outputs by ``<id>``.
+        row_of = {request.rsplit("-", 1)[0]: i for request, i in zip(requests, rows)}
+        out: list[list[int]] = [[] for _ in range(count)]
+        finish: list[str | None] = [None if i in keys else "length" for i in range(count)]
+        engine = self.llm.llm_engine
+        while engine.has_unfinished_requests():
+            ended = []
+            for output in engine.step():
+                i = row_of[output.request_id]
+                if finish[i] is not None:
+                    continue  # tokens the engine made before its abort arrived
+                step = output.outputs[0]  # type: ignore[index]  # ours are generation requests
+                for token in step.token_ids:
+                    out[i].append(token)
+                    finish[i] = self._ended(out[i][carried[i] :], limits[i], params, turn) if len(out[i]) > carried[i] else None
+                    if finish[i] is not None:
+                        break
+                if finish[i] is None and output.finished:
+                    finish[i] = "stop" if step.finish_reason == "stop" else "length"
+                elif finish[i] is not None and not output.finished:
+                    ended.append(output.request_id)
+            if ended:
+                engine.abort_request(ended)
+        taken = self.llm.collective_rpc("intellect_take", args=({keys[i]: len(out[i]) for i in rows},))[0]
         completions = []
-        for request, output, generated in zip(ids, outputs, tokens):
-            logprobs, raw, missing = taken[request]
+        for i in range(count):
+            made = out[i][carried[i] :][: limits[i]]
+            if out[i][: carried[i]] != prompts[i][len(prompts[i]) - carried[i] :]:
+                raise RuntimeError(f"vLLM did not feed row {i}'s carried tokens as given")
+            logprobs, raw, missing = taken[keys[i]] if i in keys else ([], b"", [])
             if missing:
-                raise RuntimeError(f"vLLM left no record for generated positions {missing[:5]} of request {request}")
-            finish = output.outputs[0].finish_reason
+                raise RuntimeError(f"vLLM left no record for generated positions {missing[:5]} of row {i}")
             completions.append(
                 Completion(
-                    tokens=generated,
-                    logprobs=logprobs,
+                    tokens=made,
+                    logprobs=logprobs[carried[i] :][: len(made)],
                     hidden=torch.from_numpy(np.frombuffer(raw, dtype=np.int16).copy())
                     .view(torch.bfloat16)
                     .reshape(-1, self.hidden_size),
-                    finish_reason="stop" if finish == "stop" else "length",
+                    finish_reason=finish[i],  # type: ignore[arg-type]
                 )
             )
         return completions
+
+    def _sampling(
+        self, key: str, seed: int, head: list[int], forced: list[int], offset: int, limit: int, params: SamplingParams
+    ) -> Any:
+        """One row's vLLM request: greedy over our processor's one token, ``forced`` first. A multi-turn row stops
+        where :meth:`_ended` says (vLLM would stop on an EOS among the forced tokens); one with no room left still
+        takes one step past its forced tokens, the step that computes the last one's state."""
+        stops_here = params.stop_on_eos and not forced
+        return self._vllm.SamplingParams(
+            n=1,
+            temperature=0.0,
+            max_tokens=len(forced) + max(limit, 1),
+            ignore_eos=not stops_here,
+            stop_token_ids=[self.eos] if stops_here else [],
+            skip_special_tokens=False,
+            detokenize=False,
+            output_kind=self._vllm.sampling_params.RequestOutputKind.DELTA,
+            extra_args={self._key: asdict(self._seeded(key, seed, len(head), params.temperature, params.top_p, forced, offset))},
+        )
+
+    def _ended(self, tokens: list[int], limit: int, params: SamplingParams, turn: Turn | None) -> str | None:
+        """Why a row's turn of ``tokens`` ends at its last token, or None: the torch backend's rule."""
+        if len(tokens) > limit:
+            return "length"  # the step past a turn without room
+        if params.stop_on_eos and tokens[-1] == self.eos:
+            return "stop"
+        if len(tokens) == limit:
+            return "length"
+        return "turn" if turn is not None and turn.ended(tokens) else None

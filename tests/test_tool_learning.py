@@ -47,7 +47,7 @@ def test_grpo_on_episodes_teaches_the_model_to_call_its_tool() -> None:
             for s in range(SAMPLES)
         ]
         backend = TorchBackend(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
-        episodes = run_episodes(backend, tokenizer, environment, rows, SamplingParams(temperature=1.0, max_tokens=32), rules, 128)
+        episodes = run_episodes(backend, tokenizer, environment, rows, SamplingParams(temperature=1.0, max_tokens=32), rules)
         rollouts = []
         for (prompt, seed, problem), (completion, sampled) in zip(rows, episodes):
             reward = environment.task_reward(completion_text(tokenizer, completion.tokens), problem)

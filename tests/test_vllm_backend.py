@@ -17,11 +17,14 @@ import pytest
 import torch
 
 from intellect_protocol.node.work import finish, generate, torch_backend_for
+from intellect_protocol.shared.inference import Turn
 from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.rollout_file import read_numerics, read_rollouts
 from intellect_protocol.shared.schemas import SamplingParams
 from tests.support.checks import check, make_task
+from tests.support.echo import check as check_episodes
+from tests.support.echo import echo_environment, echo_task
 
 # One engine for the module (it takes half a minute to start): under xdist, these tests share one worker,
 # started first in the stage so that the rest runs beside them rather than after.
@@ -53,8 +56,12 @@ def engine() -> Iterator[VllmBackend]:
     del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
 
 
+def counted(engine: VllmBackend, metric: str) -> float:
+    return sum(m.value for m in engine.llm.get_metrics() if m.name == metric)
+
+
 def preemptions(engine: VllmBackend) -> float:
-    return sum(m.value for m in engine.llm.get_metrics() if m.name == "vllm:num_preemptions")
+    return counted(engine, "vllm:num_preemptions")
 
 
 def prompts_and_seeds(count: int) -> tuple[list[list[int]], list[int]]:
@@ -96,6 +103,58 @@ def test_honest_vllm_rollouts_pass_the_standard_validator(engine: VllmBackend) -
         rows += len(read_rollouts(data))
         assert not verdict.untrained_rows
     assert (accepted, rows) == (4, 64)
+
+
+def test_multi_turn_episodes_match_the_torch_backend_and_pass_the_validator(
+    engine: VllmBackend, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Chunked, batched and preempted as above; the environment's replies are fed as forced tokens, whose states
+    # the proofs cover, and each turn stops at ";" where the torch backend's does.
+    with echo_environment(tmp_path_factory.mktemp("site")) as echo:
+        task = echo_task(4_010, prompts=6)
+        served, reference = generate(task, "vllm", "float32"), generate(task)
+        assert served.sampled == reference.sampled
+        assert sum(not all(flags) for flags in served.sampled or []) >= 12  # most rows call the environment
+        assert sum(flags.count(False) >= 3 for flags in served.sampled or []) >= 4  # replies of several tokens
+        for got, want in zip(served.completions, reference.completions, strict=True):
+            assert (got.tokens, got.finish_reason) == (want.tokens, want.finish_reason)
+            assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs)) < 1e-3
+            assert got.hidden.shape == want.hidden.shape == (len(want.tokens) - 1, 128)
+            assert (got.hidden.float() - want.hidden.float()).abs().max() < 0.05
+        verdict = check_episodes(finish(served).data, task, echo)
+        assert verdict.accepted and not verdict.untrained_rows, verdict.reason
+
+
+def test_a_turn_goes_on_from_its_rows_cached_prefix_as_the_torch_backend_does(engine: VllmBackend) -> None:
+    # Turn 1 writes six tokens a row; the "environment" appends three; turn 2 must state the carried four (turn 1's
+    # last token and the three) before drawing on from position 9; a last pass with no room states two more.
+    prompts, seeds = prompts_and_seeds(16)
+    prompts = [(p * 4)[:40] for p in prompts[:2]]  # a full 32-token block each, cached after turn 1
+    params = SamplingParams(temperature=1.0, max_tokens=32, stop_on_eos=False)
+    never = lambda _tokens: False  # noqa: E731
+    reference = torch_backend_for("tiny-arith", "float32")[0]
+    made: dict[str, list[list[int]]] = {"vllm": [list(p) for p in prompts], "torch": [list(p) for p in prompts]}
+    turns = [
+        (Turn([0, 0], [0, 0], [6, 6], never), [], 6, 5),
+        (Turn([9, 9], [4, 4], [6, 6], never), [5, 6, 7], 6, 9),
+        (Turn([17, 17], [3, 3], [0, 0], never), [8, 9], 0, 3),
+    ]
+    for turn, environment, tokens, states in turns:
+        hits = counted(engine, "vllm:prefix_cache_hits")
+        for name, backend in (("vllm", engine), ("torch", reference)):
+            made[name] = [episode + environment for episode in made[name]]
+            completions = backend.generate(made[name], seeds[:2], params, turn)
+            made[name] = [episode + c.tokens for episode, c in zip(made[name], completions)]
+            if name == "vllm":
+                served = completions
+        for got, want in zip(served, completions, strict=True):
+            assert len(got.tokens) == tokens and (got.tokens, got.finish_reason) == (want.tokens, want.finish_reason)
+            assert max((abs(a - b) for a, b in zip(got.logprobs, want.logprobs)), default=0.0) < 1e-3
+            assert got.hidden.shape == want.hidden.shape == (states, 128)
+            assert (got.hidden.float() - want.hidden.float()).abs().max() < 0.05
+        if environment:
+            assert counted(engine, "vllm:prefix_cache_hits") - hits >= 2 * 32
+    assert made["vllm"] == made["torch"]
 
 
 def test_new_policy_weights_load_into_the_running_engine(engine: VllmBackend, tmp_path: Path) -> None:
