@@ -137,24 +137,29 @@ class VllmBackend:
         out: list[list[int]] = [[] for _ in range(count)]
         finish: list[str | None] = [None if i in keys else "length" for i in range(count)]
         engine = self.llm.llm_engine
-        while engine.has_unfinished_requests():
-            ended = []
-            for output in engine.step():
-                i = row_of[output.request_id]
-                if finish[i] is not None:
-                    continue  # tokens the engine made before its abort arrived
-                step = output.outputs[0]  # type: ignore[index]  # ours are generation requests
-                for token in step.token_ids:
-                    out[i].append(token)
-                    finish[i] = self._ended(out[i][carried[i] :], limits[i], params, turn) if len(out[i]) > carried[i] else None
+        try:
+            while engine.has_unfinished_requests():
+                ended = []
+                for output in engine.step():
+                    i = row_of[output.request_id]
                     if finish[i] is not None:
-                        break
-                if finish[i] is None and output.finished:
-                    finish[i] = "stop" if step.finish_reason == "stop" else "length"
-                elif finish[i] is not None and not output.finished:
-                    ended.append(output.request_id)
-            if ended:
-                engine.abort_request(ended)
+                        continue  # tokens the engine made before its abort arrived
+                    step = output.outputs[0]  # type: ignore[index]  # ours are generation requests
+                    for token in step.token_ids:
+                        out[i].append(token)
+                        tokens = out[i][carried[i] :]
+                        finish[i] = self._ended(tokens, limits[i], params, turn) if tokens else None
+                        if finish[i] is not None:
+                            break
+                    if finish[i] is None and output.finished:
+                        finish[i] = "stop" if step.finish_reason == "stop" else "length"
+                    elif finish[i] is not None and not output.finished:
+                        ended.append(output.request_id)
+                if ended:
+                    engine.abort_request(ended)
+        except BaseException:
+            engine.abort_request(list(row_of))  # the next batch must not meet this one's requests
+            raise
         taken = self.llm.collective_rpc("intellect_take", args=({keys[i]: len(out[i]) for i in rows},))[0]
         completions = []
         for i in range(count):

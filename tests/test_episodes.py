@@ -143,6 +143,16 @@ def test_more_environment_turns_than_the_environment_allows_are_refused(
     assert "environment turns; this run allows at most 2" in failed(verdict)["integrity"]
 
 
+def test_an_episode_drawn_under_another_seed_is_refused(episodes: tuple[TaskSpec, bytes], echo: Environment) -> None:
+    # Both halves of the episode hang on the seed: the model's draws, and here the environment's replies too.
+    task, data = episodes
+    drawn = read_rollouts(finish(generate(task.model_copy(update={"seed": task.seed + 7}))).data, rules_limits(echo, task))
+    for r, assigned in zip(drawn, read_rollouts(data, rules_limits(echo, task)), strict=True):
+        r.task_id, r.seed = assigned.task_id, assigned.seed
+    verdict = check(write_rollouts(drawn), task, echo)
+    assert not verdict.accepted and verdict.hard, verdict.reason
+
+
 class NextVersion:
     """intellect-echo 0.2.0 as a node might run it against a run that pins 0.1.0: the same stops, "c" and "cc" swapped."""
 

@@ -157,6 +157,22 @@ def test_a_turn_goes_on_from_its_rows_cached_prefix_as_the_torch_backend_does(en
     assert made["vllm"] == made["torch"]
 
 
+def test_a_turn_that_fails_midway_leaves_the_engine_ready_for_the_next_batch(engine: VllmBackend) -> None:
+    prompts, seeds = prompts_and_seeds(8)
+    params = SamplingParams(temperature=1.0, max_tokens=20, stop_on_eos=False)
+
+    def broken(tokens: list[int]) -> bool:
+        if len(tokens) == 3:
+            raise ValueError("the stop rule broke")
+        return False
+
+    with pytest.raises(ValueError, match="broke"):
+        engine.generate(prompts, seeds, params, Turn([0] * 8, [0] * 8, [20] * 8, broken))
+    again = engine.generate(prompts, seeds, params)
+    reference = torch_backend_for("tiny-arith", "float32")[0].generate(prompts, seeds, params)
+    assert [c.tokens for c in again] == [c.tokens for c in reference]
+
+
 def test_new_policy_weights_load_into_the_running_engine(engine: VllmBackend, tmp_path: Path) -> None:
     model, tokenizer = load_model(TINY_MODEL_DIR)
     with torch.no_grad():
