@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from intellect_protocol.shared.island_schemas import OuterSettings
-from intellect_protocol.trainer.islands import TAG_BYTES
+from intellect_protocol.trainer.islands import TAG_BYTES, OuterSync, UnauditableIsland
 from intellect_protocol.trainer.robust_average import outer_optimizer, pairwise_dots, robust_average
 from tests.island_worker import SETTINGS, initial_model
 
@@ -180,6 +180,12 @@ def test_a_pseudo_gradient_against_every_other_one_is_left_out_when_the_rest_agr
 
 
 @pytest.mark.integration
+def test_an_audited_run_refuses_an_island_of_several_ranks_before_it_meets_anyone() -> None:
+    # Its ranks hold the pseudo-gradient in pieces: no sha256 for the step's record, nothing for an audit to replay.
+    with pytest.raises(UnauditableIsland, match="island of 2 FSDP ranks cannot be audited yet.*--island-audit-rate 0"):
+        OuterSync(initial_model(), "east", "http://127.0.0.1:9", SETTINGS, world_size=2, keep_sent=True)
+
+
 def test_two_islands_agree_on_the_outer_steps_one_process_computes_leaving_out_a_faulty_one(lighthouse, tmp_path: Path) -> None:
     address = lighthouse(2)
     # b's weights before meetings 1 and 2: not finite, then 1e4 times too big; meetings 0 and 3 are sound.

@@ -22,7 +22,7 @@ from tests.conftest import admin_token, serve
 from tests.helpers import signed_post
 from tests.support.clock import MovableClock
 from tests.support.protocol import grant
-from tests.test_island_shares import refused
+from tests.test_island_shares import publish, refused
 from tests.test_pretraining_run import create
 
 pytestmark = pytest.mark.integration
@@ -133,3 +133,40 @@ def test_hostile_calls_change_nothing_and_a_silent_islands_shards_come_back(
         assert sorted((row[1], row[2], row[3]) for row in shares) == [(c, "west", "pending") for c in (1, 2, 3, 4)]
         b.island_report(report)
         assert served.snapshot()["island_shares"] == shares
+
+
+def test_an_audited_runs_step_is_settled_only_with_every_included_pseudo_gradients_sha256(
+    sqlite_url: str,
+    tmp_path: Path,
+    example: Path,  # noqa: F811
+) -> None:
+    # Islands of several FSDP ranks record no sha256 (their pseudo-gradient is in pieces): in a run that audits, a step
+    # they settle would be one no audit could ever be drawn for.
+    code, out = create(sqlite_url, tmp_path / "blobs", example)
+    assert code == 0, out
+    run_id = out.strip().splitlines()[-1]
+    settings = CoordinatorSettings(
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        heartbeat_interval_s=3600,
+    )
+    with serve(settings) as served:
+        east = Account.create()
+        grant(served, admin_token(served), east.address, "trainer")
+        a = CoordinatorClient(served.url, east)
+        a.island_join(IslandJoin(address=east.address, run_id=run_id, island="east"))
+        held = a.island_claim_shards(IslandClaim(address=east.address, run_id=run_id, island="east", limit=2)).slots
+        cursors = [slot.cursor for slot in held]
+        a.island_report(
+            IslandReport(address=east.address, run_id=run_id, island="east", outer_step=0, attempt=ATTEMPT, cursors=cursors)
+        )
+        blind = IslandSettle(
+            address=east.address, run_id=run_id, island="east", outer_step=0, included=[{"island": "east", "attempt": ATTEMPT}]
+        )
+        publish(tmp_path / "origin", run_id, 1, a, ((a, "east"),), blind)
+        reason = refused(409, lambda: a.island_settle(blind), served)
+        assert "names no sha256 for the pseudo-gradient of east" in reason
+        shares = served.snapshot()["island_shares"]
+        assert sorted((row[1], row[3]) for row in shares) == [(c, "pending") for c in cursors]  # nothing consumed

@@ -99,6 +99,10 @@ class OuterStep:
         return {"outer_step": self.step, "included": self.included, "excluded": self.excluded}
 
 
+class UnauditableIsland(ValueError):
+    """An island its run cannot audit: the run must not take its steps."""
+
+
 class OuterSync:
     """The outer half of DiLoCo for one island: call :meth:`sync` every ``sync_every`` inner steps."""
 
@@ -120,8 +124,15 @@ class OuterSync:
         on ``world_size`` ranks, this one ``rank``). ``host`` is where peers reach this island (its
         recovery server and, alone, its store). ``check_heal()``, called on every rank once a peer's state
         is in the model (at :attr:`step`), says whether it is the run's agreed state; without it every peer is
-        believed. ``keep_sent`` (an island of one rank in an audited run): every included pseudo-gradient's sha256
-        goes in the step's record, and the last committed steps' are kept (:attr:`sent`) for audits to upload."""
+        believed. ``keep_sent`` (an audited run): every included pseudo-gradient's sha256 goes in the step's record,
+        and the last committed steps' are kept (:attr:`sent`) for audits to upload; an island of several ranks holds
+        them in pieces, and is refused (:class:`UnauditableIsland`)."""
+        if keep_sent and world_size > 1:
+            raise UnauditableIsland(
+                f"the run audits its islands' outer steps, and an island of {world_size} FSDP ranks cannot be audited yet "
+                "(its pseudo-gradient is spread over its ranks): run each island as one process, or create the run with "
+                "--island-audit-rate 0"
+            )
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
 
@@ -134,7 +145,7 @@ class OuterSync:
         case its own publisher died before it could (three: overlapped, the next may commit meanwhile)."""
         self.world_size = world_size
         self.check_heal = check_heal
-        self.keep_sent = keep_sent and world_size == 1
+        self.keep_sent = keep_sent
         self.sent: dict[str, torch.Tensor] = {}
         """By sha256, the bf16 pseudo-gradients the committed steps kept included, as received."""
         self.start: list[torch.Tensor] | None = None

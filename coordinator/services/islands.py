@@ -173,8 +173,9 @@ def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> 
     """Outer step ``outer_step`` was published as policy step ``outer_step + 1``: the included attempts'
     claims are consumed, every other pending claim of that step or older goes back, and in a pretraining run the
     step's audits are drawn (:func:`coordinator.services.island_audits.draw`). 409 unless the step is
-    published and its record is the one most of the islands that vouched for it vouched for, 403 unless the
-    caller published it or a later step. Settling again changes nothing."""
+    published and its record is the one most of the islands that vouched for it vouched for (and, in a run that
+    audits, names every included pseudo-gradient's sha256), 403 unless the caller published it or a later step.
+    Settling again changes nothing."""
     run, _ = own_island(session, signer, body, now)
     step = body.outer_step + 1
     if run.policy_step < step:
@@ -186,6 +187,7 @@ def settle(session: Session, signer: str, body: IslandSettle, now: datetime) -> 
         # A later publisher may settle it: the one that published it may have died before it could.
         raise ApiError(ErrorCode.role_required, f"Only an island that published policy step {step} or a later one settles it.")
     step_vouches.require_record(session, run, step, step_record(body.included, body.excluded))
+    island_audits.require_digests(run, body)
     pending = (IslandShare.run_id == run.id, IslandShare.state == ShareState.pending, IslandShare.outer_step <= body.outer_step)
     included = or_(false(), *(and_(IslandShare.island == i.island, IslandShare.attempt == i.attempt) for i in body.included))
     consumed = _count(session.execute(update(IslandShare).where(*pending, included).values(state=ShareState.consumed)))
