@@ -27,7 +27,6 @@ on the H200 at 0.6 B staying as it is at 7 B and 32 B (prefill grows with the pa
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import tempfile
@@ -37,18 +36,16 @@ from pathlib import Path
 import _cpu
 import torch
 from _gpu_model import FULL, build_model
+from _honest_files import made_and_checked
 from _tasks import environment_task
 from sqlalchemy import Engine, func, select
 
 from intellect_protocol.coordinator.db import make_engine
 from intellect_protocol.coordinator.models import Submission
 from intellect_protocol.devnet.network import start_network
-from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared import cpu_ledger
-from intellect_protocol.shared.environments.registry import get_environment
-from intellect_protocol.shared.models import load_model, resolve_model
+from intellect_protocol.shared.models import resolve_model
 from intellect_protocol.shared.states import SubmissionStatus
-from intellect_protocol.validator.checks import CheckSettings, Context, validate
 
 MODEL_WORK = {
     ("node", "generation"),
@@ -115,25 +112,12 @@ def _accepted(ledger: Engine) -> int:
 
 
 def validator_share(name: str, model: str, environment: str, tokens: int, files: int, rows: tuple[int, int]) -> float:
-    """The validator's whole check of ``files`` node files over the node's generating them (one thread, same files)."""
+    """The validator's whole check of ``files`` node files over the node's making them (one thread, same files)."""
     tasks = [environment_task(environment, i, model, 1.0, tokens, rows[0], rows[1], stop_on_eos=False) for i in range(files + 1)]
-    finish(generate(tasks[0]))  # loads the model
-    made, generate_s = [], 0.0
-    for task in tasks[1:]:
-        started = time.perf_counter()
-        made.append((task, finish(generate(task)).data))
-        generate_s += time.perf_counter() - started
-    loaded, tokenizer = load_model(model)
-    plugin = get_environment(environment)
-    problems = {p.id: p for p in plugin.problems()}
-    started = time.perf_counter()
-    for task, data in made:
-        context = Context(task, hashlib.sha256(data).hexdigest(), 0, 0, loaded, tokenizer, plugin, problems)
-        verdict = validate(data, context, CheckSettings(prefill_batch=64))
-        assert verdict.accepted, verdict.reason
-    check_s = time.perf_counter() - started
-    print(f"  {name:<26} generation {generate_s:6.1f} s, validator's check {check_s:6.1f} s: {100 * check_s / generate_s:5.1f} %")
-    return check_s / generate_s
+    costs = made_and_checked(tasks, model, environment)
+    share = costs.check_s / costs.node_s
+    print(f"  {name:<26} node's work {costs.node_s:6.1f} s, validator's check {costs.check_s:6.1f} s: {100 * share:5.1f} %")
+    return share
 
 
 def projection(args: argparse.Namespace, per_file_s: float, per_second_s: float) -> None:

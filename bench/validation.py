@@ -12,20 +12,15 @@ prefill, TOPLOC, seeded sampling, rewards) on the same files. The ratio is print
 from __future__ import annotations
 
 import argparse
-import hashlib
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from _honest_files import made_and_checked
 from _models import random_llama
 from _tasks import arithmetic_task
 
-from intellect_protocol.node.work import finish, generate
-from intellect_protocol.shared.environments.registry import get_environment
-from intellect_protocol.shared.models import TINY_MODEL_DIR, load_model
-from intellect_protocol.shared.rollout_file import read_rollouts
-from intellect_protocol.validator.checks import CheckSettings, Context, validate
+from intellect_protocol.shared.models import TINY_MODEL_DIR
 
 
 def measure(name: str, model_path: str, args: argparse.Namespace) -> float:
@@ -33,31 +28,13 @@ def measure(name: str, model_path: str, args: argparse.Namespace) -> float:
         arithmetic_task(i, model_path, 1.0, args.tokens, args.prompts, args.samples, stop_on_eos=False)
         for i in range(args.tasks + 1)
     ]
-    finish(generate(tasks[0]))  # warm-up: loads the model
-    files, generate_s, generated = [], 0.0, 0
-    for t in tasks[1:]:
-        produced = generate(t)
-        generate_s += produced.generate_s
-        generated += sum(len(c.tokens) for c in produced.completions)
-        files.append((t, finish(produced).data))
-
-    model, tokenizer = load_model(model_path)
-    environment = get_environment("arithmetic")
-    problems = {p.id: p for p in environment.problems()}
-    start = time.perf_counter()
-    checked = 0
-    for t, data in files:
-        ctx = Context(t, hashlib.sha256(data).hexdigest(), 0, 0, model, tokenizer, environment, problems)
-        verdict = validate(data, ctx, CheckSettings(prefill_batch=64))
-        assert verdict.accepted, verdict.reason
-        checked += sum(len(r.completion_tokens) for r in read_rollouts(data))
-    validate_s = time.perf_counter() - start
-    ratio = (checked / validate_s) / (generated / generate_s)
+    costs = made_and_checked(tasks, model_path, "arithmetic")
+    generated, checked = costs.generated / costs.generate_s, costs.generated / costs.check_s  # the same tokens
     print(
-        f"{name:<30} generation {generated / generate_s:8.0f} tok/s   validation {checked / validate_s:8.0f} tok/s   "
-        f"one validator keeps up with {ratio:5.1f} nodes"
+        f"{name:<30} generation {generated:8.0f} tok/s   validation {checked:8.0f} tok/s   "
+        f"one validator keeps up with {checked / generated:5.1f} nodes"
     )
-    return ratio
+    return checked / generated
 
 
 def main() -> None:
