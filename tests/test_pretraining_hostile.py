@@ -29,23 +29,28 @@ pytestmark = pytest.mark.integration
 ATTEMPT = "a" * 32
 
 
-def test_hostile_calls_change_nothing_and_a_silent_islands_shards_come_back(
-    sqlite_url: str,
-    tmp_path: Path,
-    example: Path,  # noqa: F811
-) -> None:
-    code, out = create(sqlite_url, tmp_path / "blobs", example)
+def pretraining_run(database_url: str, tmp_path: Path, example: Path) -> tuple[str, CoordinatorSettings]:
+    """A pretraining run of ``example`` in a fresh ledger, and a coordinator's settings for it (island leases of 60 s)."""
+    code, out = create(database_url, tmp_path / "blobs", example)
     assert code == 0, out
-    run_id = out.strip().splitlines()[-1]
-    manifest = load_manifest(example / "corpus")
     settings = CoordinatorSettings(
-        database_url=sqlite_url,
+        database_url=database_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
         rate_limit_burst=1000,
         heartbeat_interval_s=3600,
         island_lease_s=60,
     )
+    return out.strip().splitlines()[-1], settings
+
+
+def test_hostile_calls_change_nothing_and_a_silent_islands_shards_come_back(
+    sqlite_url: str,
+    tmp_path: Path,
+    example: Path,  # noqa: F811
+) -> None:
+    run_id, settings = pretraining_run(sqlite_url, tmp_path, example)
+    manifest = load_manifest(example / "corpus")
     clock = MovableClock()
     with serve(settings, clock=clock) as served:
         token = admin_token(served)
@@ -142,16 +147,7 @@ def test_an_audited_runs_step_is_settled_only_with_every_included_pseudo_gradien
 ) -> None:
     # Islands of several FSDP ranks record no sha256 (their pseudo-gradient is in pieces): in a run that audits, a step
     # they settle would be one no audit could ever be drawn for.
-    code, out = create(sqlite_url, tmp_path / "blobs", example)
-    assert code == 0, out
-    run_id = out.strip().splitlines()[-1]
-    settings = CoordinatorSettings(
-        database_url=sqlite_url,
-        blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        heartbeat_interval_s=3600,
-    )
+    run_id, settings = pretraining_run(sqlite_url, tmp_path, example)
     with serve(settings) as served:
         east = Account.create()
         grant(served, admin_token(served), east.address, "trainer")
