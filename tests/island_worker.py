@@ -40,6 +40,7 @@ def main() -> None:
     )
     parser.add_argument("--refuse-heals", action="store_true", help="judge every peer's state not the run's agreed one")
     parser.add_argument("--overlap", action="store_true", help="each meeting overlaps the next round (OuterSync.launch)")
+    parser.add_argument("--keep-sent", action="store_true", help="as in an audited run: record what each meeting kept")
     args = parser.parse_args()
     torch.set_num_threads(1)
     faults = {int(step): kind for kind, step in (f.split("@") for f in args.fault)}
@@ -48,7 +49,15 @@ def main() -> None:
     inner = torch.optim.AdamW(model.parameters(), lr=0.01)
     check = (lambda: False) if args.refuse_heals else None
     sync = OuterSync(
-        model, args.name, args.lighthouse, SETTINGS, timeout_s=20, rank=where.rank, world_size=where.world_size, check_heal=check
+        model,
+        args.name,
+        args.lighthouse,
+        SETTINGS,
+        timeout_s=20,
+        rank=where.rank,
+        world_size=where.world_size,
+        check_heal=check,
+        keep_sent=args.keep_sent,
     )
     out = args.out / (f"{args.name}-{where.rank}.pt" if where.world_size > 1 else f"{args.name}.pt")
     data = torch.Generator().manual_seed(sum(args.name.encode()))  # the same on an island's ranks: FSDP splits no data
@@ -77,6 +86,7 @@ def main() -> None:
         record["pseudo"].append(pseudo)
         record["outcomes"].append(outcome)
         record["agreed"].append([a.clone() for a in sync.agreed])
+        record["kept"] = dict(sync.sent)
         torch.save(record, out.with_suffix(".tmp"))
         out.with_suffix(".tmp").replace(out)
     sync.close()

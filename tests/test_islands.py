@@ -4,6 +4,7 @@ ranks, and a faulty island is left out (an island killed and rejoining: ``test_i
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from intellect_protocol.shared.island_schemas import OuterSettings
-from intellect_protocol.trainer.islands import TAG_BYTES, OuterSync, UnauditableIsland
+from intellect_protocol.trainer.islands import TAG_BYTES
 from intellect_protocol.trainer.robust_average import outer_optimizer, pairwise_dots, robust_average
 from tests.island_worker import SETTINGS, initial_model
 
@@ -180,12 +181,6 @@ def test_a_pseudo_gradient_against_every_other_one_is_left_out_when_the_rest_agr
 
 
 @pytest.mark.integration
-def test_an_audited_run_refuses_an_island_of_several_ranks_before_it_meets_anyone() -> None:
-    # Its ranks hold the pseudo-gradient in pieces: no sha256 for the step's record, nothing for an audit to replay.
-    with pytest.raises(UnauditableIsland, match="island of 2 FSDP ranks cannot be audited yet.*--island-audit-rate 0"):
-        OuterSync(initial_model(), "east", "http://127.0.0.1:9", SETTINGS, world_size=2, keep_sent=True)
-
-
 def test_two_islands_agree_on_the_outer_steps_one_process_computes_leaving_out_a_faulty_one(lighthouse, tmp_path: Path) -> None:
     address = lighthouse(2)
     # b's weights before meetings 1 and 2: not finite, then 1e4 times too big; meetings 0 and 3 are sound.
@@ -292,7 +287,7 @@ def test_islands_of_two_fsdp_ranks_each_agree_on_what_one_process_computes(light
     islands = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER), name, address]
-            + [str(tmp_path), "3"],
+            + [str(tmp_path), "3", "--keep-sent"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=open(tmp_path / f"{name}.log", "ab"),  # noqa: SIM115  (the child owns it)
@@ -316,3 +311,14 @@ def test_islands_of_two_fsdp_ranks_each_agree_on_what_one_process_computes(light
     sent = [[whole("a", "pseudo", k), whole("b", "pseudo", k)] for k in range(3)]
     [expected] = replay(sent, [initial], shards=[len(r["pseudo"][0]) for r in ranks["a"]])
     assert torch.equal(whole("a", "agreed", 2), expected) and torch.equal(whole("b", "agreed", 2), expected)
+    # As in an audited run, every rank records each included pseudo-gradient's sha256 over it whole, as one process
+    # holds it (the shards end to end, less the flat parameter's padding), and the first rank keeps it for audits.
+    size = sum(p.numel() for p in initial_model().parameters())
+    for k, outcome in enumerate(outcomes):
+        digests = {i.island: i.digest for i in outcome.included}
+        assert digests == {i.island: i.digest for i in ranks["a"][1]["outcomes"][k].included}
+        for name, pseudo in zip(("a", "b"), sent[k], strict=True):
+            assert digests[name] == hashlib.sha256(pseudo[:size].view(torch.int16).numpy().data).hexdigest()
+    kept = ranks["a"][0]["kept"]
+    assert kept and ranks["a"][1]["kept"] == {}
+    assert all(hashlib.sha256(t.view(torch.int16).numpy().data).hexdigest() == d and t.numel() == size for d, t in kept.items())

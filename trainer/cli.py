@@ -53,7 +53,6 @@ def run(
         err.print("--island and --lighthouse go together: an island meets the others through the lighthouse.", style="red")
         raise typer.Exit(2)
     from intellect_protocol.trainer.island_loop import IslandTrainer  # torch loads only for the command that needs it
-    from intellect_protocol.trainer.islands import UnauditableIsland
     from intellect_protocol.trainer.loop import Trainer
     from intellect_protocol.trainer.pretrain_island import PretrainIsland
 
@@ -78,7 +77,7 @@ def run(
     except Refused as e:
         err.print(f"Cannot start: the coordinator refused ({e}).", style="red", markup=False)
         raise typer.Exit(5) from None
-    except (EnvironmentUnavailable, UnauditableIsland) as e:
+    except EnvironmentUnavailable as e:
         err.print(f"Cannot train this run: {e}.", style="red", markup=False)
         raise typer.Exit(7) from None
     console.print(f"Training {run_id} from step {trainer.step} as {account.address}; Ctrl-C to stop.")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -94,3 +95,37 @@ def full_state_dict(model: torch.nn.Module, where: Placement) -> dict[str, torch
     with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
         state = model.state_dict()
     return state if where.leader else None
+
+
+def gathered_whole(
+    model: torch.nn.Module, params: Sequence[torch.Tensor], flat: torch.Tensor, where: Placement
+) -> torch.Tensor | None:
+    """``flat`` (this rank's part of every one of ``params``, the sharded module's own, end to end: a pseudo-gradient
+    as an island of several ranks holds it) as one process holds it: each parameter of the unwrapped model, flat, in
+    the order of its ``parameters()``, on the leader (None elsewhere). Collective: every rank calls it alike. The
+    parameters hold ``flat`` while their full state is gathered, then their own values again."""
+    own = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
+            p.copy_(part.view_as(p))
+        try:
+            state = full_state_dict(model, where)
+        finally:
+            for p, value in zip(params, own, strict=True):
+                p.copy_(value)
+    if state is None:
+        return None
+    unwrapped = getattr(model, "module", model)
+    # A model without a transformers config ties no weights: its state's entries are its parameters, in order.
+    names = _trained_names(unwrapped) if hasattr(unwrapped, "config") else list(state)
+    return torch.cat([state[name].flatten() for name in names])
+
+
+def _trained_names(model: torch.nn.Module) -> list[str]:
+    """The trained parameters' names in the order one process's ``parameters()`` gives them (a tied head once, under
+    the embedding's name), read from a copy of the model on the meta device: the sharded one holds flat parameters."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(model.config)
+    return [name for name, p in meta.named_parameters() if p.requires_grad]

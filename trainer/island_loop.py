@@ -312,6 +312,8 @@ class IslandTrainer(Trainer):
             return False
         directory = step_dir(self.origin_dir, self.run_id, step) if outcome.leader else self.checkpoint_dir / "vouched"
         self._write_step(directory, gathered, agreed)
+        if outcome.leader:
+            self.judge(metrics, agreed, gathered)
         chunk_size = self.outer_settings.chunk_size
         signed = publish_step(self.origin_dir, self.run_id, step, self.account, chunk_size=chunk_size) if outcome.leader else None
         manifest = signed.manifest if signed else build_manifest(directory, self.run_id, step, chunk_size=chunk_size)
@@ -334,6 +336,9 @@ class IslandTrainer(Trainer):
         )
         self._settle(outcome.step - 1, outcome.step)
         return True
+
+    def judge(self, metrics: dict[str, float], agreed: PreTrainedModel, gathered: dict[str, torch.Tensor] | None) -> None:
+        """The publisher's measures of the agreed weights (``gathered``, whole, when ``agreed`` is sharded) for ``metrics``."""
 
     def _settle(self, *steps: int, led: bool = False) -> None:
         """Settle those of ``steps`` (outer steps) this island committed (``led``: and published) that are published."""

@@ -53,6 +53,7 @@ import torch
 from torch.distributed import ReduceOp, TCPStore
 
 from intellect_protocol.shared.island_schemas import Included, OuterSettings
+from intellect_protocol.trainer.distributed import gathered_whole, placement
 from intellect_protocol.trainer.robust_average import outer_optimizer, pairwise_dots, robust_average
 
 
@@ -99,10 +100,6 @@ class OuterStep:
         return {"outer_step": self.step, "included": self.included, "excluded": self.excluded}
 
 
-class UnauditableIsland(ValueError):
-    """An island its run cannot audit: the run must not take its steps."""
-
-
 class OuterSync:
     """The outer half of DiLoCo for one island: call :meth:`sync` every ``sync_every`` inner steps."""
 
@@ -125,14 +122,8 @@ class OuterSync:
         recovery server and, alone, its store). ``check_heal()``, called on every rank once a peer's state
         is in the model (at :attr:`step`), says whether it is the run's agreed state; without it every peer is
         believed. ``keep_sent`` (an audited run): every included pseudo-gradient's sha256 goes in the step's record,
-        and the last committed steps' are kept (:attr:`sent`) for audits to upload; an island of several ranks holds
-        them in pieces, and is refused (:class:`UnauditableIsland`)."""
-        if keep_sent and world_size > 1:
-            raise UnauditableIsland(
-                f"the run audits its islands' outer steps, and an island of {world_size} FSDP ranks cannot be audited yet "
-                "(its pseudo-gradient is spread over its ranks): run each island as one process, or create the run with "
-                "--island-audit-rate 0"
-            )
+        and the last committed steps' are kept (:attr:`sent`) for audits to upload, whole, as one process holds them
+        (an island of several ranks gathers them on its first rank, which alone keeps them)."""
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
 
@@ -363,7 +354,12 @@ class OuterSync:
             self.outer.step()
             self.outer.zero_grad(set_to_none=True)
         turn = step % n
-        digests = {i: _sha256(slots[i]) for i in included} if self.keep_sent else {}
+        kept = self._whole(included, slots) if self.keep_sent else {}
+        digests = {i: _sha256(t) for i, t in kept.items()}
+        if self.keep_sent and self.world_size > 1:
+            told = [digests]
+            torch.distributed.broadcast_object_list(told, src=0)  # the step's record is the same on every rank
+            digests = told[0]
         outcome = OuterStep(
             step=step,
             committed=committed,
@@ -378,9 +374,18 @@ class OuterSync:
         )
         if committed:
             self.committed = [*self.committed, outcome][-3:]
-            kept = {i.digest for c in self.committed for i in c.included}
-            self.sent = {d: t for d, t in self.sent.items() if d in kept} | {d: slots[i] for i, d in digests.items()}
+            still = {i.digest for c in self.committed for i in c.included}
+            self.sent = {d: t for d, t in self.sent.items() if d in still} | {d: kept[i] for i, d in digests.items() if i in kept}
         return outcome
+
+    def _whole(self, included: list[int], slots: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Each included pseudo-gradient whole, as a one-rank island receives it (bf16): an island of several ranks
+        holds a part of each on every rank and gathers them on its first (the others keep none)."""
+        if self.world_size == 1:
+            return {i: slots[i] for i in included}
+        where = placement()
+        wholes = {i: gathered_whole(self.model, self.params, slots[i].float(), where) for i in included}
+        return {i: whole.to(WIRE) for i, whole in wholes.items() if whole is not None}
 
 
 def _sha256(sent: torch.Tensor) -> str:

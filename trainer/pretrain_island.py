@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from intellect_protocol.shared.coordinator_client import Refused
 from intellect_protocol.shared.island_schemas import IslandClaim, ShardSlot
@@ -30,7 +30,6 @@ from intellect_protocol.shared.pretraining.learning import batches, inner_step, 
 from intellect_protocol.shared.pretraining.manifest import CorpusManifest, ShardRef
 from intellect_protocol.shared.pretraining.settings import PretrainSettings
 from intellect_protocol.trainer.island_loop import IslandTrainer
-from intellect_protocol.trainer.islands import OuterStep
 from intellect_protocol.trainer.learner import Abandoned
 from intellect_protocol.trainer.settings import TrainerSettings
 
@@ -131,8 +130,12 @@ class PretrainIsland(IslandTrainer):
             return None
         return {"loss": loss_sum / max(steps, 1), "inner_steps": steps, "island_tokens": tokens}
 
-    def _vouch_and_publish(self, outcome: OuterStep, metrics: dict[str, float], agreed: PreTrainedModel) -> bool:
-        if outcome.leader and self.where.leader:
-            held_out, ood, pad_id = self.judged
-            metrics.update(evaluate(agreed, held_out, ood, pad_id).model_dump(exclude_none=True))
-        return super()._vouch_and_publish(outcome, metrics, agreed)
+    def judge(self, metrics: dict[str, float], agreed: PreTrainedModel, gathered: dict[str, torch.Tensor] | None) -> None:
+        """Held-out loss, perplexity and AUROC of the agreed weights: a sharded model runs only on all its ranks, so
+        an island of several ranks judges a whole copy built from ``gathered`` on its first."""
+        if gathered is not None:
+            whole = AutoModelForCausalLM.from_config(getattr(agreed, "module", agreed).config)
+            whole.load_state_dict(gathered)
+            agreed = whole
+        held_out, ood, pad_id = self.judged
+        metrics.update(evaluate(agreed, held_out, ood, pad_id).model_dump(exclude_none=True))
