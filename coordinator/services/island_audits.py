@@ -54,16 +54,15 @@ def blob_key(run_id: str, digest: str) -> str:
 
 def require_digests(run: Run, body: IslandSettle) -> None:
     """409 unless, in a pretraining run that audits its outer steps, the settled step's record names the sha256 of
-    every pseudo-gradient it included: without one, that island's step could never be drawn. Islands of one rank
-    record them; an island of several FSDP ranks holds its pseudo-gradient in pieces and records none, so a run that
-    audits refuses its steps (its trainers refuse to start first, in one sentence)."""
+    every pseudo-gradient it included: without one, that island's step could never be drawn. Every island of an
+    audited run records them (one of several FSDP ranks gathers each whole first); a record without is no honest
+    island's."""
     missing = [i.island for i in body.included if i.digest is None]
     if missing and run.kind == RunKind.pretrain and pretraining.corpus_of(run)[1].audit_rate > 0:
         raise ApiError(
             ErrorCode.conflict,
             f"{run.id} audits its islands' outer steps, and the record of outer step {body.outer_step} names no sha256 "
-            f"for the pseudo-gradient of {', '.join(missing[:3])}: islands of one rank record them (islands of several "
-            "FSDP ranks cannot be audited yet).",
+            f"for the pseudo-gradient of {', '.join(missing[:3])}: every island of an audited run records them.",
         )
 
 
