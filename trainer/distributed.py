@@ -98,12 +98,12 @@ def full_state_dict(model: torch.nn.Module, where: Placement) -> dict[str, torch
 
 
 def gathered_whole(
-    model: torch.nn.Module, params: Sequence[torch.Tensor], flat: torch.Tensor, where: Placement
+    model: torch.nn.Module, params: Sequence[torch.Tensor], flat: torch.Tensor, where: Placement, names: list[str] | None
 ) -> torch.Tensor | None:
     """``flat`` (this rank's part of every one of ``params``, the sharded module's own, end to end: a pseudo-gradient
-    as an island of several ranks holds it) as one process holds it: each parameter of the unwrapped model, flat, in
-    the order of its ``parameters()``, on the leader (None elsewhere). Collective: every rank calls it alike. The
-    parameters hold ``flat`` while their full state is gathered, then their own values again."""
+    as an island of several ranks holds it) as one process holds it: the parameters ``names`` lists
+    (:func:`trained_names`; None: every entry of the full state), flat, in that order, on the leader (None elsewhere). Collective: every rank calls it
+    alike. The parameters hold ``flat`` while their full state is gathered, then their own values again."""
     own = [p.detach().clone() for p in params]
     with torch.no_grad():
         for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
@@ -113,19 +113,19 @@ def gathered_whole(
         finally:
             for p, value in zip(params, own, strict=True):
                 p.copy_(value)
-    if state is None:
-        return None
-    unwrapped = getattr(model, "module", model)
-    # A model without a transformers config ties no weights: its state's entries are its parameters, in order.
-    names = _trained_names(unwrapped) if hasattr(unwrapped, "config") else list(state)
-    return torch.cat([state[name].flatten() for name in names])
+    return None if state is None else torch.cat([state[name].flatten() for name in names or state])
 
 
-def _trained_names(model: torch.nn.Module) -> list[str]:
+def trained_names(model: torch.nn.Module) -> list[str] | None:
     """The trained parameters' names in the order one process's ``parameters()`` gives them (a tied head once, under
-    the embedding's name), read from a copy of the model on the meta device: the sharded one holds flat parameters."""
+    the embedding's name), read from a copy of the unwrapped model on the meta device: a sharded one holds flat
+    parameters. None for a model without a transformers config: it ties no weights, so its full state's entries are
+    its parameters, in order."""
     from transformers import AutoModelForCausalLM
 
+    unwrapped = getattr(model, "module", model)
+    if not hasattr(unwrapped, "config"):
+        return None
     with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(model.config)
+        meta = AutoModelForCausalLM.from_config(unwrapped.config)
     return [name for name, p in meta.named_parameters() if p.requires_grad]

@@ -53,7 +53,7 @@ import torch
 from torch.distributed import ReduceOp, TCPStore
 
 from intellect_protocol.shared.island_schemas import Included, OuterSettings
-from intellect_protocol.trainer.distributed import gathered_whole, placement
+from intellect_protocol.trainer.distributed import gathered_whole, placement, trained_names
 from intellect_protocol.trainer.robust_average import outer_optimizer, pairwise_dots, robust_average
 
 
@@ -138,6 +138,7 @@ class OuterSync:
         self.check_heal = check_heal
         self.keep_sent = keep_sent
         self.sent: dict[str, torch.Tensor] = {}
+        self._names: tuple[list[str] | None] | None = None
         """By sha256, the bf16 pseudo-gradients the committed steps kept included, as received."""
         self.start: list[torch.Tensor] | None = None
         """Overlapped (:meth:`launch`): the weights this round's inner steps started from, no longer the agreed ones."""
@@ -383,8 +384,10 @@ class OuterSync:
         holds a part of each on every rank and gathers them on its first (the others keep none)."""
         if self.world_size == 1:
             return {i: slots[i] for i in included}
+        if self._names is None:
+            self._names = (trained_names(self.model),)  # once: a meta copy of a large model takes seconds
         where = placement()
-        wholes = {i: gathered_whole(self.model, self.params, slots[i].float(), where) for i in included}
+        wholes = {i: gathered_whole(self.model, self.params, slots[i].float(), where, self._names[0]) for i in included}
         return {i: whole.to(WIRE) for i, whole in wholes.items() if whole is not None}
 
 
