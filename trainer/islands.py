@@ -385,7 +385,7 @@ class OuterSync:
         if self.world_size == 1:
             return {i: slots[i] for i in included}
         if self._names is None:
-            self._names = (trained_names(self.model),)  # once: a meta copy of a large model takes seconds
+            self._names = (trained_names(self.model),)  # once: the same every meeting (7B-32B configs: 0.04-0.6 s)
         where = placement()
         wholes = {i: gathered_whole(self.model, self.params, slots[i].float(), where, self._names[0]) for i in included}
         return {i: whole.to(WIRE) for i, whole in wholes.items() if whole is not None}
