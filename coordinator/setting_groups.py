@@ -120,6 +120,11 @@ class CommitteeSettings(Group):
     """A review no live validator could be drawn for is not drawn for again before this long: work
     nobody can judge yet (a hold, a thin committee) never crowds out work somebody can."""
 
+    unproven_share: float = Field(1 / 3, gt=0, le=1)
+    """The most of the live validators (at least one) that check files of addresses with no accepted file at once,
+    appeals and second looks included: a flood of fresh wallets' files leaves the others free for proven nodes'
+    work. New nodes' first files wait for those validators in turn."""
+
     validator_max_strikes: int = Field(3, ge=1)
     """Times a validator may be outvoted by the majority (since it was granted the role) before the
     role is revoked and its recent verdicts are checked again."""

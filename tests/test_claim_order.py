@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from eth_account import Account
+from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
 from intellect_protocol.coordinator.services.review_order import NEWCOMER_WAIT_S
@@ -25,13 +26,14 @@ from tests.support.protocol import grant, joined, lease, upload
 pytestmark = pytest.mark.integration
 
 
-def _settings(sqlite_url: str, tmp_path: Path) -> CoordinatorSettings:
+def _settings(sqlite_url: str, tmp_path: Path, linked: list[list[str]] | None = None) -> CoordinatorSettings:
     return CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
         rate_limit_burst=1000,
         heartbeat_interval_s=3600,
+        linked_addresses=linked or [],
     )
 
 
@@ -68,8 +70,9 @@ def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite
         assert claim(3) == [newcomers[0]]
         clock.advance(NEWCOMER_WAIT_S)
         later = submit(proven)
-        # Past the wait, the newcomers' files are drawn like anyone's, the oldest first.
-        assert claim(4) == [*newcomers[1:], later]
+        # Past the wait, the newcomers' files are drawn like anyone's, the oldest first, but still one a claim.
+        assert claim(4) == [newcomers[1], later]
+        assert claim(4) == [newcomers[2]]
 
 
 def test_a_validator_checking_a_newcomers_file_draws_nothing_ahead(sqlite_url: str, tmp_path: Path) -> None:
@@ -101,3 +104,57 @@ def test_a_validator_checking_a_newcomers_file_draws_nothing_ahead(sqlite_url: s
         checker.check = checking  # type: ignore[method-assign]
         checker.run(max_submissions=checker.checked + 2)
         assert checked == [newcomers[0], arrived[0]]
+
+
+def test_a_share_of_the_validators_checks_newcomers_files_and_the_others_stay_free_for_proven_work(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """Round four's sybil flood: fresh wallets' files and appeals must not occupy every validator. Of two live
+    validators one at a time checks them (``unproven_share``: a third, at least one). Links decide who may judge
+    whose file, so every draw here is forced."""
+    a, b, proven = Account.create(), Account.create(), Account.create()
+    for_b = [Account.create() for _ in range(2)]  # linked to A: only B may judge their files
+    for_a = [Account.create() for _ in range(2)]
+    linked = [[a.address, *(n.address for n in for_b)], [b.address, proven.address, *(n.address for n in for_a)]]
+    clock = MovableClock()
+    with serve(_settings(sqlite_url, tmp_path, linked), clock=clock) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
+        for v in (a, b):
+            grant(served, admin_token(served), v.address, "validator")
+
+        def submit(node: LocalAccount) -> str:
+            task = lease(served, node)
+            return upload(served, node, task, finish(generate(task)).data)
+
+        def claim(validator: LocalAccount) -> list[dict]:
+            body = {"address": validator.address, "limit": 4}
+            return signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+
+        def accept(validator: LocalAccount, claims: list[dict]) -> list[str]:
+            for c in claims:
+                verdict = verdict_body(served.audience, validator, c, checks_for("accept"))
+                assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, verdict).status_code == 200
+            return [c["submission_id"] for c in claims]
+
+        assert claim(b) == []  # live: drawn for from now on
+        for node in (proven, *for_a, *for_b):
+            joined(served, node)
+        first = submit(proven)
+        assert accept(a, claim(a)) == [first]  # the node has a record now
+
+        b_first, a_first = submit(for_b[0]), submit(for_a[0])
+        held = claim(b)
+        assert [c["submission_id"] for c in held] == [b_first]
+        # B checks a newcomer's file, so A is kept for proven work, though a newcomer's file is drawn for it.
+        assert claim(a) == []
+        honest = submit(proven)
+        assert accept(a, claim(a)) == [honest]
+        accept(b, held)
+        assert accept(a, claim(a)) == [a_first]
+
+        # A validator that sits on a newcomer's file keeps the others off them for NEWCOMER_WAIT_S at most.
+        b_second, a_second = submit(for_b[1]), submit(for_a[1])
+        assert [c["submission_id"] for c in claim(b)] == [b_second]
+        assert claim(a) == []
+        clock.advance(NEWCOMER_WAIT_S + 1)
+        assert accept(a, claim(a)) == [a_second]

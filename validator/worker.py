@@ -9,7 +9,9 @@ another validator (or this one, later) takes it again; nothing is lost.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -52,6 +54,9 @@ def _environment(name: str, version: str) -> tuple[BoundedRewards, dict[str, Pro
 
 CLAIM_WAIT_S = 5.0
 """How long a claim waits at the coordinator for work: short enough that SIGTERM stops us promptly."""
+AUDIT_LOOK_S = 5.0
+"""How often, at most, we ask for islands' steps drawn for us to replay: they wait minutes for a replay, and a look
+after every one-file batch (a flood of newcomers' files comes one at a time) doubles our requests to the coordinator."""
 
 
 class ClaimLost(Exception):
@@ -83,6 +88,7 @@ class Validator:
         self.weights = Weights(self.api, state_dir / "weights", console)
         self.auditor = IslandAuditor(self.api, account, self.weights, state_dir, console)
         self.checked = 0
+        self._audits_looked_at = -math.inf
         self._prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="claim")
         self._upcoming: Future[list[Claim]] | None = None
 
@@ -96,7 +102,9 @@ class Validator:
         try:
             while not self.stop.is_set() and (max_submissions is None or self.checked < max_submissions):
                 self._check_batch(None if max_submissions is None else max_submissions - self.checked)
-                self.auditor.audit_open()
+                if time.monotonic() - self._audits_looked_at >= AUDIT_LOOK_S:
+                    self._audits_looked_at = time.monotonic()
+                    self.auditor.audit_open()
         except Stopped:
             pass
         return self.checked

@@ -86,11 +86,16 @@ _WAITING = (
 )
 
 
+def live_validators(session: Session, settings: CoordinatorSettings, now: datetime) -> list[str]:
+    """Validators holding the role that asked for work within ``validator_live_s``."""
+    return list(session.scalars(_LIVE, {"seen": now - timedelta(seconds=settings.committee.validator_live_s)}))
+
+
 def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> None:
     """Draw a live, eligible validator for every review waiting for one (unassigned, or its
     assignment lapsed), the work closest to going stale first; expire what went stale waiting."""
     expire_stale(session, now)
-    live = list(session.scalars(_LIVE, {"seen": now - timedelta(seconds=settings.committee.validator_live_s)}))
+    live = live_validators(session, settings, now)
     if not live:
         return
     waiting = list(session.scalars(_WAITING, {"now": now, **order_params(now)}))

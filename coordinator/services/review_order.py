@@ -14,16 +14,9 @@ NEWCOMER_WAIT_S = 30.0
 """How long a file of an address with no accepted file yet waits behind proven nodes' work at most."""
 
 _proven = aliased(Submission)
-NEWCOMER = case(
-    (
-        or_(
-            Review.opened_at <= bindparam("newcomers_before"),
-            exists().where(_proven.address == Submission.address, _proven.status == SubmissionStatus.accepted),
-        ),
-        0,
-    ),
-    else_=1,
-)
+PROVEN = exists().where(_proven.address == Submission.address, _proven.status == SubmissionStatus.accepted)
+"""Whether a review's file (Submission joined) is of an address with an accepted file."""
+NEWCOMER = case((or_(Review.opened_at <= bindparam("newcomers_before"), PROVEN), 0), else_=1)
 """1 for a review of a newcomer's file still waiting behind proven nodes' work, else 0."""
 URGENT_FIRST = (case((Review.purpose == "appeal", 1), else_=0), NEWCOMER, Task.policy_step, Review.opened_at, Review.id)
 """Review order (with Submission and Task joined): appeals after all other work; then work of addresses with an

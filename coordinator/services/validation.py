@@ -13,9 +13,10 @@ as a hard rejection does.
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.errors import ApiError
@@ -52,7 +53,7 @@ def claim(
 
 # Built once: a long-polling validator runs it at every look.
 _DRAWN = (
-    select(Review, review_order.NEWCOMER)
+    select(Review, review_order.NEWCOMER, review_order.PROVEN)
     .join(Submission, Submission.id == Review.submission_id)
     .join(Task, Task.id == Submission.task_id)
     .where(
@@ -61,9 +62,21 @@ _DRAWN = (
         Review.voided_at.is_(None),
         Review.claimed_at.is_(None),
         Review.expires_at > bindparam("now"),
+        or_(review_order.PROVEN, bindparam("unproven_allowed")),
     )
     .order_by(*review_order.URGENT_FIRST)
     .limit(bindparam("limit"))
+)
+_ON_UNPROVEN = (
+    select(Review.validator, Review.claimed_at)
+    .join(Submission, Submission.id == Review.submission_id)
+    .where(
+        Review.claimed_at.is_not(None),
+        Review.outcome.is_(None),
+        Review.voided_at.is_(None),
+        Review.expires_at > bindparam("now"),
+        ~review_order.PROVEN,
+    )
 )
 
 
@@ -72,12 +85,18 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
     checked the signer's role and stake. A validator whose role is revoked meanwhile is drawn no new
     work, and can neither fetch what it was drawn before nor judge it (both check the role)."""
     committee.assign(session, settings, now)
-    drawn = session.execute(_DRAWN, {"signer": signer, "now": now, "limit": limit, **review_order.order_params(now)}).all()
+    # Files of addresses with no accepted file are checked by a share of the validators at a time, one file each, so
+    # a flood of fresh wallets' files (and their appeals) always leaves the others free for proven nodes' work.
+    allowed = may_check_unproven(session, signer, settings, now)
+    params = {"signer": signer, "now": now, "limit": limit, "unproven_allowed": allowed, **review_order.order_params(now)}
+    rows = session.execute(_DRAWN, params).all()
+    unproven = [review for review, _, proven in rows if not proven][:1]
+    drawn = [(review, newcomer) for review, newcomer, proven in rows if proven or review in unproven]
     # Appeals and newcomers' files come last and one at a time: a validator never sits on a batch of
     # them while a proven node's work waits, so a flood of them delays that work by one check at most.
-    proven = [review for review, newcomer in drawn if review.purpose != "appeal" and not newcomer]
+    batch = [review for review, newcomer in drawn if review.purpose != "appeal" and not newcomer]
     claims = []
-    for review in proven or [review for review, _ in drawn[:1]]:
+    for review in batch or [review for review, _ in drawn[:1]]:
         review.claimed_at = now
         submission = session.get_one(Submission, review.submission_id)
         task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
@@ -94,6 +113,19 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
             )
         )
     return claims
+
+
+def may_check_unproven(session: Session, signer: str, settings: CoordinatorSettings, now: datetime) -> bool:
+    """Whether ``signer`` may be handed a file of an address with no accepted file now: fewer than ``unproven_share``
+    of the live validators (at least one) are checking one, or ``signer`` is. A validator is checking one while it
+    holds one such file unanswered, handed to it in the last :data:`~review_order.NEWCOMER_WAIT_S`: so one that sits
+    on its file keeps the others off them for that long at most, and one that hoards them keeps nobody off."""
+    held = session.execute(_ON_UNPROVEN, {"now": now}).all()
+    files = Counter(validator for validator, _ in held)
+    recent = now - timedelta(seconds=review_order.NEWCOMER_WAIT_S)
+    checking = {v for v, claimed_at in held if files[v] == 1 and claimed_at is not None and claimed_at > recent}
+    most = max(1, int(len(committee.live_validators(session, settings, now)) * settings.committee.unproven_share))
+    return signer in checking or len(checking) < most
 
 
 def claimed(session: Session, signer: str, submission_id: str, now: datetime) -> tuple[Submission, Review]:

@@ -25,8 +25,9 @@ def grant(served: Served, token: str, address: str, role: str) -> None:
     assert reply.status_code == 201, reply.text
 
 
-def joined(served: Served) -> LocalAccount:
-    account = Account.create()
+def joined(served: Served, account: LocalAccount | None = None) -> LocalAccount:
+    """``account`` (a fresh one if None), registered as a node."""
+    account = account or Account.create()
     assert signed_post(served.url, "/v1/nodes/register", account, served.audience, register_body(account)).status_code == 200
     return account
 
