@@ -18,7 +18,7 @@ from intellect_protocol.coordinator.metrics import Metrics
 from intellect_protocol.coordinator.services.rate_limit import RateLimiter
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.coordinator.stakes import StakeBook
-from intellect_protocol.coordinator.wakeup import Wakeup
+from intellect_protocol.coordinator.wakeup import Waiters, Wakeup
 from intellect_protocol.shared.environments.bounded import BoundedRewards
 from intellect_protocol.shared.settlement import SettlementOverview
 
@@ -55,7 +55,9 @@ class Context:
     """Uploads being staged, per claimed address and kind (new or retry)."""
     manifest_published: Wakeup = field(default_factory=Wakeup)
     work_arrived: Wakeup = field(default_factory=Wakeup)
-    """An upload, or a verdict that opened another review: waiting claims look at once."""
+    """A verdict: the trainer's long polls for accepted work look at once."""
+    validators_waiting: Waiters = field(default_factory=Waiters)
+    """Validators' long polls for reviews: an upload or verdict wakes one, whose look wakes those it drew work for."""
     policy_steps: TtlCache[None, dict[str, int]] = field(default_factory=lambda: TtlCache(POLICY_STEPS_TTL_S))
     settlement_overviews: TtlCache[int, SettlementOverview] = field(default_factory=lambda: TtlCache(OVERVIEW_TTL_S))
     public_reads: TtlCache[tuple[object, ...], bytes] = field(default_factory=lambda: TtlCache(PUBLIC_READ_TTL_S, max_keys=1024))

@@ -18,7 +18,8 @@ from sqlalchemy import update
 
 from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.models import Role, Run, Submission, Task
-from intellect_protocol.coordinator.services import admission
+from intellect_protocol.coordinator.routers import validation as validation_router
+from intellect_protocol.coordinator.services import admission, validation
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.coordinator.shardcast_models import PolicyManifest
 from intellect_protocol.node.client import NodeClient
@@ -209,6 +210,43 @@ def test_a_claim_waits_for_work_to_arrive(coordinator: Served) -> None:
     ).json()
     waited = time.monotonic() - started
     assert [c["task"]["task_id"] for c in claims] == [task["task_id"]] and 0.9 < waited < 8
+
+
+def test_an_upload_wakes_the_validator_it_is_drawn_for_not_every_waiting_one(
+    coordinator: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round four's sybil flood: every waiting validator looked again at every upload and verdict, a claim
+    transaction each, about 90 a second. Now one waiting validator's look draws for what arrived and wakes the one
+    drawn: at most two looks an upload, however many wait."""
+    looks = []
+    draw = validation.draw
+    monkeypatch.setattr(validation, "draw", lambda *a: looks.append(a[1]) or draw(*a))
+    monkeypatch.setattr(validation_router, "POLL_S", 60.0)  # no look on a timeout: each one counted is a wake-up's
+    make_run(coordinator, prompts=1, samples=1)
+    node, validators = joined(coordinator), [_grant(coordinator, "validator") for _ in range(4)]
+    for v in validators:
+        assert _claim(coordinator, v) == []  # seen: live, so new work is drawn for them
+    task = lease(coordinator, node).json()
+    got: dict[str, list] = {}
+
+    def wait(v: Account) -> None:
+        body = {"address": v.address, "limit": 1, "wait_s": 4}
+        got[v.address] = signed_post(coordinator.url, "/v1/validation/claim", v, coordinator.audience, body).json()
+
+    threads = [threading.Thread(target=wait, args=(v,)) for v in validators]
+    for t in threads:
+        t.start()
+    while len(looks) < 8:  # each wait's first look
+        time.sleep(0.01)
+    time.sleep(0.2)  # and into its wait
+    waited = len(looks)
+    upload(coordinator, node, task["task_id"], rollout_file(task))
+    while not any(got.values()):
+        time.sleep(0.01)
+    assert 1 <= len(looks) - waited <= 2
+    for t in threads:
+        t.join()
+    assert sorted(len(c) for c in got.values()) == [0, 0, 0, 1]
 
 
 def test_a_claim_never_waits_past_half_of_the_window_that_keeps_its_validator_live(sqlite_url: str, tmp_path: Path) -> None:

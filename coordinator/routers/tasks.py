@@ -62,7 +62,7 @@ async def submit(
         rollouts = await asyncio.to_thread(lambda: submissions.parse(staged.path.read_bytes(), expected))
         await asyncio.to_thread(ctx.blobs.put_file, expected.blob_key, staged.path)
     receipt = await ledger.run_signed(signed, submissions.record, task, staged.sha256, rollouts, ledger.now(), staged.started_at)
-    ctx.work_arrived.notify()
+    ctx.validators_waiting.notify_one()
     return receipt
 
 

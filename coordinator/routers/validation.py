@@ -33,13 +33,16 @@ async def claim(body: ClaimRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep,
     deadline = time.monotonic() + min(body.wait_s, settings.committee.validator_live_s / 2)
     stakes = ctx.stakes
     stake = None if stakes is None else await stakes.stake(signed.address)
-    claims = await ledger.run_signed(signed, validation.claim, body, settings, ledger.now(), stake)
-    while not claims and (remaining := deadline - time.monotonic()) > 0:
-        # Woken at once by an upload or verdict on this process; other replicas' within POLL_S.
-        await ctx.work_arrived.wait(min(POLL_S, remaining))
+    drawn = await ledger.run_signed(signed, validation.claim, body, settings, ledger.now(), stake)
+    ctx.validators_waiting.notify(drawn.validators)
+    while not drawn.claims and (remaining := deadline - time.monotonic()) > 0:
+        # Woken at once when a look on this process draws work for us; what arrived is drawn for by one waiting
+        # validator's look (:meth:`Waiters.notify_one`). Other replicas' draws show within POLL_S.
+        await ctx.validators_waiting.wait(signed.address, min(POLL_S, remaining))
         # The signature, its nonce, the role and the stake were checked by the first look.
-        claims = await ledger.run(validation.draw, signed.address, body.limit, settings, ledger.now())
-    return claims
+        drawn = await ledger.run(validation.draw, signed.address, body.limit, settings, ledger.now())
+        ctx.validators_waiting.notify(drawn.validators)
+    return drawn.claims
 
 
 @router.get(
@@ -64,7 +67,8 @@ async def verdict(body: VerdictRequest, ctx: Ctx, signed: Signed, ledger: Ledger
         return receipts.public_receipt(session, submission.id)
 
     receipt = await ledger.run_signed(signed, work)
-    ctx.work_arrived.notify()  # an audit or tie-break may have opened
+    ctx.work_arrived.notify()  # the trainer: accepted work
+    ctx.validators_waiting.notify_one()  # an audit or tie-break may have opened
     return receipt
 
 

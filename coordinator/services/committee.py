@@ -91,26 +91,30 @@ def live_validators(session: Session, settings: CoordinatorSettings, now: dateti
     return list(session.scalars(_LIVE, {"seen": now - timedelta(seconds=settings.committee.validator_live_s)}))
 
 
-def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> None:
+def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> set[str]:
     """Draw a live, eligible validator for every review waiting for one (unassigned, or its
-    assignment lapsed), the work closest to going stale first; expire what went stale waiting."""
+    assignment lapsed), the work closest to going stale first; expire what went stale waiting.
+    The validators drawn."""
     expire_stale(session, now)
     live = live_validators(session, settings, now)
     if not live:
-        return
+        return set()
     waiting = list(session.scalars(_WAITING, {"now": now, **order_params(now)}))
     if not waiting:
-        return
+        return set()
     links = {v: linked(session, v, settings) for v in live}
+    drawn = set()
     for review in waiting:
         candidates = _independent(session, review, live, links)
         if candidates:
             review.validator = secrets.choice(candidates)
+            drawn.add(review.validator)
             review.expires_at = now + timedelta(seconds=settings.committee.validation_claim_s)
             review.claimed_at = review.retry_at = None
         else:
             review.validator = review.expires_at = review.claimed_at = None
             review.retry_at = now + timedelta(seconds=settings.committee.unassignable_retry_s)
+    return drawn
 
 
 def _independent(session: Session, review: Review, validators: Sequence[str], links: dict[str, set[str]]) -> list[str]:

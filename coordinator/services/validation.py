@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.orm import Session
@@ -31,9 +32,16 @@ from intellect_protocol.shared.states import RunStatus, SubmissionStatus
 from intellect_protocol.shared.verdicts import verdict_signer
 
 
+class Drawn(NamedTuple):
+    claims: list[Claim]
+    """The caller's reviews, claimed by this look."""
+    validators: set[str]
+    """The validators this look drew waiting reviews for: their long polls look at once."""
+
+
 def claim(
     session: Session, signer: str, body: ClaimRequest, settings: CoordinatorSettings, now: datetime, stake: int | None = None
-) -> list[Claim]:
+) -> Drawn:
     """Up to ``body.limit`` reviews assigned to ``signer`` that it has not fetched yet, oldest first.
     Validators stake like nodes: while an active run asks a minimum stake, a validator below it
     (``stake``, base units; None: unknown) is refused, so a revoked one has something to lose."""
@@ -80,11 +88,11 @@ _ON_UNPROVEN = (
 )
 
 
-def draw(session: Session, signer: str, limit: int, settings: CoordinatorSettings, now: datetime) -> list[Claim]:
+def draw(session: Session, signer: str, limit: int, settings: CoordinatorSettings, now: datetime) -> Drawn:
     """:func:`claim` after its checks: a long poll's later looks, within the request whose first look
     checked the signer's role and stake. A validator whose role is revoked meanwhile is drawn no new
     work, and can neither fetch what it was drawn before nor judge it (both check the role)."""
-    committee.assign(session, settings, now)
+    drawn_for = committee.assign(session, settings, now)
     # Files of addresses with no accepted file are checked by a share of the validators at a time, one file each, so
     # a flood of fresh wallets' files (and their appeals) always leaves the others free for proven nodes' work.
     allowed = may_check_unproven(session, signer, settings, now)
@@ -112,7 +120,7 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
                 claim_expires_at=review.expires_at,
             )
         )
-    return claims
+    return Drawn(claims, drawn_for)
 
 
 def may_check_unproven(session: Session, signer: str, settings: CoordinatorSettings, now: datetime) -> bool:
