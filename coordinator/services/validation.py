@@ -93,8 +93,8 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
     checked the signer's role and stake. A validator whose role is revoked meanwhile is drawn no new
     work, and can neither fetch what it was drawn before nor judge it (both check the role)."""
     drawn_for = committee.assign(session, settings, now)
-    # Files of addresses with no accepted file are checked by a share of the validators at a time, one file each, so
-    # a flood of fresh wallets' files (and their appeals) always leaves the others free for proven nodes' work.
+    # Files of addresses with no accepted file are checked by a share of the validators at a time, one file a claim,
+    # so a flood of fresh wallets' files (and their appeals) always leaves the others free for proven nodes' work.
     allowed = may_check_unproven(session, signer, settings, now)
     params = {"signer": signer, "now": now, "limit": limit, "unproven_allowed": allowed, **review_order.order_params(now)}
     rows = session.execute(_DRAWN, params).all()
