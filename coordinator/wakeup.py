@@ -6,7 +6,6 @@ Other coordinator replicas do not see the call, so waiters also look again on a 
 from __future__ import annotations
 
 import asyncio
-import random
 from collections import Counter
 from collections.abc import Iterable
 
@@ -35,7 +34,7 @@ class Wakeup:
 
 
 class Waiters:
-    """Long polls waiting by key (a validator's address): each woken on its own, or one of them to look for all.
+    """Long polls waiting by key (a validator's address), each woken on its own.
 
     Waking every validator's long poll at every upload and verdict made each of them run a claim transaction for
     work that was drawn for one (round four's sybil flood: about 90 looks a second, 15 % of the coordinator's time)."""
@@ -43,10 +42,9 @@ class Waiters:
     def __init__(self) -> None:
         self._wakeups: dict[str, Wakeup] = {}
         self._waiting: Counter[str] = Counter()
-        self._draws = random.Random()
 
     async def wait(self, key: str, timeout: float) -> None:
-        """Return when ``key`` is woken (:meth:`notify`, or chosen by :meth:`notify_one`), or after ``timeout``."""
+        """Return when ``key`` is woken (:meth:`notify`), or after ``timeout``."""
         wakeup = self._wakeups.setdefault(key, Wakeup())
         self._waiting[key] += 1
         try:
@@ -60,8 +58,3 @@ class Waiters:
         for key in keys:
             if key in self._wakeups:
                 self._wakeups[key].notify()
-
-    def notify_one(self) -> None:
-        """Wake one waiting key, at random: its look draws validators for what arrived, and wakes those."""
-        if self._waiting:
-            self._wakeups[self._draws.choice(list(self._waiting))].notify()

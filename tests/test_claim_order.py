@@ -4,6 +4,8 @@ holds up honest work nor starves a new honest node."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
+from intellect_protocol.coordinator.routers import validation as validation_router
+from intellect_protocol.coordinator.services import validation
 from intellect_protocol.coordinator.services.review_order import NEWCOMER_WAIT_S
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
@@ -158,3 +162,42 @@ def test_a_share_of_the_validators_checks_newcomers_files_and_the_others_stay_fr
         assert claim(a) == []
         clock.advance(NEWCOMER_WAIT_S + 1)
         assert accept(a, claim(a)) == [a_second]
+
+
+def test_a_validator_kept_off_newcomers_files_is_not_woken_for_one(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work is drawn for a validator as it arrives and wakes its long poll, but not work it may not take now: a look
+    for nothing, at every sybil's upload, is what made the coordinator the bottleneck of round four's flood."""
+    a, b = Account.create(), Account.create()
+    for_a, for_b = Account.create(), Account.create()  # linked to B, to A: only A, only B may judge their files
+    looks: list[str] = []
+    draw = validation.draw
+    monkeypatch.setattr(validation, "draw", lambda *args: looks.append(args[1]) or draw(*args))
+    monkeypatch.setattr(validation_router, "POLL_S", 60.0)  # no look on a timeout
+    with serve(_settings(sqlite_url, tmp_path, [[a.address, for_b.address], [b.address, for_a.address]])) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
+        for v in (a, b):
+            grant(served, admin_token(served), v.address, "validator")
+
+        def claim(validator: LocalAccount, wait_s: float = 0) -> list[dict]:
+            body = {"address": validator.address, "limit": 4, "wait_s": wait_s}
+            return signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+
+        def submit(node: LocalAccount) -> str:
+            task = lease(served, node)
+            return upload(served, node, task, finish(generate(task)).data)
+
+        assert claim(a) == claim(b) == []  # live
+        for node in (for_a, for_b):
+            joined(served, node)
+        checked = submit(for_b)
+        assert [c["submission_id"] for c in claim(b)] == [checked]  # B checks a newcomer's file
+        waiting = threading.Thread(target=lambda: looks.append(f"answer {claim(a, wait_s=2)}"))
+        waiting.start()
+        while looks.count(a.address) < 2:
+            time.sleep(0.01)
+        submit(for_a)  # drawn for A as it arrives, but A is kept off newcomers' files while B checks one
+        waiting.join()
+    # A's looks: its first claim's, its wait's first and its last, at the deadline; none for the upload.
+    assert looks[-1] == "answer []" and looks.count(a.address) == 3

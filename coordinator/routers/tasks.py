@@ -6,10 +6,11 @@ import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
+from sqlalchemy.orm import Session
 
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed, SignedUpload
 from intellect_protocol.coordinator.errors import ApiError
-from intellect_protocol.coordinator.services import plugin_failures, runs, submissions
+from intellect_protocol.coordinator.services import plugin_failures, runs, submissions, validation
 from intellect_protocol.shared.environments.bounded import PluginFailure
 from intellect_protocol.shared.plugin_schemas import PluginFailureAnswer, PluginFailureReport
 from intellect_protocol.shared.schemas import ErrorBody, ErrorCode, LeaseRequest, SubmissionReceipt, TaskSpec
@@ -52,7 +53,7 @@ async def lease(ctx: Ctx, body: LeaseRequest, signed: Signed, ledger: LedgerDep,
     },
 )
 async def submit(
-    ctx: Ctx, task: Annotated[str, Query(max_length=64)], upload: SignedUpload, ledger: LedgerDep
+    ctx: Ctx, task: Annotated[str, Query(max_length=64)], upload: SignedUpload, ledger: LedgerDep, settings: Settings
 ) -> SubmissionReceipt:
     """Upload a rollout file (Parquet, the raw body) for a leased task; the signature covers its hash."""
     signed, staged = upload
@@ -61,8 +62,15 @@ async def submit(
     if expected is not None:
         rollouts = await asyncio.to_thread(lambda: submissions.parse(staged.path.read_bytes(), expected))
         await asyncio.to_thread(ctx.blobs.put_file, expected.blob_key, staged.path)
-    receipt = await ledger.run_signed(signed, submissions.record, task, staged.sha256, rollouts, ledger.now(), staged.started_at)
-    ctx.validators_waiting.notify_one()
+    now = ledger.now()
+
+    def work(session: Session, signer: str) -> tuple[SubmissionReceipt, set[str]]:
+        receipt = submissions.record(session, signer, task, staged.sha256, rollouts, now, staged.started_at)
+        session.flush()
+        return receipt, validation.assign_arrived(session, settings, now)
+
+    receipt, drawn = await ledger.run_signed(signed, work)
+    ctx.validators_waiting.notify(drawn)
     return receipt
 
 

@@ -36,8 +36,8 @@ async def claim(body: ClaimRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep,
     drawn = await ledger.run_signed(signed, validation.claim, body, settings, ledger.now(), stake)
     ctx.validators_waiting.notify(drawn.validators)
     while not drawn.claims and (remaining := deadline - time.monotonic()) > 0:
-        # Woken at once when a look on this process draws work for us; what arrived is drawn for by one waiting
-        # validator's look (:meth:`Waiters.notify_one`). Other replicas' draws show within POLL_S.
+        # Woken at once when work is drawn for us on this process (as it arrives, or by another validator's look);
+        # other replicas' draws show within POLL_S.
         await ctx.validators_waiting.wait(signed.address, min(POLL_S, remaining))
         # The signature, its nonce, the role and the stake were checked by the first look.
         drawn = await ledger.run(validation.draw, signed.address, body.limit, settings, ledger.now())
@@ -61,14 +61,15 @@ async def verdict(body: VerdictRequest, ctx: Ctx, signed: Signed, ledger: Ledger
     :mod:`shared.verdicts`); the submission is decided, or goes to another validator first."""
     audience = ctx.audience
 
-    def work(session: Session, signer: str) -> PublicReceipt:
+    def work(session: Session, signer: str) -> tuple[PublicReceipt, set[str]]:
         submission = validation.record_verdict(session, signer, body, settings, ledger.now(), audience)
         session.flush()
-        return receipts.public_receipt(session, submission.id)
+        # An audit, second opinion or tie-break may have opened: drawn for now, its validator woken.
+        return receipts.public_receipt(session, submission.id), validation.assign_arrived(session, settings, ledger.now())
 
-    receipt = await ledger.run_signed(signed, work)
+    receipt, drawn = await ledger.run_signed(signed, work)
     ctx.work_arrived.notify()  # the trainer: accepted work
-    ctx.validators_waiting.notify_one()  # an audit or tie-break may have opened
+    ctx.validators_waiting.notify(drawn)
     return receipt
 
 

@@ -46,7 +46,7 @@ from intellect_protocol.coordinator.models import Appeal, ContributionEntry, Rev
 from intellect_protocol.coordinator.services import accountability, consequences, roles
 from intellect_protocol.coordinator.services.decisions import Decision, appeal_result, decision, majority, outvoted
 from intellect_protocol.coordinator.services.independence import linked
-from intellect_protocol.coordinator.services.review_order import URGENT_FIRST, order_params
+from intellect_protocol.coordinator.services.review_order import PROVEN, URGENT_FIRST, order_params
 from intellect_protocol.coordinator.services.staleness import expire, expire_stale, stale
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.committee import Outcome, Purpose
@@ -71,7 +71,7 @@ _LIVE = select(Role.address).where(
     Role.role == RoleName.validator, Role.revoked_at.is_(None), Role.last_seen >= bindparam("seen")
 )
 _WAITING = (
-    select(Review)
+    select(Review, PROVEN)
     .join(Submission, Submission.id == Review.submission_id)
     .join(Task, Task.id == Submission.task_id)
     .where(
@@ -91,24 +91,24 @@ def live_validators(session: Session, settings: CoordinatorSettings, now: dateti
     return list(session.scalars(_LIVE, {"seen": now - timedelta(seconds=settings.committee.validator_live_s)}))
 
 
-def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> set[str]:
+def assign(session: Session, settings: CoordinatorSettings, now: datetime) -> dict[str, bool]:
     """Draw a live, eligible validator for every review waiting for one (unassigned, or its
     assignment lapsed), the work closest to going stale first; expire what went stale waiting.
-    The validators drawn."""
+    The validators drawn, each with whether any of its new work is of a node with an accepted file."""
     expire_stale(session, now)
     live = live_validators(session, settings, now)
     if not live:
-        return set()
-    waiting = list(session.scalars(_WAITING, {"now": now, **order_params(now)}))
+        return {}
+    waiting = session.execute(_WAITING, {"now": now, **order_params(now)}).all()
     if not waiting:
-        return set()
+        return {}
     links = {v: linked(session, v, settings) for v in live}
-    drawn = set()
-    for review in waiting:
+    drawn: dict[str, bool] = {}
+    for review, proven in waiting:
         candidates = _independent(session, review, live, links)
         if candidates:
             review.validator = secrets.choice(candidates)
-            drawn.add(review.validator)
+            drawn[review.validator] = drawn.get(review.validator, False) or bool(proven)
             review.expires_at = now + timedelta(seconds=settings.committee.validation_claim_s)
             review.claimed_at = review.retry_at = None
         else:

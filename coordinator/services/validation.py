@@ -92,10 +92,11 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
     """:func:`claim` after its checks: a long poll's later looks, within the request whose first look
     checked the signer's role and stake. A validator whose role is revoked meanwhile is drawn no new
     work, and can neither fetch what it was drawn before nor judge it (both check the role)."""
-    drawn_for = committee.assign(session, settings, now)
+    assigned = committee.assign(session, settings, now)
     # Files of addresses with no accepted file are checked by a share of the validators at a time, one file a claim,
     # so a flood of fresh wallets' files (and their appeals) always leaves the others free for proven nodes' work.
-    allowed = may_check_unproven(session, signer, settings, now)
+    checking, most = unproven_checkers(session, settings, now)
+    allowed = signer in checking or len(checking) < most
     params = {"signer": signer, "now": now, "limit": limit, "unproven_allowed": allowed, **review_order.order_params(now)}
     rows = session.execute(_DRAWN, params).all()
     unproven = [review for review, _, proven in rows if not proven][:1]
@@ -120,20 +121,32 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
                 claim_expires_at=review.expires_at,
             )
         )
-    return Drawn(claims, drawn_for)
+    return Drawn(claims, _may_take(assigned, checking, most))
 
 
-def may_check_unproven(session: Session, signer: str, settings: CoordinatorSettings, now: datetime) -> bool:
-    """Whether ``signer`` may be handed a file of an address with no accepted file now: fewer than ``unproven_share``
-    of the live validators (at least one) are checking one, or ``signer`` is. A validator is checking one while it
-    holds one such file unanswered, handed to it in the last :data:`~review_order.NEWCOMER_WAIT_S`: so one that sits
-    on its file keeps the others off them for that long at most, and one that hoards them keeps nobody off."""
+def assign_arrived(session: Session, settings: CoordinatorSettings, now: datetime) -> set[str]:
+    """Draw validators for the reviews waiting (work that just arrived); those whose long polls to wake."""
+    assigned = committee.assign(session, settings, now)
+    return _may_take(assigned, *unproven_checkers(session, settings, now)) if assigned else set()
+
+
+def _may_take(assigned: dict[str, bool], checking: set[str], most: int) -> set[str]:
+    """Of the validators ``assigned`` work, those that may take it now: a validator kept off newcomers' files is not
+    woken for one (it looks again on its own timeout)."""
+    return {v for v, proven in assigned.items() if proven or v in checking or len(checking) < most}
+
+
+def unproven_checkers(session: Session, settings: CoordinatorSettings, now: datetime) -> tuple[set[str], int]:
+    """The validators checking a file of an address with no accepted file, and how many may (``unproven_share`` of the
+    live ones, at least one); a validator may be handed such a file if it is one of them or they are fewer. One is
+    checking while it holds one such file unanswered, handed to it in the last :data:`~review_order.NEWCOMER_WAIT_S`:
+    so one that sits on its file keeps the others off them for that long at most, and one that hoards them keeps
+    nobody off."""
     held = session.execute(_ON_UNPROVEN, {"now": now}).all()
     files = Counter(validator for validator, _ in held)
     recent = now - timedelta(seconds=review_order.NEWCOMER_WAIT_S)
-    checking = {v for v, claimed_at in held if files[v] == 1 and claimed_at is not None and claimed_at > recent}
-    most = max(1, int(len(committee.live_validators(session, settings, now)) * settings.committee.unproven_share))
-    return signer in checking or len(checking) < most
+    checking = {v for v, claimed_at in held if v is not None and files[v] == 1 and claimed_at is not None and claimed_at > recent}
+    return checking, max(1, int(len(committee.live_validators(session, settings, now)) * settings.committee.unproven_share))
 
 
 def claimed(session: Session, signer: str, submission_id: str, now: datetime) -> tuple[Submission, Review]:
