@@ -57,7 +57,7 @@ class Context:
     work_arrived: Wakeup = field(default_factory=Wakeup)
     """A verdict: the trainer's long polls for accepted work look at once."""
     validators_waiting: Waiters = field(default_factory=Waiters)
-    """Validators' long polls for reviews: an upload or verdict wakes one, whose look wakes those it drew work for."""
+    """Validators' long polls for reviews, each woken when work it may take now is drawn for it."""
     policy_steps: TtlCache[None, dict[str, int]] = field(default_factory=lambda: TtlCache(POLICY_STEPS_TTL_S))
     settlement_overviews: TtlCache[int, SettlementOverview] = field(default_factory=lambda: TtlCache(OVERVIEW_TTL_S))
     public_reads: TtlCache[tuple[object, ...], bytes] = field(default_factory=lambda: TtlCache(PUBLIC_READ_TTL_S, max_keys=1024))

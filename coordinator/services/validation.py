@@ -1,7 +1,7 @@
 """Validation on the coordinator: validators ask for the reviews assigned to them and post verdicts.
 
-A validator never picks its work: each claim first draws validators for waiting reviews
-(:func:`coordinator.services.committee.assign`), then hands the caller the reviews drawn for it.
+A validator never picks its work: uploads, verdicts and each claim draw validators for waiting reviews
+(:func:`coordinator.services.committee.assign`), and a claim hands the caller the reviews drawn for it.
 An assignment is a lease: unanswered by its expiry, it is drawn again (a validator that dies
 loses nothing). ``FOR UPDATE SKIP LOCKED`` keeps two coordinator replicas from drawing one review twice.
 
