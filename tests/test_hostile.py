@@ -77,14 +77,32 @@ def test_a_body_that_trickles_in_gets_408_and_others_are_unaffected(strict: Serv
     assert status == 408 and took < 2
     assert strict.snapshot() == before
 
-    # While one slow sender is held, a real node's heartbeat is answered at once.
-    slow = threading.Thread(target=trickle, args=(strict, 400, 0.2))
-    slow.start()
-    time.sleep(0.3)
-    started = time.monotonic()
-    assert signed_post(strict.url, "/v1/nodes/heartbeat", node, strict.audience, heartbeat_body(node)).status_code == 200
-    assert time.monotonic() - started < 1.0
-    slow.join()
+
+def test_a_node_is_answered_while_a_slow_sender_is_held(sqlite_url: str, tmp_path: Path) -> None:
+    """Judged by order, not by a wall-clock bound: the heartbeat's answer comes while the slow body is still held
+    open (a server that waited on it would answer only after the 30 s deadline)."""
+    settings = CoordinatorSettings(
+        database_url=sqlite_url, blob_dir=tmp_path / "blobs", body_idle_timeout_s=1.0, body_deadline_s=30.0
+    )
+    with serve(settings) as served:
+        node = joined(served)
+        host, port = served.url.removeprefix("http://").split(":")
+        done = threading.Event()
+
+        def slow_sender() -> None:
+            with socket.create_connection((host, int(port)), timeout=30) as conn:
+                head = f"POST /v1/nodes/heartbeat HTTP/1.1\r\nhost: {host}\r\ncontent-length: 400\r\n\r\n"
+                conn.sendall(head.encode())
+                while not done.wait(0.2):
+                    conn.sendall(b" ")
+
+        slow = threading.Thread(target=slow_sender)
+        slow.start()
+        time.sleep(0.3)
+        assert signed_post(served.url, "/v1/nodes/heartbeat", node, served.audience, heartbeat_body(node)).status_code == 200
+        assert slow.is_alive(), "the heartbeat was answered only after the slow sender was let go"
+        done.set()
+        slow.join()
 
 
 def test_a_flood_of_connections_from_one_address_gets_429_and_others_are_unaffected(strict: Served) -> None:
