@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from intellect_protocol.coordinator.db import make_engine, make_sessionmaker
 from intellect_protocol.coordinator.services import roles, validation
+from intellect_protocol.coordinator.services.rate_limit import RateLimiter
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.devnet.processes import create_run, migrate
 from intellect_protocol.shared.schemas import ClaimRequest, RoleName
@@ -61,12 +62,13 @@ def main() -> None:
         with sessions.begin() as session:
             roles.grant(session, validator, RoleName.validator, "bench", datetime.now(UTC))
         body = ClaimRequest(address=validator, limit=8, wait_s=0)
+        newcomers = RateLimiter(settings.committee.newcomer_reviews_per_s, 1)
 
         def first(session: Session) -> object:
-            return validation.claim(session, validator, body, settings, datetime.now(UTC), None)
+            return validation.claim(session, validator, body, settings, datetime.now(UTC), newcomers)
 
         def later(session: Session) -> object:
-            return validation.draw(session, validator, body.limit, settings, datetime.now(UTC))
+            return validation.draw(session, validator, body.limit, settings, datetime.now(UTC), newcomers)
 
         per_look_ms(sessions, first, args.looks, 1)  # warm the statement cache and the file
         first_ms = per_look_ms(sessions, first, args.looks, args.repeats)

@@ -51,6 +51,7 @@ from intellect_protocol.validator.worker import Validator  # noqa: E402
 torch.set_num_threads(1)
 ENV = {
     "INTELLECT_RATE_LIMIT_PER_S": "100000",
+    "INTELLECT_NEWCOMER_UPLOADS_PER_S": "100000",
     "INTELLECT_RATE_LIMIT_BURST": "100000",
     "INTELLECT_AGGREGATE_READS_PER_S": "100000",
     "INTELLECT_AGGREGATE_READS_BURST": "100000",

@@ -119,6 +119,7 @@ def coordinator_of(workdir: Path, source: Path | None, limited: bool = False) ->
             **lifted,
             # every simulated node registers from loopback: one client IP to the coordinator
             "INTELLECT_REGISTRATIONS_PER_IP_PER_HOUR": "1000000",
+            "INTELLECT_NEWCOMER_UPLOADS_PER_S": "1000000",
             "INTELLECT_MAX_CONNECTIONS_PER_IP": "100000",
         },
     )

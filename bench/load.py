@@ -37,6 +37,7 @@ from intellect_protocol.shared.version import __version__  # noqa: E402
 
 ENV = {
     "INTELLECT_RATE_LIMIT_PER_S": "1000000",
+    "INTELLECT_NEWCOMER_UPLOADS_PER_S": "1000000",
     "INTELLECT_RATE_LIMIT_BURST": "1000000",
     "INTELLECT_MAX_REQUESTS_PER_IP": "100000",
     "INTELLECT_HEARTBEAT_INTERVAL_S": "2",

@@ -61,7 +61,9 @@ def main() -> None:
                 url,
             ]
         )
-        coordinator = start_coordinator(workdir, url, env={"INTELLECT_BLOB_DIR": str(workdir / "blobs")})
+        # Nothing is validated here, so the node stays a newcomer: lift the newcomers' pace, its uploads are what is measured.
+        env = {"INTELLECT_BLOB_DIR": str(workdir / "blobs"), "INTELLECT_NEWCOMER_UPLOADS_PER_S": "1000000"}
+        coordinator = start_coordinator(workdir, url, env=env)
         client = NodeClient(coordinator.url, Account.create(), NodeSettings(state_dir=workdir / "node"), stop=threading.Event())
         finishers = finisher_pool()
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -99,6 +100,8 @@ def create_app(settings: CoordinatorSettings | None = None, clock: Clock = syste
         rate_limiter=RateLimiter(settings.limits.rate_limit_per_s, settings.limits.rate_limit_burst),
         registration_limiter=RateLimiter(hourly / 3600, hourly),
         aggregate_limiter=RateLimiter(settings.limits.aggregate_reads_per_s, settings.limits.aggregate_reads_burst),
+        newcomer_uploads=RateLimiter(settings.limits.newcomer_uploads_per_s, settings.max_leases_per_node),
+        newcomer_reviews=RateLimiter(newcomers := settings.committee.newcomer_reviews_per_s, math.ceil(newcomers)),
         anchorer=anchorer,
         stakes=stakes,
     )

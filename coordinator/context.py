@@ -48,6 +48,10 @@ class Context:
     """New nodes per client IP."""
     aggregate_limiter: RateLimiter
     """Reads of the public aggregates, per client IP."""
+    newcomer_uploads: RateLimiter
+    """Uploads of nodes with no accepted file, per client network (``newcomer_uploads_per_s``)."""
+    newcomer_reviews: RateLimiter
+    """Reviews of newcomers' files handed to validators, all together (``newcomer_reviews_per_s``)."""
     anchorer: Anchorer | None = None
     """Settlement on a chain, when the deployment has one."""
     stakes: StakeBook | None = None

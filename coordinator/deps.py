@@ -143,7 +143,11 @@ async def signed_upload(
     nobody else's bodies can fill, so a stranger knowing a node's task ids cannot hold up its uploads."""
     signed, declared = await _signed_digest(request, settings)
     task_id = request.query_params.get("task", "")
-    retry = await ledger.run(submissions.admit_upload, signed.address, signed.nonce, task_id, ledger.now())
+    retry, newcomer = await ledger.run(submissions.admit_upload, signed.address, signed.nonce, task_id, ledger.now())
+    if newcomer and not retry:
+        network = _network(_client_ip(request), settings.limits.registration_prefix_v4, settings.limits.registration_prefix_v6)
+        what = f"Nodes with no accepted file yet upload {settings.limits.newcomer_uploads_per_s:g} files a second from {network}"
+        _rate_limit(request, network, context(request).newcomer_uploads, what)
     share = ("retry", 1) if retry else ("new", settings.max_leases_per_node)
     async with _staged(request, signed, declared, *share) as staged:
         yield signed, staged

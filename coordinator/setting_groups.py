@@ -78,6 +78,13 @@ class LimitSettings(Group):
     """New node addresses one client network (:attr:`registration_prefix_v4`, :attr:`registration_prefix_v6`)
     may register per hour (a burst of this many, then evenly spread): a banned cheater's next wallet costs it
     time. Registering an address again is free."""
+
+    newcomer_uploads_per_s: float = Field(1.0, gt=0)
+    """Files per second that nodes with no accepted file yet may upload from one client network (the registration
+    prefixes), all together, after a burst of one node's leases (``max_leases_per_node``); beyond it, 429 with the
+    time to retry, before a byte of the body is read. Fresh wallets' files then arrive at this pace however many
+    there are, and a proven node is never held to it."""
+
     registration_prefix_v4: int = Field(24, ge=8, le=32)
     """IPv4 clients in one /N share one registration allowance: ten addresses of one /24 registered 200
     wallets in 8 s when each address had its own (32: each address its own)."""
@@ -124,6 +131,12 @@ class CommitteeSettings(Group):
     """The most of the live validators (at least one) that check files of addresses with no accepted file at once,
     appeals and second looks included: a flood of fresh wallets' files leaves the others free for proven nodes'
     work. New nodes' first files wait for those validators in turn."""
+
+    newcomer_reviews_per_s: float = Field(5.0, gt=0)
+    """Reviews of files of addresses with no accepted file (first looks, second looks, appeals) handed to validators
+    per second at most, by each coordinator process (bursts of one second's worth): however many fresh wallets
+    upload, the work they cost validators and the coordinator is bounded, and proven nodes' work keeps its latency.
+    They are handed in order of arrival, so a new honest node's file waits behind the files that came before it."""
 
     validator_max_strikes: int = Field(3, ge=1)
     """Times a validator may be outvoted by the majority (since it was granted the role) before the

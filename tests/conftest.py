@@ -180,7 +180,11 @@ FAST = {"heartbeat_interval_s": 0.5, "status_loop_interval_s": 0.2}
 def coordinator(database_url: str, tmp_path: Path) -> Iterator[Served]:
     """A coordinator on each database kind, with a generous rate limit."""
     settings = CoordinatorSettings(
-        database_url=database_url, rate_limit_per_s=1000, rate_limit_burst=1000, blob_dir=tmp_path / "blobs"
+        database_url=database_url,
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
+        blob_dir=tmp_path / "blobs",
     )
     with serve(settings) as served:
         yield served

@@ -33,7 +33,13 @@ from tests.support.clock import MovableClock
 from tests.support.protocol import claim_all, forge, grant, joined, lease, upload
 from tests.test_committee import judge_all, receipt, strikes_of, trainer_page
 
-FAST = {"rate_limit_per_s": 5000, "rate_limit_burst": 5000, "registrations_per_ip_per_hour": 1000}
+FAST = {
+    "rate_limit_per_s": 5000,
+    "rate_limit_burst": 5000,
+    "registrations_per_ip_per_hour": 1000,
+    "newcomer_uploads_per_s": 5000,
+    "newcomer_reviews_per_s": 5000,
+}
 NEW_VALIDATORS_TRUSTED = AuditPolicy(share=0, new_node_share=0, suspect_share=1.0, new_validator_verdicts=0)
 """No random audits: only suspicion (a node called forged, a validator outvoted) brings a second look."""
 

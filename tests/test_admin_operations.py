@@ -99,7 +99,11 @@ def test_every_admin_endpoint_checks_its_token_and_records_nothing_when_refused(
 
 def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
     )
     with serve(settings) as served:
         ops = bearer(admin_token(served, "operate"))
@@ -217,7 +221,11 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
 
 def test_submissions_ledger_tokens_audit_and_leaderboard(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
     )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(max_tokens=48))

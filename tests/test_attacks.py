@@ -25,10 +25,12 @@ from intellect_protocol.coordinator.db import make_sessionmaker
 from intellect_protocol.coordinator.models import Node, Run
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.rollout_file import SCHEMA
+from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import CHECKS
 from intellect_protocol.shared.signing import sign_request
 from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token, serve
-from tests.helpers import heartbeat_body, make_run, register_body, signed_post, verdict_body
+from tests.helpers import checks_for, heartbeat_body, make_run, register_body, signed_post, verdict_body
+from tests.support.protocol import grant
 from tests.test_hostile import joined
 from tests.test_tasks_and_uploads import lease, rollout_file, upload
 
@@ -262,6 +264,51 @@ def test_new_wallets_per_network_share_one_allowance(sqlite_url: str, tmp_path: 
         assert len(served.snapshot()["nodes"]) == admitted
 
 
+def test_fresh_wallets_upload_at_the_newcomers_pace_from_one_network_and_proven_nodes_do_not(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """Round four: 200 fresh wallets' files arrived at once. Nodes with no accepted file upload from one network (a /24)
+    at ``newcomer_uploads_per_s`` between them, after a burst of one node's leases; the next gets 429 with the time to
+    retry and records nothing. A proven node on that network, and a newcomer on another, are not held to it."""
+    settings = CoordinatorSettings(
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "b",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=0.01,
+        max_leases_per_node=2,
+    )
+    with serve(settings) as served:
+        make_run(served, audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
+        validator = Account.create()
+        grant(served, admin_token(served), validator.address, "validator")
+
+        def upload_from(ip: str, node, task: dict | None = None) -> httpx.Response:
+            task = task or lease(served, node).json()
+            data, query = rollout_file(task), f"task={task['task_id']}"
+            headers = sign_request(node, "POST", "/v1/submissions", query, data, served.audience)
+            with httpx.Client(transport=httpx.HTTPTransport(local_address=ip)) as client:
+                return client.post(f"{served.url}/v1/submissions?{query}", content=data, headers=headers)
+
+        proven = joined(served)
+        assert upload_from("127.0.0.2", proven).status_code == 200  # the network's burst: one
+        body = {"address": validator.address, "limit": 1}
+        [claim] = signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+        verdict = verdict_body(served.audience, validator, claim, checks_for("accept"))
+        assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, verdict).status_code == 200
+
+        assert upload_from("127.0.0.3", joined(served)).status_code == 200  # and two
+        newcomer = joined(served)
+        task = lease(served, newcomer).json()
+        before = served.snapshot()
+        refused = upload_from("127.0.0.4", newcomer, task)
+        assert refused.status_code == 429 and refused.json()["code"] == "rate_limited", refused.text
+        assert "127.0.0.0/24" in refused.json()["message"] and int(refused.headers["retry-after"]) >= 1
+        assert served.snapshot() == before
+        assert upload_from("127.0.0.5", proven).status_code == 200
+        assert upload_from("127.0.1.2", joined(served)).status_code == 200
+
+
 def _verdict(served: Served, validator, claim: dict, failed: str) -> httpx.Response:
     checks, seen = [], False
     for name in CHECKS:
@@ -282,6 +329,7 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
         database_url=database_url,
         blob_dir=tmp_path / "b",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         soft_rejections_per_strike=3,
         max_leases_per_node=8,

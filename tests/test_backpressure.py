@@ -41,6 +41,7 @@ def _settings(database_url: str, tmp_path: Path, **overrides: object) -> Coordin
         "database_url": database_url,
         "blob_dir": tmp_path / "b",
         "rate_limit_per_s": 1000,
+        "newcomer_uploads_per_s": 1000,
         "rate_limit_burst": 1000,
         "max_leases_per_node": 8,
     }

@@ -35,6 +35,7 @@ def _settings(sqlite_url: str, tmp_path: Path, linked: list[list[str]] | None = 
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         heartbeat_interval_s=3600,
         linked_addresses=linked or [],
@@ -77,6 +78,46 @@ def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite
         # Past the wait, the newcomers' files are drawn like anyone's, the oldest first, but still one a claim.
         assert claim(4) == [newcomers[1], later]
         assert claim(4) == [newcomers[2]]
+
+
+def test_newcomers_files_are_handed_at_the_set_rate_and_proven_work_meanwhile(sqlite_url: str, tmp_path: Path) -> None:
+    """However many fresh wallets upload, validators are handed their files at ``newcomer_reviews_per_s`` at most (here
+    one a second, by the coordinator's clock), in order of arrival; a proven node's work is handed between them."""
+    clock = MovableClock()
+    settings = _settings(sqlite_url, tmp_path).model_copy(update={"newcomer_reviews_per_s": 1.0})
+    with serve(settings, clock=clock) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
+        validator = Account.create()
+        grant(served, admin_token(served), validator.address, "validator")
+
+        def submit(node: LocalAccount) -> str:
+            task = lease(served, node)
+            return upload(served, node, task, finish(generate(task)).data)
+
+        def claim() -> list[str]:
+            body = {"address": validator.address, "limit": 4}
+            drawn = signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+            for c in drawn:
+                verdict = verdict_body(served.audience, validator, c, checks_for("accept"))
+                assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, verdict).status_code == 200
+            return [c["submission_id"] for c in drawn]
+
+        proven = joined(served)
+        first = submit(proven)
+        assert claim() == [first]  # a newcomer's file too, then: the one turn of this second
+        clock.advance(1)
+        newcomers = [submit(joined(served)) for _ in range(3)]
+        assert claim() == [newcomers[0]]
+        assert claim() == []  # held back: the next turn is a second away
+        honest = submit(proven)
+        assert claim() == [honest]
+        clock.advance(0.5)
+        assert claim() == []
+        clock.advance(0.5)
+        assert claim() == [newcomers[1]]
+        clock.advance(5)  # turns do not pile up past one second's worth
+        assert claim() == [newcomers[2]]
+        assert claim() == []
 
 
 def test_a_validator_checking_a_newcomers_file_draws_nothing_ahead(sqlite_url: str, tmp_path: Path) -> None:

@@ -110,6 +110,7 @@ def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_whe
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         validator_max_strikes=3,
     )
@@ -162,6 +163,7 @@ def test_unaudited_approvals_are_caught_at_the_configured_rate(database_url: str
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=5000,
+        newcomer_uploads_per_s=5000,
         rate_limit_burst=5000,
         validator_max_strikes=10_000,
         max_strikes=10_000,
@@ -212,6 +214,7 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         validator_max_strikes=1,
         appeals_per_day=2,
@@ -332,6 +335,7 @@ def test_appeals_are_rate_limited_and_one_validator_networks_say_what_they_waive
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         appeals_per_day=1,
         max_strikes=10,
@@ -375,7 +379,11 @@ def test_appeals_are_rate_limited_and_one_validator_networks_say_what_they_waive
 
 def test_work_drawn_for_a_validator_an_admin_revokes_goes_to_another_at_once(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
     )
     with serve(settings) as served:
         token = admin_token(served)

@@ -204,7 +204,11 @@ def test_an_episode_goes_from_node_to_trainer_through_the_network(echo: Environm
     """Real coordinator, real validator, real HTTP: the upload is read within the environment's bounds, the
     validator's replay accepts it, and the trainer reads who wrote each token."""
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
     )
     with serve(settings) as served:
         run_id = make_run(

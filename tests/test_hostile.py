@@ -59,6 +59,7 @@ def strict(sqlite_url: str, tmp_path: Path):
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         body_idle_timeout_s=0.5,
         body_deadline_s=2.0,
@@ -69,7 +70,6 @@ def strict(sqlite_url: str, tmp_path: Path):
 
 
 def test_a_body_that_trickles_in_gets_408_and_others_are_unaffected(strict: Served) -> None:
-    node = joined(strict)
     before = strict.snapshot()
     status, took = trickle(strict, declared=400, pause_s=0.2)  # a byte every 0.2 s: only the deadline catches it
     assert status == 408 and 1.8 < took < 4

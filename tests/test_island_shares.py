@@ -55,6 +55,7 @@ def islands_settings(database_url: str, tmp_path: Path) -> CoordinatorSettings:
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         island_lease_s=60,
         heartbeat_interval_s=3600,
@@ -235,6 +236,7 @@ def test_a_trainer_that_keeps_claiming_holds_no_more_than_its_share(database_url
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         heartbeat_interval_s=3600,
     )

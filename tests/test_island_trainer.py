@@ -74,6 +74,7 @@ def island_network(
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         backlog_floor=64,
         island_lease_s=island_lease_s,

@@ -72,7 +72,11 @@ def test_a_run_whose_model_never_earns_a_reward_says_it_cannot_learn(sqlite_url:
     AutoModelForCausalLM.from_config(tiny.config).save_pretrained(tmp_path / "random")
     tokenizer.save_pretrained(tmp_path / "random")
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
     )
     clock = MovableClock()
     with serve(settings, clock=clock) as served:

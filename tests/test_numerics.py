@@ -110,6 +110,7 @@ def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_train
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         soft_rejections_per_strike=1,
         max_leases_per_node=8,

@@ -69,6 +69,7 @@ def test_a_failing_reward_gives_the_task_back_and_pauses_the_run_with_one_senten
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         plugin_failures_to_pause=2,
     )
@@ -163,7 +164,11 @@ def test_the_only_node_of_a_network_can_pause_its_run(flag: Path, sqlite_url: st
 
 def test_a_validator_whose_reward_fails_posts_no_verdict(flag: Path, sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
     )
     with serve(settings) as served:
         make_run(

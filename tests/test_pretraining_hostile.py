@@ -37,6 +37,7 @@ def pretraining_run(database_url: str, tmp_path: Path, example: Path) -> tuple[s
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         heartbeat_interval_s=3600,
         island_lease_s=60,

@@ -51,7 +51,12 @@ def create(database_url: str, blobs: Path, example: Path, *extra: str, corpus: P
 
 def settings(database_url: str, blobs: Path) -> CoordinatorSettings:
     return CoordinatorSettings(
-        database_url=database_url, blob_dir=blobs, rate_limit_per_s=1000, rate_limit_burst=1000, heartbeat_interval_s=3600
+        database_url=database_url,
+        blob_dir=blobs,
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
+        heartbeat_interval_s=3600,
     )
 
 

@@ -94,6 +94,7 @@ def test_a_flood_of_public_readers_costs_one_computation_per_interval(sqlite_url
         blob_dir=tmp_path / "blobs",
         status_loop_interval_s=3600,
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         aggregate_reads_per_s=1000,
         aggregate_reads_burst=1000,

@@ -76,6 +76,7 @@ def _settings(sqlite_url: str, s3: S3) -> CoordinatorSettings:
         s3_endpoint_url=s3.endpoint,
         s3_region="us-east-1",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
     )
 

@@ -72,6 +72,7 @@ def settled(database_url: str, tmp_path: Path, rpc_url: str, settlement: Settlem
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         chain_rpc_url=rpc_url,
         chain_token=settlement.token.address,
@@ -476,7 +477,13 @@ def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_ou
     for account in (worker, rogue, first, second):
         settlement.transact(admin, settlement.token.functions.mint(account.address, 20 * TOKEN))
     settings = settled(sqlite_url, tmp_path, anvil, settlement, keystore).model_copy(
-        update={"dispute_window_s": 1.0, "validator_max_strikes": 1, "rate_limit_per_s": 1000, "rate_limit_burst": 1000}
+        update={
+            "dispute_window_s": 1.0,
+            "validator_max_strikes": 1,
+            "rate_limit_per_s": 1000,
+            "rate_limit_burst": 1000,
+            "newcomer_uploads_per_s": 1000,
+        }
     )
     with serve(settings) as served:
         make_run(

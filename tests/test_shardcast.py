@@ -83,7 +83,13 @@ class Net:
 
 @pytest.fixture
 def net(sqlite_url: str, tmp_path: Path) -> Iterator[Net]:
-    settings = CoordinatorSettings(database_url=sqlite_url, rate_limit_per_s=1000, rate_limit_burst=1000, blob_dir=tmp_path / "b")
+    settings = CoordinatorSettings(
+        database_url=sqlite_url,
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
+        blob_dir=tmp_path / "b",
+    )
     with serve(settings) as served:
         trainer = Account.create()
         network = Net(served, tmp_path, make_run(served), admin_token(served), trainer, [])

@@ -37,7 +37,11 @@ QUEUE_S = 1.5
 
 def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
     )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=2, samples=4)

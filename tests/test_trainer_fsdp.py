@@ -46,7 +46,11 @@ GROUPS = 2
 @pytest.mark.xdist_group("e2e-a")
 def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite_url: str, tmp_path: Path) -> None:
     settings = CoordinatorSettings(
-        database_url=sqlite_url, blob_dir=tmp_path / "blobs", rate_limit_per_s=1000, rate_limit_burst=1000
+        database_url=sqlite_url,
+        blob_dir=tmp_path / "blobs",
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        newcomer_uploads_per_s=1000,
     )
     with serve(settings) as served:
         run_id = make_run(

@@ -45,6 +45,8 @@ def network(sqlite_url: str, tmp_path: Path):
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
+        newcomer_reviews_per_s=1000,
         rate_limit_burst=1000,
         dispute_window_s=3600,
         max_strikes=2,
@@ -307,6 +309,7 @@ def test_a_validator_never_gets_work_of_its_own_or_linked_addresses(sqlite_url: 
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         rate_limit_per_s=1000,
+        newcomer_uploads_per_s=1000,
         rate_limit_burst=1000,
         linked_addresses=[[insider.address, partner.address]],
     )

@@ -33,14 +33,14 @@ async def claim(body: ClaimRequest, ctx: Ctx, signed: Signed, ledger: LedgerDep,
     deadline = time.monotonic() + min(body.wait_s, settings.committee.validator_live_s / 2)
     stakes = ctx.stakes
     stake = None if stakes is None else await stakes.stake(signed.address)
-    drawn = await ledger.run_signed(signed, validation.claim, body, settings, ledger.now(), stake)
+    drawn = await ledger.run_signed(signed, validation.claim, body, settings, ledger.now(), ctx.newcomer_reviews, stake)
     ctx.validators_waiting.notify(drawn.validators)
     while not drawn.claims and (remaining := deadline - time.monotonic()) > 0:
         # Woken at once when work is drawn for us on this process (as it arrives, or by another validator's look);
-        # other replicas' draws show within POLL_S.
-        await ctx.validators_waiting.wait(signed.address, min(POLL_S, remaining))
+        # other replicas' draws show within POLL_S; a newcomer's file held back is looked at again when its turn comes.
+        await ctx.validators_waiting.wait(signed.address, min(POLL_S, remaining, drawn.newcomers_in_s or POLL_S))
         # The signature, its nonce, the role and the stake were checked by the first look.
-        drawn = await ledger.run(validation.draw, signed.address, body.limit, settings, ledger.now())
+        drawn = await ledger.run(validation.draw, signed.address, body.limit, settings, ledger.now(), ctx.newcomer_reviews)
         ctx.validators_waiting.notify(drawn.validators)
     return drawn.claims
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -47,11 +48,18 @@ class ExpectedFile:
     samples: int
 
 
-def admit_upload(session: Session, claimed: str, nonce: str, task_id: str, now: datetime) -> bool:
+class Admitted(NamedTuple):
+    retry: bool
+    """The signer submitted this task already: the upload is answered with the same receipt."""
+    newcomer: bool
+    """The signer has no accepted file yet."""
+
+
+def admit_upload(session: Session, claimed: str, nonce: str, task_id: str, now: datetime) -> Admitted:
     """Refuse, from its headers alone (their signature checked already, over the body's declared hash),
     an upload that could never be recorded, before a byte of its body is staged: the signer must be a
     registered node that is not banned and hold a live lease on ``task_id`` (or have submitted it: a
-    retry, answered with the same receipt), and the nonce must be new. True for a retry."""
+    retry, answered with the same receipt), and the nonce must be new."""
     try:
         node = session.get(Node, checksum_address(claimed))
     except ValueError:
@@ -62,10 +70,12 @@ def admit_upload(session: Session, claimed: str, nonce: str, task_id: str, now: 
         raise nodes.banned_error(session, node)
     if session.scalar(select(Nonce.id).where(Nonce.address == node.address, Nonce.nonce == nonce)) is not None:
         raise ApiError(ErrorCode.nonce_reused, "This request's nonce was already used; sign a fresh request.")
+    accepted = select(Submission.id).where(Submission.address == node.address, Submission.status == SubmissionStatus.accepted)
+    newcomer = session.scalar(accepted.limit(1)) is None
     if session.scalar(select(Submission.id).where(Submission.task_id == task_id, Submission.address == node.address)) is not None:
-        return True
+        return Admitted(retry=True, newcomer=newcomer)
     require_live_lease(session.get(Task, task_id), task_id, node.address, now)
-    return False
+    return Admitted(retry=False, newcomer=newcomer)
 
 
 def require_live_lease(task: Task | None, task_id: str, address: str, now: datetime) -> Task:

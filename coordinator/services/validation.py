@@ -24,6 +24,7 @@ from intellect_protocol.coordinator.errors import ApiError
 from intellect_protocol.coordinator.models import Review, Run, Submission, Task
 from intellect_protocol.coordinator.services import committee, consequences, credit, review_order, roles
 from intellect_protocol.coordinator.services.independence import linked
+from intellect_protocol.coordinator.services.rate_limit import RateLimiter
 from intellect_protocol.coordinator.services.runs import require_stake, spec
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.money import tokens
@@ -37,10 +38,19 @@ class Drawn(NamedTuple):
     """The caller's reviews, claimed by this look."""
     validators: set[str]
     """The validators this look drew waiting reviews for: their long polls look at once."""
+    newcomers_in_s: float | None = None
+    """Seconds until a newcomer's file waiting for the caller may be handed (``newcomer_reviews_per_s``); None:
+    none was held back."""
 
 
 def claim(
-    session: Session, signer: str, body: ClaimRequest, settings: CoordinatorSettings, now: datetime, stake: int | None = None
+    session: Session,
+    signer: str,
+    body: ClaimRequest,
+    settings: CoordinatorSettings,
+    now: datetime,
+    newcomers: RateLimiter,
+    stake: int | None = None,
 ) -> Drawn:
     """Up to ``body.limit`` reviews assigned to ``signer`` that it has not fetched yet, oldest first.
     Validators stake like nodes: while an active run asks a minimum stake, a validator below it
@@ -56,7 +66,7 @@ def claim(
         session.execute(update(Review).where(Review.retry_at.is_not(None)).values(retry_at=None))
     role.last_seen = now
     session.flush()
-    return draw(session, signer, body.limit, settings, now)
+    return draw(session, signer, body.limit, settings, now, newcomers)
 
 
 # Built once: a long-polling validator runs it at every look.
@@ -88,10 +98,13 @@ _ON_UNPROVEN = (
 )
 
 
-def draw(session: Session, signer: str, limit: int, settings: CoordinatorSettings, now: datetime) -> Drawn:
+def draw(
+    session: Session, signer: str, limit: int, settings: CoordinatorSettings, now: datetime, newcomers: RateLimiter
+) -> Drawn:
     """:func:`claim` after its checks: a long poll's later looks, within the request whose first look
     checked the signer's role and stake. A validator whose role is revoked meanwhile is drawn no new
-    work, and can neither fetch what it was drawn before nor judge it (both check the role)."""
+    work, and can neither fetch what it was drawn before nor judge it (both check the role). A newcomer's
+    file is handed only while ``newcomers`` has a turn for it."""
     assigned = committee.assign(session, settings, now)
     # Files of addresses with no accepted file are checked by a share of the validators at a time, one file a claim,
     # so a flood of fresh wallets' files (and their appeals) always leaves the others free for proven nodes' work.
@@ -100,6 +113,9 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
     params = {"signer": signer, "now": now, "limit": limit, "unproven_allowed": allowed, **review_order.order_params(now)}
     rows = session.execute(_DRAWN, params).all()
     unproven = [review for review, _, proven in rows if not proven][:1]
+    held_back = newcomers.acquire("reviews", now.timestamp()) if unproven else 0.0
+    if held_back:
+        unproven = []
     drawn = [(review, newcomer) for review, newcomer, proven in rows if proven or review in unproven]
     # Appeals and newcomers' files come last and one at a time: a validator never sits on a batch of
     # them while a proven node's work waits, so a flood of them delays that work by one check at most.
@@ -121,7 +137,7 @@ def draw(session: Session, signer: str, limit: int, settings: CoordinatorSetting
                 claim_expires_at=review.expires_at,
             )
         )
-    return Drawn(claims, _may_take(assigned, checking, most))
+    return Drawn(claims, _may_take(assigned, checking, most), held_back or None)
 
 
 def assign_arrived(session: Session, settings: CoordinatorSettings, now: datetime) -> set[str]:
