@@ -22,7 +22,7 @@ from intellect_protocol.shared.committee import PublicReceipt
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import Claim, SamplingParams
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
 from tests.support.clock import MovableClock
 from tests.support.protocol import grant, joined, lease, upload
@@ -42,6 +42,21 @@ def _settings(sqlite_url: str, tmp_path: Path, linked: list[list[str]] | None = 
     )
 
 
+def _submit(served: Served, node: LocalAccount) -> str:
+    task = lease(served, node)
+    return upload(served, node, task, finish(generate(task)).data)
+
+
+def _claim_and_accept(served: Served, validator: LocalAccount, limit: int) -> list[str]:
+    """Claim up to ``limit`` reviews and accept each; their submissions, in the order drawn."""
+    body = {"address": validator.address, "limit": limit}
+    drawn = signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+    for c in drawn:
+        verdict = verdict_body(served.audience, validator, c, checks_for("accept"))
+        assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, verdict).status_code == 200
+    return [c["submission_id"] for c in drawn]
+
+
 def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite_url: str, tmp_path: Path) -> None:
     clock = MovableClock()
     settings = _settings(sqlite_url, tmp_path)
@@ -50,18 +65,11 @@ def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite
         validator = Account.create()
         grant(served, admin_token(served), validator.address, "validator")
 
-        def submit(node) -> str:
-            task = lease(served, node)
-            return upload(served, node, task, finish(generate(task)).data)
+        def submit(node: LocalAccount) -> str:
+            return _submit(served, node)
 
         def claim(limit: int) -> list[str]:
-            """Claim up to ``limit`` reviews and accept each; their submissions, in the order drawn."""
-            body = {"address": validator.address, "limit": limit}
-            drawn = signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
-            for c in drawn:
-                verdict = verdict_body(served.audience, validator, c, checks_for("accept"))
-                assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, verdict).status_code == 200
-            return [c["submission_id"] for c in drawn]
+            return _claim_and_accept(served, validator, limit)
 
         proven = joined(served)
         first = submit(proven)
@@ -91,16 +99,10 @@ def test_newcomers_files_are_handed_at_the_set_rate_and_proven_work_meanwhile(sq
         grant(served, admin_token(served), validator.address, "validator")
 
         def submit(node: LocalAccount) -> str:
-            task = lease(served, node)
-            return upload(served, node, task, finish(generate(task)).data)
+            return _submit(served, node)
 
         def claim() -> list[str]:
-            body = {"address": validator.address, "limit": 4}
-            drawn = signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
-            for c in drawn:
-                verdict = verdict_body(served.audience, validator, c, checks_for("accept"))
-                assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, verdict).status_code == 200
-            return [c["submission_id"] for c in drawn]
+            return _claim_and_accept(served, validator, 4)
 
         proven = joined(served)
         first = submit(proven)
@@ -129,9 +131,8 @@ def test_a_validator_checking_a_newcomers_file_draws_nothing_ahead(sqlite_url: s
         grant(served, admin_token(served), key.address, "validator")
         checker = Validator(served.url, key, tmp_path / "validator", Console(quiet=True), batch=4)
 
-        def submit(node) -> str:
-            task = lease(served, node)
-            return upload(served, node, task, finish(generate(task)).data)
+        def submit(node: LocalAccount) -> str:
+            return _submit(served, node)
 
         proven = joined(served)
         submit(proven)
@@ -168,8 +169,7 @@ def test_a_share_of_the_validators_checks_newcomers_files_and_the_others_stay_fr
             grant(served, admin_token(served), v.address, "validator")
 
         def submit(node: LocalAccount) -> str:
-            task = lease(served, node)
-            return upload(served, node, task, finish(generate(task)).data)
+            return _submit(served, node)
 
         def claim(validator: LocalAccount) -> list[dict]:
             body = {"address": validator.address, "limit": 4}
@@ -226,8 +226,7 @@ def test_a_validator_kept_off_newcomers_files_is_not_woken_for_one(
             return signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
 
         def submit(node: LocalAccount) -> str:
-            task = lease(served, node)
-            return upload(served, node, task, finish(generate(task)).data)
+            return _submit(served, node)
 
         assert claim(a) == claim(b) == []  # live
         for node in (for_a, for_b):
