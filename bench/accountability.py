@@ -20,10 +20,10 @@ default newcomers' pace, retrying after each 429 as the project's client does, t
 established honest node (files accepted before the clock starts) uploads and three real validators check
 everything: the project's `intellect-validator`, each in a process of its own (one torch thread, the shipped tiny
 model), as on a network where each has its machine. The sybils run in a process of their own at the lowest CPU
-priority (their machines are not the network's). Honest validation latency p50/p99 and the worst file's (200 files
-by default: of 40, the p99 was the worst one) with the flood and without it (the baseline, measured first in the same run), the verdicts given, how the appeals were answered, and how busy
-the coordinator and validators kept this machine's cores (on one machine they share its cores; on a network,
-only the coordinator's are shared).
+priority (their machines are not the network's). Honest validation latency p50/p99 and the worst file's (200
+files by default: of 40, the p99 was the worst one) with the flood and without it (the baseline, measured first in
+the same run), the verdicts given, how the appeals were answered, and how busy the coordinator and validators kept
+this machine's cores (on one machine they share its cores; on a network, only the coordinator's are shared).
 Goal: honest p99 with the flood at most 1.5x without it.
 
     python bench/accountability.py [--wallets 200] [--honest-files 200] [--grants 10] [--sybils 200]
