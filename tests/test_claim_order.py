@@ -205,6 +205,32 @@ def test_a_share_of_the_validators_checks_newcomers_files_and_the_others_stay_fr
         assert accept(a, claim(a)) == [a_second]
 
 
+def test_a_validator_no_longer_live_keeps_nobody_off_newcomers_files(sqlite_url: str, tmp_path: Path) -> None:
+    """A validator that stops asking for work while it holds a newcomer's file must not keep the live ones off
+    newcomers' files, not even for the time a slow check is allowed."""
+    a, b, for_b, for_a = (Account.create() for _ in range(4))  # only B may judge for_b's files, only A for_a's
+    clock = MovableClock()
+    settings = _settings(sqlite_url, tmp_path, [[a.address, for_b.address], [b.address, for_a.address]])
+    with serve(settings.model_copy(update={"validator_live_s": 10.0}), clock=clock) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
+        for v in (a, b):
+            grant(served, admin_token(served), v.address, "validator")
+
+        def claim(validator: LocalAccount) -> list[str]:
+            body = {"address": validator.address, "limit": 4}
+            return [
+                c["submission_id"]
+                for c in signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+            ]
+
+        assert claim(a) == claim(b) == []  # both live
+        b_file, a_file = _submit(served, joined(served, for_b)), _submit(served, joined(served, for_a))
+        assert claim(b) == [b_file]
+        assert claim(a) == []  # B checks a newcomer's file: A is kept for proven work
+        clock.advance(11)  # B has not asked for work since: no longer live, though its claim is recent
+        assert claim(a) == [a_file]
+
+
 def test_a_validator_kept_off_newcomers_files_is_not_woken_for_one(
     sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -156,13 +156,14 @@ def unproven_checkers(session: Session, settings: CoordinatorSettings, now: date
     """The validators checking a file of an address with no accepted file, and how many may (``unproven_share`` of the
     live ones, at least one); a validator may be handed such a file if it is one of them or they are fewer. One is
     checking while it holds one such file unanswered, handed to it in the last :data:`~review_order.NEWCOMER_WAIT_S`:
-    so one that sits on its file keeps the others off them for that long at most, and one that hoards them keeps
-    nobody off."""
+    so one that sits on its file keeps the others off them for that long at most, one that hoards them keeps
+    nobody off, and so does one no longer live."""
     held = session.execute(_ON_UNPROVEN, {"now": now}).all()
     files = Counter(validator for validator, _ in held)
     recent = now - timedelta(seconds=review_order.NEWCOMER_WAIT_S)
-    checking = {v for v, claimed_at in held if v is not None and files[v] == 1 and claimed_at is not None and claimed_at > recent}
-    return checking, max(1, int(len(committee.live_validators(session, settings, now)) * settings.committee.unproven_share))
+    live = committee.live_validators(session, settings, now)
+    checking = {v for v, claimed_at in held if v in live and files[v] == 1 and claimed_at is not None and claimed_at > recent}
+    return checking, max(1, int(len(live) * settings.committee.unproven_share))
 
 
 def claimed(session: Session, signer: str, submission_id: str, now: datetime) -> tuple[Submission, Review]:
