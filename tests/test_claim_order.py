@@ -116,6 +116,8 @@ def test_newcomers_files_are_handed_at_the_set_rate_and_proven_work_meanwhile(sq
         clock.advance(0.5)
         assert claim() == []
         clock.advance(0.5)
+        later = submit(proven)
+        assert claim() == [later]  # the newcomer's file waits behind it, and its turn is not spent meanwhile
         assert claim() == [newcomers[1]]
         clock.advance(5)  # turns do not pile up past one second's worth
         assert claim() == [newcomers[2]]

@@ -113,15 +113,13 @@ def draw(
     params = {"signer": signer, "now": now, "limit": limit, "unproven_allowed": allowed, **review_order.order_params(now)}
     rows = session.execute(_DRAWN, params).all()
     unproven = [review for review, _, proven in rows if not proven][:1]
-    held_back = newcomers.acquire("reviews", now.timestamp()) if unproven else 0.0
-    if held_back:
-        unproven = []
     drawn = [(review, newcomer) for review, newcomer, proven in rows if proven or review in unproven]
-    # Appeals and newcomers' files come last and one at a time: a validator never sits on a batch of
-    # them while a proven node's work waits, so a flood of them delays that work by one check at most.
-    batch = [review for review, newcomer in drawn if review.purpose != "appeal" and not newcomer]
+    chosen, held_back = _chosen(drawn), 0.0
+    # A turn is taken only for a newcomer's file this claim hands out: none is spent while proven work fills it.
+    if unproven and unproven[0] in chosen and (held_back := newcomers.acquire("reviews", now.timestamp())):
+        chosen = _chosen([(review, newcomer) for review, newcomer in drawn if review is not unproven[0]])
     claims = []
-    for review in batch or [review for review, _ in drawn[:1]]:
+    for review in chosen:
         review.claimed_at = now
         submission = session.get_one(Submission, review.submission_id)
         task, run = session.get_one(Task, submission.task_id), session.get_one(Run, submission.run_id)
@@ -138,6 +136,14 @@ def draw(
             )
         )
     return Drawn(claims, _may_take(assigned, checking, most), held_back or None)
+
+
+def _chosen(drawn: list[tuple[Review, int]]) -> list[Review]:
+    """The reviews a claim hands out of those ``drawn`` for it. Appeals and newcomers' files come last and one at a
+    time: a validator never sits on a batch of them while a proven node's work waits, so a flood of them delays that
+    work by one check at most."""
+    batch = [review for review, newcomer in drawn if review.purpose != "appeal" and not newcomer]
+    return batch or [review for review, _ in drawn[:1]]
 
 
 def assign_arrived(session: Session, settings: CoordinatorSettings, now: datetime) -> set[str]:
