@@ -175,16 +175,18 @@ def serve(settings: CoordinatorSettings, tls: ServerFiles | None = None, clock: 
 FAST = {"heartbeat_interval_s": 0.5, "status_loop_interval_s": 0.2}
 """Timings that let status transitions happen within a test's patience."""
 
+LIFTED = {"rate_limit_per_s": 1000, "rate_limit_burst": 1000, "newcomer_uploads_per_s": 1000}
+"""Rate limits and the newcomers' pace lifted, for a test that sends more than one node would (a test of a limit
+sets its own)."""
+
 
 @pytest.fixture
 def coordinator(database_url: str, tmp_path: Path) -> Iterator[Served]:
     """A coordinator on each database kind, with a generous rate limit."""
     settings = CoordinatorSettings(
         database_url=database_url,
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
         blob_dir=tmp_path / "blobs",
+        **LIFTED,
     )
     with serve(settings) as served:
         yield served

@@ -18,7 +18,7 @@ from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.schemas import SamplingParams, TaskSpec
 from intellect_protocol.shared.tolerances import TOLERANCES
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import Served, admin_token, serve
+from tests.conftest import LIFTED, Served, admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.support.protocol import grant
 from tests.test_tasks_and_uploads import joined, lease, rollout_file, upload
@@ -101,9 +101,7 @@ def test_runs_and_tasks_through_the_api(sqlite_url: str, tmp_path: Path) -> None
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
     )
     with serve(settings) as served:
         ops = bearer(admin_token(served, "operate"))
@@ -223,9 +221,7 @@ def test_submissions_ledger_tokens_audit_and_leaderboard(sqlite_url: str, tmp_pa
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
     )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(max_tokens=48))

@@ -28,7 +28,7 @@ from intellect_protocol.shared.rollout_file import SCHEMA
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import CHECKS
 from intellect_protocol.shared.signing import sign_request
-from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token, serve
+from tests.conftest import LIFTED, ON_POSTGRES_ONLY, Served, admin_token, serve
 from tests.helpers import checks_for, heartbeat_body, make_run, register_body, signed_post, verdict_body
 from tests.support.protocol import grant
 from tests.test_hostile import joined
@@ -328,9 +328,7 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
     settings = CoordinatorSettings(
         database_url=database_url,
         blob_dir=tmp_path / "b",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         soft_rejections_per_strike=3,
         max_leases_per_node=8,
     )

@@ -28,7 +28,7 @@ from intellect_protocol.node.hardware import probe
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.work_loop import WorkLoop
 from intellect_protocol.shared.signing import SignedAuth
-from tests.conftest import Served, admin_token, serve
+from tests.conftest import LIFTED, Served, admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.support.protocol import claim_all
 from tests.test_attacks import _verdict
@@ -40,9 +40,7 @@ def _settings(database_url: str, tmp_path: Path, **overrides: object) -> Coordin
     values: dict = {
         "database_url": database_url,
         "blob_dir": tmp_path / "b",
-        "rate_limit_per_s": 1000,
-        "newcomer_uploads_per_s": 1000,
-        "rate_limit_burst": 1000,
+        **LIFTED,
         "max_leases_per_node": 8,
     }
     return CoordinatorSettings(**(values | overrides))

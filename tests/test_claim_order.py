@@ -22,7 +22,7 @@ from intellect_protocol.shared.committee import PublicReceipt
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import Claim, SamplingParams
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import Served, admin_token, serve
+from tests.conftest import LIFTED, Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
 from tests.support.clock import MovableClock
 from tests.support.protocol import grant, joined, lease, upload
@@ -34,9 +34,7 @@ def _settings(sqlite_url: str, tmp_path: Path, linked: list[list[str]] | None = 
     return CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         heartbeat_interval_s=3600,
         linked_addresses=linked or [],
     )

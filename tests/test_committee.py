@@ -31,7 +31,7 @@ from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.verdicts import verdict_signer
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token, serve
+from tests.conftest import LIFTED, ON_POSTGRES_ONLY, Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
 from tests.support.protocol import check_ledger, claim_all, forge, grant, joined, lease, upload
 
@@ -109,9 +109,7 @@ def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_whe
     settings = CoordinatorSettings(
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         validator_max_strikes=3,
     )
     with serve(settings) as served:
@@ -213,9 +211,7 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         validator_max_strikes=1,
         appeals_per_day=2,
         dispute_window_s=3600,
@@ -334,9 +330,7 @@ def test_appeals_are_rate_limited_and_one_validator_networks_say_what_they_waive
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         appeals_per_day=1,
         max_strikes=10,
     )
@@ -381,9 +375,7 @@ def test_work_drawn_for_a_validator_an_admin_revokes_goes_to_another_at_once(sql
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
     )
     with serve(settings) as served:
         token = admin_token(served)

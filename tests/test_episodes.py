@@ -32,7 +32,7 @@ from intellect_protocol.shared.toploc import rollout_passes, verify_proofs_batch
 from intellect_protocol.trainer.data import fetch_accepted
 from intellect_protocol.validator.checks import Context, validate
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.helpers import make_run
 from tests.support.adversary import tiny
 from tests.support.checks import failed, make_task
@@ -206,9 +206,7 @@ def test_an_episode_goes_from_node_to_trainer_through_the_network(echo: Environm
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
     )
     with serve(settings) as served:
         run_id = make_run(

@@ -17,7 +17,7 @@ from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.signing import sign_request
-from tests.conftest import Served, admin_token, serve
+from tests.conftest import LIFTED, Served, admin_token, serve
 from tests.helpers import heartbeat_body, make_run, register_body, signed_post
 from tests.support.protocol import lease, upload
 
@@ -58,9 +58,7 @@ def strict(sqlite_url: str, tmp_path: Path):
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         body_idle_timeout_s=0.5,
         body_deadline_s=2.0,
         max_requests_per_ip=6,

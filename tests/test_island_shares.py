@@ -29,7 +29,7 @@ from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.shardcast.manifest import SignedManifest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import ON_POSTGRES_ONLY, admin_token, serve
+from tests.conftest import LIFTED, ON_POSTGRES_ONLY, admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.support.clock import MovableClock
 from tests.support.protocol import grant, joined, lease, upload
@@ -54,9 +54,7 @@ def islands_settings(database_url: str, tmp_path: Path) -> CoordinatorSettings:
     return CoordinatorSettings(
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         island_lease_s=60,
         heartbeat_interval_s=3600,
     )
@@ -235,9 +233,7 @@ def test_a_trainer_that_keeps_claiming_holds_no_more_than_its_share(database_url
     settings = CoordinatorSettings(
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         heartbeat_interval_s=3600,
     )
     with serve(settings) as served:

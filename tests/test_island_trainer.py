@@ -42,7 +42,7 @@ from intellect_protocol.shared.states import ShareState
 from intellect_protocol.trainer.island_loop import STATE, IslandTrainer
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import Served, admin_token, serve
+from tests.conftest import LIFTED, Served, admin_token, serve
 from tests.helpers import make_run
 from tests.support.protocol import grant, joined, lease, upload
 from tests.test_island_shares import NO_AUDIT
@@ -73,9 +73,7 @@ def island_network(
     settings = CoordinatorSettings(
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         backlog_floor=64,
         island_lease_s=island_lease_s,
     )

@@ -23,7 +23,7 @@ from intellect_protocol.shared.run_schemas import RunProgress
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.trainer.data import Batch, NoSignalWatch, add_submission
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.helpers import make_run
 from tests.support.checks import honest, make_task
 from tests.support.clock import MovableClock
@@ -74,9 +74,7 @@ def test_a_run_whose_model_never_earns_a_reward_says_it_cannot_learn(sqlite_url:
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
     )
     clock = MovableClock()
     with serve(settings, clock=clock) as served:

@@ -24,7 +24,7 @@ from intellect_protocol.shared.schemas import CHECKS, SamplingParams
 from intellect_protocol.shared.tolerances import TOLERANCES
 from intellect_protocol.trainer.data import fetch_accepted
 from intellect_protocol.validator.checks import CheckSettings, Context, Verdict, in_dtype, validate
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.helpers import make_run, signed_post, verdict_body
 from tests.support.adversary import tiny
 from tests.support.checks import arithmetic, make_task
@@ -109,9 +109,7 @@ def test_explained_rejections_are_no_strike_and_untrained_rows_stay_out_of_train
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         soft_rejections_per_strike=1,
         max_leases_per_node=8,
     )

@@ -27,7 +27,7 @@ from intellect_protocol.shared.plugin_schemas import PluginFailureReport
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.helpers import install_distribution, make_run, signed_post
 from tests.support.protocol import grant, joined, lease, upload
 
@@ -68,9 +68,7 @@ def test_a_failing_reward_gives_the_task_back_and_pauses_the_run_with_one_senten
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         plugin_failures_to_pause=2,
     )
     with serve(settings) as served:
@@ -166,9 +164,7 @@ def test_a_validator_whose_reward_fails_posts_no_verdict(flag: Path, sqlite_url:
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
     )
     with serve(settings) as served:
         make_run(

@@ -18,7 +18,7 @@ from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refu
 from intellect_protocol.shared.island_audit_schemas import IslandAuditVerdict
 from intellect_protocol.shared.island_schemas import IslandClaim, IslandJoin, IslandReport, IslandSettle
 from intellect_protocol.shared.pretraining.manifest import load_manifest
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.helpers import signed_post
 from tests.support.clock import MovableClock
 from tests.support.protocol import grant
@@ -36,9 +36,7 @@ def pretraining_run(database_url: str, tmp_path: Path, example: Path) -> tuple[s
     settings = CoordinatorSettings(
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         heartbeat_interval_s=3600,
         island_lease_s=60,
     )

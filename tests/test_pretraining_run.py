@@ -34,7 +34,7 @@ from intellect_protocol.shared.shardcast.origin import step_dir
 from intellect_protocol.shared.states import RunKind, ShareState
 from intellect_protocol.trainer.pretrain_island import PretrainIsland
 from intellect_protocol.trainer.settings import TrainerSettings
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.support.protocol import grant, joined
 
@@ -53,9 +53,7 @@ def settings(database_url: str, blobs: Path) -> CoordinatorSettings:
     return CoordinatorSettings(
         database_url=database_url,
         blob_dir=blobs,
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
         heartbeat_interval_s=3600,
     )
 

@@ -15,7 +15,7 @@ from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
-from tests.conftest import Served, admin_token, serve
+from tests.conftest import LIFTED, Served, admin_token, serve
 from tests.helpers import checks_for, make_run, signed_post, verdict_body
 from tests.support.protocol import grant, joined, lease, upload
 
@@ -93,9 +93,7 @@ def test_a_flood_of_public_readers_costs_one_computation_per_interval(sqlite_url
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
         status_loop_interval_s=3600,
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         aggregate_reads_per_s=1000,
         aggregate_reads_burst=1000,
     )

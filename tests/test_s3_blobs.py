@@ -20,7 +20,7 @@ from intellect_protocol.devnet.processes import free_port
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.helpers import make_run, signed_post
 from tests.support.protocol import grant, joined, lease
 
@@ -75,9 +75,7 @@ def _settings(sqlite_url: str, s3: S3) -> CoordinatorSettings:
         s3_prefix="devnet",
         s3_endpoint_url=s3.endpoint,
         s3_region="us-east-1",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
     )
 
 

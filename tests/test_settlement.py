@@ -33,7 +33,7 @@ from intellect_protocol.devnet.processes import StartError, free_port
 from intellect_protocol.node.cli import app as node_cli
 from intellect_protocol.shared.chain import Settlement, connect
 from intellect_protocol.shared.money import CREDIT_PER_UNIT, TOKEN
-from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token, serve
+from tests.conftest import LIFTED, ON_POSTGRES_ONLY, Served, admin_token, serve
 from tests.helpers import make_run, register_body, signed_post
 
 PASSWORD = "test-password"  # conftest's INTELLECT_WALLET_PASSWORD
@@ -71,9 +71,7 @@ def settled(database_url: str, tmp_path: Path, rpc_url: str, settlement: Settlem
     return CoordinatorSettings(
         database_url=database_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         chain_rpc_url=rpc_url,
         chain_token=settlement.token.address,
         chain_stake_registry=settlement.registry.address,
@@ -480,9 +478,7 @@ def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_ou
         update={
             "dispute_window_s": 1.0,
             "validator_max_strikes": 1,
-            "rate_limit_per_s": 1000,
-            "rate_limit_burst": 1000,
-            "newcomer_uploads_per_s": 1000,
+            **LIFTED,
         }
     )
     with serve(settings) as served:

@@ -28,7 +28,7 @@ from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.shared.shardcast.server import create_server
 from intellect_protocol.shared.shardcast.store import StepStore
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
-from tests.conftest import Served, admin_token, serve
+from tests.conftest import LIFTED, Served, admin_token, serve
 from tests.helpers import make_run, signed_post
 
 PASSWORD = "relay-pass"
@@ -85,9 +85,7 @@ class Net:
 def net(sqlite_url: str, tmp_path: Path) -> Iterator[Net]:
     settings = CoordinatorSettings(
         database_url=sqlite_url,
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
         blob_dir=tmp_path / "b",
     )
     with serve(settings) as served:

@@ -25,7 +25,7 @@ from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.trainer.loop import Trainer
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.helpers import make_run
 from tests.support.protocol import grant, joined, lease, upload
 
@@ -39,9 +39,7 @@ def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: 
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
     )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=2, samples=4)

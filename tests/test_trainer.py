@@ -31,7 +31,7 @@ from intellect_protocol.trainer.data import Batch, Group
 from intellect_protocol.trainer.loop import Trainer
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.helpers import make_run
 from tests.support.protocol import grant, joined, lease, upload
 
@@ -40,9 +40,7 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
     )
     with serve(settings) as served:
         run_id = make_run(served, sampling=SamplingParams(temperature=1.0, max_tokens=48), prompts=2, samples=4)

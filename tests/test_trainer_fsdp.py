@@ -31,7 +31,7 @@ from intellect_protocol.trainer.distributed import Placement
 from intellect_protocol.trainer.loop import Trainer
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.families import FAMILIES, arithmetic_task, build
 from tests.fsdp_step import grpo_step
 from tests.helpers import make_run
@@ -48,9 +48,7 @@ def test_two_ranks_take_the_single_process_step_and_only_rank_0_publishes(sqlite
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        rate_limit_burst=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
     )
     with serve(settings) as served:
         run_id = make_run(

@@ -32,7 +32,7 @@ from intellect_protocol.shared.rollout_file import read_rollouts, write_rollouts
 from intellect_protocol.shared.schemas import CHECKS, ErrorCode, SamplingParams, TaskSpec
 from intellect_protocol.shared.verdicts import verdict_signer
 from intellect_protocol.validator.worker import Validator
-from tests.conftest import admin_token, serve
+from tests.conftest import LIFTED, admin_token, serve
 from tests.helpers import expire_assignments, heartbeat_body, make_run, register_body, signed_post, verdict_body
 from tests.support.adversary import ATTACKS
 from tests.support.clock import MovableClock
@@ -44,10 +44,8 @@ def network(sqlite_url: str, tmp_path: Path):
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
+        **LIFTED,
         newcomer_reviews_per_s=1000,
-        rate_limit_burst=1000,
         dispute_window_s=3600,
         max_strikes=2,
     )
@@ -308,9 +306,7 @@ def test_a_validator_never_gets_work_of_its_own_or_linked_addresses(sqlite_url: 
     settings = CoordinatorSettings(
         database_url=sqlite_url,
         blob_dir=tmp_path / "blobs",
-        rate_limit_per_s=1000,
-        newcomer_uploads_per_s=1000,
-        rate_limit_burst=1000,
+        **LIFTED,
         linked_addresses=[[insider.address, partner.address]],
     )
     with serve(settings) as served:
