@@ -6,16 +6,17 @@
 - **islands**: ``--islands`` processes (one thread each) meeting through a real torchft lighthouse
   (:class:`trainer.islands.OuterSync`, the robust outer step RL islands take): island ``i`` learns from shards
   ``i, i + k, ...`` of every epoch, ``--batch-rows / islands`` rows an inner step, and they take an outer step
-  every ``--sync-every`` inner steps. The shards are split here as the coordinator would hand them out (each
-  to one island an epoch); the coordinator is not in the loop.
+  every ``--sync-every`` inner steps, their inner AdamW fresh at each as a run's ``fresh_inner`` (which audits need)
+  has it (``--no-reset-inner``: carried). The shards are split here as the coordinator would hand them out (each to
+  one island an epoch); the coordinator is not in the loop.
 
-Afterwards an even sample of each configuration's agreed weights is evaluated on the held-out reads. Printed,
-against issue #47's goals:
+Afterwards each configuration's agreed weights are evaluated on the held-out reads: the islands' after every outer
+step, the one trainer's every ``--sync-every`` inner steps (as many rows apart). Printed, against issue #47's goals:
 
 (a) bytes sent between islands against the same islands all-reducing fp32 gradients at every inner step
     (counted from the parameters and the steps taken, not sent): goal at least 100x fewer;
 (b) the time each configuration needed to reach the lowest held-out loss both reach, and the curves: goal
-    islands within 1.2x the one trainer's time.
+    islands within 1.2x the one trainer's time (also printed on the way down, at 50, 75 and 90 % of the drop).
 
 With ``--liar flip|noise|tiny`` (``--islands 3`` or more) it runs honest islands, then the same islands with the
 last one lying at every outer step, once averaged by the coordinate-wise median alone and once with directions
@@ -183,11 +184,13 @@ def run_islands(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     return run_island_processes(__file__, args.islands, args.min_islands, arguments, out)
 
 
-def curve(example: Path, snapshots: list[Snapshot], evals: int) -> list[tuple[float, float]]:
-    """(seconds, held-out loss) for an even sample of ``snapshots``, the first and last included."""
+def curve(example: Path, snapshots: list[Snapshot], evals: int | None) -> list[tuple[float, float]]:
+    """(seconds, held-out loss) for every one of ``snapshots``, or an even sample of ``evals`` of them (the first and
+    last included)."""
     manifest = load_manifest(example / "corpus")
     held_out = load_shard(example / "corpus", manifest.held_out, manifest)
     model = _load(example)
+    evals = evals or len(snapshots)
     pick = sorted({round(i * (len(snapshots) - 1) / max(1, evals - 1)) for i in range(evals)})
     points = []
     for i in pick:
@@ -287,13 +290,21 @@ def main() -> int:
     parser.add_argument("--islands", type=int, default=2)
     parser.add_argument("--sync-every", type=int, default=100, help="H: inner steps between outer steps")
     parser.add_argument("--batch-rows", type=int, default=16, help="rows an inner step of the one trainer learns from")
-    parser.add_argument("--evals", type=int, default=8, help="agreed weights evaluated per configuration")
+    parser.add_argument(
+        "--evals",
+        type=int,
+        help="agreed weights evaluated per configuration (default: all, one an outer step; a sample"
+        " reads each curve's times only to the sample's spacing)",
+    )
     parser.add_argument("--liar", choices=["flip", "noise", "tiny"], help="compare honest islands with the last one lying")
     parser.add_argument("--min-islands", type=int, default=1, help="fewest islands whose pseudo-gradients an outer step judges")
     parser.add_argument("--outer-lr", type=float, help="the outer step's learning rate (default: the run setting's, by H)")
     parser.add_argument("--outer-momentum", type=float, help="the outer step's Nesterov momentum (default: by H)")
     parser.add_argument("--screen", action=argparse.BooleanOptionalAction, help="screen directions (default: by H)")
-    parser.add_argument("--reset-inner", action="store_true", help="a fresh inner AdamW after every outer step")
+    parser.add_argument(
+        "--reset-inner", action=argparse.BooleanOptionalAction, default=PretrainSettings().fresh_inner,
+        help="a fresh inner AdamW after every outer step (default: as a run's fresh_inner, which audits need)",
+    )  # fmt: skip
     parser.add_argument("--compare-reset", action="store_true", help="islands with the inner state carried, then reset")
     parser.add_argument("--overlap", action="store_true", help="each meeting overlaps the next round (Streaming DiLoCo)")
     parser.add_argument("--link-mbit", type=float, help="emulate a link of this many Mbit/s between islands")
@@ -323,7 +334,8 @@ def main() -> int:
         outer = _outer(args)
         print(
             f"islands: {args.islands} processes, H = {args.sync_every}, outer lr {outer.outer_lr} and momentum "
-            f"{outer.outer_momentum}, {args.batch_rows // args.islands} rows a step each",
+            f"{outer.outer_momentum}, {args.batch_rows // args.islands} rows a step each, inner AdamW "
+            f"{'fresh at every outer step' if args.reset_inner else 'carried across outer steps'}",
             flush=True,
         )
         results = run_islands(args, Path(tmp))
@@ -356,6 +368,14 @@ def main() -> int:
     waiting = sum(r["sync_s"] for r in results)
     print(f"    island time computing: {compute / (compute + waiting):.1%}{' (meetings overlapped)' if args.overlap else ''}")
     common = max(min(loss for _, loss in single_curve), min(loss for _, loss in island_curve))
+    first = single_curve[0][1]
+    for share in (0.5, 0.75, 0.9):  # on the way down, where the one trainer has not begun to overfit
+        loss = first - share * (first - common)
+        t_single, t_islands = reached(single_curve, loss), reached(island_curve, loss)
+        assert t_single is not None and t_islands is not None
+        print(
+            f"    {share:.0%} of the way down, held-out loss {loss:.3f}: islands / one trainer {t_islands / max(t_single, 1e-9):.2f}x"
+        )
     t_single, t_islands = reached(single_curve, common), reached(island_curve, common)
     assert t_single is not None and t_islands is not None
     print(
