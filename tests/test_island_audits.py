@@ -48,19 +48,12 @@ from intellect_protocol.validator.island_audits import IslandAuditor
 from tests.conftest import Served, admin_token, serve
 from tests.helpers import signed_post
 from tests.support.clock import MovableClock
+from tests.support.lazy_island import LazyIsland
 from tests.support.protocol import grant
 from tests.test_island_shares import refused
 from tests.test_pretraining_run import create, settings
 
 pytestmark = pytest.mark.integration
-
-
-class LazyIsland(PretrainIsland):
-    """Claims and reports whole shards, learns one batch of rows of each."""
-
-    def fetch(self, ref: ShardRef) -> torch.Tensor:
-        rows = super().fetch(ref)
-        return rows[: self.pretrain.batch_rows] if ref in self.corpus.shards else rows
 
 
 class OtherDataIsland(PretrainIsland):

@@ -550,8 +550,9 @@ def test_a_pretraining_island_stakes_to_claim_and_one_convicted_by_an_audit_is_s
     from intellect_protocol.coordinator.island_models import IslandAudit
     from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused
     from intellect_protocol.shared.island_schemas import IslandClaim
+    from tests.support.lazy_island import LazyIsland
     from tests.support.protocol import grant
-    from tests.test_island_audits import LazyIsland, audited_run, auditor, origin_relay, train
+    from tests.test_island_audits import audited_run, auditor, origin_relay, train
 
     settlement, admin, keystore = chain
     liar = wallet(tmp_path, anvil)[0]
