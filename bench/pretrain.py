@@ -178,7 +178,7 @@ def run_islands(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     arguments += ["--min-islands", str(args.min_islands), *(["--liar", args.liar] if args.liar else [])]
     arguments += [f"--{k.replace('_', '-')}={v}" for k in ("outer_lr", "outer_momentum") if (v := getattr(args, k)) is not None]
     arguments += [] if args.screen is None else ["--screen" if args.screen else "--no-screen"]
-    arguments += ["--reset-inner"] if args.reset_inner else []
+    arguments += ["--reset-inner" if args.reset_inner else "--no-reset-inner"]
     arguments += ["--overlap"] if args.overlap else []
     arguments += ["--link-mbit", str(args.link_mbit)] if args.link_mbit else []
     return run_island_processes(__file__, args.islands, args.min_islands, arguments, out)
