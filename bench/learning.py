@@ -317,7 +317,8 @@ def ratios(curves: dict[str, Curve]) -> dict[str, float]:
     out["network async / single process, area under the curve"] = area(asynchronous) / area(single)
     out["overlap gain (sync step interval / async step interval)"] = synchronous.step_interval / asynchronous.step_interval
     for name in ("network async", "network sync"):
-        out[f"{name}: protocol tax (share of CPU)"] = _cpu.tax(curves[name].ledger)
+        if (share := _cpu.tax(curves[name].ledger)) is not None:
+            out[f"{name}: protocol tax (share of CPU)"] = share
     alone = single.ledger["single process"]
     out["single process: generation (share of its CPU)"] = alone.get("generation", 0.0) / alone[_cpu.TOTAL]
     return out
@@ -355,12 +356,13 @@ def main() -> None:
         figures.append(ratios(curves))
     print(f"== over {args.repeats} repeat(s): median (min-max)")
     goals = WORKLOADS[args.workload].goals
-    for key in figures[0]:
+    for key in dict.fromkeys(k for f in figures for k in f):
         values = sorted(f[key] for f in figures if key in f)
         goal = next((f" (goal {g})" for k, g in goals.items() if k in key), "")
         scale, unit = (100, " %") if "share" in key else (1, "")
         median, low, high = (scale * v for v in (statistics.median(values), values[0], values[-1]))
-        print(f"  {key}: {median:.2f}{unit} ({low:.2f}-{high:.2f}){goal}")
+        some = f", {len(values)} of {len(figures)} repeats" if len(values) < len(figures) else ""
+        print(f"  {key}: {median:.2f}{unit} ({low:.2f}-{high:.2f}{some}){goal}")
 
 
 if __name__ == "__main__":

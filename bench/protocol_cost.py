@@ -96,6 +96,8 @@ def fixed_cost(model: str, seconds: float) -> tuple[float, int, dict[str, float]
         finally:
             net.stop()
             ledger.dispose()
+    if _cpu.tax(used) is None:  # its generation or update would be counted as the fixed cost
+        raise RuntimeError(f"the {model} devnet's node or trainer wrote no CPU ledger: no fixed cost")
     fixed = {
         f"{role} {a}": s
         for role, activities in used.items()

@@ -64,6 +64,11 @@ def _run(args: list[str], env: dict[str, str], log_path: str) -> None:
     sys.argv = list(args)
     os.environ.clear()
     os.environ.update(env)
+    # Preparing this child, multiprocessing imported the launcher's main module, and with it whatever of our code that
+    # imports, under the forkserver's environment (the launcher's when the forkserver started): forget it, so the
+    # role imports our code afresh under its own, as a cold start would.
+    for name in [n for n in sys.modules if n.partition(".")[0] == __name__.partition(".")[0]]:
+        del sys.modules[name]
     (script,) = entry_points(group="console_scripts", name=Path(args[0]).name)
     try:
         sys.exit(script.load()())

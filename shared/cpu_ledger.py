@@ -52,6 +52,7 @@ _totals: defaultdict[str, float] = defaultdict(float)
 _lock = threading.Lock()
 _local = threading.local()
 _started = False
+_exiting = threading.Event()
 
 
 @contextmanager
@@ -80,6 +81,7 @@ def record(directory: Path, clock: Callable[[], float] = time.thread_time) -> No
     import instead). ``clock``: ``time.process_time`` charges a block with the work of the threads
     it hands work to (torch's intra-op pool), right only where one flow of work runs at a time."""
     global _directory, _clock
+    directory.mkdir(parents=True, exist_ok=True)
     _directory, _clock = directory, clock
 
 
@@ -98,14 +100,22 @@ def _start() -> None:
         if _started:
             return
         _started = True
-    atexit.register(_write)
-    threading.Thread(target=_flush, name="cpu-ledger", daemon=True).start()
+    flusher = threading.Thread(target=_flush, name="cpu-ledger", daemon=True)
+    atexit.register(_last_write, flusher)
+    flusher.start()
 
 
 def _flush() -> None:
-    while True:
+    while not _exiting.is_set():
         _write()
-        time.sleep(FLUSH_S)
+        _exiting.wait(FLUSH_S)
+
+
+def _last_write(flusher: threading.Thread) -> None:
+    # The flusher finishes its write first: a daemon thread still writing as the interpreter finalizes can crash it.
+    _exiting.set()
+    flusher.join()
+    _write()
 
 
 def _write() -> None:
@@ -116,10 +126,9 @@ def _write() -> None:
     path = directory / f"{os.getpid()}.json"
     partial = path.with_suffix(".partial")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
         partial.write_text(snapshot().model_dump_json())
     except FileNotFoundError:
-        return  # the directory's parent is gone: whoever read the ledger has finished
+        return  # the directory is gone: whoever read the ledger has finished (made anew, it would outlive them)
     os.replace(partial, path)  # a reader never sees half a file
 
 

@@ -5,12 +5,30 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from intellect_protocol.devnet.processes import free_port, script, spawn
 from intellect_protocol.devnet.warm import WarmPopen
+from intellect_protocol.shared.cpu_ledger import LEDGER_ENV, read_ledgers
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.helpers import running_under, wait_for_text
+
+LAUNCHER = """
+import sys, time
+from pathlib import Path
+from intellect_protocol.devnet.processes import spawn
+from intellect_protocol.shared import cpu_ledger  # as bench/learning.py imports it: recording where its environment says
+
+if __name__ == "__main__":
+    role_ledger, log, *args = sys.argv[1:]
+    node = spawn("node", args, Path(log), {cpu_ledger.LEDGER_ENV: role_ledger, "INTELLECT_WALLET_PASSWORD": "pw"})
+    deadline = time.monotonic() + 60
+    while not (Path(log).exists() and "Cannot reach the coordinator" in Path(log).read_text()):
+        assert time.monotonic() < deadline, "the node never tried the coordinator"
+        time.sleep(0.1)
+    sys.exit(node.stop())
+"""
 
 
 def test_a_warm_role_is_its_console_script_with_the_environment_it_was_given(tmp_path: Path) -> None:
@@ -29,6 +47,22 @@ def test_a_warm_role_is_its_console_script_with_the_environment_it_was_given(tmp
     wrong = spawn("node", args, tmp_path / "wrong.log", {"INTELLECT_WALLET_PASSWORD": "wrong"})
     assert wrong.popen.wait(60) == 1
     assert f"Wrong password for {wallet}." in wrong.tail()
+
+
+def test_a_warm_role_imports_our_code_under_its_own_environment(tmp_path: Path) -> None:
+    """multiprocessing imports the launcher's main module into each child before the role runs; whatever of our code
+    that imported had read the forkserver's environment, not the role's: the second devnet of ``bench/learning.py``
+    had its roles' CPU ledgers written into the first one's directory."""
+    wallet = tmp_path / "node.json"
+    create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N)
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+    node = [*script("intellect-node"), "join", "--wallet", str(wallet), "--coordinator", f"http://127.0.0.1:{free_port()}"]
+    env = {**os.environ, LEDGER_ENV: str(tmp_path / "launcher")}
+    launched = [sys.executable, str(tmp_path / "launcher.py"), str(tmp_path / "role"), str(tmp_path / "node.log"), *node]
+    subprocess.run(launched, env=env, check=True, timeout=120)
+    (role,) = read_ledgers(tmp_path / "role")
+    assert role.program == "intellect-node" and "requests" in role.activities
+    assert read_ledgers(tmp_path / "launcher") == []
 
 
 def test_a_role_given_its_own_python_path_starts_cold_and_runs_its_sitecustomize(tmp_path: Path) -> None:
