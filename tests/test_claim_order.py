@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
 
+from intellect_protocol.coordinator.clock import Clock, system_clock
 from intellect_protocol.coordinator.routers import validation as validation_router
 from intellect_protocol.coordinator.services import validation
 from intellect_protocol.coordinator.services.review_order import NEWCOMER_WAIT_S
@@ -40,34 +43,47 @@ def _settings(sqlite_url: str, tmp_path: Path, linked: list[list[str]] | None = 
     )
 
 
+@contextmanager
+def _reviewing(settings: CoordinatorSettings, *validators: LocalAccount, clock: Clock = system_clock) -> Iterator[Served]:
+    """A served run of four-token tasks, none drawn for audit, ``validators`` granted the role."""
+    with serve(settings, clock=clock) as served:
+        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
+        for validator in validators:
+            grant(served, admin_token(served), validator.address, "validator")
+        yield served
+
+
 def _submit(served: Served, node: LocalAccount) -> str:
     task = lease(served, node)
     return upload(served, node, task, finish(generate(task)).data)
 
 
-def _claim_and_accept(served: Served, validator: LocalAccount, limit: int) -> list[str]:
-    """Claim up to ``limit`` reviews and accept each; their submissions, in the order drawn."""
-    body = {"address": validator.address, "limit": limit}
-    drawn = signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
-    for c in drawn:
+def _claim(served: Served, validator: LocalAccount, limit: int = 4, wait_s: float = 0.0) -> list[dict]:
+    body = {"address": validator.address, "limit": limit, "wait_s": wait_s}
+    return signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+
+
+def _accept(served: Served, validator: LocalAccount, claims: list[dict]) -> list[str]:
+    """Accept each claimed review; their submissions, in the order drawn."""
+    for c in claims:
         verdict = verdict_body(served.audience, validator, c, checks_for("accept"))
         assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, verdict).status_code == 200
-    return [c["submission_id"] for c in drawn]
+    return [c["submission_id"] for c in claims]
+
+
+def _ids(claims: list[dict]) -> list[str]:
+    return [c["submission_id"] for c in claims]
 
 
 def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite_url: str, tmp_path: Path) -> None:
-    clock = MovableClock()
-    settings = _settings(sqlite_url, tmp_path)
-    with serve(settings, clock=clock) as served:
-        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
-        validator = Account.create()
-        grant(served, admin_token(served), validator.address, "validator")
+    clock, validator = MovableClock(), Account.create()
+    with _reviewing(_settings(sqlite_url, tmp_path), validator, clock=clock) as served:
 
         def submit(node: LocalAccount) -> str:
             return _submit(served, node)
 
         def claim(limit: int) -> list[str]:
-            return _claim_and_accept(served, validator, limit)
+            return _accept(served, validator, _claim(served, validator, limit))
 
         proven = joined(served)
         first = submit(proven)
@@ -89,18 +105,15 @@ def test_newcomers_files_wait_behind_proven_nodes_work_for_a_bounded_time(sqlite
 def test_newcomers_files_are_handed_at_the_set_rate_and_proven_work_meanwhile(sqlite_url: str, tmp_path: Path) -> None:
     """However many fresh wallets upload, validators are handed their files at ``newcomer_reviews_per_s`` at most (here
     one a second, by the coordinator's clock), in order of arrival; a proven node's work is handed between them."""
-    clock = MovableClock()
+    clock, validator = MovableClock(), Account.create()
     settings = _settings(sqlite_url, tmp_path).model_copy(update={"newcomer_reviews_per_s": 1.0})
-    with serve(settings, clock=clock) as served:
-        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
-        validator = Account.create()
-        grant(served, admin_token(served), validator.address, "validator")
+    with _reviewing(settings, validator, clock=clock) as served:
 
         def submit(node: LocalAccount) -> str:
             return _submit(served, node)
 
         def claim() -> list[str]:
-            return _claim_and_accept(served, validator, 4)
+            return _accept(served, validator, _claim(served, validator))
 
         proven = joined(served)
         first = submit(proven)
@@ -124,11 +137,8 @@ def test_newcomers_files_are_handed_at_the_set_rate_and_proven_work_meanwhile(sq
 
 def test_a_validator_checking_a_newcomers_file_draws_nothing_ahead(sqlite_url: str, tmp_path: Path) -> None:
     """A file drawn ahead while a newcomer's is checked would hold up a proven node's file that arrives meanwhile."""
-    settings = _settings(sqlite_url, tmp_path)
-    with serve(settings) as served:
-        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
-        key = Account.create()
-        grant(served, admin_token(served), key.address, "validator")
+    key = Account.create()
+    with _reviewing(_settings(sqlite_url, tmp_path), key) as served:
         checker = Validator(served.url, key, tmp_path / "validator", Console(quiet=True), batch=4)
 
         def submit(node: LocalAccount) -> str:
@@ -163,23 +173,16 @@ def test_a_share_of_the_validators_checks_newcomers_files_and_the_others_stay_fr
     for_a = [Account.create() for _ in range(2)]
     linked = [[a.address, *(n.address for n in for_b)], [b.address, proven.address, *(n.address for n in for_a)]]
     clock = MovableClock()
-    with serve(_settings(sqlite_url, tmp_path, linked), clock=clock) as served:
-        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
-        for v in (a, b):
-            grant(served, admin_token(served), v.address, "validator")
+    with _reviewing(_settings(sqlite_url, tmp_path, linked), a, b, clock=clock) as served:
 
         def submit(node: LocalAccount) -> str:
             return _submit(served, node)
 
         def claim(validator: LocalAccount) -> list[dict]:
-            body = {"address": validator.address, "limit": 4}
-            return signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+            return _claim(served, validator)
 
         def accept(validator: LocalAccount, claims: list[dict]) -> list[str]:
-            for c in claims:
-                verdict = verdict_body(served.audience, validator, c, checks_for("accept"))
-                assert signed_post(served.url, "/v1/validation/verdicts", validator, served.audience, verdict).status_code == 200
-            return [c["submission_id"] for c in claims]
+            return _accept(served, validator, claims)
 
         assert claim(b) == []  # live: drawn for from now on
         for node in (proven, *for_a, *for_b):
@@ -189,7 +192,7 @@ def test_a_share_of_the_validators_checks_newcomers_files_and_the_others_stay_fr
 
         b_first, a_first = submit(for_b[0]), submit(for_a[0])
         held = claim(b)
-        assert [c["submission_id"] for c in held] == [b_first]
+        assert _ids(held) == [b_first]
         # B checks a newcomer's file, so A is kept for proven work, though a newcomer's file is drawn for it.
         assert claim(a) == []
         honest = submit(proven)
@@ -199,7 +202,7 @@ def test_a_share_of_the_validators_checks_newcomers_files_and_the_others_stay_fr
 
         # A validator that sits on a newcomer's file keeps the others off them for NEWCOMER_WAIT_S at most.
         b_second, a_second = submit(for_b[1]), submit(for_a[1])
-        assert [c["submission_id"] for c in claim(b)] == [b_second]
+        assert _ids(claim(b)) == [b_second]
         assert claim(a) == []
         clock.advance(NEWCOMER_WAIT_S + 1)
         assert accept(a, claim(a)) == [a_second]
@@ -211,17 +214,10 @@ def test_a_validator_no_longer_live_keeps_nobody_off_newcomers_files(sqlite_url:
     a, b, for_b, for_a = (Account.create() for _ in range(4))  # only B may judge for_b's files, only A for_a's
     clock = MovableClock()
     settings = _settings(sqlite_url, tmp_path, [[a.address, for_b.address], [b.address, for_a.address]])
-    with serve(settings.model_copy(update={"validator_live_s": 10.0}), clock=clock) as served:
-        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
-        for v in (a, b):
-            grant(served, admin_token(served), v.address, "validator")
+    with _reviewing(settings.model_copy(update={"validator_live_s": 10.0}), a, b, clock=clock) as served:
 
         def claim(validator: LocalAccount) -> list[str]:
-            body = {"address": validator.address, "limit": 4}
-            return [
-                c["submission_id"]
-                for c in signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
-            ]
+            return _ids(_claim(served, validator))
 
         assert claim(a) == claim(b) == []  # both live
         b_file, a_file = _submit(served, joined(served, for_b)), _submit(served, joined(served, for_a))
@@ -242,14 +238,10 @@ def test_a_validator_kept_off_newcomers_files_is_not_woken_for_one(
     draw = validation.draw
     monkeypatch.setattr(validation, "draw", lambda *args: looks.append(args[1]) or draw(*args))
     monkeypatch.setattr(validation_router, "POLL_S", 60.0)  # no look on a timeout
-    with serve(_settings(sqlite_url, tmp_path, [[a.address, for_b.address], [b.address, for_a.address]])) as served:
-        make_run(served, sampling=SamplingParams(max_tokens=4), audit=AuditPolicy(share=0, new_node_share=0, suspect_share=0))
-        for v in (a, b):
-            grant(served, admin_token(served), v.address, "validator")
+    with _reviewing(_settings(sqlite_url, tmp_path, [[a.address, for_b.address], [b.address, for_a.address]]), a, b) as served:
 
         def claim(validator: LocalAccount, wait_s: float = 0) -> list[dict]:
-            body = {"address": validator.address, "limit": 4, "wait_s": wait_s}
-            return signed_post(served.url, "/v1/validation/claim", validator, served.audience, body).json()
+            return _claim(served, validator, wait_s=wait_s)
 
         def submit(node: LocalAccount) -> str:
             return _submit(served, node)
@@ -258,7 +250,7 @@ def test_a_validator_kept_off_newcomers_files_is_not_woken_for_one(
         for node in (for_a, for_b):
             joined(served, node)
         checked = submit(for_b)
-        assert [c["submission_id"] for c in claim(b)] == [checked]  # B checks a newcomer's file
+        assert _ids(claim(b)) == [checked]  # B checks a newcomer's file
         waiting = threading.Thread(target=lambda: looks.append(f"answer {claim(a, wait_s=2)}"))
         waiting.start()
         while looks.count(a.address) < 2:
