@@ -288,6 +288,8 @@ def show(name: str, curve: Curve) -> None:
         )
         kept = statistics.fmean(m["groups"] for m in curve.steps)
         print(f"  groups per step: trained {kept:.1f}; dropped (mean per step) {dropped}")
+        if lengths := [m["length"] for m in curve.steps if "length" in m]:
+            print(f"  completion length (mean tokens a rollout): first step {lengths[0]:.0f}, last {lengths[-1]:.0f}")
     if curve.breakdown:
         phases = [k for k in curve.breakdown[0] if k.endswith("_s")]
         means = {
