@@ -12,6 +12,9 @@ second and at exit, so a reader can difference two snapshots to price a window o
 block costs one branch.
 Thread CPU time is exact only when torch runs its ops in the calling thread (one thread per
 process, as every role runs).
+
+A snapshot credits a block still open with its CPU time so far: a training step or a task's generation runs for
+many seconds, and a window that ends inside one would otherwise read its work as "other".
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -50,9 +54,21 @@ _directory: Path | None = None
 _clock = time.thread_time
 _totals: defaultdict[str, float] = defaultdict(float)
 _lock = threading.Lock()
-_local = threading.local()
 _started = False
 _exiting = threading.Event()
+
+
+@dataclass
+class _Open:
+    """A block not yet left: its activity, the clock when it began and the time of the blocks it held that ended."""
+
+    activity: str
+    began: float
+    nested: float = 0.0
+
+
+_open: dict[int, tuple[Callable[[], float], list[_Open]]] = {}
+"""Each thread's blocks not yet left, outermost first, with a reader of that thread's clock from any thread."""
 
 
 @contextmanager
@@ -62,18 +78,30 @@ def spent(activity: str) -> Iterator[None]:
         yield
         return
     _start()
-    inner: list[float] = _local.__dict__.setdefault("inner", [])
-    inner.append(0.0)
-    began = _clock()
+    thread = threading.get_ident()
+    with _lock:
+        read, stack = _open.setdefault(thread, (_reader(), []))
+        block = _Open(activity, read())
+        stack.append(block)
     try:
         yield
     finally:
-        elapsed = _clock() - began
-        nested = inner.pop()
         with _lock:
-            _totals[activity] += elapsed - nested
-        if inner:
-            inner[-1] += elapsed
+            elapsed = read() - block.began
+            stack.pop()
+            _totals[activity] += elapsed - block.nested
+            if stack:
+                stack[-1].nested += elapsed
+            else:
+                del _open[thread]
+
+
+def _reader() -> Callable[[], float]:
+    """The calling thread's clock, readable from another thread (the flusher reads open blocks)."""
+    if _clock is not time.thread_time:
+        return _clock
+    clock = time.pthread_getcpuclockid(threading.get_ident())
+    return lambda: time.clock_gettime(clock)
 
 
 def record(directory: Path, clock: Callable[[], float] = time.thread_time) -> None:
@@ -88,9 +116,19 @@ def record(directory: Path, clock: Callable[[], float] = time.thread_time) -> No
 def snapshot() -> Snapshot:
     """This process's CPU seconds so far, as :func:`read_ledgers` returns them."""
     with _lock:
-        activities = dict(_totals)
+        activities = defaultdict(float, _totals)
+        for read, stack in _open.values():
+            now, inside = read(), 0.0  # inside: the open block within this one, counted already
+            for block in reversed(stack):
+                elapsed = now - block.began
+                activities[block.activity] += elapsed - block.nested - inside
+                inside = elapsed
     return Snapshot(
-        pid=os.getpid(), parent=os.getppid(), program=Path(sys.argv[0]).name, cpu_s=time.process_time(), activities=activities
+        pid=os.getpid(),
+        parent=os.getppid(),
+        program=Path(sys.argv[0]).name,
+        cpu_s=time.process_time(),
+        activities=dict(activities),
     )
 
 

@@ -4,6 +4,7 @@ differences."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +36,37 @@ with spent("outer"):
     other.start()
     other.join()
 burn(0.1)  # outside every block: "other"
+"""
+
+
+OPEN_BLOCKS = """
+import json, threading, time
+from intellect_protocol.shared.cpu_ledger import snapshot, spent
+
+def burn(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+inside, release = threading.Event(), threading.Event()
+
+def work():
+    with spent("outer"):
+        burn(0.2)
+        with spent("inner"):
+            burn(0.1)
+        with spent("inner"):
+            burn(0.1)
+            inside.set()
+            release.wait()  # both blocks held open, costing no CPU
+
+worker = threading.Thread(target=work)
+worker.start()
+inside.wait()
+during = snapshot()
+release.set()
+worker.join()
+print(json.dumps([during.activities, during.cpu_s, snapshot().activities]))
 """
 
 
@@ -76,3 +108,20 @@ with cpu_ledger.spent("second"):
     subprocess.run([sys.executable, "-c", moved], env={**os.environ, LEDGER_ENV: ""}, check=True, timeout=60)
     (latest,) = read_ledgers(tmp_path / "second")
     assert set(latest.activities) == {"first", "second"}
+
+
+def test_a_snapshot_credits_blocks_still_open_with_their_cpu_so_far(tmp_path: Path) -> None:
+    """A window that ends inside a long block (a training step, a task's generation) sees its work, not "other"."""
+    out = subprocess.run(
+        [sys.executable, "-c", OPEN_BLOCKS],
+        env={**os.environ, LEDGER_ENV: str(tmp_path)},
+        check=True,
+        timeout=60,
+        capture_output=True,
+        text=True,
+    )
+    during, cpu_s, after = json.loads(out.stdout)
+    assert 0.2 <= during["outer"] < 0.25 and 0.2 <= during["inner"] < 0.25  # the open inner block is not the outer's
+    assert cpu_s >= during["outer"] + during["inner"]
+    assert after["outer"] == pytest.approx(during["outer"], abs=0.02)
+    assert after["inner"] == pytest.approx(during["inner"], abs=0.02)  # once closed, nothing is counted twice
