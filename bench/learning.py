@@ -23,7 +23,9 @@ time by when the step existed (in the network, the manifest's registration).
 
 Printed per repeat: each curve; groups the filters dropped per step; each network's per-step time
 breakdown; its CPU ledger per accepted rollout by role and activity, from each process's own CPU
-time (``bench/_cpu.py``), and the protocol tax (everything but generation and the training update);
+time (``bench/_cpu.py``), and the protocol tax (everything but generation and the training update), over the
+whole window and over its second half, beside the verdicts given in each half by purpose (a new network audits its
+newcomers' work at 50 to 100 %, the run's steady share is 10 %);
 each configuration's area under accuracy-against-time (the mean accuracy over the horizon); the
 time to +10, +15 and +20 points over the shipped model and to the highest accuracy all reach, read
 where a centred mean of five evaluations first crosses it. Last, over the repeats, the median and
@@ -56,7 +58,7 @@ from sqlalchemy import Engine, func, select
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from intellect_protocol.coordinator.db import make_engine
-from intellect_protocol.coordinator.models import Submission, Task
+from intellect_protocol.coordinator.models import Review, Submission, Task
 from intellect_protocol.devnet.network import start_network
 from intellect_protocol.shared import cpu_ledger
 from intellect_protocol.shared.environments.long_sum import MAX_TOKENS
@@ -130,6 +132,11 @@ class Curve:
     ledger: _cpu.Ledger = field(default_factory=dict)
     rollouts: int = 0
     """Rollouts accepted (the network) or generated (the single process) in the window."""
+    late_ledger: _cpu.Ledger = field(default_factory=dict)
+    late_rollouts: int = 0
+    """The same over the window's second half (the network only), when newcomers' audits are mostly done."""
+    reviews: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Verdicts given in the window's first half and in its second, by purpose (the network only)."""
 
     @property
     def step_interval(self) -> float:
@@ -201,13 +208,20 @@ def network(args: argparse.Namespace, async_level: int, online_filter: bool = Tr
         try:
             started = _first_lease(ledger)
             spent, accepted = _cpu.take(net, ledgers), _accepted_rows(ledger)
+            halfway: tuple[_cpu.Ledger, int] | None = None
             while time.time() - started < args.seconds:
                 for process in net.processes:
                     if process.popen.poll() is not None:
                         raise RuntimeError(f"{process.name} exited:\n{process.tail()}")
+                if halfway is None and time.time() - started >= args.seconds / 2:
+                    halfway = _cpu.take(net, ledgers), _accepted_rows(ledger)
                 time.sleep(0.5)
-            cpu = _cpu.difference(_cpu.take(net, ledgers), spent)
+            assert halfway is not None
+            end, ended = _cpu.take(net, ledgers), time.time()
+            cpu, late = _cpu.difference(end, spent), _cpu.difference(end, halfway[0])
             rollouts = _accepted_rows(ledger) - accepted
+            late_rollouts = _accepted_rows(ledger) - halfway[1]
+            reviews = _reviews(ledger, started, started + args.seconds / 2, ended)
             url, run = net.coordinator.url, net.run_id
             published = {m["step"]: datetime.fromisoformat(m["created_at"]).timestamp() - started for m in _manifests(url, run)}
             progress = httpx.get(f"{url}/v1/public/runs/{run}/progress", timeout=30).json()
@@ -220,7 +234,7 @@ def network(args: argparse.Namespace, async_level: int, online_filter: bool = Tr
         shipped = resolve_model(WORKLOADS[args.workload].model)
         jobs = [(0.0, 0, shipped)] + [(published[s], s, str(step_dir(workdir / "origin", run, s))) for s in chosen]
         steps = [m for m in progress["steps"] if m["step"] in published]
-        return Curve(args.seconds, evaluate(jobs, args), steps, breakdown, cpu, rollouts)
+        return Curve(args.seconds, evaluate(jobs, args), steps, breakdown, cpu, rollouts, late, late_rollouts, reviews)
 
 
 def _first_lease(ledger: Engine, timeout: float = 300) -> float:
@@ -240,6 +254,17 @@ def _accepted_rows(ledger: Engine) -> int:
         return int(
             db.scalar(select(func.coalesce(func.sum(Submission.rows), 0)).where(Submission.status == SubmissionStatus.accepted))
         )
+
+
+def _reviews(ledger: Engine, start: float, middle: float, end: float) -> dict[str, tuple[int, int]]:
+    """Verdicts given in [start, middle) and in [middle, end), by purpose (first look, audit, ...)."""
+    halves: dict[str, list[int]] = {}
+    with ledger.connect() as db:
+        for purpose, judged in db.execute(select(Review.purpose, Review.judged_at).where(Review.judged_at.is_not(None))):
+            at = judged.timestamp()
+            if start <= at < end:
+                halves.setdefault(purpose, [0, 0])[at >= middle] += 1
+    return {purpose: (first, second) for purpose, (first, second) in sorted(halves.items())}
 
 
 def _manifests(url: str, run: str) -> list[dict]:
@@ -270,7 +295,8 @@ def smoothed(points: list[tuple[float, int, float]]) -> list[tuple[float, float]
 
 
 def time_to(curve: Curve, accuracy: float) -> float:
-    return next((t for t, a in smoothed(curve.points) if a >= accuracy), float("inf"))
+    # A level and a mean of evaluations are sums of hundredths: equal ones may differ in their last bit.
+    return next((t for t, a in smoothed(curve.points) if a >= accuracy - 1e-9), float("inf"))
 
 
 def area(curve: Curve) -> float:
@@ -299,6 +325,11 @@ def show(name: str, curve: Curve) -> None:
         }
         print("  per policy step (mean s): " + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in means.items()))
     _cpu.show(curve.ledger, curve.rollouts)
+    if curve.reviews:
+        counts = ", ".join(f"{purpose} {first} / {second}" for purpose, (first, second) in curve.reviews.items())
+        print(f"  verdicts given, first half / second half: {counts}")
+        print("  second half of the window (newcomers' audits mostly done):")
+        _cpu.show(curve.late_ledger, curve.late_rollouts)
     print(f"  area under the curve: {area(curve):.3f} (mean held-out accuracy over {curve.seconds:.0f} s)")
 
 
@@ -321,6 +352,8 @@ def ratios(curves: dict[str, Curve]) -> dict[str, float]:
     for name in ("network async", "network sync"):
         if (share := _cpu.tax(curves[name].ledger)) is not None:
             out[f"{name}: protocol tax (share of CPU)"] = share
+        if (late := _cpu.tax(curves[name].late_ledger)) is not None:
+            out[f"{name}: protocol tax, second half (share of CPU)"] = late
     alone = single.ledger["single process"]
     out["single process: generation (share of its CPU)"] = alone.get("generation", 0.0) / alone[_cpu.TOTAL]
     return out
