@@ -51,14 +51,13 @@ from functools import cache
 from pathlib import Path
 
 import _cpu
+import _run_ledger
 import httpx
 import torch
 from _single_process import learn
-from sqlalchemy import Engine, func, select
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from intellect_protocol.coordinator.db import make_engine
-from intellect_protocol.coordinator.models import Review, Submission, Task
 from intellect_protocol.devnet.network import start_network
 from intellect_protocol.shared import cpu_ledger
 from intellect_protocol.shared.environments.long_sum import MAX_TOKENS
@@ -66,7 +65,6 @@ from intellect_protocol.shared.environments.registry import plugin
 from intellect_protocol.shared.evaluation import HeldOutTask, held_out_metrics
 from intellect_protocol.shared.models import load_model, resolve_model
 from intellect_protocol.shared.shardcast.origin import step_dir
-from intellect_protocol.shared.states import SubmissionStatus
 from intellect_protocol.trainer.settings import TrainerSettings
 
 
@@ -206,24 +204,26 @@ def network(args: argparse.Namespace, async_level: int, online_filter: bool = Tr
             del os.environ[cpu_ledger.LEDGER_ENV]
         ledger = make_engine(net.database_url)
         try:
-            started = _first_lease(ledger)
-            spent, accepted = _cpu.take(net, ledgers), _accepted_rows(ledger)
+            started = _run_ledger.first_lease(ledger)
+            spent, accepted = _cpu.take(net, ledgers), _run_ledger.accepted_rows(ledger)
             halfway: tuple[_cpu.Ledger, int] | None = None
             while time.time() - started < args.seconds:
                 for process in net.processes:
                     if process.popen.poll() is not None:
                         raise RuntimeError(f"{process.name} exited:\n{process.tail()}")
                 if halfway is None and time.time() - started >= args.seconds / 2:
-                    halfway = _cpu.take(net, ledgers), _accepted_rows(ledger)
+                    halfway = _cpu.take(net, ledgers), _run_ledger.accepted_rows(ledger)
                 time.sleep(0.5)
             assert halfway is not None
             end, ended = _cpu.take(net, ledgers), time.time()
             cpu, late = _cpu.difference(end, spent), _cpu.difference(end, halfway[0])
-            rollouts = _accepted_rows(ledger) - accepted
-            late_rollouts = _accepted_rows(ledger) - halfway[1]
-            reviews = _reviews(ledger, started, started + args.seconds / 2, ended)
+            rollouts = _run_ledger.accepted_rows(ledger) - accepted
+            late_rollouts = _run_ledger.accepted_rows(ledger) - halfway[1]
+            reviews = _run_ledger.reviews(ledger, started, started + args.seconds / 2, ended)
             url, run = net.coordinator.url, net.run_id
-            published = {m["step"]: datetime.fromisoformat(m["created_at"]).timestamp() - started for m in _manifests(url, run)}
+            published = {
+                m["step"]: datetime.fromisoformat(m["created_at"]).timestamp() - started for m in _run_ledger.manifests(url, run)
+            }
             progress = httpx.get(f"{url}/v1/public/runs/{run}/progress", timeout=30).json()
             breakdown = httpx.get(f"{url}/v1/public/runs/{run}/step-timing", params={"limit": 1000}, timeout=30).json()
         finally:
@@ -235,42 +235,6 @@ def network(args: argparse.Namespace, async_level: int, online_filter: bool = Tr
         jobs = [(0.0, 0, shipped)] + [(published[s], s, str(step_dir(workdir / "origin", run, s))) for s in chosen]
         steps = [m for m in progress["steps"] if m["step"] in published]
         return Curve(args.seconds, evaluate(jobs, args), steps, breakdown, cpu, rollouts, late, late_rollouts, reviews)
-
-
-def _first_lease(ledger: Engine, timeout: float = 300) -> float:
-    """When the run's first task was leased (waiting for it)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with ledger.connect() as db:
-            first = db.scalar(select(func.min(Task.leased_at)))
-        if first is not None:
-            return first.timestamp()
-        time.sleep(0.2)
-    raise RuntimeError(f"no task was leased in {timeout:.0f} s")
-
-
-def _accepted_rows(ledger: Engine) -> int:
-    with ledger.connect() as db:
-        return int(
-            db.scalar(select(func.coalesce(func.sum(Submission.rows), 0)).where(Submission.status == SubmissionStatus.accepted))
-        )
-
-
-def _reviews(ledger: Engine, start: float, middle: float, end: float) -> dict[str, tuple[int, int]]:
-    """Verdicts given in [start, middle) and in [middle, end), by purpose (first look, audit, ...)."""
-    halves: dict[str, list[int]] = {}
-    with ledger.connect() as db:
-        for purpose, judged in db.execute(select(Review.purpose, Review.judged_at).where(Review.judged_at.is_not(None))):
-            at = judged.timestamp()
-            if start <= at < end:
-                halves.setdefault(purpose, [0, 0])[at >= middle] += 1
-    return {purpose: (first, second) for purpose, (first, second) in sorted(halves.items())}
-
-
-def _manifests(url: str, run: str) -> list[dict]:
-    reply = httpx.get(f"{url}/v1/manifests/{run}/latest", timeout=30)
-    latest = reply.json()["step"] if reply.status_code == 200 else 0
-    return [httpx.get(f"{url}/v1/manifests/{run}/{step}", timeout=30).json() for step in range(1, latest + 1)]
 
 
 def single_process(args: argparse.Namespace) -> Curve:

@@ -80,7 +80,9 @@ def spent(activity: str) -> Iterator[None]:
     _start()
     thread = threading.get_ident()
     with _lock:
-        read, stack = _open.setdefault(thread, (_reader(), []))
+        if thread not in _open:  # the thread's outermost block: its clock's reader is made once
+            _open[thread] = (_reader(), [])
+        read, stack = _open[thread]
         block = _Open(activity, read())
         stack.append(block)
     try:
