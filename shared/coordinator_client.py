@@ -188,8 +188,9 @@ class CoordinatorClient:
         return SubmissionReceipt.model_validate(reply.json())
 
     def plugin_failure(self, body: PluginFailureReport) -> PluginFailureAnswer:
-        # The coordinator runs the reward again before it answers: wait as long as a reward may take.
-        reply = self._send("POST", "/v1/tasks/plugin-failure", body=body, read_s=RewardLimits().timeout_s + 30)
+        # The coordinator runs the reward again before it answers, in a process it may have to start first.
+        limits = RewardLimits()
+        reply = self._send("POST", "/v1/tasks/plugin-failure", body=body, read_s=limits.start_timeout_s + limits.timeout_s + 30)
         return PluginFailureAnswer.model_validate(reply.json())
 
     def appeal(self, body: AppealRequest) -> AppealInfo:

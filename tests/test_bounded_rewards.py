@@ -15,7 +15,12 @@ from tests.helpers import install_distribution
 pytestmark = pytest.mark.unit
 
 BUGGY = """
+import os
+import time
+
 from intellect_protocol.shared.environments.registry import Problem
+
+time.sleep(float(os.environ.get("BUGGY_IMPORT_S", "0")))  # a plugin slow to load (or a loaded machine)
 
 class Buggy:
     name = "buggy"
@@ -95,6 +100,30 @@ def test_each_way_a_reward_fails_is_one_sentence_and_the_next_call_works(buggy: 
         assert (failed.value.problem_id, failed.value.completion) == ("b3", completion)
         assert time.monotonic() - started < 30
         assert buggy.task_reward("3", problem) == 1.0  # a hung or dead reward process is replaced
+
+
+def test_a_reward_process_slow_to_start_spends_none_of_a_rewards_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading the plugin takes longer than one reward may (a loaded machine, a heavy import): the call still scores,
+    since its time counts from the process being ready; past ``start_timeout_s`` the call fails in one sentence."""
+    from intellect_protocol.shared.environments.registry import Problem
+
+    monkeypatch.setenv("BUGGY_IMPORT_S", "4")
+    rewards = bounded_buggy(tmp_path, monkeypatch, 1 << 30)  # 3 s a reward
+    problem = Problem(id="b3", prompt="3:", answer="3")
+    try:
+        assert rewards.task_reward("3", problem) == 1.0
+    finally:
+        rewards.close()
+    impatient = BoundedRewards("buggy", plugin("buggy").pin, RewardLimits(timeout_s=3, start_timeout_s=1))
+    with pytest.raises(PluginFailure) as failed:
+        impatient.task_reward("3", problem)
+    assert str(failed.value) == (
+        "environment 'buggy' (intellect-hangs==0.3.0) failed on problem 'b3': its reward could not start: "
+        "the process loading it took over 1 s"
+    )
+    assert impatient._child is None  # killed: the next call starts afresh
+    with pytest.raises(RuntimeError, match=r"^environment 'buggy' \(intellect-hangs==0.3.0\): its reward could not start"):
+        impatient.start()
 
 
 def test_the_memory_bound_counts_from_what_the_reward_process_holds_at_start(

@@ -25,7 +25,11 @@ from intellect_protocol.shared.environments.registry import Problem, get_environ
 @dataclass(frozen=True)
 class RewardLimits:
     timeout_s: float = 60.0
-    """Longest one reward call may take (the code environment runs up to a few sandboxed tests of 5 s each)."""
+    """Longest one reward call may take (the code environment runs up to a few sandboxed tests of 5 s each), counted
+    once the process is ready: its start is no part of any reward's time."""
+    start_timeout_s: float = 120.0
+    """Longest the reward process may take to start and load the environment (spawning imports the caller's main
+    module, torch among it: seconds, more on a loaded machine)."""
     memory_bytes: int = 2 << 30
     """Address space the reward process may add to what it holds once started (a soft limit: bounds a bug, not a
     plugin that lifts it). Counted from the start, not from zero: a spawned child first imports the caller's main
@@ -41,6 +45,14 @@ class PluginFailure(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class _NotStarted(Exception):
+    """The reward process did not get ready: ``what`` says how, as the end of a :class:`PluginFailure`'s sentence."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
 
 
 class BoundedRewards:
@@ -84,7 +96,11 @@ class BoundedRewards:
         if not asked:
             return answers
         with self._lock:
-            conn = self._connection()
+            try:
+                conn = self._connection()
+            except _NotStarted as e:
+                problem, completion, _ = asked[0]
+                raise self._failure(problem, completion, e.what, method) from None
             conn.send((method, [(problem.model_dump(), args) for problem, _, args in asked]))
             for problem, completion, _ in asked:
                 if not conn.poll(self.limits.timeout_s):
@@ -106,9 +122,12 @@ class BoundedRewards:
 
     def start(self) -> None:
         """Start the child process now instead of at the first call (spawning it imports the caller's main module:
-        seconds, where that imports torch)."""
+        seconds, where that imports torch); returns once it is ready, or raises RuntimeError."""
         with self._lock:
-            self._connection()
+            try:
+                self._connection()
+            except _NotStarted as e:
+                raise RuntimeError(f"environment {self.name!r} ({self.requirement}): its reward {e.what}") from None
 
     def close(self) -> None:
         """Stop the child process, if any (the next call starts a new one)."""
@@ -132,6 +151,17 @@ class BoundedRewards:
             process.start()
             child.close()
             self._child, self._conn = process, parent
+            # The child says when it is ready: a call's time limit then bounds the call, never the start.
+            bound = self.limits.start_timeout_s
+            if not parent.poll(bound):
+                self.close()
+                raise _NotStarted(f"could not start: the process loading it took over {bound:g} s")
+            try:
+                parent.recv()
+            except (EOFError, OSError):
+                code = process.exitcode
+                self.close()
+                raise _NotStarted(f"could not start: the process loading it ended (exit code {code})") from None
         return self._conn
 
     def _failure(self, problem: Problem, completion: str, what: str, method: str = "reward") -> PluginFailure:
@@ -156,6 +186,7 @@ def _serve(conn: Connection, name: str, pin: str | None, memory_bytes: int) -> N
         environment: Any = get_environment(name, pin)
     except Exception as e:
         environment, load_error = None, f"could not be loaded: {type(e).__name__}: {e}"[:500]
+    conn.send(("ready", None))
     while True:
         try:
             method, asked = conn.recv()
