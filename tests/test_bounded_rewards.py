@@ -21,6 +21,8 @@ import time
 from intellect_protocol.shared.environments.registry import Problem
 
 time.sleep(float(os.environ.get("BUGGY_IMPORT_S", "0")))  # a plugin slow to load (or a loaded machine)
+if os.environ.get("BUGGY_IMPORT_EXIT"):
+    raise SystemExit(int(os.environ["BUGGY_IMPORT_EXIT"]))  # past the loader's `except Exception`
 
 class Buggy:
     name = "buggy"
@@ -36,8 +38,8 @@ class Buggy:
                 pass
         if completion == "hog":
             hoard = []
-            while True:
-                hoard.append(bytearray(64 << 20))
+            while True:  # address space the bound counts, left untouched (calloc'd): no page is written, on any load
+                hoard.append(bytes(64 << 20))
         if completion == "text":
             return "yes"
         if completion == "nan":
@@ -124,6 +126,10 @@ def test_a_reward_process_slow_to_start_spends_none_of_a_rewards_time(tmp_path: 
     assert impatient._child is None  # killed: the next call starts afresh
     with pytest.raises(RuntimeError, match=r"^environment 'buggy' \(intellect-hangs==0.3.0\): its reward could not start"):
         impatient.start()
+    monkeypatch.setenv("BUGGY_IMPORT_S", "0")
+    monkeypatch.setenv("BUGGY_IMPORT_EXIT", "3")
+    with pytest.raises(PluginFailure, match=r"its reward could not start: the process loading it ended \(exit code 3\)$"):
+        impatient.task_reward("3", problem)
 
 
 def test_the_memory_bound_counts_from_what_the_reward_process_holds_at_start(

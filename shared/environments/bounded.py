@@ -159,6 +159,7 @@ class BoundedRewards:
             try:
                 parent.recv()
             except (EOFError, OSError):
+                process.join(5)  # the pipe closes before the process is reaped: its exit code comes a moment later
                 code = process.exitcode
                 self.close()
                 raise _NotStarted(f"could not start: the process loading it ended (exit code {code})") from None
