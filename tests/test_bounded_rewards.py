@@ -40,6 +40,8 @@ class Buggy:
             hoard = []
             while True:  # address space the bound counts, left untouched (calloc'd): no page is written, on any load
                 hoard.append(bytes(64 << 20))
+        if completion == "exit":
+            os._exit(9)
         if completion == "text":
             return "yes"
         if completion == "nan":
@@ -90,6 +92,7 @@ def test_each_way_a_reward_fails_is_one_sentence_and_the_next_call_works(buggy: 
         "text": "returned 'yes', not a finite number",
         "nan": "returned nan, not a finite number",
         "hang": "did not return within 3 s",
+        "exit": "ended the reward process (exit code 9; out of memory?)",
         "hog": "raised MemoryError (past the 1024 MiB it may add)",
     }
     for completion, what in expected.items():

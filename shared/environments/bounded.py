@@ -109,7 +109,7 @@ class BoundedRewards:
                 try:
                     kind, value = conn.recv()
                 except (EOFError, OSError):
-                    code = self._child.exitcode if self._child else None
+                    code = _exit_code(self._child)
                     self.close()
                     raise self._failure(
                         problem, completion, f"ended the reward process (exit code {code}; out of memory?)", method
@@ -159,8 +159,7 @@ class BoundedRewards:
             try:
                 parent.recv()
             except (EOFError, OSError):
-                process.join(5)  # the pipe closes before the process is reaped: its exit code comes a moment later
-                code = process.exitcode
+                code = _exit_code(process)
                 self.close()
                 raise _NotStarted(f"could not start: the process loading it ended (exit code {code})") from None
         return self._conn
@@ -168,6 +167,14 @@ class BoundedRewards:
     def _failure(self, problem: Problem, completion: str, what: str, method: str = "reward") -> PluginFailure:
         message = f"environment {self.name!r} ({self.requirement}) failed on problem {problem.id!r}: its {method} {what}"
         return PluginFailure(message, problem.id, completion)
+
+
+def _exit_code(process: multiprocessing.process.BaseProcess | None) -> int | None:
+    """A child's exit code once its pipe has closed: it is reaped a moment after, so wait for that (briefly)."""
+    if process is None:
+        return None
+    process.join(5)
+    return process.exitcode
 
 
 def task_rewards(rewards: Any, scored: list[tuple[str, Problem]]) -> list[float]:
