@@ -218,7 +218,11 @@ def verify_epoch(
     from intellect_protocol.node.settlement import audit_epochs, rebuild_roots
 
     with _settlement("verify epochs", coordinator, rpc) as (api, chain, _):
-        posted = chain.posted_roots(api.chain_info().from_block)
+        # The chain as of one block, read before the coordinator's list: an epoch the coordinator lists and posts
+        # while this runs is then one still waiting, never one the chain "moved past" without it.
+        head = chain.w3.eth.block_number
+        posted = chain.posted_roots(api.chain_info().from_block, head)
+        latest = chain.latest_epoch(head)
         listed = {e.epoch: e for e in api.epochs(limit=500)}
         wanted = sorted({*posted, *listed} if epoch is None else {epoch})
         for n in wanted:
@@ -237,7 +241,7 @@ def verify_epoch(
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("Reading the public ledger", total=max([e.last_entry_id for e in buildable], default=0))
             rebuilt = rebuild_roots(api, buildable, lambda done: bar.update(task, completed=done)) if buildable else {}
-        findings = audit_epochs(wanted, posted, {n: listed[n] for n in wanted if n in listed}, rebuilt, chain.latest_epoch())
+        findings = audit_epochs(wanted, posted, {n: listed[n] for n in wanted if n in listed}, rebuilt, latest)
         for n, problem in findings:
             if problem is None:
                 console.print(

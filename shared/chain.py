@@ -175,10 +175,13 @@ class Settlement:
     def root_at(self, epoch: int) -> bytes:
         return bytes(self.distributor.functions.roots(epoch).call())
 
-    def posted_roots(self, from_block: int) -> dict[int, PostedRoot]:
-        """Every root the distributor ever accepted (its ``RootPosted`` events), by epoch."""
+    def posted_roots(self, from_block: int, to_block: int | None = None) -> dict[int, PostedRoot]:
+        """Every root the distributor accepted (its ``RootPosted`` events) up to ``to_block`` (the latest: None), by epoch."""
         out = {}
-        for event in self.distributor.events.RootPosted.get_logs(from_block=from_block):
+        logs = self.distributor.events.RootPosted.get_logs(
+            from_block=from_block, to_block="latest" if to_block is None else to_block
+        )
+        for event in logs:
             block = self.w3.eth.get_block(event["blockNumber"])
             out[int(event["args"]["epoch"])] = PostedRoot(
                 bytes(event["args"]["root"]),
@@ -188,8 +191,9 @@ class Settlement:
             )
         return out
 
-    def latest_epoch(self) -> int:
-        return int(self.distributor.functions.latest_epoch().call())
+    def latest_epoch(self, block: int | None = None) -> int:
+        """The newest epoch posted, as of ``block`` (the latest: None)."""
+        return int(self.distributor.functions.latest_epoch().call(block_identifier="latest" if block is None else block))
 
     def claimed(self, address: str) -> int:
         return int(self.distributor.functions.claimed(Web3.to_checksum_address(address)).call())

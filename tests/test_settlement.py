@@ -229,14 +229,15 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
 
 
 @contextmanager
-def forwarding(target: str, before_proof: Callable[[], None]) -> Iterator[str]:
-    """A loopback HTTP server in front of ``target`` that calls ``before_proof`` once, before it forwards the first
-    request for a claim proof: the point where a real claim may be overtaken by a new root."""
-    pending = [before_proof]
+def forwarding(target: str, before: Callable[[], None], on: str = "/proofs/") -> Iterator[str]:
+    """A loopback HTTP server in front of ``target`` that calls ``before`` once, before it forwards the first
+    request whose path holds ``on``: by default a claim proof, the point where a real claim may be overtaken by
+    a new root."""
+    pending = [before]
 
     class Forward(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if "/proofs/" in self.path and pending:
+            if on in self.path and pending:
                 pending.pop()()
             reply = httpx.get(target + self.path)
             self.send_response(reply.status_code)
@@ -254,7 +255,7 @@ def forwarding(target: str, before_proof: Callable[[], None]) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
-        assert not pending, "no claim proof was asked for"
+        assert not pending, f"nothing holding {on} was asked for"
 
 
 def test_a_claim_overtaken_by_a_new_root_claims_again_against_it(sqlite_url, tmp_path, anvil, chain) -> None:
@@ -273,6 +274,27 @@ def test_a_claim_overtaken_by_a_new_root_claims_again_against_it(sqlite_url, tmp
             code, out = node("claim", "--wallet", str(alice_wallet), "--coordinator", url)
         assert code == 0 and "A newer root landed on chain while claiming against epoch 1" in out and "Claimed 4.75" in out, out
         assert settlement.token.functions.balanceOf(alice.address).call() == 19 * TOKEN // 4
+
+
+def test_an_epoch_listed_and_anchored_while_verify_epoch_reads_waits_rather_than_fails(
+    sqlite_url, tmp_path, anvil, chain
+) -> None:
+    settlement, _, keystore = chain
+    alice = Account.create().address
+    with serve(settled(sqlite_url, tmp_path, anvil, settlement, keystore)) as served:
+        run_id = make_run(served)
+        lay_credit(served, run_id, alice, "1.0")
+        anchored(served, 1)
+
+        def next_epoch() -> None:  # after the audit read the chain, before it reads the coordinator's list
+            lay_credit(served, run_id, alice, "2.0")
+            anchored(served, 2)
+
+        with forwarding(served.url, next_epoch, on="/v1/public/epochs?") as url:
+            code, out = node("verify-epoch", "--coordinator", url)
+        assert code == 0 and "✓ epoch 1" in out and "epoch 2: waiting to be anchored" in out, out
+        code, out = node("verify-epoch", "--coordinator", served.url)
+        assert code == 0 and "✓ epoch 2" in out, out
 
 
 def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(sqlite_url, tmp_path, anvil, chain) -> None:
