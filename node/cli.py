@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,7 +24,7 @@ from intellect_protocol.node.hardware import probe, problems
 from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.settlement_cli import register as register_settlement
 from intellect_protocol.shared import money
-from intellect_protocol.shared.cli import CaFileOption, entry_point, exit_now
+from intellect_protocol.shared.cli import CaFileOption, entry_point, exit_now, on_any_thread
 from intellect_protocol.shared.run_schemas import RunInfo
 from intellect_protocol.shared.schemas import NodeSpecs, checksum_address
 from intellect_protocol.shared.states import SubmissionStatus
@@ -47,26 +46,6 @@ def _say_stopped() -> None:
     # Not through Rich: the interrupt may have landed inside one of its prints, leaving the console's
     # buffer open, and whatever it prints after that is never written.
     print("Stopped.", flush=True)
-
-
-def _on_any_thread(begin_stop: Callable[[], None]) -> None:
-    """Also run ``begin_stop`` from a thread of its own when SIGTERM or SIGINT arrives. Python runs a
-    signal's handler on the main thread only, once that thread runs again: when the kernel hands the
-    signal to another thread, a main thread asleep in a wait the signal did not interrupt runs no
-    handler until the wait ends (a devnet node in CI outlived its stop deadline without its handler
-    having run: this is the cause that fits). Every handled signal's number is written to the wakeup
-    fd, whichever thread took it."""
-    reader, writer = os.pipe()
-    os.set_blocking(writer, False)
-    signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
-
-    def watch() -> None:
-        while received := os.read(reader, 64):
-            if {signal.SIGTERM, signal.SIGINT} & set(received):
-                begin_stop()
-                return
-
-    threading.Thread(target=watch, name="signals", daemon=True).start()
 
 
 def _force_exit() -> None:
@@ -186,7 +165,7 @@ def join(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, interrupt)
-    _on_any_thread(begin_stop)
+    on_any_thread(begin_stop)
     try:
         run_join(account, coordinator, settings, console, operator=link, stop=stop, finishers=finishers)
     except KeyboardInterrupt:

@@ -57,6 +57,46 @@ def stop_on_sigterm() -> threading.Event:
     return stop
 
 
+def stop_as_ctrl_c() -> threading.Event:
+    """SIGTERM and Ctrl-C both stop a role at once: a KeyboardInterrupt wherever its main thread is (a long poll
+    for work, a check in progress), for a role whose work in hand lapses back to the coordinator's queue when it
+    stops (a validator's claims). The event returned is set as well, for the waits on other threads, and also
+    when the kernel hands the signal to another thread (:func:`on_any_thread`). Once: a second signal is ignored
+    while the role stops."""
+    stop = threading.Event()
+
+    def interrupt(*_: object) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        stop.set()
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, interrupt)
+    on_any_thread(stop.set)
+    return stop
+
+
+def on_any_thread(begin_stop: Callable[[], None]) -> None:
+    """Also run ``begin_stop`` from a thread of its own when SIGTERM or SIGINT arrives. Python runs a
+    signal's handler on the main thread only, once that thread runs again: when the kernel hands the
+    signal to another thread, a main thread asleep in a wait the signal did not interrupt runs no
+    handler until the wait ends (a devnet node in CI outlived its stop deadline without its handler
+    having run: this is the cause that fits). Every handled signal's number is written to the wakeup
+    fd, whichever thread took it."""
+    reader, writer = os.pipe()
+    os.set_blocking(writer, False)
+    signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while received := os.read(reader, 64):
+            if {signal.SIGTERM, signal.SIGINT} & set(received):
+                begin_stop()
+                return
+
+    threading.Thread(target=watch, name="signals", daemon=True).start()
+
+
 def _trusting(ca_file: Path | None) -> Path | None:
     if ca_file is not None:
         try:

@@ -1,9 +1,11 @@
 """Which review a validator is handed first: a flood of fresh wallets' files (round four's sybils) waits behind
 the work of nodes with an accepted file, for a bounded time, and is handed out one file at a time, so it neither
-holds up honest work nor starves a new honest node."""
+holds up honest work nor starves a new honest node. A validator stopped mid-batch finishes the file in hand and
+leaves the rest to go back to the queue."""
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -160,6 +162,44 @@ def test_a_validator_checking_a_newcomers_file_draws_nothing_ahead(sqlite_url: s
         checker.check = checking  # type: ignore[method-assign]
         checker.run(max_submissions=checker.checked + 2)
         assert checked == [newcomers[0], arrived[0]]
+
+
+def test_a_validator_stopped_while_it_claims_checks_nothing_more_and_its_claims_go_back_to_the_queue(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A verdict can no longer be posted once stopped, so a batch drawn as the stop comes is not checked for nothing."""
+    key, clock, out = Account.create(), MovableClock(), io.StringIO()
+    settings = _settings(sqlite_url, tmp_path)
+    with _reviewing(settings, key, clock=clock) as served:
+        stop = threading.Event()
+        checker = Validator(served.url, key, tmp_path / "validator", Console(file=out, width=300), batch=3, stop=stop)
+        node = joined(served)
+        _submit(served, node)
+        assert checker.run(max_submissions=1) == 1  # accepted: the node's next files come three to a claim
+        files = [_submit(served, node) for _ in range(3)]
+        claim, checked = checker._claim, []
+
+        def stopped_while_claiming(most: int | None = None) -> list[Claim]:
+            claims = claim(most)
+            stop.set()  # Ctrl-C while the claim's long poll waits
+            return claims
+
+        checker._claim = stopped_while_claiming  # type: ignore[method-assign]
+        check = checker.check
+        checker.check = lambda c: checked.append(c.submission_id) or check(c)  # type: ignore[method-assign,func-returns-value]
+        checker.run()
+        checker.close()
+        assert checked == [] and "3 claimed file(s) left unchecked" in out.getvalue(), out.getvalue()
+
+        clock.advance(settings.committee.validation_claim_s + 1)  # the claims left lapse: nothing is lost
+        again = Validator(served.url, key, tmp_path / "validator", Console(quiet=True), batch=3)
+        check = again.check
+        again.check = lambda c: checked.append(c.submission_id) or check(c)  # type: ignore[method-assign,func-returns-value]
+        try:
+            assert again.run(max_submissions=3) == 3
+        finally:
+            again.close()
+        assert sorted(checked) == sorted(files)
 
 
 def test_a_share_of_the_validators_checks_newcomers_files_and_the_others_stay_free_for_proven_work(

@@ -1,6 +1,6 @@
 """SIGTERM stops the devnet promptly (under 10 s) while it starts, and every role even while it is
-retrying a coordinator that went away, leaving nothing running. Ctrl-C of a working devnet is
-tested on the chain devnet (tests/test_devnet_chain.py), the one with the most roles to stop."""
+retrying a coordinator that went away or waiting on one that does not answer, leaving nothing running. Ctrl-C of a
+working devnet is tested on the chain devnet (tests/test_devnet_chain.py), the one with the most roles to stop."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from intellect_protocol.devnet.network import Network
 from intellect_protocol.devnet.processes import Process, admin_token, create_run, migrate, script, spawn, start_coordinator
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.helpers import running_under, wait_for_text
+from tests.support.stalling import stalling
 
 PROMPT_S = 10.0
 
@@ -90,3 +91,32 @@ def test_validator_and_trainer_stop_promptly_while_their_coordinator_is_gone(tmp
     finally:
         for role in roles:
             role.stop()
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_a_validator_whose_claim_the_coordinator_never_answers(tmp_path: Path) -> None:
+    """Its wait for work would last its client's read timeout (60 s): a stop must not wait it out. The claim goes back
+    to the queue when it lapses, so stopping at once loses nothing."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    migrate(url, tmp_path / "logs" / "migrate.log")
+    coordinator = start_coordinator(tmp_path, url)
+    net = Network(tmp_path, url, admin_token(url), create_run(url, "r", tmp_path / "logs" / "run.log"), "pw", [coordinator])
+    wallet = tmp_path / "validator.json"
+    net.grant(create_wallet(wallet, "pw", scrypt_n=THROWAWAY_SCRYPT_N), "validator")
+    try:
+        with stalling(str(coordinator.url), "/v1/validation/claim") as (proxy, held):
+            command = [*script("intellect-validator"), "run", "--wallet", str(wallet), "--coordinator", proxy]
+            validator = spawn("validator", [*command, "--state-dir", str(tmp_path / "validator")], tmp_path / "validator.log",
+                              {"INTELLECT_WALLET_PASSWORD": "pw"})  # fmt: skip
+            try:
+                assert held.wait(120), validator.tail()
+                signalled = time.monotonic()
+                validator.popen.send_signal(signal.SIGTERM)
+                validator.popen.wait(90)
+                took = time.monotonic() - signalled
+            finally:
+                validator.stop()
+        assert validator.popen.returncode == 0 and "Stopped after 0 submissions." in validator.tail(), validator.tail()
+        assert took < PROMPT_S, f"stopping took {took:.1f} s"
+    finally:
+        coordinator.stop()

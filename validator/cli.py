@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, exit_now, stop_on_sigterm, unlock
+from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, exit_now, stop_as_ctrl_c, unlock
 from intellect_protocol.shared.coordinator_client import Refused, Stopped
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable
 
@@ -34,15 +34,15 @@ def run(
     from intellect_protocol.validator.worker import Validator  # torch loads only for the command that needs it
 
     account = unlock(wallet_file, err)
-    stop = stop_on_sigterm()
+    # Its claims in hand lapse back to the queue: a stop need not wait out a long poll or a check whose verdict it
+    # could no longer post.
+    stop = stop_as_ctrl_c()
+    validator: Validator | None = None
     try:
         validator = Validator(coordinator, account, state_dir / account.address.lower(), console, batch=batch, stop=stop)
-    except (Stopped, KeyboardInterrupt):
-        raise typer.Exit(0) from None
-    console.print(f"Validating as {account.address} for {coordinator}; Ctrl-C to stop.")
-    try:
+        console.print(f"Validating as {account.address} for {coordinator}; Ctrl-C to stop.")
         validator.run()
-    except KeyboardInterrupt:
+    except (Stopped, KeyboardInterrupt):
         pass
     except Refused as e:
         err.print(f"The coordinator refused this validator: {e}", style="red", markup=False)
@@ -52,8 +52,10 @@ def run(
         err.print(f"This validator cannot judge a run's work: {e}.", style="red", markup=False)
         raise typer.Exit(7) from None
     finally:
-        validator.close()
-    console.print(f"Stopped after {validator.checked} submissions.")
+        if validator is not None:
+            validator.close()
+    # Not through Rich: a stop's interrupt may have landed inside one of its prints, leaving its buffer open.
+    print(f"Stopped after {validator.checked if validator else 0} submissions.", flush=True)
     exit_now()
 
 

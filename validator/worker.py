@@ -3,7 +3,8 @@ pretraining islands' steps drawn for audit (:mod:`validator.island_audits`).
 
 Models are loaded once per policy step (step N > 0 through shardcast, like a node) and kept
 for the two newest steps. A submission whose check raises is left to its claim's expiry, so
-another validator (or this one, later) takes it again; nothing is lost.
+another validator (or this one, later) takes it again; nothing is lost. A stop finishes the file
+in hand; the batch's other claims lapse the same way.
 """
 
 from __future__ import annotations
@@ -119,6 +120,14 @@ class Validator:
         upcoming, self._upcoming = self._upcoming, None
         claims = upcoming.result() if upcoming is not None else self._claim(left)
         for i, claim in enumerate(claims):
+            if self.stop.is_set():
+                # Stopped with the file in hand finished: the rest of the batch lapses back to the queue, as a claim
+                # drawn ahead does, rather than holding the stop up for a whole batch of checks.
+                self.console.print(
+                    f"[yellow]Stopping: {len(claims) - i} claimed file(s) left unchecked go back to the queue when "
+                    "their claims expire.[/yellow]"
+                )
+                return
             if i == len(claims) - 1 and len(claims) == self.batch and (left is None or len(claims) < left):
                 # A full batch says more work waits: the next is drawn while this one's last file is checked, no round
                 # trip between batches. Not after a short one (little waits, or a newcomer's file or an appeal, which
