@@ -254,13 +254,7 @@ def main(
             summary: dict[str, object] = {"workdir": str(workdir), "wall_time_s": round(time.monotonic() - started, 1)}
             if network is not None:
                 summary |= _progress_summary(network, accuracy)
-                codes = network.stop()
-                for name in (name for name, code in codes.items() if code == -signal.SIGKILL):
-                    console.print(
-                        f"{name} did not stop within the devnet's deadline and was killed (its log: {workdir / 'logs' / name}.log).",
-                        style="yellow",
-                        markup=False,
-                    )
+                codes = network.stop(console=console)
             elif settlement is not None:
                 settlement.anvil.stop()
             if accuracy is not None:

@@ -8,6 +8,7 @@ Used by ``intellect-devnet`` and by the tests that prove the network learns.
 from __future__ import annotations
 
 import secrets
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from intellect_protocol.shared.tls import CA_FILE_ENV, client_context
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet, wallet_address
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from intellect_protocol.devnet.chain import DevChain
 
 
@@ -110,15 +113,23 @@ class Network:
     def validators(self) -> list[Process]:
         return [p for p in self.processes if p.name.startswith("validator-")]
 
-    def stop(self, timeout: float = 8) -> dict[str, int | None]:
+    def stop(self, timeout: float = 8, console: Console | None = None) -> dict[str, int | None]:
         """SIGTERM to every process at once, SIGKILL to what still runs after ``timeout``; exit codes by
-        name. The default outlasts a node's own deadline for stopping (6 s), so a loaded node winding
-        down exits by itself rather than killed."""
+        name, and each role it had to kill named on ``console`` with its log. The default outlasts a node's
+        own deadline for stopping (6 s), so a loaded node winding down exits by itself rather than killed."""
         for p in self.processes:
             if p.popen.poll() is None:
                 p.popen.terminate()
         deadline = time.monotonic() + timeout
-        return {p.name: p.stop(max(0.1, deadline - time.monotonic())) for p in reversed(self.processes)}
+        codes = {p.name: p.stop(max(0.1, deadline - time.monotonic())) for p in reversed(self.processes)}
+        for p in self.processes:
+            if console is not None and codes[p.name] == -signal.SIGKILL:
+                console.print(
+                    f"{p.name} did not stop within the devnet's deadline and was killed (its log: {p.log_path}).",
+                    style="yellow",
+                    markup=False,
+                )
+        return codes
 
 
 def start_validator(net: Network, name: str) -> Process:

@@ -166,7 +166,7 @@ def run(workdir: Path, islands: int, database_url: str | None, console: Console)
                 found |= summary(network, before)
             except httpx.HTTPError:
                 pass  # the coordinator is gone: the exit codes say why
-            found["exit_codes"] = network.stop()
+            found["exit_codes"] = network.stop(console=console)
         (workdir / "summary.json").write_text(json.dumps(found, indent=2))
     console.print(f"Stopped. Logs, ledger and summary.json are in {workdir}")
     if "held_out_loss_after" in found:

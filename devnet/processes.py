@@ -67,9 +67,9 @@ class Process:
             return "(no log)"
 
     def stop(self, timeout: float = 10, winding_down_s: float = WINDING_DOWN_S) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout``, or later while it still writes its log (a validator finishing
-        the file in hand, a trainer its checkpoint), up to ``winding_down_s`` more; returns the exit code (0 for a
-        clean stop on our SIGTERM, even by a server that re-raises the signal once it has shut down)."""
+        """SIGTERM, then SIGKILL after ``timeout``, or later while it still writes its log (a trainer finishing its
+        checkpoint), up to ``winding_down_s`` more; returns the exit code (0 for a clean stop on our SIGTERM, even by
+        a server that re-raises the signal once it has shut down)."""
         if self.popen.poll() is None:
             self.popen.terminate()
             deadline, cap = time.monotonic() + timeout, time.monotonic() + timeout + winding_down_s

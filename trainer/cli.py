@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, stop_on_sigterm, unlock
+from intellect_protocol.shared.cli import CaFileOption, WalletOption, entry_point, exit_now, stop_on_sigterm, unlock
 from intellect_protocol.shared.coordinator_client import CoordinatorClient, Refused, Stopped
 from intellect_protocol.shared.environments.registry import EnvironmentUnavailable
 from intellect_protocol.shared.states import RunKind
@@ -135,6 +135,9 @@ def lighthouse(
         pass
     finally:
         server.shutdown()
+    # It keeps no state (islands form their next quorum anew), and the interpreter's teardown of torch, which torchft
+    # imports, can outlast a devnet's stop deadline on a busy machine.
+    exit_now()
 
 
 cli = entry_point(app)
