@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
+
+from starlette.requests import Request
 
 POLL_S = 2.0
 """How often a long poll looks again without a wake-up: what another replica changed shows within this.
@@ -58,3 +60,16 @@ class Waiters:
         for key in keys:
             if key in self._wakeups:
                 self._wakeups[key].notify()
+
+
+async def until_gone(request: Request) -> None:
+    """Return once the client of ``request``, whose body was read, has disconnected."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(waiting: Awaitable[None], gone: asyncio.Task[None]) -> None:
+    """Await ``waiting``, or stop awaiting it (cancelled) once ``gone`` (:func:`until_gone`) is done."""
+    task = asyncio.ensure_future(waiting)
+    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    task.cancel()
