@@ -1,4 +1,4 @@
-"""A node's stop begins on SIGTERM whichever of its threads the kernel hands the signal to."""
+"""A role's stop (a node's, a validator's) begins on SIGTERM whichever of its threads the kernel hands the signal to."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ pytestmark = pytest.mark.unit
 # may choose. Python would run the handler on the main thread only, and that thread never wakes.
 PROBE = """
 import os, signal, threading
-from intellect_protocol.node.cli import _on_any_thread
+from intellect_protocol.shared.cli import on_any_thread
 
 def begin_stop():
     print("stop begun", flush=True)
     os._exit(0)
 
 signal.signal(signal.SIGTERM, lambda *_: None)
-_on_any_thread(begin_stop)
+on_any_thread(begin_stop)
 threading.Thread(target=lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
 held = threading.Lock()
 held.acquire()
