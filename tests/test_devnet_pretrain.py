@@ -25,8 +25,8 @@ def test_the_pretraining_devnet_learns_the_corpus_and_stops(tmp_path: Path) -> N
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((workdir / "summary.json").read_text())
-    killed = {name: (workdir / "logs" / f"{name}.log").read_text()[-2000:] for name, c in summary["exit_codes"].items() if c}
-    assert not killed, (summary["exit_codes"], killed, result.stdout[-2000:])
+    unclean = {name: (workdir / "logs" / f"{name}.log").read_text()[-2000:] for name, c in summary["exit_codes"].items() if c}
+    assert not unclean, (summary["exit_codes"], unclean, result.stdout[-2000:])
     manifest = load_manifest(workdir / "metagenome" / "corpus")
     islands = summary["islands"]
     assert sorted(i["name"] for i in islands) == ["island-0", "island-1"]

@@ -3,8 +3,8 @@ pretraining islands' steps drawn for audit (:mod:`validator.island_audits`).
 
 Models are loaded once per policy step (step N > 0 through shardcast, like a node) and kept
 for the two newest steps. A submission whose check raises is left to its claim's expiry, so
-another validator (or this one, later) takes it again; nothing is lost. A stop finishes the file
-in hand; the batch's other claims lapse the same way.
+another validator (or this one, later) takes it again; nothing is lost. Once stopped, no claim
+is checked (its verdict could no longer be posted): those left lapse the same way.
 """
 
 from __future__ import annotations
@@ -121,8 +121,8 @@ class Validator:
         claims = upcoming.result() if upcoming is not None else self._claim(left)
         for i, claim in enumerate(claims):
             if self.stop.is_set():
-                # Stopped with the file in hand finished: the rest of the batch lapses back to the queue, as a claim
-                # drawn ahead does, rather than holding the stop up for a whole batch of checks.
+                # The client posts nothing once stopped, so checking the rest would be work thrown away: it lapses
+                # back to the queue, as a claim drawn ahead does.
                 self.console.print(
                     f"[yellow]Stopping: {len(claims) - i} claimed file(s) left unchecked go back to the queue when "
                     "their claims expire.[/yellow]"
