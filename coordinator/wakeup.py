@@ -6,10 +6,14 @@ Other coordinator replicas do not see the call, so waiters also look again on a 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 from starlette.requests import Request
+
+T = TypeVar("T")
 
 POLL_S = 2.0
 """How often a long poll looks again without a wake-up: what another replica changed shows within this.
@@ -62,14 +66,33 @@ class Waiters:
                 self._wakeups[key].notify()
 
 
-async def until_gone(request: Request) -> None:
-    """Return once the client of ``request``, whose body was read, has disconnected."""
+async def long_poll(
+    request: Request,
+    first: T,
+    look: Callable[[], Awaitable[T]],
+    wait: Callable[[T, float], Awaitable[None]],
+    done: Callable[[T], bool],
+    deadline: float,
+) -> T:
+    """``first``, or else what ``look()`` finds after each ``wait(last found, timeout)`` (a wake-up or at most
+    :data:`POLL_S`), once ``done`` or at ``deadline`` (``time.monotonic``). Nothing is looked at once the client
+    has hung up: a look that claims work would take it for a caller gone, and it would wait out the claim's lease.
+    ``request``'s body must have been read."""
+    gone = asyncio.create_task(_until_gone(request))
+    found = first
+    try:
+        while not done(found) and (remaining := deadline - time.monotonic()) > 0:
+            waiting = asyncio.ensure_future(wait(found, min(POLL_S, remaining)))
+            await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            if gone.done():
+                break
+            found = await look()
+    finally:
+        gone.cancel()
+    return found
+
+
+async def _until_gone(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def unless_gone(waiting: Awaitable[None], gone: asyncio.Task[None]) -> None:
-    """Await ``waiting``, or stop awaiting it (cancelled) once ``gone`` (:func:`until_gone`) is done."""
-    task = asyncio.ensure_future(waiting)
-    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    task.cancel()

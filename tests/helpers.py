@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,6 +58,20 @@ def signed_post(
     signed = sign_request(account, "POST", path, query, raw, audience, timestamp=timestamp, nonce=nonce)
     full_path = f"{path}?{query}" if query else path
     return HTTP.post(url + full_path, content=raw, headers={"content-type": "application/json", **signed, **(headers or {})})
+
+
+@contextmanager
+def hung_up(url: str, path: str, account: LocalAccount, audience: str, body: dict[str, Any]) -> Iterator[None]:
+    """A signed POST of ``body`` to ``path`` on a socket of its own, closed unanswered when the block ends: a client
+    that stopped while its long poll waited."""
+    raw = json.dumps(body).encode()
+    host, port = url.removeprefix("http://").split(":")
+    headers = {"content-type": "application/json", "content-length": str(len(raw)), "host": host}
+    headers |= sign_request(account, "POST", path, "", raw, audience)
+    with socket.create_connection((host, int(port))) as connection:
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        connection.sendall(f"POST {path} HTTP/1.1\r\n{head}\r\n".encode() + raw)
+        yield
 
 
 def make_run(

@@ -6,8 +6,6 @@ leaves the rest to go back to the queue."""
 from __future__ import annotations
 
 import io
-import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -28,10 +26,9 @@ from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.committee import PublicReceipt
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import Claim, SamplingParams
-from intellect_protocol.shared.signing import sign_request
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, Served, admin_token, serve
-from tests.helpers import checks_for, make_run, signed_post, verdict_body
+from tests.helpers import checks_for, hung_up, make_run, signed_post, verdict_body
 from tests.support.clock import MovableClock
 from tests.support.protocol import grant, joined, lease, upload
 
@@ -209,13 +206,8 @@ def test_a_validator_that_hangs_up_mid_wait_is_drawn_nothing_that_arrives_after(
     """A stopped validator's long poll must not take the next file: it would wait out a claim nobody answers."""
     key = Account.create()
     with _reviewing(_settings(sqlite_url, tmp_path), key) as served:
-        body = json.dumps({"address": key.address, "limit": 4, "wait_s": 10}).encode()
-        headers = {"content-type": "application/json", "content-length": str(len(body)), "host": "x"}
-        headers |= sign_request(key, "POST", "/v1/validation/claim", "", body, served.audience)
-        host, port = served.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port))) as hung_up:
-            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-            hung_up.sendall(f"POST /v1/validation/claim HTTP/1.1\r\n{head}\r\n".encode() + body)
+        body = {"address": key.address, "limit": 4, "wait_s": 10}
+        with hung_up(served.url, "/v1/validation/claim", key, served.audience, body):
             time.sleep(0.5)  # its first look found nothing: it waits
         arrived = _submit(served, joined(served))
         time.sleep(1.0)  # what a long poll still waiting would draw at once, on the upload's wake-up

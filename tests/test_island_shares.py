@@ -4,6 +4,7 @@ restarts, goes silent or is left out, and no hostile or stale call changes anyth
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from intellect_protocol.shared.shardcast.manifest import SignedManifest
 from intellect_protocol.shared.shardcast.origin import publish_step, step_dir
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, ON_POSTGRES_ONLY, admin_token, serve
-from tests.helpers import make_run, signed_post
+from tests.helpers import hung_up, make_run, signed_post
 from tests.support.clock import MovableClock
 from tests.support.protocol import grant, joined, lease, upload
 
@@ -275,6 +276,32 @@ def test_a_trainer_that_keeps_claiming_holds_no_more_than_its_share(database_url
         assert len(claim(honest, "honest")) == 5
         for client in (hoarder, honest):
             client.close()
+
+
+def test_an_island_that_hangs_up_mid_wait_holds_nothing_accepted_after(sqlite_url: str, tmp_path: Path) -> None:
+    """A stopped island's long poll must not claim the next accepted submission: it would be held unreported,
+    away from every other island, until the island's lease ran out."""
+    with serve(islands_settings(sqlite_url, tmp_path)) as served:
+        run_id = make_run(served, sampling=SamplingParams(max_tokens=8), audit=NO_AUDIT)
+        token = admin_token(served)
+        trainer_key, validator_key = Account.create(), Account.create()
+        grant(served, token, trainer_key.address, "trainer")
+        grant(served, token, validator_key.address, "validator")
+        island = CoordinatorClient(served.url, trainer_key)
+        island.island_join(IslandJoin(address=trainer_key.address, run_id=run_id, island="a"))
+        claim = IslandClaim(address=trainer_key.address, run_id=run_id, island="a", wait_s=10)
+        with hung_up(served.url, "/v1/trainer/islands/claim", trainer_key, served.audience, claim.model_dump(mode="json")):
+            time.sleep(0.5)  # its first look found nothing: it waits
+        node = joined(served)
+        task = lease(served, node)
+        upload(served, node, task, finish(generate(task)).data)
+        validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True))
+        validator.run(max_submissions=1)
+        validator.close()
+        time.sleep(1.0)  # what a long poll still waiting would claim at once, on the verdict's wake-up
+        assert {i.name: i.claimed for i in island.islands(run_id)} == {"a": 0}
+        assert len(island.island_claim(claim.model_copy(update={"wait_s": 0}))) == 1
+        island.close()
 
 
 def test_a_step_is_published_only_as_most_live_islands_vouch_for_its_content_and_publisher(

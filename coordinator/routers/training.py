@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
 from intellect_protocol.coordinator.blob_response import blob_response
+from intellect_protocol.coordinator.context import Context
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed, SignedPseudoGradient
 from intellect_protocol.coordinator.services import island_audits, islands, pretraining, step_timing, step_vouches, training
-from intellect_protocol.coordinator.wakeup import POLL_S
+from intellect_protocol.coordinator.wakeup import long_poll
 from intellect_protocol.shared.island_schemas import (
     IslandClaim,
     IslandHealCheck,
@@ -34,6 +36,7 @@ router = APIRouter(
 
 @router.get("/rollouts", response_model=list[AcceptedRollouts])
 async def accepted_rollouts(
+    request: Request,
     ctx: Ctx,
     signed: Signed,
     ledger: LedgerDep,
@@ -46,11 +49,12 @@ async def accepted_rollouts(
     ``wait_s`` for the first, answering the moment a verdict accepts some."""
     deadline = time.monotonic() + wait_s
     entries = await ledger.run_signed(signed, training.accepted_after, run, after, limit, ledger.now())
-    while not entries and (remaining := deadline - time.monotonic()) > 0:
-        await ctx.work_arrived.wait(min(POLL_S, remaining))
-        # The signature and its nonce were checked and recorded by the first pass.
-        entries = await ledger.run(training.accepted_after, signed.address, run, after, limit, ledger.now())
-    return entries
+
+    async def look() -> list[AcceptedRollouts]:
+        # The signature and its nonce were checked and recorded by the first look.
+        return await ledger.run(training.accepted_after, signed.address, run, after, limit, ledger.now())
+
+    return await long_poll(request, entries, look, _on_work(ctx), bool, deadline)
 
 
 @router.get(
@@ -78,30 +82,34 @@ async def island_join(body: IslandJoin, signed: Signed, ledger: LedgerDep) -> di
 
 @router.post("/islands/claim", response_model=list[AcceptedRollouts], responses={404: {"model": ErrorBody}})
 async def island_claim(
-    body: IslandClaim, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings
+    body: IslandClaim, request: Request, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings
 ) -> list[AcceptedRollouts]:
     """Accepted submissions no island holds, now the caller's; waits up to ``wait_s`` for the first."""
     deadline = time.monotonic() + body.wait_s
     entries = await ledger.run_signed(signed, islands.claim, body, ledger.now(), settings.island_lease_s)
-    while not entries and (remaining := deadline - time.monotonic()) > 0:
-        await ctx.work_arrived.wait(min(POLL_S, remaining))
-        entries = await ledger.run(islands.claim, signed.address, body, ledger.now(), settings.island_lease_s)
-    return entries
+
+    async def look() -> list[AcceptedRollouts]:
+        return await ledger.run(islands.claim, signed.address, body, ledger.now(), settings.island_lease_s)
+
+    return await long_poll(request, entries, look, _on_work(ctx), bool, deadline)
 
 
 @router.post(
     "/islands/claim-shards", response_model=ShardClaims, responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
 )
-async def island_claim_shards(body: IslandClaim, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings) -> ShardClaims:
+async def island_claim_shards(
+    body: IslandClaim, request: Request, ctx: Ctx, signed: Signed, ledger: LedgerDep, settings: Settings
+) -> ShardClaims:
     """A pretraining run's shard slots no island holds, now the caller's; waits up to ``wait_s`` for the first
     while slots remain that others hold (one may come back)."""
     deadline = time.monotonic() + body.wait_s
     stake = None if ctx.stakes is None else await ctx.stakes.stake(signed.address)
     claims = await ledger.run_signed(signed, pretraining.claim_shards, body, ledger.now(), settings.island_lease_s, stake)
-    while not claims.slots and claims.remaining and (remaining := deadline - time.monotonic()) > 0:
-        await ctx.work_arrived.wait(min(POLL_S, remaining))
-        claims = await ledger.run(pretraining.claim_shards, signed.address, body, ledger.now(), settings.island_lease_s, stake)
-    return claims
+
+    async def look() -> ShardClaims:
+        return await ledger.run(pretraining.claim_shards, signed.address, body, ledger.now(), settings.island_lease_s, stake)
+
+    return await long_poll(request, claims, look, _on_work(ctx), lambda c: bool(c.slots) or not c.remaining, deadline)
 
 
 @router.get(
@@ -160,3 +168,12 @@ async def pseudo_gradient(
     await asyncio.to_thread(ctx.blobs.put_file, island_audits.blob_key(run, staged.sha256), staged.path)
     await ledger.run_signed(signed, island_audits.record_upload, run, staged.sha256)
     ctx.work_arrived.notify()
+
+
+def _on_work(ctx: Context) -> Callable[[object, float], Awaitable[None]]:
+    """A long poll's wait: woken at once when work is accepted on this process, other replicas' within the timeout."""
+
+    async def wait(_: object, timeout: float) -> None:
+        await ctx.work_arrived.wait(timeout)
+
+    return wait

@@ -3,7 +3,6 @@ islands' audited steps. All signed."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Annotated
 
@@ -13,7 +12,7 @@ from sqlalchemy.orm import Session
 from intellect_protocol.coordinator.blob_response import blob_response
 from intellect_protocol.coordinator.deps import Ctx, LedgerDep, Settings, Signed
 from intellect_protocol.coordinator.services import island_audits, receipts, validation
-from intellect_protocol.coordinator.wakeup import POLL_S, unless_gone, until_gone
+from intellect_protocol.coordinator.wakeup import POLL_S, long_poll
 from intellect_protocol.shared.committee import PublicReceipt
 from intellect_protocol.shared.island_audit_schemas import IslandAuditInfo, IslandAuditTask, IslandAuditVerdict
 from intellect_protocol.shared.schemas import Claim, ClaimRequest, ErrorBody, VerdictRequest
@@ -38,23 +37,19 @@ async def claim(
     stake = None if stakes is None else await stakes.stake(signed.address)
     drawn = await ledger.run_signed(signed, validation.claim, body, settings, ledger.now(), ctx.newcomer_reviews, stake)
     ctx.validators_waiting.notify(drawn.validators)
-    # A validator that stopped mid-wait is drawn nothing more: work drawn for it would wait out its claims' expiry.
-    gone = asyncio.create_task(until_gone(request))
-    try:
-        while not drawn.claims and (remaining := deadline - time.monotonic()) > 0:
-            # Woken at once when work is drawn for us on this process (as it arrives, or by another validator's look);
-            # other replicas' draws show within POLL_S; a newcomer's file held back is looked at again when its turn comes.
-            await unless_gone(
-                ctx.validators_waiting.wait(signed.address, min(POLL_S, remaining, drawn.newcomers_in_s or POLL_S)), gone
-            )
-            if gone.done():
-                break
-            # The signature, its nonce, the role and the stake were checked by the first look.
-            drawn = await ledger.run(validation.draw, signed.address, body.limit, settings, ledger.now(), ctx.newcomer_reviews)
-            ctx.validators_waiting.notify(drawn.validators)
-    finally:
-        gone.cancel()
-    return drawn.claims
+
+    async def look() -> validation.Drawn:
+        # The signature, its nonce, the role and the stake were checked by the first look.
+        again = await ledger.run(validation.draw, signed.address, body.limit, settings, ledger.now(), ctx.newcomer_reviews)
+        ctx.validators_waiting.notify(again.validators)
+        return again
+
+    async def wait(drawn: validation.Drawn, timeout: float) -> None:
+        # Woken at once when work is drawn for us on this process (as it arrives, or by another validator's look);
+        # other replicas' draws show within POLL_S; a newcomer's file held back is looked at again when its turn comes.
+        await ctx.validators_waiting.wait(signed.address, min(timeout, drawn.newcomers_in_s or POLL_S))
+
+    return (await long_poll(request, drawn, look, wait, lambda d: bool(d.claims), deadline)).claims
 
 
 @router.get(
