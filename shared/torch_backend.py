@@ -3,8 +3,8 @@
 Nodes generate with it; validators calibrating a run's tolerances generate honest work with it too.
 
 Hidden states come from a hook on the final norm during generation itself, so proofs need
-no second pass. Rows that finished keep being fed padding (their outputs are ignored) so
-the batch stays rectangular.
+no second pass. A row that finishes leaves the batch (and its cache) at the next step, so a step costs
+only the rows still generating.
 """
 
 from __future__ import annotations
@@ -76,41 +76,45 @@ class TorchBackend:
             for row, limit in enumerate(limits):
                 finish[row] = "length" if limit <= 0 else None
             next_position = positions[:, -1] + 1
+            rows = list(range(batch))  # the prompt each row of the batch is
             for step in range(max(limits, default=0)):
                 if all(finish):
                     break
+                if any(finish[row] for row in rows):
+                    # Long reasoning ends anywhere from one to twice the shortest: a finished row kept in the batch
+                    # would cost what a live one does at every step to the longest.
+                    keep = torch.tensor([i for i, row in enumerate(rows) if finish[row] is None], device=self.device)
+                    cache.batch_select_indices(keep)
+                    logits, mask, seed_t, offsets, next_position = (
+                        t[keep] for t in (logits, mask, seed_t, offsets, next_position)
+                    )
+                    rows = [row for row in rows if finish[row] is None]
                 chosen, chosen_logprobs = sample(logits, seed_t, offsets + step, params.temperature, params.top_p)
                 # One copy to the host a step, not one a row: on a GPU each is a wait for the device.
-                step_tokens, step_logprobs = chosen.tolist(), chosen_logprobs.tolist()
-                for row in range(batch):
-                    if finish[row] is None:
-                        token = step_tokens[row]
-                        tokens[row].append(token)
-                        logprobs[row].append(step_logprobs[row])
-                        if params.stop_on_eos and token == self.eos:
-                            finish[row] = "stop"
-                        elif len(tokens[row]) == limits[row]:
-                            finish[row] = "length"
-                        elif turn is not None and turn.ended(tokens[row]):
-                            finish[row] = "turn"
+                for row, token, logprob in zip(rows, chosen.tolist(), chosen_logprobs.tolist(), strict=True):
+                    tokens[row].append(token)
+                    logprobs[row].append(logprob)
+                    if params.stop_on_eos and token == self.eos:
+                        finish[row] = "stop"
+                    elif len(tokens[row]) == limits[row]:
+                        finish[row] = "length"
+                    elif turn is not None and turn.ended(tokens[row]):
+                        finish[row] = "turn"
                 if all(finish):
                     break
-                live_rows = [f is None for f in finish]
-                live = torch.tensor(live_rows, device=self.device)
-                fed = torch.where(live, chosen, torch.full_like(chosen, self.pad))
-                mask = torch.cat([mask, live.long()[:, None]], dim=1)
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 captured.clear()
                 logits = self.model(
-                    input_ids=fed[:, None],
+                    input_ids=chosen[:, None],
                     attention_mask=mask,
                     position_ids=next_position[:, None],
                     **{self.cache_keyword: cache},
                     use_cache=True,
                 ).logits[:, -1]
                 state = captured[-1][:, -1].to(torch.bfloat16).cpu()
-                for row in range(batch):
-                    if live_rows[row]:
-                        hidden[row].append(state[row])
+                for i, row in enumerate(rows):
+                    if finish[row] is None:  # a row's last token is not read: it leaves the batch at the next step
+                        hidden[row].append(state[i])
                 next_position = next_position + 1
 
         return [
