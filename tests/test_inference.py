@@ -101,6 +101,30 @@ def test_batch_composition_and_padding_do_not_change_samples(tiny) -> None:
     assert rollout_passes(verify_proofs(batched.hidden, build_proofs(alone.hidden)))
 
 
+def test_a_finished_row_leaves_the_decode_batch_and_the_others_are_unchanged(tiny) -> None:
+    """Long reasoning ends anywhere from one to twice the shortest: a row kept in the batch to the longest would cost
+    what a live one does at every step."""
+    model, tokenizer, backend = tiny
+    prompts = [prompt_ids(tokenizer, p) for p in ("12+34:", "123+456:", "5+7:")]
+    seeds = [11, 12, 13]
+    alone = [backend.generate([p], [s], SamplingParams(temperature=1.0, max_tokens=30))[0] for p, s in zip(prompts, seeds)]
+    rows: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        together = backend.generate(prompts, seeds, SamplingParams(temperature=1.0, max_tokens=30))
+    finally:
+        hook.remove()
+    lengths = sorted(len(c.tokens) for c in together)
+    assert lengths[0] < lengths[-1], lengths  # rows that finish apart, or nothing is tested
+    # The prompts' pass, then one step a token of the longest but its last, each fed the rows that had not finished
+    # before it (a row's last token is fed once, with the step that drew it, then the row leaves).
+    assert rows == [3] + [sum(len(c.tokens) > step for c in together) for step in range(lengths[-1] - 1)]
+    for batched, single in zip(together, alone):
+        assert batched.tokens == single.tokens and batched.finish_reason == single.finish_reason
+        assert batched.hidden.shape == single.hidden.shape
+        assert rollout_passes(verify_proofs(batched.hidden, build_proofs(single.hidden)))
+
+
 def test_length_limit_and_eos_switch(tiny) -> None:
     _, tokenizer, backend = tiny
     out = backend.generate([prompt_ids(tokenizer, "123+456:")], [3], SamplingParams(temperature=0, max_tokens=5))[0]
