@@ -3,8 +3,8 @@
 Nodes generate with it; validators calibrating a run's tolerances generate honest work with it too.
 
 Hidden states come from a hook on the final norm during generation itself, so proofs need
-no second pass. A row that finishes leaves the batch (and its cache) at the next step, so a step costs
-only the rows still generating.
+no second pass. A row that finishes leaves the batch (and its cache) at once, so a step costs only
+the rows still generating.
 """
 
 from __future__ import annotations
@@ -80,28 +80,29 @@ class TorchBackend:
             for step in range(max(limits, default=0)):
                 if all(finish):
                     break
+                chosen, chosen_logprobs = sample(logits, seed_t, offsets + step, params.temperature, params.top_p)
+                # One copy to the host a step, not one a row: on a GPU each is a wait for the device.
+                for row, token, logprob in zip(rows, chosen.tolist(), chosen_logprobs.tolist(), strict=True):
+                    if finish[row] is None:
+                        tokens[row].append(token)
+                        logprobs[row].append(logprob)
+                        if params.stop_on_eos and token == self.eos:
+                            finish[row] = "stop"
+                        elif len(tokens[row]) == limits[row]:
+                            finish[row] = "length"
+                        elif turn is not None and turn.ended(tokens[row]):
+                            finish[row] = "turn"
+                if all(finish):
+                    break
                 if any(finish[row] for row in rows):
                     # Long reasoning ends anywhere from one to twice the shortest: a finished row kept in the batch
                     # would cost what a live one does at every step to the longest.
                     keep = torch.tensor([i for i, row in enumerate(rows) if finish[row] is None], device=self.device)
                     cache.batch_select_indices(keep)
-                    logits, mask, seed_t, offsets, next_position = (
-                        t[keep] for t in (logits, mask, seed_t, offsets, next_position)
+                    chosen, mask, seed_t, offsets, next_position = (
+                        t[keep] for t in (chosen, mask, seed_t, offsets, next_position)
                     )
                     rows = [row for row in rows if finish[row] is None]
-                chosen, chosen_logprobs = sample(logits, seed_t, offsets + step, params.temperature, params.top_p)
-                # One copy to the host a step, not one a row: on a GPU each is a wait for the device.
-                for row, token, logprob in zip(rows, chosen.tolist(), chosen_logprobs.tolist(), strict=True):
-                    tokens[row].append(token)
-                    logprobs[row].append(logprob)
-                    if params.stop_on_eos and token == self.eos:
-                        finish[row] = "stop"
-                    elif len(tokens[row]) == limits[row]:
-                        finish[row] = "length"
-                    elif turn is not None and turn.ended(tokens[row]):
-                        finish[row] = "turn"
-                if all(finish):
-                    break
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 captured.clear()
                 logits = self.model(
@@ -113,8 +114,7 @@ class TorchBackend:
                 ).logits[:, -1]
                 state = captured[-1][:, -1].to(torch.bfloat16).cpu()
                 for i, row in enumerate(rows):
-                    if finish[row] is None:  # a row's last token is not read: it leaves the batch at the next step
-                        hidden[row].append(state[i])
+                    hidden[row].append(state[i])
                 next_position = next_position + 1
 
         return [

@@ -116,9 +116,8 @@ def test_a_finished_row_leaves_the_decode_batch_and_the_others_are_unchanged(tin
         hook.remove()
     lengths = sorted(len(c.tokens) for c in together)
     assert lengths[0] < lengths[-1], lengths  # rows that finish apart, or nothing is tested
-    # The prompts' pass, then one step a token of the longest but its last, each fed the rows that had not finished
-    # before it (a row's last token is fed once, with the step that drew it, then the row leaves).
-    assert rows == [3] + [sum(len(c.tokens) > step for c in together) for step in range(lengths[-1] - 1)]
+    # The prompts' pass, then one step a token of the longest but its last, each fed the rows not finished by it.
+    assert rows == [3] + [sum(len(c.tokens) > step for c in together) for step in range(1, lengths[-1])]
     for batched, single in zip(together, alone):
         assert batched.tokens == single.tokens and batched.finish_reason == single.finish_reason
         assert batched.hidden.shape == single.hidden.shape
