@@ -34,11 +34,20 @@ SLOWEST = 0.8
 """The least share of the node's row-steps a second the baseline may run at before its figure is refused."""
 
 
-def decode(backend: TorchBackend, tokenizer: PreTrainedTokenizerBase, specs: list[TaskSpec]) -> tuple[float, list[list[int]]]:
-    """Seconds to generate ``specs`` one after another, and each task's completion lengths."""
+def reasoning_tasks(count: int) -> list[TaskSpec]:
+    """``count`` tasks of the ``reasoning`` workload's run, seeded 1000, 1001, ... so every run draws the same rows."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = tasks(Path(tmp), WORKLOADS["reasoning"].run_options)
+        return [next(source).model_copy(update={"seed": 1000 + i}) for i in range(count)]
+
+
+def decode(
+    backend: TorchBackend, tokenizer: PreTrainedTokenizerBase, specs: list[TaskSpec]
+) -> tuple[float, list[list[list[int]]]]:
+    """Seconds to generate ``specs`` one after another, and each task's completions (token ids)."""
     started = time.perf_counter()
-    lengths = [[len(c.tokens) for c in generate_with(backend, tokenizer, spec).completions] for spec in specs]
-    return time.perf_counter() - started, lengths
+    completions = [[c.tokens for c in generate_with(backend, tokenizer, spec).completions] for spec in specs]
+    return time.perf_counter() - started, completions
 
 
 def main() -> None:
@@ -47,14 +56,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating (default 3)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        source = tasks(Path(tmp), WORKLOADS["reasoning"].run_options)
-        specs = [next(source).model_copy(update={"seed": 1000 + i}) for i in range(args.tasks + 1)]
+    specs = reasoning_tasks(args.tasks + 1)
     model, tokenizer = load_model(specs[0].model)
     backend = TorchBackend(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     decode(backend, tokenizer, specs[:1])  # the first call in a process is slower (allocator, page faults)
     specs = specs[1:]
-    _, lengths = decode(backend, tokenizer, specs)
+    lengths = [list(map(len, rows)) for rows in decode(backend, tokenizer, specs)[1]]
     to_longest = [
         spec.model_copy(update={"sampling": spec.sampling.model_copy(update={"stop_on_eos": False, "max_tokens": max(rows)})})
         for spec, rows in zip(specs, lengths, strict=True)

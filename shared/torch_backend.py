@@ -4,15 +4,19 @@ Nodes generate with it; validators calibrating a run's tolerances generate hones
 
 Hidden states come from a hook on the final norm during generation itself, so proofs need
 no second pass. A row that finishes leaves the batch (and its cache) at once, so a step costs only
-the rows still generating.
+the rows still generating; the cache takes each step's keys and values without copying what it holds
+(:mod:`shared.kv_cache`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import Cache, PreTrainedModel
 
 from intellect_protocol.shared.inference import Completion, Turn
+from intellect_protocol.shared.kv_cache import growing_cache
 from intellect_protocol.shared.models import cache_keyword, final_norm_outputs
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.sampling import sample
@@ -20,9 +24,18 @@ from intellect_protocol.shared.schemas import SamplingParams
 
 
 class TorchBackend:
-    def __init__(self, model: PreTrainedModel, eos_token_id: int, pad_token_id: int, *, threads: int | None = 1) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        eos_token_id: int,
+        pad_token_id: int,
+        *,
+        threads: int | None = 1,
+        kv_cache: Callable[[int], Cache] = growing_cache,
+    ) -> None:
         """``threads``: torch's intra-op threads for this process (1, so processes sharing cores
-        do not slow each other down; None leaves torch's default)."""
+        do not slow each other down; None leaves torch's default); ``kv_cache``: makes a generate call's
+        cache from the most positions a row will hold (``bench/kv_cache.py`` passes transformers' own)."""
         if threads is not None:
             torch.set_num_threads(threads)
         self.model = model
@@ -32,6 +45,7 @@ class TorchBackend:
         self.numerics = Numerics.of(model)
         self.hidden_size: int = model.config.hidden_size
         self.cache_keyword = cache_keyword(model)
+        self.kv_cache = kv_cache
 
     @torch.inference_mode()
     def generate(
@@ -57,7 +71,7 @@ class TorchBackend:
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         hidden: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         finish: list[str | None] = [None] * batch
-        cache = DynamicCache()
+        cache = self.kv_cache(longest + max(limits, default=0))
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
 
         with final_norm_outputs(self.model) as captured:
