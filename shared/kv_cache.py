@@ -7,8 +7,10 @@ with room to spare and hands the model views of its filled part: a step writes o
 reallocated only when it is full (doubling, up to the most positions the call can hold), or after rows left the
 batch (so their memory goes with them).
 
-The model reads exactly the values it would have read from ``DynamicCache``, at the same positions; only their
-storage differs. Built on transformers' cache layers (``Cache(layer_class_to_replicate=...)``, 5.x).
+A buffer never holds more positions than the call can fill (its rows at the longest prompt plus their limit),
+which is what :mod:`node.fit` admits a node for. The model reads exactly the values it would have read from
+``DynamicCache``, at the same positions; only their storage differs. Built on transformers' cache layers
+(``Cache(layer_class_to_replicate=...)``, 5.x).
 """
 
 from __future__ import annotations
