@@ -16,7 +16,7 @@ import torch
 from transformers import Cache, PreTrainedModel
 
 from intellect_protocol.shared.inference import Completion, Turn
-from intellect_protocol.shared.kv_cache import growing_cache
+from intellect_protocol.shared.kv_cache import buffered_cache
 from intellect_protocol.shared.models import cache_keyword, final_norm_outputs
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.sampling import sample
@@ -31,7 +31,7 @@ class TorchBackend:
         pad_token_id: int,
         *,
         threads: int | None = 1,
-        kv_cache: Callable[[int], Cache] = growing_cache,
+        kv_cache: Callable[[int], Cache] = buffered_cache,
     ) -> None:
         """``threads``: torch's intra-op threads for this process (1, so processes sharing cores
         do not slow each other down; None leaves torch's default); ``kv_cache``: makes a generate call's

@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from intellect_protocol.shared.inference import Turn
-from intellect_protocol.shared.kv_cache import GrowingLayer
+from intellect_protocol.shared.kv_cache import BufferedLayer
 from intellect_protocol.shared.models import cache_keyword, load_model
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.torch_backend import TorchBackend
@@ -30,35 +30,41 @@ def _steps(batch: int, first: int, then: int, seed: int = 0) -> list[tuple[torch
     ]
 
 
-def test_a_step_writes_in_place_until_the_buffer_is_full_and_never_past_the_capacity() -> None:
-    layer, reference = GrowingLayer(capacity=13), DynamicCache()
+def test_a_call_holds_one_buffer_of_its_capacity_and_every_step_writes_into_it() -> None:
+    layer, reference = BufferedLayer(capacity=13), DynamicCache()
     buffers = []
     for keys, values in _steps(batch=3, first=5, then=8):
         got = layer.update(keys, values)
         want = reference.update(keys, values, 0)
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
         buffers.append((got[0].data_ptr(), layer._buffers[0].shape[-2]))  # type: ignore[index]
-    # Room for twice the prompt's positions, then doubling, capped at the capacity: two buffers for 13 positions.
-    assert [room for _, room in buffers] == [10] * 6 + [13] * 3
-    assert len({pointer for pointer, _ in buffers}) == 2
+    assert buffers == [buffers[0]] * 9 and buffers[0][1] == 13
 
 
-def test_rows_that_leave_start_new_buffers_and_the_kept_rows_read_as_before() -> None:
-    layer, reference = GrowingLayer(capacity=40), DynamicCache()
+def test_a_capacity_too_small_costs_copies_but_never_a_wrong_read() -> None:
+    layer, reference = BufferedLayer(capacity=6), DynamicCache()
+    for keys, values in _steps(batch=2, first=5, then=4):
+        got = layer.update(keys, values)
+        want = reference.update(keys, values, 0)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert layer._buffers is not None and layer._buffers[0].shape[-2] == 9
+
+
+def test_rows_that_leave_are_compacted_in_the_same_buffers_and_the_kept_rows_read_as_before() -> None:
+    layer, reference = BufferedLayer(capacity=40), DynamicCache()
     steps = _steps(batch=4, first=3, then=6)
     for keys, values in steps[:3]:
         layer.update(keys, values)
         reference.update(keys, values, 0)
-    old = layer._buffers
-    keep = torch.tensor([0, 2])
+    before = layer._buffers[0].data_ptr()  # type: ignore[index]
+    keep = torch.tensor([2, 0])
     layer.batch_select_indices(keep)
     reference.batch_select_indices(keep)
     for keys, values in steps[3:]:
         got = layer.update(keys[keep], values[keep])
         want = reference.update(keys[keep], values[keep], 0)
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
-    assert layer._buffers is not None and old is not None and layer._buffers[0].shape[0] == 2
-    assert old[0].shape[0] == 4  # the old buffers were left alone, not written behind the selected rows' copy
+    assert layer._buffers is not None and layer._buffers[0].shape[0] == 2 and layer._buffers[0].data_ptr() == before
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -78,12 +84,12 @@ def test_the_node_decodes_exactly_as_with_transformers_own_cache(family: str, tm
             results.append(backend.generate(prompts, [1, 2, 3, 4], params, turn))
     finally:
         hook.remove()
-    growing, concatenating = results
-    assert [len(c.tokens) for c in growing] == [48, 9, 30, 1]
-    # The node's own backend decodes on the growing cache (its steps after the prompt's pass), the other does not.
+    buffered, concatenating = results
+    assert [len(c.tokens) for c in buffered] == [48, 9, 30, 1]
+    # The node's own backend decodes on the buffered cache (its steps after the prompt's pass), the other does not.
     steps = len(layers) // 2
-    assert all(isinstance(layer, GrowingLayer) for step in layers[1:steps] for layer in step) and layers[1]
-    assert not any(isinstance(layer, GrowingLayer) for step in layers[steps:] for layer in step)
-    for mine, theirs in zip(growing, concatenating, strict=True):
+    assert all(isinstance(layer, BufferedLayer) for step in layers[1:steps] for layer in step) and layers[1]
+    assert not any(isinstance(layer, BufferedLayer) for step in layers[steps:] for layer in step)
+    for mine, theirs in zip(buffered, concatenating, strict=True):
         assert mine.tokens == theirs.tokens and mine.logprobs == theirs.logprobs
         assert torch.equal(mine.hidden, theirs.hidden)
