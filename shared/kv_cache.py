@@ -26,11 +26,11 @@ from transformers.cache_utils import Cache, DynamicLayer
 class BufferedLayer(DynamicLayer):
     """One layer's keys and values ``[batch, heads, positions, head_dim]``, as views of larger buffers.
 
-    Whatever replaces ``keys`` and ``values`` (``DynamicLayer``'s row selection, cropping, reordering) leaves them
-    tensors of their own; the next update then starts new buffers from them, so they are never written behind."""
+    Whatever else replaces ``keys`` and ``values`` (``DynamicLayer``'s cropping or reordering) leaves them tensors
+    of their own; the next update then starts new buffers from them, so they are never written behind."""
 
     def __init__(self, capacity: int) -> None:
-        """``capacity``: the most positions this layer will hold (a buffer never grows past it)."""
+        """``capacity``: the positions the buffers are made for (more grows them, a copy each time)."""
         super().__init__()  # type: ignore[no-untyped-call]
         self.capacity = capacity
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -55,13 +55,14 @@ class BufferedLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the rows of ``indices``, moved to the front of the same buffers (no buffer is made or freed)."""
-        if not self._backs_the_cache():
+        buffers = self._buffers if self._backs_the_cache() else None
+        if buffers is None:
             super().batch_select_indices(indices)
             return
         held, kept = self.get_seq_length(), len(indices)
-        for buffer in self._buffers:  # type: ignore[union-attr]
+        for buffer in buffers:
             buffer[:kept, :, :held] = buffer[indices, :, :held]
-        keys, values = (buffer[:kept] for buffer in self._buffers)  # type: ignore[union-attr]
+        keys, values = (buffer[:kept] for buffer in buffers)
         self._buffers = keys, values
         self.keys, self.values = keys[:, :, :held], values[:, :, :held]
 
