@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -151,8 +152,13 @@ def main() -> None:
         for role in ("node", "validator", "previous-validator"):
             command = [sys.executable, __file__, "--measure", role, "--model", str(directory), "--tokens", str(args.tokens)]
             out = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            if out.returncode < 0 and role == "previous-validator":
+                # Its whole-completion logits and their temporaries take about 19 GB at the defaults.
+                print(f"{role:<19} killed by {signal.Signals(-out.returncode).name} (out of memory, most likely): no ratio")
+                return
             if out.returncode != 0:
-                raise SystemExit(f"{role} failed:\n{out.stderr[-3000:]}")
+                why = signal.Signals(-out.returncode).name if out.returncode < 0 else f"exit {out.returncode}"
+                raise SystemExit(f"{role} failed ({why}):\n{out.stderr[-3000:]}")
             results[role] = r = json.loads(out.stdout.strip().splitlines()[-1])
             weights, kv = r["weights"], r["kv"]
             peak = weights + r["extra"]
