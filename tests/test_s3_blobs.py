@@ -103,14 +103,18 @@ def test_uploads_land_in_the_bucket_and_validators_read_them(sqlite_url: str, s3
         assert httpx.get(f"{served.url}/v1/public/submissions/{submission_id}").json()["status"] == "accepted"
 
 
-def test_an_outage_is_answered_503_and_records_nothing(sqlite_url: str, s3: S3) -> None:
+def test_an_outage_is_answered_503_and_records_nothing(
+    sqlite_url: str, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store stages under the system's temporary directory, which other test workers' coordinators share.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with serve(_settings(sqlite_url, s3)) as served:
         make_run(served, sampling=SamplingParams(max_tokens=16), prompts=1, samples=2)
         node = joined(served)
         task = lease(served, node)
         data = finish(generate(task)).data
         s3.stop()
-        staging = Path(tempfile.gettempdir()) / "intellect-uploads"
+        staging = tmp_path / "intellect-uploads"
         staged_before, before = set(staging.glob("*")), served.snapshot()
         reply = signed_post(served.url, "/v1/submissions", node, served.audience, data, query=f"task={task.task_id}")
         assert reply.status_code == 503 and reply.json()["code"] == "storage_unavailable", reply.text
