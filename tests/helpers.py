@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from intellect_protocol.coordinator.db import make_sessionmaker
@@ -26,10 +27,20 @@ from intellect_protocol.shared.schemas import DEFAULT_MODEL, CheckOutcome, Sampl
 from intellect_protocol.shared.signing import sign_request
 from intellect_protocol.shared.verdicts import sign_verdict
 from intellect_protocol.shared.version import __version__
+from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N
 
-HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
-"""Shared by the helpers: a new client builds a TLS context (about 25 ms of CPU) even for plain HTTP.
-No connection is kept open between requests: tests count an address's connections."""
+HTTP = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))
+"""What tests send plain HTTP with, in place of ``httpx.get`` and its kin: each of those builds a client, and with
+it a TLS context (about 40 ms of CPU; 42 s of the integration stage's). As they do, it keeps no connection open
+between requests (tests count an address's connections) and sets no bound on how many are open at once (floods
+from threads); no response a test reads sets a cookie."""
+
+
+def keystore_json(key: bytes, password: str) -> str:
+    """A throwaway wallet's keystore file (:data:`THROWAWAY_SCRYPT_N`): each role that loads eth-account's default
+    pays 0.75 s of scrypt (46 s of the integration stage's CPU went to those)."""
+    return json.dumps(Account.encrypt(key, password, kdf="scrypt", iterations=THROWAWAY_SCRYPT_N))
+
 
 SPECS = {"cpu_cores": 2, "ram_bytes": 8 << 30, "disk_free_bytes": 100 << 30}
 

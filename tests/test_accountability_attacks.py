@@ -4,14 +4,12 @@ appeal floods, and what a caught rogue validator had already waved through."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 from eth_account import Account
 from sqlalchemy import select, update
@@ -28,7 +26,7 @@ from intellect_protocol.shared.links import sign_link
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from tests.conftest import Served, admin_token, serve
-from tests.helpers import make_run, register_body, signed_post
+from tests.helpers import HTTP, keystore_json, make_run, register_body, signed_post
 from tests.support.clock import MovableClock
 from tests.support.protocol import claim_all, forge, grant, joined, lease, upload
 from tests.test_committee import judge_all, receipt, strikes_of, trainer_page
@@ -86,7 +84,7 @@ def test_a_node_cannot_link_itself_to_a_validator_it_does_not_control(sqlite_url
 
         # The operator's own signature, made with its wallet by the CLI, makes the link; then it counts.
         wallet = tmp_path / "operator.json"
-        wallet.write_text(json.dumps(Account.encrypt(honest.key, "pw")))
+        wallet.write_text(keystore_json(honest.key, "pw"))
         made = CliRunner().invoke(
             node_cli,
             ["link-operator", "--node", forger.address, "--wallet", str(wallet), "--coordinator", served.url],
@@ -249,7 +247,7 @@ def test_a_caught_validators_unread_approvals_are_withheld_and_what_was_trained_
         assert rows == 2 * 2 and all(
             receipt(served, sid).trained_rows == 0 for sid in unread
         )  # 2 files x 2 rows; none of the withheld
-        standing = {s["address"]: s for s in httpx.get(f"{served.url}/v1/public/validators").json()}
+        standing = {s["address"]: s for s in HTTP.get(f"{served.url}/v1/public/validators").json()}
         assert not standing[rogue.address]["active"] and standing[rogue.address]["rows_trained_then_rejected"] == rows
         assert standing[first.address]["rows_trained_then_rejected"] == 0
         with make_sessionmaker(served.engine)() as session:
@@ -321,7 +319,7 @@ def test_upload_bodies_condemned_by_their_headers_are_never_staged(sqlite_url: s
         with StagingWatch(incoming) as watch, ThreadPoolExecutor(6) as pool:
             trickling = [pool.submit(_declare_upload, served, h, task.task_id) for h in claims]
             time.sleep(0.3)  # their first mebibytes are sent
-            own = httpx.post(f"{served.url}/v1/submissions?{query}", content=data, headers=headers)
+            own = HTTP.post(f"{served.url}/v1/submissions?{query}", content=data, headers=headers)
             answers = [t.result() for t in trickling]
         assert own.status_code == 200, own.text
         assert answers == [401] * 6 and watch.most <= len(data), (answers, watch.most)

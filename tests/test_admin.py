@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import subprocess
 
-import httpx
 from eth_account import Account
 
 from tests.conftest import ON_POSTGRES_ONLY, admin_token
-from tests.helpers import heartbeat_body, register_body, signed_post
+from tests.helpers import HTTP, heartbeat_body, register_body, signed_post
 
 
 def _register(coordinator, n: int) -> list:
@@ -24,21 +23,21 @@ def _register(coordinator, n: int) -> list:
 def test_tokens_are_required_and_scoped(coordinator) -> None:
     [node] = _register(coordinator, 1)
     url = f"{coordinator.url}/v1/admin/nodes"
-    assert httpx.get(url).json()["code"] == "admin_unauthorized"
-    assert httpx.get(url, headers={"authorization": "Bearer ipa_1_" + "A" * 43}).status_code == 401
-    assert httpx.get(url, headers={"authorization": "Basic abc"}).status_code == 401
+    assert HTTP.get(url).json()["code"] == "admin_unauthorized"
+    assert HTTP.get(url, headers={"authorization": "Bearer ipa_1_" + "A" * 43}).status_code == 401
+    assert HTTP.get(url, headers={"authorization": "Basic abc"}).status_code == 401
 
     reader = admin_token(coordinator, "read")
-    assert httpx.get(url, headers={"authorization": f"Bearer {reader}"}).status_code == 200
+    assert HTTP.get(url, headers={"authorization": f"Bearer {reader}"}).status_code == 200
     before = coordinator.snapshot()
-    response = httpx.post(f"{url}/{node.address}/ban", json={"reason": "x"}, headers={"authorization": f"Bearer {reader}"})
+    response = HTTP.post(f"{url}/{node.address}/ban", json={"reason": "x"}, headers={"authorization": f"Bearer {reader}"})
     assert response.status_code == 403
     assert response.json()["code"] == "admin_forbidden"
     assert coordinator.snapshot() == before
 
     # A token whose secret is altered in one character is refused.
     tampered = reader[:-1] + ("A" if reader[-1] != "A" else "B")
-    assert httpx.get(url, headers={"authorization": f"Bearer {tampered}"}).status_code == 401
+    assert HTTP.get(url, headers={"authorization": f"Bearer {tampered}"}).status_code == 401
 
 
 def test_tokens_are_stored_hashed(coordinator) -> None:
@@ -57,21 +56,21 @@ def test_list_filter_detail_ban_unban(coordinator) -> None:
     auth = {"authorization": f"Bearer {admin_token(coordinator, 'operate')}"}
     base = f"{coordinator.url}/v1/admin/nodes"
 
-    listing = httpx.get(base, headers=auth).json()
+    listing = HTTP.get(base, headers=auth).json()
     assert listing["counts"]["registered"] == 2 and listing["counts"]["healthy"] == 1
-    healthy = httpx.get(base, params={"status": "healthy"}, headers=auth).json()["nodes"]
+    healthy = HTTP.get(base, params={"status": "healthy"}, headers=auth).json()["nodes"]
     assert [n["address"] for n in healthy] == [a.address]
-    assert httpx.get(base, params={"status": "sleepy"}, headers=auth).json()["code"] == "validation_error"
+    assert HTTP.get(base, params={"status": "sleepy"}, headers=auth).json()["code"] == "validation_error"
 
-    detail = httpx.get(f"{base}/{a.address.lower()}", headers=auth).json()
+    detail = HTTP.get(f"{base}/{a.address.lower()}", headers=auth).json()
     assert detail["address"] == a.address
     assert [e["to_status"] for e in detail["events"]] == ["healthy", "registered"]
-    assert httpx.get(f"{base}/0x{'1' * 40}", headers=auth).status_code == 404
-    assert httpx.get(f"{base}/nonsense", headers=auth).status_code == 422
+    assert HTTP.get(f"{base}/0x{'1' * 40}", headers=auth).status_code == 404
+    assert HTTP.get(f"{base}/nonsense", headers=auth).status_code == 422
 
-    banned = httpx.post(f"{base}/{b.address}/ban", json={"reason": "forged proofs"}, headers=auth).json()
+    banned = HTTP.post(f"{base}/{b.address}/ban", json={"reason": "forged proofs"}, headers=auth).json()
     assert banned["status"] == "banned" and banned["ban_reason"] == "forged proofs"
-    assert httpx.post(f"{base}/{b.address}/ban", json={"reason": "again"}, headers=auth).status_code == 409
+    assert HTTP.post(f"{base}/{b.address}/ban", json={"reason": "again"}, headers=auth).status_code == 409
 
     # A banned node is told to stop, and may not register again.
     beat = signed_post(coordinator.url, "/v1/nodes/heartbeat", b, coordinator.audience, heartbeat_body(b)).json()
@@ -84,11 +83,11 @@ def test_list_filter_detail_ban_unban(coordinator) -> None:
     assert refused.status_code == 403 and refused.json()["code"] == "node_banned"
     assert coordinator.snapshot() == before
 
-    unbanned = httpx.post(f"{base}/{b.address}/unban", json={"reason": "appeal upheld"}, headers=auth).json()
+    unbanned = HTTP.post(f"{base}/{b.address}/unban", json={"reason": "appeal upheld"}, headers=auth).json()
     assert unbanned["status"] == "unhealthy" and unbanned["ban_reason"] is None
     beat = signed_post(coordinator.url, "/v1/nodes/heartbeat", b, coordinator.audience, heartbeat_body(b)).json()
     assert beat == {**beat, "action": "continue", "status": "healthy"}
-    assert [e["to_status"] for e in httpx.get(f"{base}/{b.address}", headers=auth).json()["events"]] == [
+    assert [e["to_status"] for e in HTTP.get(f"{base}/{b.address}", headers=auth).json()["events"]] == [
         "healthy",
         "unhealthy",
         "banned",
@@ -108,7 +107,7 @@ def test_token_cli_create_list_revoke(coordinator) -> None:
     token = created.stdout.strip()
     assert token.startswith("ipa_")
     headers = {"authorization": f"Bearer {token}"}
-    assert httpx.get(f"{coordinator.url}/v1/admin/nodes", headers=headers).status_code == 200
+    assert HTTP.get(f"{coordinator.url}/v1/admin/nodes", headers=headers).status_code == 200
     listed = subprocess.run(
         ["intellect-coordinator", "admin-token", "list", "--database-url", url], capture_output=True, text=True, check=True
     )
@@ -117,7 +116,7 @@ def test_token_cli_create_list_revoke(coordinator) -> None:
     subprocess.run(
         ["intellect-coordinator", "admin-token", "revoke", token_id, "--database-url", url], check=True, capture_output=True
     )
-    assert httpx.get(f"{coordinator.url}/v1/admin/nodes", headers=headers).status_code == 401
+    assert HTTP.get(f"{coordinator.url}/v1/admin/nodes", headers=headers).status_code == 401
     bad = subprocess.run(
         ["intellect-coordinator", "admin-token", "create", "--name", "x", "--scope", "root", "--database-url", url],
         capture_output=True,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 from eth_account import Account
 from sqlalchemy import select
@@ -21,7 +20,7 @@ from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.schemas import TaskSpec
 from tests.conftest import admin_token, serve
-from tests.helpers import make_run
+from tests.helpers import HTTP, make_run
 
 
 def test_a_lease_gone_mid_upload_sends_the_adversary_back_to_lease_until_its_ban(
@@ -41,9 +40,9 @@ def test_a_lease_gone_mid_upload_sends_the_adversary_back_to_lease_until_its_ban
             leased.append(task.task_id)
             data = finish(generate(task)).data
             if len(leased) == 1:
-                taken = httpx.post(f"{served.url}/v1/admin/tasks/{task.task_id}/requeue", headers=auth)
+                taken = HTTP.post(f"{served.url}/v1/admin/tasks/{task.task_id}/requeue", headers=auth)
             else:
-                taken = httpx.post(
+                taken = HTTP.post(
                     f"{served.url}/v1/admin/nodes/{account.address}/ban", json={"reason": "forged proofs"}, headers=auth
                 )
             assert taken.status_code == 200, taken.text

@@ -29,7 +29,7 @@ from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import CHECKS
 from intellect_protocol.shared.signing import sign_request
 from tests.conftest import LIFTED, ON_POSTGRES_ONLY, Served, admin_token, serve
-from tests.helpers import checks_for, heartbeat_body, make_run, register_body, signed_post, verdict_body
+from tests.helpers import HTTP, checks_for, heartbeat_body, make_run, register_body, signed_post, verdict_body
 from tests.support.protocol import grant
 from tests.test_hostile import joined
 from tests.test_tasks_and_uploads import lease, rollout_file, upload
@@ -63,7 +63,7 @@ def test_deeply_nested_json_is_refused_and_the_coordinator_stays_up(coordinator:
         ("/v1/nodes/heartbeat", nested(200_000), {}),  # unsigned
     ]
     for path, body, headers in bodies:
-        reply = httpx.post(coordinator.url + path, content=body, headers={"content-type": "application/json", **headers})
+        reply = HTTP.post(coordinator.url + path, content=body, headers={"content-type": "application/json", **headers})
         assert 400 <= reply.status_code < 500, reply.text
     signed = signed_post(coordinator.url, "/v1/nodes/heartbeat", node, coordinator.audience, nested(200_000))
     assert 400 <= signed.status_code < 500
@@ -86,7 +86,7 @@ def test_every_spelling_of_json_gets_the_json_guards(sqlite_url: str, tmp_path: 
         ]:
             raw = httpx.Request("POST", "/", json=body).content
             headers = sign_request(node, "POST", "/v1/nodes/heartbeat", "", raw, served.audience)
-            reply = httpx.post(f"{served.url}/v1/nodes/heartbeat", content=raw, headers={"content-type": media_type, **headers})
+            reply = HTTP.post(f"{served.url}/v1/nodes/heartbeat", content=raw, headers={"content-type": media_type, **headers})
             assert (reply.status_code, reply.json()["code"]) == (status, code), reply.text
         assert served.snapshot() == before
 
@@ -96,7 +96,7 @@ def test_a_nul_escape_split_between_two_body_parts_is_still_refused(coordinator:
     raw = httpx.Request("POST", "/", json=heartbeat_body(node, activity="idle\u0000")).content
     cut = raw.index(b"\\u0000") + 3  # the escape's first three bytes in one part, the rest in the next
     headers = sign_request(node, "POST", "/v1/nodes/heartbeat", "", raw, coordinator.audience)
-    reply = httpx.post(
+    reply = HTTP.post(
         f"{coordinator.url}/v1/nodes/heartbeat",
         content=iter([raw[:cut], raw[cut:]]),
         headers={"content-type": "application/json", **headers},
@@ -109,10 +109,10 @@ def test_times_outside_the_datetime_range_are_422(coordinator: Served, path: str
     token = admin_token(coordinator)
     for field in ("since", "until"):
         for value in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"):
-            reply = httpx.get(coordinator.url + path, params={field: value}, headers={"authorization": f"Bearer {token}"})
+            reply = HTTP.get(coordinator.url + path, params={field: value}, headers={"authorization": f"Bearer {token}"})
             assert reply.status_code == 422 and reply.json()["code"] == "validation_error", (field, value, reply.text)
     assert (
-        httpx.get(
+        HTTP.get(
             coordinator.url + path, params={"since": "2026-01-01T00:00:00+14:00"}, headers={"authorization": f"Bearer {token}"}
         ).status_code
         == 200
@@ -336,7 +336,7 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
         run_id = make_run(served, prompts=1, samples=1)
         token = admin_token(served)
         validator = Account.create()
-        reply = httpx.post(
+        reply = HTTP.post(
             f"{served.url}/v1/admin/roles",
             json={"address": validator.address, "role": "validator"},
             headers={"authorization": f"Bearer {token}"},
@@ -375,7 +375,7 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
                 assert _verdict(served, validator, claimed[0], "all").json()["status"] == "expired"
             else:  # not drawn at all: no validator spends a model pass on it
                 assert claim() == []
-            receipt = httpx.get(f"{served.url}/v1/public/submissions/{reply.json()['submission_id']}").json()
+            receipt = HTTP.get(f"{served.url}/v1/public/submissions/{reply.json()['submission_id']}").json()
             assert (
                 receipt["status"] == "expired" and "fell out of the run's window" in receipt["reason"] and receipt["credit"] == 0
             )
@@ -386,7 +386,7 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
         third = submit_and_judge("termination")
         assert strikes() == 1 and "a strike: 3 soft rejections" in third["reason"]
         assert submit_and_judge("rewards")["status"] == "rejected" and strikes() == 1
-        public = httpx.get(f"{served.url}/v1/public/nodes/{node.address}").json()
+        public = HTTP.get(f"{served.url}/v1/public/nodes/{node.address}").json()
         assert public["submissions"]["expired"] == 4 and public["submissions"]["rejected"] == 4
 
 
@@ -394,7 +394,7 @@ def test_a_run_whose_tasks_could_never_be_submitted_is_refused(coordinator: Serv
     token = admin_token(coordinator, "operate")
     headers = {"authorization": f"Bearer {token}"}
     before = coordinator.snapshot()
-    reply = httpx.post(
+    reply = HTTP.post(
         f"{coordinator.url}/v1/admin/runs",
         json={"name": "huge", "prompts_per_task": 1024, "samples_per_prompt": 256},
         headers=headers,
@@ -408,17 +408,17 @@ def test_a_run_whose_tasks_could_never_be_submitted_is_refused(coordinator: Serv
         k: v for k, v in before.items() if k != "audit_log"
     }
 
-    run = httpx.post(
+    run = HTTP.post(
         f"{coordinator.url}/v1/admin/runs", json={"name": "fine", "prompts_per_task": 8, "samples_per_prompt": 8}, headers=headers
     )
     assert run.status_code == 201
-    patch = httpx.patch(
+    patch = HTTP.patch(
         f"{coordinator.url}/v1/admin/runs/{run.json()['id']}",
         json={"samples_per_prompt": 256, "prompts_per_task": 64},
         headers=headers,
     )
     assert patch.status_code == 422
-    assert httpx.get(f"{coordinator.url}/v1/admin/runs/{run.json()['id']}", headers=headers).json()["samples_per_prompt"] == 8
+    assert HTTP.get(f"{coordinator.url}/v1/admin/runs/{run.json()['id']}", headers=headers).json()["samples_per_prompt"] == 8
 
     cli = subprocess.run(
         [

@@ -29,7 +29,7 @@ from intellect_protocol.node.settings import NodeSettings
 from intellect_protocol.node.work_loop import WorkLoop
 from intellect_protocol.shared.signing import SignedAuth
 from tests.conftest import LIFTED, Served, admin_token, serve
-from tests.helpers import make_run, signed_post
+from tests.helpers import HTTP, make_run, signed_post
 from tests.support.protocol import claim_all
 from tests.test_attacks import _verdict
 from tests.test_hostile import joined
@@ -48,7 +48,7 @@ def _settings(database_url: str, tmp_path: Path, **overrides: object) -> Coordin
 
 def _grant(served: Served, role: str) -> Account:
     account = Account.create()
-    reply = httpx.post(
+    reply = HTTP.post(
         f"{served.url}/v1/admin/roles",
         json={"address": account.address, "role": role},
         headers={"authorization": f"Bearer {admin_token(served)}"},
@@ -64,7 +64,7 @@ def _claim(served: Served, validator, limit: int = 1) -> list[dict]:
 
 
 def _wait(served: Served) -> dict | None:
-    return httpx.get(f"{served.url}/v1/public/network").json()["work"]
+    return HTTP.get(f"{served.url}/v1/public/network").json()["work"]
 
 
 def test_a_node_is_told_why_no_work_comes(database_url: str, tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_a_node_is_told_why_no_work_comes(database_url: str, tmp_path: Path) -> 
         # Paused by the operator: said so, to the node and on the public status.
         token = admin_token(served)
         assert (
-            httpx.post(f"{served.url}/v1/admin/runs/{run_id}/pause", headers={"authorization": f"Bearer {token}"}).status_code
+            HTTP.post(f"{served.url}/v1/admin/runs/{run_id}/pause", headers={"authorization": f"Bearer {token}"}).status_code
             == 200
         )
         reply = lease(served, node)
@@ -113,11 +113,11 @@ def test_no_trainer_reading_holds_new_work_back(database_url: str, tmp_path: Pat
 
         # A trainer reading everything accepted so far frees the way.
         trainer = _grant(served, "trainer")
-        read = httpx.get(
+        read = HTTP.get(
             f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": 0}, auth=SignedAuth(trainer, served.audience)
         ).json()
         assert len(read) == 2
-        httpx.get(
+        HTTP.get(
             f"{served.url}/v1/trainer/rollouts",
             params={"run": run_id, "after": read[-1]["cursor"]},
             auth=SignedAuth(trainer, served.audience),
@@ -272,7 +272,7 @@ def test_a_trainer_waiting_for_accepted_work_is_answered_when_a_verdict_accepts_
 
     def read(after: int, wait_s: float) -> tuple[httpx.Response, float]:
         started = time.monotonic()
-        reply = httpx.get(
+        reply = HTTP.get(
             f"{coordinator.url}/v1/trainer/rollouts",
             params={"run": run_id, "after": after, "wait_s": wait_s},
             auth=auth,
@@ -294,7 +294,7 @@ def test_a_node_waiting_for_the_trainer_asks_again_within_a_second(sqlite_url: s
         run_id = make_run(served, prompts=1, samples=1)
         validator, trainer = _grant(served, "validator"), _grant(served, "trainer")
         auth = SignedAuth(trainer, served.audience)
-        httpx.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": 0}, auth=auth)  # a live trainer
+        HTTP.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": 0}, auth=auth)  # a live trainer
         other = joined(served)
         task = lease(served, other).json()
         assert upload(served, other, task["task_id"], rollout_file(task)).status_code == 200
@@ -316,9 +316,9 @@ def test_a_node_waiting_for_the_trainer_asks_again_within_a_second(sqlite_url: s
             worker.start()
             time.sleep(1.5)
             assert not done and "waiting for the trainer" in out.getvalue()
-            read = httpx.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": 0}, auth=auth).json()
+            read = HTTP.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": 0}, auth=auth).json()
             freed = time.monotonic()
-            httpx.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": read[-1]["cursor"]}, auth=auth)
+            HTTP.get(f"{served.url}/v1/trainer/rollouts", params={"run": run_id, "after": read[-1]["cursor"]}, auth=auth)
             worker.join(timeout=60)
             assert done == [1], out.getvalue()
             assert time.monotonic() - freed < 30  # generated and uploaded after one short wait, not the 60 s one

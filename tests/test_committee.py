@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from rich.console import Console
@@ -32,7 +31,7 @@ from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.verdicts import verdict_signer
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, ON_POSTGRES_ONLY, Served, admin_token, serve
-from tests.helpers import checks_for, make_run, signed_post, verdict_body
+from tests.helpers import HTTP, checks_for, make_run, signed_post, verdict_body
 from tests.support.protocol import check_ledger, claim_all, forge, grant, joined, lease, upload
 
 NO_AUDIT = AuditPolicy(share=0, new_node_share=0, suspect_share=0)
@@ -55,7 +54,7 @@ def judge_all(served: Served, validator: LocalAccount, say: Callable[[dict], str
 
 
 def receipt(served: Served, submission_id: str) -> PublicReceipt:
-    return PublicReceipt.model_validate(httpx.get(f"{served.url}/v1/public/submissions/{submission_id}").json())
+    return PublicReceipt.model_validate(HTTP.get(f"{served.url}/v1/public/submissions/{submission_id}").json())
 
 
 def trainer_reads(served: Served, trainer: LocalAccount, run_id: str, after: int = 0, limit: int = 500) -> set[str]:
@@ -67,7 +66,7 @@ def trainer_page(served: Served, trainer: LocalAccount, run_id: str, after: int 
     from intellect_protocol.shared.signing import sign_request
 
     path, query = "/v1/trainer/rollouts", f"after={after}&limit={limit}&run={run_id}"
-    reply = httpx.get(f"{served.url}{path}?{query}", headers=sign_request(trainer, "GET", path, query, b"", served.audience))
+    reply = HTTP.get(f"{served.url}{path}?{query}", headers=sign_request(trainer, "GET", path, query, b"", served.audience))
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -143,7 +142,7 @@ def test_a_rogue_validators_approvals_of_forged_work_never_reach_the_trainer_whe
         outcomes = {i: receipt(served, i) for i in fine}
         assert {i: r.status for i, r in outcomes.items()} == dict.fromkeys(fine, "accepted"), outcomes
         assert trainer_reads(served, trainer, run_id) == fine
-        standings = {s["address"]: s for s in httpx.get(f"{served.url}/v1/public/validators").json()}
+        standings = {s["address"]: s for s in HTTP.get(f"{served.url}/v1/public/validators").json()}
         assert not standings[rogue.address]["active"] and "outvoted" in standings[rogue.address]["revoke_reason"]
         assert standings[rogue.address]["agreement_rate"] < 0.5 < standings[first.address]["agreement_rate"]
         refused = signed_post(served.url, "/v1/validation/claim", rogue, served.audience, {"address": rogue.address, "limit": 1})
@@ -318,7 +317,7 @@ def test_a_rogue_rejection_is_overturned_on_appeal_and_the_outvoted_lose_their_r
                 select(Review).where(Review.validator.in_([r.address for r in rogues]), Review.voided_at.is_not(None))
             ).all()
             assert {r.submission_id for r in voided} == {earlier, work}
-        standings = {s["address"]: s for s in httpx.get(f"{served.url}/v1/public/validators").json()}
+        standings = {s["address"]: s for s in HTTP.get(f"{served.url}/v1/public/validators").json()}
         assert [standings[r.address]["active"] for r in rogues] == [False, False]
         assert receipt(served, earlier).status == "accepted" and any(
             v.purpose == "recheck" for v in receipt(served, earlier).verdicts
@@ -388,7 +387,7 @@ def test_work_drawn_for_a_validator_an_admin_revokes_goes_to_another_at_once(sql
         submission = upload(served, node, task, finish(generate(task)).data)
         assert [c["submission_id"] for c in claim_all(served, first)] == [submission]
 
-        revoked = httpx.delete(
+        revoked = HTTP.delete(
             f"{served.url}/v1/admin/roles/{first.address}/validator", headers={"authorization": f"Bearer {token}"}
         )
         assert revoked.status_code == 200, revoked.text

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -25,7 +24,7 @@ from intellect_protocol.devnet.processes import start_coordinator
 from intellect_protocol.shared.numerics import Numerics
 from intellect_protocol.shared.rollout_file import read_numerics
 from tests.conftest import _new_database
-from tests.helpers import chromium, install_example_environment
+from tests.helpers import HTTP, chromium, install_example_environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-a")]  # one network for the module, on one worker
 if not os.environ.get("CI"):
@@ -185,7 +184,7 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         # What its approvals cost the model, as a whole number of rows the API agrees with.
         trained = next(
             v
-            for v in httpx.get(f"{page_url}v1/public/validators").json()
+            for v in HTTP.get(f"{page_url}v1/public/validators").json()
             if v["address"].lower() == devnet.address("rogue-validator")
         )
         expect(rogue_row.locator("td").nth(6)).to_have_text(f"{trained['rows_trained_then_rejected']:,}")
@@ -208,8 +207,8 @@ def test_the_leaderboard_page_in_a_browser(devnet: Devnet, page_url: str, tmp_pa
         expect(page.locator("#islands caption")).to_contain_text("so it reads one behind the run's")
         note = page.locator("figure", has_text="Held-out accuracy").locator(".chart-note")
         expect(note).to_have_text("Mean reward on column-credit's held-out problems, greedy")
-        run_id = httpx.get(f"{page_url}v1/public/runs").json()[0]["id"]
-        for island in httpx.get(f"{page_url}v1/public/runs/{run_id}/islands").json():
+        run_id = HTTP.get(f"{page_url}v1/public/runs").json()[0]["id"]
+        for island in HTTP.get(f"{page_url}v1/public/runs/{run_id}/islands").json():
             row = page.locator(f'#islands tr[data-island="{island["name"]}"]')
             expect(row.locator("td").nth(5)).to_have_text(f"{island['consumed']:,}")
         page.screenshot(path=str(shots / "desktop.png"), full_page=True)

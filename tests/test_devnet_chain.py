@@ -29,7 +29,7 @@ from intellect_protocol.node.cli import app as node_cli
 from intellect_protocol.shared.chain import Settlement, connect
 from intellect_protocol.shared.money import TOKEN
 from tests.families import build
-from tests.helpers import chromium, running_under, wait_for_text
+from tests.helpers import HTTP, chromium, running_under, wait_for_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-b")]
 
@@ -70,8 +70,8 @@ def test_a_chain_devnet_stakes_anchors_slashes_pays_and_stops_at_ctrl_c(tmp_path
         chain = Settlement.at(
             connect(contracts["rpc_url"]), contracts["token"], contracts["stake_registry"], contracts["distributor"]
         )
-        run_id = httpx.get(f"{url}/v1/public/runs").json()[0]["id"]
-        run = httpx.get(f"{url}/v1/public/runs/{run_id}").json()
+        run_id = HTTP.get(f"{url}/v1/public/runs").json()[0]["id"]
+        run = HTTP.get(f"{url}/v1/public/runs/{run_id}").json()
         assert run["min_stake"] == str(MIN_STAKE_TOKENS * TOKEN) and run["model"] == str(model)
         # A model the network never saw is calibrated before its run opens, in the nodes' numerics only.
         assert list(run["tolerances"]) == ["torch/float32"] and "Calibrated torch/float32" in output.read_text()
@@ -80,7 +80,7 @@ def test_a_chain_devnet_stakes_anchors_slashes_pays_and_stops_at_ctrl_c(tmp_path
 
         deadline = time.monotonic() + 420
         while True:
-            overview = httpx.get(f"{url}/v1/public/settlement", timeout=30).json()
+            overview = HTTP.get(f"{url}/v1/public/settlement", timeout=30).json()
             anchored = [e for e in overview["epochs"] if e["tx_hash"]]
             slashed = {n["address"].lower(): int(n["slashed"]) for n in overview["nodes"]}
             if len(anchored) >= 2 and slashed.get(cheat.lower()):
@@ -143,4 +143,4 @@ def test_a_chain_devnet_stakes_anchors_slashes_pays_and_stops_at_ctrl_c(tmp_path
         statuses = [s for (s,) in ledger.execute("SELECT status FROM submissions WHERE lower(address) = ?", (honest.lower(),))]
     assert statuses.count("accepted") >= 3 and "rejected" not in statuses, statuses
     with pytest.raises(httpx.TransportError):
-        httpx.post(contracts["rpc_url"], json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=2)
+        HTTP.post(contracts["rpc_url"], json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=2)

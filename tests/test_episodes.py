@@ -10,7 +10,6 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from eth_account import Account
@@ -33,7 +32,7 @@ from intellect_protocol.trainer.data import fetch_accepted
 from intellect_protocol.validator.checks import Context, validate
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, admin_token, serve
-from tests.helpers import make_run
+from tests.helpers import HTTP, make_run
 from tests.support.adversary import tiny
 from tests.support.checks import failed, make_task
 from tests.support.echo import check, echo_environment, echo_task, rules_limits
@@ -227,7 +226,7 @@ def test_an_episode_goes_from_node_to_trainer_through_the_network(echo: Environm
             assert checker.run(max_submissions=1) == 1
         finally:
             checker.close()
-        receipt = httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()
+        receipt = HTTP.get(f"{served.url}/v1/public/submissions/{submission}").json()
         assert receipt["status"] == "accepted", receipt
         with CoordinatorClient(served.url, trainer) as api:
             [(_, rows)] = fetch_accepted(api, run_id, 0, 0)

@@ -18,7 +18,7 @@ from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.shared.signing import sign_request
 from tests.conftest import LIFTED, Served, admin_token, serve
-from tests.helpers import heartbeat_body, make_run, register_body, signed_post
+from tests.helpers import HTTP, heartbeat_body, make_run, register_body, signed_post
 from tests.support.protocol import lease, upload
 
 
@@ -108,14 +108,14 @@ def test_a_flood_of_connections_from_one_address_gets_429_and_others_are_unaffec
     for t in holders:
         t.start()
     time.sleep(0.5)  # all six are now in flight, each holding its request open
-    flooded = httpx.get(f"{strict.url}/v1/public/time")
+    flooded = HTTP.get(f"{strict.url}/v1/public/time")
     assert flooded.status_code == 429 and flooded.json()["code"] == "rate_limited" and flooded.headers["retry-after"]
     # Another address (loopback has a whole /8) is served as usual.
     other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
     assert other.get(f"{strict.url}/v1/public/time").status_code == 200
     for t in holders:
         t.join()
-    assert httpx.get(f"{strict.url}/v1/public/time").status_code == 200  # the slots are free again
+    assert HTTP.get(f"{strict.url}/v1/public/time").status_code == 200  # the slots are free again
 
 
 def test_bodies_in_flight_stay_within_the_memory_budget(sqlite_url: str, tmp_path: Path) -> None:
@@ -141,9 +141,7 @@ def test_bodies_in_flight_stay_within_the_memory_budget(sqlite_url: str, tmp_pat
         time.sleep(0.5)
         third = trickle(served, 1_000_000, 0.2, "127.0.0.5")
         assert third[0] == 503 and third[1] < 1  # refused before a byte of its body was read
-        busy = httpx.post(
-            f"{served.url}/v1/nodes/heartbeat", content=b" " * 200_000, headers={"content-type": "application/json"}
-        )
+        busy = HTTP.post(f"{served.url}/v1/nodes/heartbeat", content=b" " * 200_000, headers={"content-type": "application/json"})
         assert busy.status_code == 503 and busy.json()["code"] == "overloaded" and busy.headers["retry-after"] == "2"
         # A node's small request still fits beside them, and its upload goes through (counted at its declared
         # size, it was refused 503 for as long as strangers held the budget, until its lease ran out).
@@ -159,7 +157,7 @@ def test_valid_signatures_from_the_wrong_party_are_refused_and_record_nothing(co
     make_run(coordinator)
     token = admin_token(coordinator)
     cheat, stranger = joined(coordinator), Account.create()
-    banned = httpx.post(
+    banned = HTTP.post(
         f"{coordinator.url}/v1/admin/nodes/{cheat.address}/ban",
         json={"reason": "forgery"},
         headers={"authorization": f"Bearer {token}"},
@@ -177,7 +175,7 @@ def test_valid_signatures_from_the_wrong_party_are_refused_and_record_nothing(co
     path = f"/v1/admin/nodes/{cheat.address}/unban"
     raw = b'{"reason": "let me back in"}'
     signed = sign_request(cheat, "POST", path, "", raw, coordinator.audience)
-    reply = httpx.post(coordinator.url + path, content=raw, headers={"content-type": "application/json", **signed})
+    reply = HTTP.post(coordinator.url + path, content=raw, headers={"content-type": "application/json", **signed})
     assert (reply.status_code, reply.json()["code"]) == (401, "admin_unauthorized")
     reply = signed_post(
         coordinator.url, "/v1/validation/claim", stranger, coordinator.audience, {"address": stranger.address, "limit": 1}
@@ -200,16 +198,16 @@ def test_inputs_the_fuzzer_found_get_4xx(coordinator: Served) -> None:
     node = joined(coordinator)
     token = admin_token(coordinator, "operate")
     before = coordinator.snapshot()
-    assert httpx.get(f"{coordinator.url}/v1/manifests/run-x/%C2%B9").status_code in (404, 422)
+    assert HTTP.get(f"{coordinator.url}/v1/manifests/run-x/%C2%B9").status_code in (404, 422)
     reply = signed_post(coordinator.url, "/v1/submissions", node, coordinator.audience, b"x", query="task=a%00b")
     assert reply.status_code == 422 and reply.json()["code"] == "validation_error"
     headers = {
         **sign_request(node, "POST", "/v1/nodes/heartbeat", "", b"{}", coordinator.audience),
         "x-intellect-timestamp": b"\xb9",
     }
-    reply = httpx.post(f"{coordinator.url}/v1/nodes/heartbeat", content=b"{}", headers=headers)
+    reply = HTTP.post(f"{coordinator.url}/v1/nodes/heartbeat", content=b"{}", headers=headers)
     assert (reply.status_code, reply.json()["code"]) == (401, "signature_malformed")
-    reply = httpx.post(
+    reply = HTTP.post(
         f"{coordinator.url}/v1/admin/nodes/{node.address}/ban",
         json={"reason": "a\x00b"},
         headers={"authorization": f"Bearer {token}"},

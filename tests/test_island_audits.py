@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 from eth_account import Account
@@ -46,7 +45,7 @@ from intellect_protocol.trainer.pretrain_island import PretrainIsland
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.island_audits import IslandAuditor
 from tests.conftest import Served, admin_token, serve
-from tests.helpers import signed_post
+from tests.helpers import HTTP, signed_post
 from tests.support.clock import MovableClock
 from tests.support.lazy_island import LazyIsland
 from tests.support.protocol import grant
@@ -152,7 +151,7 @@ def judged_run(
 def listed(served: Served, relay: Process) -> None:
     """Wait until the coordinator lists ``relay`` (after it starts, or after its clock jumped past its heartbeat)."""
     deadline = time.monotonic() + 20
-    while relay.url not in [r["url"] for r in httpx.get(f"{served.url}/v1/relays").json()]:
+    while relay.url not in [r["url"] for r in HTTP.get(f"{served.url}/v1/relays").json()]:
         assert time.monotonic() < deadline and relay.popen.poll() is None, relay.tail()
         time.sleep(0.05)
 
@@ -190,7 +189,7 @@ def test_validators_replay_drawn_steps_and_a_lying_island_is_caught(
                 kept_role = roles.active(session, trainer.address, RoleName.trainer) is not None
             assert (waiting, kept_role) == ({AuditState.open if liar else AuditState.passed}, True)
             assert second.audit_open(limit=50) == (1 if liar else 0)
-            public = httpx.get(f"{served.url}/v1/public/runs/{run_id}/islands").json()
+            public = HTTP.get(f"{served.url}/v1/public/runs/{run_id}/islands").json()
             with sessions() as session:
                 states = list(
                     session.scalars(select(IslandAudit.state).where(IslandAudit.run_id == run_id).order_by(IslandAudit.id))
@@ -278,7 +277,7 @@ def test_an_island_that_never_settles_cannot_publish_past_its_unsettled_step(
         grant(served, admin_token(served), trainer.address, "trainer")
         with pytest.raises(Refused) as caught:
             train(served, trainer, run_id, NeverSettlesIsland, tmp_path)
-        public = httpx.get(f"{served.url}/v1/public/runs/{run_id}").json()
+        public = HTTP.get(f"{served.url}/v1/public/runs/{run_id}").json()
     assert caught.value.status == 409 and "Policy step 1 " in caught.value.message and "is not settled" in caught.value.message
     assert public["policy_step"] == 1
 

@@ -6,7 +6,6 @@ copy of the agreed weights."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,12 +23,13 @@ from intellect_protocol.shared.models import load_model
 from intellect_protocol.shared.schemas import RoleName
 from intellect_protocol.shared.states import AuditState
 from tests.conftest import admin_token, serve
+from tests.helpers import keystore_json
 from tests.support import lazy_island
 from tests.support.protocol import grant
 from tests.test_island_audits import audited_run, auditor, origin_relay
 from tests.test_pretraining_run import settings
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-a")]  # two ranks under torchrun, with the other FSDP tests
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-b")]  # two ranks under torchrun: 40 s that even the halves
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["honest", "lazy"])
@@ -43,7 +43,7 @@ def test_an_island_of_two_fsdp_ranks_is_audited_as_one_process_is(
         trainer = Account.create()
         grant(served, admin_token(served), trainer.address, "trainer")
         wallet = tmp_path / "trainer.json"
-        wallet.write_text(json.dumps(Account.encrypt(trainer.key, "pw")))
+        wallet.write_text(keystore_json(trainer.key, "pw"))
         lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=200, heartbeat_timeout_ms=1500)
         try:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--"]

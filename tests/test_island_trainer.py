@@ -5,7 +5,6 @@ SIGKILLed mid-run, the other training on alone, the first restarted to recover f
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from eth_account import Account
@@ -43,7 +41,7 @@ from intellect_protocol.trainer.island_loop import STATE, IslandTrainer
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, Served, admin_token, serve
-from tests.helpers import make_run
+from tests.helpers import HTTP, keystore_json, make_run
 from tests.support.protocol import grant, joined, lease, upload
 from tests.test_island_shares import NO_AUDIT
 
@@ -148,8 +146,7 @@ def test_two_islands_train_on_their_own_shares_and_publish_agreed_steps(sqlite_u
             signers = {api.manifest(net.run_id, s).signed.signer for s in (1, 2)}
             islands = {i.name: i for i in api.islands(net.run_id)}
             timings = [
-                StepTiming.model_validate(t)
-                for t in httpx.get(f"{net.served.url}/v1/public/runs/{net.run_id}/step-timing").json()
+                StepTiming.model_validate(t) for t in HTTP.get(f"{net.served.url}/v1/public/runs/{net.run_id}/step-timing").json()
             ]
 
     assert reached == {"east": 2, "west": 2}
@@ -183,7 +180,7 @@ def test_an_island_killed_mid_run_rejoins_from_its_peer_and_no_share_is_lost(sql
         def start(name: str) -> Process:
             wallet = tmp_path / f"{name}.json"
             if not wallet.exists():
-                wallet.write_text(json.dumps(Account.encrypt(net.keys[name].key, "pw")))
+                wallet.write_text(keystore_json(net.keys[name].key, "pw"))
             command = [*script("intellect-trainer"), "run", "--wallet", str(wallet), "--coordinator", net.served.url]
             command += ["--run", net.run_id, "--origin-dir", str(tmp_path / "origin"), "--steps", str(steps)]
             command += ["--island", name, "--lighthouse", net.lighthouse, "--checkpoint-dir", str(tmp_path / name)]
@@ -263,7 +260,7 @@ def test_islands_of_two_fsdp_ranks_train_and_publish_through_the_cli(sqlite_url:
         runs = []
         for name, key in net.keys.items():
             wallet = tmp_path / f"{name}.json"
-            wallet.write_text(json.dumps(Account.encrypt(key.key, "pw")))
+            wallet.write_text(keystore_json(key.key, "pw"))
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--"]
             command += [*script("intellect-trainer"), "run", "--wallet", str(wallet), "--coordinator", net.served.url]
             command += ["--run", net.run_id, "--origin-dir", str(tmp_path / "origin"), "--steps", "1"]

@@ -8,14 +8,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.devnet.processes import Process, start_node
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.conftest import FAST, admin_token, serve
-from tests.helpers import descendants, private_mib
+from tests.helpers import HTTP, descendants, private_mib
 
 PASSWORD = "test-password"
 
@@ -41,7 +40,7 @@ def test_join_lifecycle(sqlite_url: str, tmp_path: Path, wallet: tuple[Path, str
         auth = {"authorization": f"Bearer {admin_token(c, 'operate')}"}
 
         def node() -> dict:
-            return httpx.get(f"{c.url}/v1/admin/nodes/{address}", headers=auth).json()
+            return HTTP.get(f"{c.url}/v1/admin/nodes/{address}", headers=auth).json()
 
         def status() -> str | None:
             return node().get("status")
@@ -77,7 +76,7 @@ def test_join_lifecycle(sqlite_url: str, tmp_path: Path, wallet: tuple[Path, str
             # A ban reaches the running node: it stops with its own exit code and a sentence.
             third = start_node(tmp_path, "node-1", wallet_path, c.url, PASSWORD)
             wait_for(lambda: "Resuming" in third.tail(50), 30, "the node to resume")
-            httpx.post(f"{c.url}/v1/admin/nodes/{address}/ban", json={"reason": "cheating"}, headers=auth).raise_for_status()
+            HTTP.post(f"{c.url}/v1/admin/nodes/{address}/ban", json={"reason": "cheating"}, headers=auth).raise_for_status()
             assert third.popen.wait(15) == 3
             assert "banned by the coordinator's operator: cheating" in third.tail().replace("\n", " ")
         finally:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from eth_account import Account
@@ -24,7 +23,7 @@ from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.trainer.data import Batch, NoSignalWatch, add_submission
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, admin_token, serve
-from tests.helpers import make_run
+from tests.helpers import HTTP, make_run
 from tests.support.checks import honest, make_task
 from tests.support.clock import MovableClock
 from tests.support.protocol import grant, joined, lease, upload
@@ -91,7 +90,7 @@ def test_a_run_whose_model_never_earns_a_reward_says_it_cannot_learn(sqlite_url:
         validator.close()
 
         def progress() -> RunProgress:
-            return RunProgress.model_validate(httpx.get(f"{served.url}/v1/public/runs/{run_id}/progress").json())
+            return RunProgress.model_validate(HTTP.get(f"{served.url}/v1/public/runs/{run_id}/progress").json())
 
         learning = progress().learning
         assert learning is not None and learning.groups == learning.flat_groups == MIN_GROUPS
@@ -101,4 +100,4 @@ def test_a_run_whose_model_never_earns_a_reward_says_it_cannot_learn(sqlite_url:
         assert stalled is not None and stalled.startswith(f"No learning signal: {MIN_GROUPS} groups accepted since policy step 0")
         assert "mean task reward 0.00" in stalled and "partial credit" in stalled and "--steps 0" in stalled
         # The network's status says it too, beside its work status: work still goes out, and teaches nothing.
-        assert httpx.get(f"{served.url}/v1/public/network").json()["learning_stalled"] == stalled
+        assert HTTP.get(f"{served.url}/v1/public/network").json()["learning_stalled"] == stalled

@@ -8,7 +8,7 @@ import httpx
 
 from intellect_protocol.coordinator.settings import CoordinatorSettings
 from tests.conftest import serve
-from tests.helpers import heartbeat_body, register_body, signed_post
+from tests.helpers import HTTP, heartbeat_body, register_body, signed_post
 
 HEARTBEAT = "/v1/nodes/heartbeat"
 
@@ -37,7 +37,7 @@ def test_rate_limit_per_address(sqlite_url: str, account) -> None:
 
 def test_rate_limit_unsigned_by_ip(sqlite_url: str) -> None:
     with serve(CoordinatorSettings(database_url=sqlite_url, rate_limit_per_s=0.01, rate_limit_burst=2)) as c:
-        codes = [httpx.get(c.url + "/v1/public/status").status_code for _ in range(4)]
+        codes = [HTTP.get(c.url + "/v1/public/status").status_code for _ in range(4)]
         assert codes[:2] == [200, 200]
         assert codes[-1] == 429
 
@@ -53,7 +53,7 @@ def test_public_aggregates_have_a_tighter_allowance_per_ip(sqlite_url: str) -> N
         assert int(refused.headers["retry-after"]) >= 1
         # The reader's other requests, and other readers' aggregates, are not held back by it.
         assert reader.get("/v1/public/status").status_code == 200
-        assert httpx.get(c.url + "/v1/public/leaderboard").status_code == 200
+        assert HTTP.get(c.url + "/v1/public/leaderboard").status_code == 200
 
 
 def test_body_too_large(sqlite_url: str, account) -> None:
@@ -70,7 +70,7 @@ def test_body_too_large(sqlite_url: str, account) -> None:
             for _ in range(10):
                 yield b"x" * 1024
 
-        response = httpx.post(c.url + "/v1/nodes/register", content=chunks(), headers={"content-type": "application/json"})
+        response = HTTP.post(c.url + "/v1/nodes/register", content=chunks(), headers={"content-type": "application/json"})
         assert response.status_code == 413
         assert c.snapshot() == before
 

@@ -11,7 +11,6 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from sqlalchemy import create_engine, text
@@ -27,6 +26,7 @@ from intellect_protocol.shared.schemas import DEFAULT_MODEL
 from intellect_protocol.shared.tolerances import TOLERANCES
 from tests import families
 from tests.conftest import serve
+from tests.helpers import HTTP
 
 
 @pytest.mark.unit
@@ -76,7 +76,7 @@ def test_check_says_which_runs_this_machine_can_serve(sqlite_url: str, tmp_path:
     engine.dispose()
 
     with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")) as coordinator:
-        published = httpx.get(f"{coordinator.url}/v1/public/runs").json()
+        published = HTTP.get(f"{coordinator.url}/v1/public/runs").json()
         checked = subprocess.run(
             ["intellect-node", "check", "--coordinator", coordinator.url, "--state-dir", str(tmp_path / "state")],
             capture_output=True,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-import httpx
 import pytest
 from eth_account import Account
 from sqlalchemy import select, text
@@ -17,7 +16,7 @@ from intellect_protocol.coordinator.settings import CoordinatorSettings
 from intellect_protocol.shared.schemas import HeartbeatRequest, NodeStatus, RegisterRequest
 from intellect_protocol.shared.version import __version__
 from tests.conftest import FAST, admin_token, serve
-from tests.helpers import SPECS, heartbeat_body, register_body, signed_post
+from tests.helpers import HTTP, SPECS, heartbeat_body, register_body, signed_post
 
 
 def _statuses(session, address: str) -> list[str]:
@@ -105,7 +104,7 @@ def test_background_loop_moves_silent_nodes(database_url: str, account) -> None:
         auth = {"authorization": f"Bearer {admin_token(c, 'read')}"}
 
         def status() -> str:
-            return httpx.get(f"{c.url}/v1/admin/nodes/{account.address}", headers=auth).json()["status"]
+            return HTTP.get(f"{c.url}/v1/admin/nodes/{account.address}", headers=auth).json()["status"]
 
         seen = ["healthy"]  # as the heartbeat said: a loaded machine may move it on before the first look below
         deadline = time.monotonic() + 15
@@ -124,5 +123,5 @@ def test_background_loop_moves_silent_nodes(database_url: str, account) -> None:
                 {"a": account.address},
             ).all()
         assert moved and moved[-1][0] == "dead" and [m[0] for m in moved][:-1] in ([], ["unhealthy"]), moved
-        metrics = httpx.get(f"{c.url}/metrics").text
+        metrics = HTTP.get(f"{c.url}/metrics").text
         assert 'intellect_nodes{status="dead"} 1.0' in metrics

@@ -26,7 +26,7 @@ from intellect_protocol.shared.sampling import replay
 from intellect_protocol.shared.toploc import rollout_passes, verify_proofs
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.conftest import FAST, serve
-from tests.helpers import descendants, make_run, private_mib
+from tests.helpers import HTTP, descendants, make_run, private_mib
 
 
 def test_node_completes_arithmetic_tasks(sqlite_url: str, tmp_path: Path) -> None:
@@ -138,7 +138,6 @@ def test_node_rides_out_a_coordinator_restart(tmp_path: Path, sqlite_url: str) -
 def test_a_node_banned_while_working_stops_and_says_why(sqlite_url: str, tmp_path: Path) -> None:
     """Whichever of the node's threads meets the ban first (lease, upload or heartbeat), the node
     exits with the ban's code and reason, never silently with 0."""
-    import httpx
 
     from tests.conftest import admin_token
 
@@ -156,7 +155,7 @@ def test_a_node_banned_while_working_stops_and_says_why(sqlite_url: str, tmp_pat
             while "Task 1 " not in node.tail(100):
                 assert time.monotonic() < deadline and node.popen.poll() is None, node.tail()
                 time.sleep(0.2)
-            ban = httpx.post(
+            ban = HTTP.post(
                 f"{c.url}/v1/admin/nodes/{address}/ban",
                 json={"reason": "caught forging proofs"},
                 headers={"authorization": f"Bearer {admin_token(c)}"},

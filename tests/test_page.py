@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
-import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
@@ -21,7 +20,7 @@ from intellect_protocol.shared.pretraining.manifest import CorpusManifest, Shard
 from intellect_protocol.shared.run_schemas import RunSpec
 from intellect_protocol.shared.states import RunKind, ShareState, SubmissionStatus
 from tests.conftest import ON_POSTGRES_ONLY, Served, admin_token
-from tests.helpers import chromium, make_run
+from tests.helpers import HTTP, chromium, make_run
 from tests.support.protocol import joined, lease, upload
 
 # What the page reads is the public API, whose queries run on both kinds of ledger in the integration stage.
@@ -31,7 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-a"), ON_POSTGRES_ONL
 def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:
     run_id = make_run(coordinator, name="young")
     headers = {"authorization": f"Bearer {admin_token(coordinator)}"}
-    reply = httpx.post(
+    reply = HTTP.post(
         f"{coordinator.url}/v1/admin/runs/{run_id}/evaluations",
         json={"step": 0, "metrics": {"heldout_accuracy": 0.67}},
         headers=headers,
@@ -62,7 +61,7 @@ def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:
         accuracy = page.locator("figure", has_text="Held-out accuracy")
         assert "within the thinking budget" not in (accuracy.locator("svg.chart").get_attribute("aria-label") or "")
         metrics = {"heldout_accuracy": 0.7, "heldout_within_budget": 0.25}
-        reply = httpx.post(
+        reply = HTTP.post(
             f"{coordinator.url}/v1/admin/runs/{run_id}/evaluations", json={"step": 3, "metrics": metrics}, headers=headers
         )
         assert reply.status_code == 201
@@ -71,7 +70,7 @@ def test_one_point_and_the_reason_no_work_comes(coordinator: Served) -> None:
         label = accuracy.locator("svg.chart").get_attribute("aria-label") or ""
         assert "within the thinking budget: 1 points, last 0.25" in label, label
 
-        assert httpx.post(f"{coordinator.url}/v1/admin/runs/{run_id}/pause", headers=headers).status_code == 200
+        assert HTTP.post(f"{coordinator.url}/v1/admin/runs/{run_id}/pause", headers=headers).status_code == 200
         page.reload()
         work = page.locator("#stat-work")
         expect(work).to_have_text("run young is paused by its operator")

@@ -28,7 +28,7 @@ from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, admin_token, serve
-from tests.helpers import install_distribution, make_run, signed_post
+from tests.helpers import HTTP, install_distribution, make_run, signed_post
 from tests.support.protocol import grant, joined, lease, upload
 
 pytestmark = pytest.mark.integration
@@ -123,7 +123,7 @@ def test_a_failing_reward_gives_the_task_back_and_pauses_the_run_with_one_senten
         assert said.count("given back: environment 'buggy' (intellect-buggy==0.2.0) failed on problem ") == 2, said
         assert "its reward raised KeyError: 'answer'" in said and "the task is back in the pool" in said, said
         assert "Traceback" not in said
-        info = httpx.get(f"{served.url}/v1/public/runs/{run_id}").json()
+        info = HTTP.get(f"{served.url}/v1/public/runs/{run_id}").json()
         # Past the count, but from one node of three: that node may have found a text the reward crashes on.
         assert info["status"] == "active" and info["plugin_failures"] == 2
 
@@ -135,16 +135,16 @@ def test_a_failing_reward_gives_the_task_back_and_pauses_the_run_with_one_senten
 
         assert report(node, held).json()["failures"] == 3 and report(node, lease(served, node)).json()["paused"] is False
         assert report(other, lease(served, other)).json()["paused"] is True  # a third node: the bug is the plugin's
-        info = httpx.get(f"{served.url}/v1/public/runs/{run_id}").json()
+        info = HTTP.get(f"{served.url}/v1/public/runs/{run_id}").json()
         assert info["status"] == "paused" and info["plugin_failures"] == 5
         assert "after 5 reward failures of its environment on 3 nodes" in info["paused_reason"]
         assert "intellect-buggy==0.2.0" in info["paused_reason"]
         assert "KeyError: 'answer'" in info["paused_reason"]
-        work = httpx.get(f"{served.url}/v1/public/network").json()["work"]  # what nodes are told, and the page shows
+        work = HTTP.get(f"{served.url}/v1/public/network").json()["work"]  # what nodes are told, and the page shows
         assert work["reason"] == "paused" and info["paused_reason"] in work["message"]
         # Resumed by an operator: the count starts again and the reason is gone.
         token = admin_token(served)
-        reply = httpx.post(f"{served.url}/v1/admin/runs/{run_id}/resume", headers={"authorization": f"Bearer {token}"})
+        reply = HTTP.post(f"{served.url}/v1/admin/runs/{run_id}/resume", headers={"authorization": f"Bearer {token}"})
         assert reply.status_code == 200 and reply.json()["paused_reason"] is None and reply.json()["plugin_failures"] == 0
 
 
@@ -157,7 +157,7 @@ def test_the_only_node_of_a_network_can_pause_its_run(flag: Path, sqlite_url: st
         body = PluginFailureReport(address=node.address, task_id=task.task_id, problem_id=task.prompt_ids[0], completion="7")
         reply = signed_post(served.url, "/v1/tasks/plugin-failure", node, served.audience, body.model_dump())
         assert reply.status_code == 200 and reply.json()["paused"] is True, reply.text
-        assert httpx.get(f"{served.url}/v1/public/runs/{run_id}").json()["status"] == "paused"
+        assert HTTP.get(f"{served.url}/v1/public/runs/{run_id}").json()["status"] == "paused"
 
 
 def test_a_validator_whose_reward_fails_posts_no_verdict(flag: Path, sqlite_url: str, tmp_path: Path) -> None:
@@ -194,8 +194,8 @@ def test_a_validator_whose_reward_fails_posts_no_verdict(flag: Path, sqlite_url:
         worker.join(30)
         validator.close()
         assert "failed on problem" in out.getvalue() and "skipped, no verdict" in out.getvalue(), out.getvalue()
-        receipt = httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()
+        receipt = HTTP.get(f"{served.url}/v1/public/submissions/{submission}").json()
         assert receipt["status"] == "pending" and receipt["verdicts"] == []
-        assert httpx.get(f"{served.url}/v1/public/nodes/{node.address}").json()["status"] == "registered"
+        assert HTTP.get(f"{served.url}/v1/public/nodes/{node.address}").json()["status"] == "registered"
         with served.engine.connect() as connection:
             assert connection.execute(text("SELECT strikes FROM nodes WHERE address = :a"), {"a": node.address}).scalar() == 0

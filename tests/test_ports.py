@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
 from intellect_protocol.devnet import processes
 from intellect_protocol.devnet.processes import PortTaken, migrate, start_coordinator
+from tests.helpers import HTTP
 
 
 def test_a_coordinator_whose_port_another_took_is_told_apart_and_started_on_another(
@@ -30,7 +30,7 @@ def test_a_coordinator_whose_port_another_took_is_told_apart_and_started_on_anot
         second = start_coordinator(tmp_path / "b", urls[1])
         try:
             assert second.url != first.url
-            assert httpx.get(f"{second.url}/healthz").json()["pid"] == second.popen.pid
+            assert HTTP.get(f"{second.url}/healthz").json()["pid"] == second.popen.pid
         finally:
             second.stop()
     finally:

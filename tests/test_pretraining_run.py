@@ -9,7 +9,6 @@ import json
 import threading
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from eth_account import Account
@@ -35,7 +34,7 @@ from intellect_protocol.shared.states import RunKind, ShareState
 from intellect_protocol.trainer.pretrain_island import PretrainIsland
 from intellect_protocol.trainer.settings import TrainerSettings
 from tests.conftest import LIFTED, admin_token, serve
-from tests.helpers import make_run, signed_post
+from tests.helpers import HTTP, make_run, signed_post
 from tests.support.protocol import grant, joined
 
 pytestmark = pytest.mark.integration
@@ -184,8 +183,8 @@ def test_one_island_learns_the_whole_corpus_in_published_steps(sqlite_url: str, 
                 for outer_step, cursor in sorted((o, c) for o, c in by_step):
                     slots_of.setdefault(outer_step, []).append(cursor)
                 metrics = [m.metrics for m in session.scalars(select(TrainerMetrics).order_by(TrainerMetrics.step))]
-            public = httpx.get(f"{served.url}/v1/public/runs/{run_id}").json()
-            shares = httpx.get(f"{served.url}/v1/public/runs/{run_id}/islands").json()
+            public = HTTP.get(f"{served.url}/v1/public/runs/{run_id}").json()
+            shares = HTTP.get(f"{served.url}/v1/public/runs/{run_id}/islands").json()
     finally:
         lighthouse.shutdown()
     # Every shard learnt once and consumed by a published step; each step judged on the held-out reads.

@@ -16,7 +16,7 @@ from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.run_schemas import AuditPolicy
 from intellect_protocol.shared.schemas import SamplingParams
 from tests.conftest import LIFTED, Served, admin_token, serve
-from tests.helpers import checks_for, make_run, signed_post, verdict_body
+from tests.helpers import HTTP, checks_for, make_run, signed_post, verdict_body
 from tests.support.protocol import grant, joined, lease, upload
 
 
@@ -48,7 +48,7 @@ def _judged_submissions(served: Served, node, validator, count: int) -> None:
 
 def _queries(url: str, **kw) -> int:
     with counted() as statements:
-        reply = httpx.get(url, **kw)
+        reply = HTTP.get(url, **kw)
     assert reply.status_code == 200, reply.text
     return len(statements)
 
@@ -109,6 +109,6 @@ def test_a_flood_of_public_readers_costs_one_computation_per_interval(sqlite_url
             # Computed once per 2 s interval: 30 readers (a few intervals on a loaded machine) against 30 computations.
             assert len(statements) < 5 * first, f"{url}: 30 readers ran {len(statements)} statements, one read {first}"
         # A day by the minute would be 1,440 buckets: the answer's size is bounded, the reader told how.
-        reply = httpx.get(throughput, params={"minutes": 1440, "bucket_s": 60})
+        reply = HTTP.get(throughput, params={"minutes": 1440, "bucket_s": 60})
         assert reply.status_code == 422 and "ask for wider buckets" in reply.json()["message"]
-        assert httpx.get(throughput, params={"minutes": 1440, "bucket_s": 120}).status_code == 200
+        assert HTTP.get(throughput, params={"minutes": 1440, "bucket_s": 120}).status_code == 200

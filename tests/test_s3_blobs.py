@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import boto3
-import httpx
 import pytest
 from eth_account import Account
 from rich.console import Console
@@ -21,7 +20,7 @@ from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.schemas import SamplingParams
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, admin_token, serve
-from tests.helpers import make_run, signed_post
+from tests.helpers import HTTP, make_run, signed_post
 from tests.support.protocol import grant, joined, lease
 
 if TYPE_CHECKING:
@@ -100,7 +99,7 @@ def test_uploads_land_in_the_bucket_and_validators_read_them(sqlite_url: str, s3
             assert validator.run(max_submissions=1) == 1  # it read the file back from the bucket, streamed
         finally:
             validator.close()
-        assert httpx.get(f"{served.url}/v1/public/submissions/{submission_id}").json()["status"] == "accepted"
+        assert HTTP.get(f"{served.url}/v1/public/submissions/{submission_id}").json()["status"] == "accepted"
 
 
 def test_an_outage_is_answered_503_and_records_nothing(

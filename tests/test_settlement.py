@@ -17,7 +17,6 @@ from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
 import pytest
 from eth_account import Account
 from sqlalchemy import select
@@ -34,7 +33,7 @@ from intellect_protocol.node.cli import app as node_cli
 from intellect_protocol.shared.chain import Settlement, connect
 from intellect_protocol.shared.money import CREDIT_PER_UNIT, TOKEN
 from tests.conftest import LIFTED, ON_POSTGRES_ONLY, Served, admin_token, serve
-from tests.helpers import make_run, register_body, signed_post
+from tests.helpers import HTTP, keystore_json, make_run, register_body, signed_post
 
 PASSWORD = "test-password"  # conftest's INTELLECT_WALLET_PASSWORD
 
@@ -58,7 +57,7 @@ def chain(anvil: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     fund(anvil, admin.address, 100 * TOKEN)
     settlement = Settlement.deploy(connect(anvil), admin, unbonding_s=60, reward_supply=1_000_000 * TOKEN)
     keystore = tmp_path / "chain-sender.json"
-    keystore.write_text(json.dumps(Account.encrypt(admin.key, "chain-password")))
+    keystore.write_text(keystore_json(admin.key, "chain-password"))
     monkeypatch.setenv(CHAIN_PASSWORD_ENV, "chain-password")
     return settlement, admin, keystore
 
@@ -85,7 +84,7 @@ def settled(database_url: str, tmp_path: Path, rpc_url: str, settlement: Settlem
 def wallet(tmp_path: Path, anvil: str | None = None):
     account = Account.create()
     path = tmp_path / f"{account.address}.json"
-    path.write_text(json.dumps(Account.encrypt(account.key, PASSWORD)))
+    path.write_text(keystore_json(account.key, PASSWORD))
     if anvil is not None:
         fund(anvil, account.address, 10 * TOKEN)
     return account, path
@@ -147,12 +146,12 @@ def lay_credits(served: Served, run_id: str, entries: list[tuple[str, str, str]]
 def anchored(served: Served, epoch: int, timeout: float = 30) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = httpx.get(f"{served.url}/v1/public/epochs").json()
+        found = HTTP.get(f"{served.url}/v1/public/epochs").json()
         done = [e for e in found if e["epoch"] == epoch and e["tx_hash"]]
         if done:
             return done[0]
         time.sleep(0.1)
-    raise AssertionError(f"epoch {epoch} not anchored: {found}, health {httpx.get(f'{served.url}/healthz').json()}")
+    raise AssertionError(f"epoch {epoch} not anchored: {found}, health {HTTP.get(f'{served.url}/healthz').json()}")
 
 
 def admin_headers(served: Served) -> dict[str, str]:
@@ -170,7 +169,7 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
     (alice, alice_wallet), (bob, bob_wallet) = wallet(tmp_path, anvil), wallet(tmp_path, anvil)
     carol, carol_wallet = wallet(tmp_path)
     with serve(settled(database_url, tmp_path, anvil, settlement, keystore)) as served:
-        advertised = httpx.get(f"{served.url}/v1/public/chain").json()
+        advertised = HTTP.get(f"{served.url}/v1/public/chain").json()
         assert advertised["distributor"] == settlement.distributor.address
         assert advertised["token_decimals"] == settlement.token.functions.decimals().call()
         run_id = make_run(served)
@@ -190,7 +189,7 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
         # bob's work invalid afterwards leaves his anchored credit where it is.
         with make_sessionmaker(served.engine)() as session:
             bobs = session.scalar(select(ContributionEntry.submission_id).where(ContributionEntry.address == bob.address))
-        reply = httpx.post(
+        reply = HTTP.post(
             f"{served.url}/v1/admin/submissions/{bobs}/invalidate", json={"reason": "found later"}, headers=admin_headers(served)
         )
         assert reply.status_code == 200 and reply.json()["credit"] == 2 * CREDIT_PER_UNIT, reply.text
@@ -208,7 +207,7 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
         code, out = node("claim", "--wallet", str(carol_wallet), "--coordinator", served.url)
         assert code == 0 and "Nothing to claim yet: 9 credit is pending; it turns final after the dispute window" in out, out
         assert signed_post(served.url, "/v1/nodes/register", bob, served.audience, register_body(bob)).status_code == 200
-        reply = httpx.post(
+        reply = HTTP.post(
             f"{served.url}/v1/admin/nodes/{bob.address}/ban", json={"reason": "forged work"}, headers=admin_headers(served)
         )
         assert reply.status_code == 200, reply.text
@@ -220,12 +219,12 @@ def test_epochs_anchor_final_credit_claims_pay_and_anyone_can_rebuild_every_root
 
         # Nothing changed: no epoch 3, no gas spent.
         time.sleep(1.5)
-        assert [e["epoch"] for e in httpx.get(f"{served.url}/v1/public/epochs").json()] == [2, 1]
-        proof = httpx.get(f"{served.url}/v1/public/epochs/2/proofs/{alice.address}").json()
+        assert [e["epoch"] for e in HTTP.get(f"{served.url}/v1/public/epochs").json()] == [2, 1]
+        proof = HTTP.get(f"{served.url}/v1/public/epochs/2/proofs/{alice.address}").json()
         assert proof["cumulative"] == str(19 * TOKEN // 4)
-        assert httpx.get(f"{served.url}/v1/public/epochs/2/proofs/{bob.address}").status_code == 404
-        assert httpx.get(f"{served.url}/v1/public/epochs/0/proofs/{bob.address}").status_code == 422
-        assert httpx.get(f"{served.url}/v1/public/epochs/1/proofs/not-an-address").status_code == 422
+        assert HTTP.get(f"{served.url}/v1/public/epochs/2/proofs/{bob.address}").status_code == 404
+        assert HTTP.get(f"{served.url}/v1/public/epochs/0/proofs/{bob.address}").status_code == 422
+        assert HTTP.get(f"{served.url}/v1/public/epochs/1/proofs/not-an-address").status_code == 422
 
 
 @contextmanager
@@ -239,7 +238,7 @@ def forwarding(target: str, before: Callable[[], None], on: str = "/proofs/") ->
         def do_GET(self) -> None:
             if on in self.path and pending:
                 pending.pop()()
-            reply = httpx.get(target + self.path)
+            reply = HTTP.get(target + self.path)
             self.send_response(reply.status_code)
             self.send_header("content-type", reply.headers.get("content-type", "application/json"))
             self.send_header("content-length", str(len(reply.content)))
@@ -306,7 +305,7 @@ def test_the_ledger_goes_on_while_the_chain_is_down_and_nothing_is_posted_twice(
         lay_credit(served, run_id, Account.create().address, "1.0")
         # The epoch closes first and the post to the dead chain fails after: wait for both to show.
         deadline = time.monotonic() + 20
-        while (health := httpx.get(f"{served.url}/healthz")).json()["settlement"]["unanchored_epochs"] < 1 or health.json()[
+        while (health := HTTP.get(f"{served.url}/healthz")).json()["settlement"]["unanchored_epochs"] < 1 or health.json()[
             "settlement"
         ]["chain"] == "ok":
             assert time.monotonic() < deadline, health.json()
@@ -400,7 +399,7 @@ def test_stake_unbond_withdraw_and_every_failure_says_why(sqlite_url, tmp_path, 
 
     plain = CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")
     with serve(plain) as served:
-        assert httpx.get(f"{served.url}/v1/public/chain").json() == {
+        assert HTTP.get(f"{served.url}/v1/public/chain").json() == {
             "enabled": False,
             "rpc_url": None,
             "chain_id": None,
@@ -428,7 +427,7 @@ def test_a_run_with_a_minimum_stake_leases_only_to_staked_nodes(sqlite_url, tmp_
             "prompts_per_task": 2,
             "samples_per_prompt": 2,
         }
-        run = httpx.post(f"{served.url}/v1/admin/runs", json=body, headers=headers)
+        run = HTTP.post(f"{served.url}/v1/admin/runs", json=body, headers=headers)
         assert run.status_code == 201 and run.json()["min_stake"] == str(20 * TOKEN), run.text
         assert signed_post(served.url, "/v1/nodes/register", account, served.audience, register_body(account)).status_code == 200
         lease = {"address": account.address, "run_id": run.json()["id"]}
@@ -445,7 +444,7 @@ def test_a_run_with_a_minimum_stake_leases_only_to_staked_nodes(sqlite_url, tmp_
     # Without settlement a run cannot ask for a stake it could never check.
     with serve(CoordinatorSettings(database_url=sqlite_url, blob_dir=tmp_path / "blobs")) as served:
         body = {"name": "unstakeable", "min_stake": 1}
-        refused = httpx.post(f"{served.url}/v1/admin/runs", json=body, headers={"authorization": f"Bearer {admin_token(served)}"})
+        refused = HTTP.post(f"{served.url}/v1/admin/runs", json=body, headers={"authorization": f"Bearer {admin_token(served)}"})
         assert refused.status_code == 422 and "min_stake needs settlement" in refused.text
 
 
@@ -544,7 +543,7 @@ def test_validators_stake_like_nodes_and_a_revoked_one_is_slashed_citing_what_ou
 
         deadline = time.monotonic() + 30
         while settlement.registry.functions.slashed(rogue.address).call() == 0:
-            assert time.monotonic() < deadline, httpx.get(f"{served.url}/healthz").json()
+            assert time.monotonic() < deadline, HTTP.get(f"{served.url}/healthz").json()
             time.sleep(0.3)
         assert settlement.registry.functions.slashed(rogue.address).call() == 20 * TOKEN
         from sqlalchemy import text
@@ -605,7 +604,7 @@ def test_a_pretraining_island_stakes_to_claim_and_one_convicted_by_an_audit_is_s
             relay.stop()
         deadline = time.monotonic() + 30
         while settlement.registry.functions.slashed(liar.address).call() == 0:
-            assert time.monotonic() < deadline, httpx.get(f"{served.url}/healthz").json()
+            assert time.monotonic() < deadline, HTTP.get(f"{served.url}/healthz").json()
             time.sleep(0.3)
         from sqlalchemy import select, text
 

@@ -29,7 +29,7 @@ from intellect_protocol.shared.shardcast.server import create_server
 from intellect_protocol.shared.shardcast.store import StepStore
 from intellect_protocol.shared.wallet import THROWAWAY_SCRYPT_N, create_wallet
 from tests.conftest import LIFTED, Served, admin_token, serve
-from tests.helpers import make_run, signed_post
+from tests.helpers import HTTP, make_run, signed_post
 
 PASSWORD = "relay-pass"
 CHUNK = 64 * 1024
@@ -53,7 +53,7 @@ class Net:
     processes: list[Process]
 
     def grant(self, address: str, role: str) -> None:
-        reply = httpx.post(
+        reply = HTTP.post(
             f"{self.served.url}/v1/admin/roles",
             json={"address": address, "role": role},
             headers={"authorization": f"Bearer {self.admin}"},
@@ -68,7 +68,7 @@ class Net:
         )
         self.processes.append(process)
         deadline = time.monotonic() + 20
-        while process.url not in [r["url"] for r in httpx.get(f"{self.served.url}/v1/relays").json()]:
+        while process.url not in [r["url"] for r in HTTP.get(f"{self.served.url}/v1/relays").json()]:
             assert time.monotonic() < deadline and process.popen.poll() is None, process.tail()
             time.sleep(0.05)
         return process
@@ -105,7 +105,7 @@ def same_files(a: Path, b: Path) -> bool:
 
 
 def held(process: Process, run_id: str, step: int) -> int:
-    reply = httpx.get(f"{process.url}/v1/runs/{run_id}/steps/{step}/chunks")
+    reply = HTTP.get(f"{process.url}/v1/runs/{run_id}/steps/{step}/chunks")
     return len(reply.json()["held"]) if reply.status_code == 200 else -1
 
 
@@ -143,7 +143,7 @@ def test_origin_relay_relay_three_clients_end_identical(net: Net) -> None:
         assert time.monotonic() < deadline, second.tail()
         time.sleep(0.1)
     assert same_files(source, net.workdir / "relay-2" / net.run_id / "1")
-    steps = httpx.get(f"{second.url}/v1/steps").json()
+    steps = HTTP.get(f"{second.url}/v1/steps").json()
     assert steps == [{"run_id": net.run_id, "step": 1, "chunks": chunks, "held": chunks}]
 
 
@@ -197,7 +197,7 @@ def test_a_relay_flipping_bytes_is_caught_reported_and_routed_around(net: Net, e
     download_step(CoordinatorClient(net.served.url, reporter), net.run_id, 1, net.workdir / "client", concurrency=4)
     assert same_files(step_dir(net.workdir / "origin", net.run_id, 1), net.workdir / "client")
 
-    relays = httpx.get(f"{net.served.url}/v1/admin/relays", headers={"authorization": f"Bearer {net.admin}"}).json()
+    relays = HTTP.get(f"{net.served.url}/v1/admin/relays", headers={"authorization": f"Bearer {net.admin}"}).json()
     reports = {r["url"]: r["reports"] for r in relays}
     assert reports[evil_relay] >= 1
     assert reports[honest.url] == 0 and reports[origin.url] == 0
@@ -294,7 +294,7 @@ def test_manifests_need_a_trainer_and_a_good_signature(net: Net) -> None:
         net.served.url, "/v1/manifests", net.trainer, net.served.audience, sign_manifest(other, net.trainer).model_dump()
     )
     assert reply.status_code == 409
-    revoked = httpx.delete(
+    revoked = HTTP.delete(
         f"{net.served.url}/v1/admin/roles/{net.trainer.address}/trainer", headers={"authorization": f"Bearer {net.admin}"}
     )
     assert revoked.status_code == 200
@@ -433,14 +433,14 @@ def test_servers_refuse_bad_ranges_and_unknown_paths(net: Net) -> None:
     net.publish(origin, 1, 100_000)
     base = f"{origin.url}/v1/runs/{net.run_id}/steps/1/files"
     assert (
-        httpx.get(f"{base}/model.safetensors", headers={"Range": "bytes=10-19"}).content
+        HTTP.get(f"{base}/model.safetensors", headers={"Range": "bytes=10-19"}).content
         == (step_dir(net.workdir / "origin", net.run_id, 1) / "model.safetensors").read_bytes()[10:20]
     )
     for header in ("bytes=5-2", "bytes=200000-", "bytes=0-1,4-5", "pages=1-2"):
-        assert httpx.get(f"{base}/model.safetensors", headers={"Range": header}).status_code == 416
+        assert HTTP.get(f"{base}/model.safetensors", headers={"Range": header}).status_code == 416
     for path in ("missing.bin", "..%2F..%2Fmanifest.json", "%2Fetc%2Fpasswd", ".held"):
-        assert httpx.get(f"{base}/{path}").status_code == 404
-    assert httpx.get(f"{origin.url}/v1/runs/{net.run_id}/steps/9/chunks").status_code == 404
+        assert HTTP.get(f"{base}/{path}").status_code == 404
+    assert HTTP.get(f"{origin.url}/v1/runs/{net.run_id}/steps/9/chunks").status_code == 404
 
 
 def test_a_step_in_use_is_kept_however_many_newer_steps_arrive(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from intellect_protocol.shared.signing import (
     sign_request,
 )
 from intellect_protocol.shared.version import PROTOCOL_HEADER, PROTOCOL_VERSION
-from tests.helpers import heartbeat_body, register_body, signed_post
+from tests.helpers import HTTP, heartbeat_body, register_body, signed_post
 
 REGISTER, HEARTBEAT = "/v1/nodes/register", "/v1/nodes/heartbeat"
 
@@ -47,7 +47,7 @@ def test_register_and_heartbeat_accepted(coordinator, registered) -> None:
 
 def test_missing_headers(coordinator, registered) -> None:
     before = coordinator.snapshot()
-    response = httpx.post(coordinator.url + HEARTBEAT, json=heartbeat_body(registered))
+    response = HTTP.post(coordinator.url + HEARTBEAT, json=heartbeat_body(registered))
     assert_refused(coordinator, response, 401, "signature_missing", before)
 
 
@@ -87,7 +87,7 @@ def test_body_altered_after_signing(coordinator, registered) -> None:
     body = json.dumps(heartbeat_body(registered)).encode()
     headers = sign_request(registered, "POST", HEARTBEAT, "", body, coordinator.audience)
     altered = body.replace(b'"idle"', b'"generating"')
-    response = httpx.post(coordinator.url + HEARTBEAT, content=altered, headers={"content-type": "application/json", **headers})
+    response = HTTP.post(coordinator.url + HEARTBEAT, content=altered, headers={"content-type": "application/json", **headers})
     assert_refused(coordinator, response, 401, "signature_invalid", before)
 
 
@@ -95,9 +95,9 @@ def test_path_and_query_altered_after_signing(coordinator, registered) -> None:
     before = coordinator.snapshot()
     body = json.dumps(register_body(registered)).encode()
     headers = {"content-type": "application/json", **sign_request(registered, "POST", REGISTER, "", body, coordinator.audience)}
-    response = httpx.post(coordinator.url + HEARTBEAT, content=body, headers=headers)
+    response = HTTP.post(coordinator.url + HEARTBEAT, content=body, headers=headers)
     assert_refused(coordinator, response, 401, "signature_invalid", before)
-    response = httpx.post(coordinator.url + REGISTER + "?run=other", content=body, headers=headers)
+    response = HTTP.post(coordinator.url + REGISTER + "?run=other", content=body, headers=headers)
     assert_refused(coordinator, response, 401, "signature_invalid", before)
 
 
@@ -147,9 +147,9 @@ def test_timestamp_outside_window(coordinator, registered, offset: int) -> None:
 def test_replayed_request(coordinator, registered) -> None:
     body = json.dumps(heartbeat_body(registered)).encode()
     headers = {"content-type": "application/json", **sign_request(registered, "POST", HEARTBEAT, "", body, coordinator.audience)}
-    assert httpx.post(coordinator.url + HEARTBEAT, content=body, headers=headers).status_code == 200
+    assert HTTP.post(coordinator.url + HEARTBEAT, content=body, headers=headers).status_code == 200
     before = coordinator.snapshot()
-    response = httpx.post(coordinator.url + HEARTBEAT, content=body, headers=headers)
+    response = HTTP.post(coordinator.url + HEARTBEAT, content=body, headers=headers)
     assert_refused(coordinator, response, 401, "nonce_reused", before)
 
 
@@ -226,7 +226,7 @@ def test_another_protocol_is_refused_saying_which_side_must_upgrade(coordinator,
     del headers[PROTOCOL_HEADER]
     if sent is not None:
         headers[PROTOCOL_HEADER] = sent
-    response = httpx.post(coordinator.url + REGISTER, content=body, headers=headers)
+    response = HTTP.post(coordinator.url + REGISTER, content=body, headers=headers)
     assert_refused(coordinator, response, status, code, before)
     assert says in response.json()["message"]
-    assert httpx.get(coordinator.url + "/v1/public/status").json()["protocol_version"] == PROTOCOL_VERSION
+    assert HTTP.get(coordinator.url + "/v1/public/status").json()["protocol_version"] == PROTOCOL_VERSION

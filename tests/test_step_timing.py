@@ -10,7 +10,6 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 from eth_account import Account
 from rich.console import Console
 from sqlalchemy import func, select
@@ -26,7 +25,7 @@ from intellect_protocol.trainer.loop import Trainer
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, admin_token, serve
-from tests.helpers import make_run
+from tests.helpers import HTTP, make_run
 from tests.support.protocol import grant, joined, lease, upload
 
 HOLD_S = 0.5
@@ -66,7 +65,7 @@ def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: 
         assert trainer.run(threading.Event(), steps=1) == 1
         trainer.close()
 
-        timings = httpx.get(f"{served.url}/v1/public/runs/{run_id}/step-timing").json()
+        timings = HTTP.get(f"{served.url}/v1/public/runs/{run_id}/step-timing").json()
         assert [t["step"] for t in timings] == [1]
         (timing,) = timings
         with make_sessionmaker(served.engine)() as session:
@@ -84,15 +83,15 @@ def test_a_steps_wall_clock_is_split_by_the_coordinators_timestamps(sqlite_url: 
         assert abs(timing["trainer_wait_s"] + timing["training_s"] - timing["interval_s"]) < 1e-6
         assert timing["expired"] == 0 and timing["dropped_stale"] == 0
 
-        exported = httpx.get(f"{served.url}/metrics").text
+        exported = HTTP.get(f"{served.url}/metrics").text
         for phase in ("node", "upload", "validation", "trainer_wait", "training", "interval"):
             line = re.search(rf'intellect_policy_step_seconds\{{phase="{phase}",run="{run_id}"\}} (\S+)', exported)
             assert line is not None, phase
             assert abs(float(line.group(1)) - timing[f"{phase}_s"]) < 1e-6
         assert f'intellect_policy_step{{run="{run_id}"}} 1.0' in exported
 
-        assert httpx.get(f"{served.url}/v1/public/runs/run-nope/step-timing").status_code == 404
-        assert httpx.get(f"{served.url}/v1/public/runs/{run_id}/step-timing?limit=0").status_code == 422
+        assert HTTP.get(f"{served.url}/v1/public/runs/run-nope/step-timing").status_code == 404
+        assert HTTP.get(f"{served.url}/v1/public/runs/{run_id}/step-timing?limit=0").status_code == 422
 
 
 def test_each_step_reads_its_own_cursor_range_and_the_newest_steps_come_alone(coordinator) -> None:
@@ -139,7 +138,7 @@ def test_each_step_reads_its_own_cursor_range_and_the_newest_steps_come_alone(co
                 )
             )
 
-    first, second = httpx.get(f"{coordinator.url}/v1/public/runs/{run_id}/step-timing").json()
+    first, second = HTTP.get(f"{coordinator.url}/v1/public/runs/{run_id}/step-timing").json()
     assert first == {
         "step": 1,
         "interval_s": 5.5,
@@ -166,7 +165,7 @@ def test_each_step_reads_its_own_cursor_range_and_the_newest_steps_come_alone(co
         "expired_tokens": 7,
         "dropped_stale": 2.0,
     }
-    assert httpx.get(f"{coordinator.url}/v1/public/runs/{run_id}/step-timing?limit=1").json() == [second]
+    assert HTTP.get(f"{coordinator.url}/v1/public/runs/{run_id}/step-timing?limit=1").json() == [second]
 
 
 def _submission(

@@ -15,7 +15,7 @@ from intellect_protocol.shared.rollout_file import Rollout, write_rollouts
 from intellect_protocol.shared.schemas import DEFAULT_MODEL, sequence_seed
 from intellect_protocol.shared.signing import sign_request
 from tests.conftest import serve
-from tests.helpers import make_run, register_body, signed_post
+from tests.helpers import HTTP, make_run, register_body, signed_post
 from tests.support.clock import MovableClock
 
 
@@ -59,7 +59,7 @@ def rollout_file(task: dict, **changes: object) -> bytes:
 def upload(served, account, task_id: str, data: bytes) -> httpx.Response:
     query = f"task={task_id}"
     headers = sign_request(account, "POST", "/v1/submissions", query, data, served.audience)
-    return httpx.post(
+    return HTTP.post(
         f"{served.url}/v1/submissions?{query}", content=data, headers={"content-type": "application/octet-stream", **headers}
     )
 
@@ -226,14 +226,14 @@ def test_an_unwritable_blob_store_gets_503_and_records_nothing(coordinator) -> N
         **sign_request(node, "POST", "/v1/submissions", query, data, coordinator.audience),
     }
     before = coordinator.snapshot()
-    refused = httpx.post(f"{coordinator.url}/v1/submissions?{query}", content=data, headers=headers)
+    refused = HTTP.post(f"{coordinator.url}/v1/submissions?{query}", content=data, headers=headers)
     assert refused.status_code == 503, refused.text
     assert refused.json()["code"] == "storage_unavailable" and refused.headers["retry-after"] == "5"
     assert coordinator.snapshot() == before  # not even the nonce: the very same request may be sent again
 
     blobs.unlink()
     away.rename(blobs)
-    again = httpx.post(f"{coordinator.url}/v1/submissions?{query}", content=data, headers=headers)
+    again = HTTP.post(f"{coordinator.url}/v1/submissions?{query}", content=data, headers=headers)
     assert again.status_code == 200, again.text
     assert (blobs / task["run_id"] / task["task_id"] / f"{again.json()['sha256']}.parquet").read_bytes() == data
 

@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import torch
 from eth_account import Account
 from rich.console import Console
@@ -32,7 +31,7 @@ from intellect_protocol.trainer.loop import Trainer
 from intellect_protocol.trainer.settings import TrainerSettings
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, admin_token, serve
-from tests.helpers import make_run
+from tests.helpers import HTTP, make_run
 from tests.support.protocol import grant, joined, lease, upload
 
 
@@ -131,7 +130,7 @@ def test_trainer_uses_each_accepted_rollout_once_and_publishes_steps(sqlite_url:
                 "grad_norm",
                 "staleness",
             }
-        latest = httpx.get(f"{served.url}/v1/manifests/{run_id}/latest").json()
+        latest = HTTP.get(f"{served.url}/v1/manifests/{run_id}/latest").json()
         assert latest["step"] == 2 and latest["signed"]["signer"] == trainer_key.address
         assert (step_dir(origin, run_id, 2) / "model.safetensors").exists()
 

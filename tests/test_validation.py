@@ -33,7 +33,16 @@ from intellect_protocol.shared.schemas import CHECKS, ErrorCode, SamplingParams,
 from intellect_protocol.shared.verdicts import verdict_signer
 from intellect_protocol.validator.worker import Validator
 from tests.conftest import LIFTED, admin_token, serve
-from tests.helpers import expire_assignments, heartbeat_body, make_run, register_body, signed_post, verdict_body
+from tests.helpers import (
+    HTTP,
+    expire_assignments,
+    heartbeat_body,
+    keystore_json,
+    make_run,
+    register_body,
+    signed_post,
+    verdict_body,
+)
 from tests.support.adversary import ATTACKS
 from tests.support.clock import MovableClock
 from tests.support.protocol import check_ledger, claim_all, forge, grant, joined, lease, upload
@@ -67,7 +76,7 @@ def test_a_fresh_wallets_first_forgery_bans_it(network, tmp_path: Path) -> None:
     forged = upload(served, sybil, (task := lease(served, sybil)), forge(task))
     assert validator.run(max_submissions=1) == 1
     validator.close()
-    receipt = httpx.get(f"{served.url}/v1/public/submissions/{forged}").json()
+    receipt = HTTP.get(f"{served.url}/v1/public/submissions/{forged}").json()
     assert receipt["status"] == "rejected" and receipt["hard"]
     # Judged on its two shortest rows, prefilled first: the rest of the file was never prefilled.
     sampling = next(c for c in receipt["checks"] if c["name"] == "sampling")
@@ -91,18 +100,18 @@ def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(networ
     cheat_good = upload(served, cheat, (task := lease(served, cheat)), finish(generate(task)).data)
     assert validator.run(max_submissions=3) == 3
 
-    receipts = {s: httpx.get(f"{served.url}/v1/public/submissions/{s}").json() for s in [*good, cheat_good]}
+    receipts = {s: HTTP.get(f"{served.url}/v1/public/submissions/{s}").json() for s in [*good, cheat_good]}
     assert all(r["status"] == "accepted" and r["credit"] > 0 for r in receipts.values())
     assert [c["name"] for c in receipts[good[0]]["checks"]] == list(CHECKS)
     assert receipts[good[0]]["validator"] == validator_key.address
 
     forged = upload(served, cheat, (task := lease(served, cheat)), forge(task))
     validator.run(max_submissions=4)
-    receipt = httpx.get(f"{served.url}/v1/public/submissions/{forged}").json()
+    receipt = HTTP.get(f"{served.url}/v1/public/submissions/{forged}").json()
     assert receipt["status"] == "rejected" and receipt["hard"] and "sampling" in receipt["reason"]
     # The forger's earlier pending credit is clawed back; the honest node keeps its own.
-    assert httpx.get(f"{served.url}/v1/public/submissions/{cheat_good}").json()["credit"] == 0
-    assert all(httpx.get(f"{served.url}/v1/public/submissions/{s}").json()["credit"] > 0 for s in good)
+    assert HTTP.get(f"{served.url}/v1/public/submissions/{cheat_good}").json()["credit"] == 0
+    assert all(HTTP.get(f"{served.url}/v1/public/submissions/{s}").json()["credit"] > 0 for s in good)
     check_ledger(served)
 
     # The cheat holds one more task, leased ahead, whose file is on its way when the ban comes.
@@ -140,12 +149,11 @@ def test_honest_work_earns_credit_and_forgers_lose_theirs_then_get_banned(networ
     validator.close()
 
     # Each node sees its own receipts from the CLI, rejection reasons included.
-    import json
     import subprocess
 
     for account, expected in ((honest, "accepted"), (cheat, "rejected")):
         keystore = tmp_path / f"{account.address}.json"
-        keystore.write_text(json.dumps(Account.encrypt(account.key, "pw")))
+        keystore.write_text(keystore_json(account.key, "pw"))
         shown = subprocess.run(
             ["intellect-node", "receipts", "--wallet", str(keystore), "--coordinator", served.url],
             capture_output=True,
@@ -189,9 +197,9 @@ def test_work_is_drawn_for_live_validators_who_cannot_choose_and_lapses_are_draw
     path = f"/v1/validation/submissions/{held}/file"
     from intellect_protocol.shared.signing import sign_request
 
-    other = httpx.get(served.url + path, headers=sign_request(theirs[1], "GET", path, "", b"", served.audience))
+    other = HTTP.get(served.url + path, headers=sign_request(theirs[1], "GET", path, "", b"", served.audience))
     assert other.status_code == 409
-    mine = httpx.get(served.url + path, headers=sign_request(theirs[0], "GET", path, "", b"", served.audience))
+    mine = HTTP.get(served.url + path, headers=sign_request(theirs[0], "GET", path, "", b"", served.audience))
     assert mine.status_code == 200 and read_rollouts(mine.content)
     before = served.snapshot()
     checks = [{"name": n, "passed": True, "reason": "ok"} for n in CHECKS]
@@ -225,18 +233,16 @@ def test_an_admin_invalidation_claws_back_even_final_credit(sqlite_url: str, tmp
         validator = Validator(served.url, validator_key, tmp_path / "v", Console(quiet=True))
         validator.run(max_submissions=1)
         validator.close()
-        earned = httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()["credit"]
+        earned = HTTP.get(f"{served.url}/v1/public/submissions/{submission}").json()["credit"]
         assert earned > 0
         clock.advance(61)  # the dispute window passes: the credit is final
         headers = {"authorization": f"Bearer {token}"}
-        reply = httpx.post(
+        reply = HTTP.post(
             f"{served.url}/v1/admin/submissions/{submission}/invalidate", json={"reason": "found copied"}, headers=headers
         )
         assert reply.status_code == 200, reply.text
         assert reply.json()["status"] == "invalidated" and reply.json()["credit"] == 0
-        again = httpx.post(
-            f"{served.url}/v1/admin/submissions/{submission}/invalidate", json={"reason": "twice"}, headers=headers
-        )
+        again = HTTP.post(f"{served.url}/v1/admin/submissions/{submission}/invalidate", json={"reason": "twice"}, headers=headers)
         assert again.status_code == 409
         with make_sessionmaker(served.engine)() as session:
             assert session.get_one(Node, node.address).strikes == 1
@@ -260,11 +266,11 @@ def test_attacks_through_the_api_are_refused_or_rejected(network, tmp_path: Path
     validator = Validator(served.url, validator_key, tmp_path / "validator", Console(quiet=True))
     validator.run(max_submissions=2 if reply.status_code == 200 else 1)
     validator.close()
-    assert httpx.get(f"{served.url}/v1/public/submissions/{honest_id}").json()["status"] == "accepted"
+    assert HTTP.get(f"{served.url}/v1/public/submissions/{honest_id}").json()["status"] == "accepted"
     if reply.status_code != 200:
         assert reply.status_code == 422 and reply.json()["code"] == "rollout_invalid"  # refused at the door
     else:
-        receipt = httpx.get(f"{served.url}/v1/public/submissions/{reply.json()['submission_id']}").json()
+        receipt = HTTP.get(f"{served.url}/v1/public/submissions/{reply.json()['submission_id']}").json()
         failed = {c["name"] for c in receipt["checks"] if c["passed"] is False}
         assert receipt["status"] == "rejected" and expected in failed, receipt["reason"]
         assert receipt["hard"] == (expected in {"integrity", "toploc", "sampling"})
@@ -297,12 +303,12 @@ def test_the_validator_command_checks_until_stopped(network, tmp_path: Path) -> 
     )
     try:
         deadline = time.monotonic() + 90
-        while httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()["status"] == "pending":
+        while HTTP.get(f"{served.url}/v1/public/submissions/{submission}").json()["status"] == "pending":
             assert time.monotonic() < deadline and process.popen.poll() is None, process.tail()
             time.sleep(0.3)
     finally:
         assert process.stop() == 0, process.tail()
-    assert httpx.get(f"{served.url}/v1/public/submissions/{submission}").json()["status"] == "accepted"
+    assert HTTP.get(f"{served.url}/v1/public/submissions/{submission}").json()["status"] == "accepted"
     assert "Stopped after 1 submissions." in process.tail()
 
 
@@ -362,7 +368,7 @@ def test_verdicts_are_signed_and_anyone_can_check_who_judged(network, tmp_path: 
     validator = Validator(served.url, validator_key, tmp_path / "v", Console(quiet=True))
     validator.run(max_submissions=1)
     validator.close()
-    receipt = PublicReceipt.model_validate(httpx.get(f"{served.url}/v1/public/submissions/{submission}").json())
+    receipt = PublicReceipt.model_validate(HTTP.get(f"{served.url}/v1/public/submissions/{submission}").json())
     assert receipt.status == "accepted" and receipt.verdict_signature
     signer = verdict_signer(
         receipt.verdict_signature, served.audience, submission, receipt.sha256, receipt.checks or [], receipt.untrained_rows

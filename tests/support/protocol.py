@@ -3,7 +3,6 @@ real signatures, files made by the node's own code (and forged ones rewritten fr
 
 from __future__ import annotations
 
-import httpx
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from sqlalchemy import select
@@ -14,12 +13,12 @@ from intellect_protocol.node.work import finish, generate
 from intellect_protocol.shared.rollout_file import read_rollouts, write_rollouts
 from intellect_protocol.shared.schemas import TaskSpec
 from tests.conftest import Served
-from tests.helpers import register_body, signed_post
+from tests.helpers import HTTP, register_body, signed_post
 from tests.support.adversary import random_tokens
 
 
 def grant(served: Served, token: str, address: str, role: str) -> None:
-    reply = httpx.post(
+    reply = HTTP.post(
         f"{served.url}/v1/admin/roles", json={"address": address, "role": role}, headers={"authorization": f"Bearer {token}"}
     )
     assert reply.status_code == 201, reply.text
@@ -74,7 +73,7 @@ def check_ledger(served: Served) -> None:
         per_submission.get(sid, 0) == 0 for sid, (_, status) in statuses.items() if status not in ("accepted", "pending")
     ), "rejected work kept credit"
     for address, total in totals.items():
-        shown = httpx.get(f"{served.url}/v1/public/nodes/{address}/credit").json()
+        shown = HTTP.get(f"{served.url}/v1/public/nodes/{address}/credit").json()
         assert shown["pending"] + shown["final"] == total
 
 

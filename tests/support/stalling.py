@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpx
+from tests.helpers import HTTP
 
 HOP_BY_HOP = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
 
@@ -26,7 +26,7 @@ def stalling(target: str, path: str) -> Iterator[tuple[str, threading.Event]]:
                 closing.wait()
                 return
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
-            reply = httpx.request(self.command, target + self.path, content=body, headers=headers, timeout=60)
+            reply = HTTP.request(self.command, target + self.path, content=body, headers=headers, timeout=60)
             self.send_response(reply.status_code)
             for k, v in reply.headers.items():
                 if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding":
