@@ -29,7 +29,7 @@ from tests.support.protocol import grant
 from tests.test_island_audits import audited_run, auditor, origin_relay
 from tests.test_pretraining_run import settings
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-b")]  # two ranks under torchrun: 40 s that even the halves
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-b")]  # two ranks under torchrun: 31-34 s that even the halves
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["honest", "lazy"])
