@@ -331,6 +331,7 @@ def test_repeated_soft_rejections_cost_a_strike_but_stale_work_never_does(databa
         **LIFTED,
         soft_rejections_per_strike=3,
         max_leases_per_node=8,
+        newcomer_reviews_per_s=1000,  # the newcomer's files come faster than 5 a second; the pace is not under test
     )
     with serve(settings) as served:
         run_id = make_run(served, prompts=1, samples=1)
